@@ -1,0 +1,42 @@
+# sandbox-mcp: the two commands are `make demo` (the walkthrough) and `make check` (every test).
+# Everything else these targets need is installed under .tools/ by tests/interop/setup.sh.
+
+CARGO ?= cargo
+BIN := target/release/sandbox-mcp
+# Tests that send group signals run in a private pid namespace when this machine allows one.
+PIDNS := $(shell unshare -fp --mount-proc true >/dev/null 2>&1 && echo "unshare -fp --mount-proc")
+
+.PHONY: build test check demo bench fmt clippy interop setup clean
+
+build:
+	$(CARGO) build --release
+
+setup:
+	tests/interop/setup.sh
+
+# Unit and integration tests (the real binary over stdio and HTTP), then the interoperability
+# tests with the official Python SDK, the MCP Inspector and the MCP conformance suite.
+test: build setup
+	$(PIDNS) $(CARGO) test --all-targets
+	tests/interop/run.sh
+
+fmt:
+	$(CARGO) fmt --all -- --check
+
+clippy:
+	$(CARGO) clippy --all-targets -- -D warnings
+
+# What CI runs: formatting, lints, then every test.
+check: fmt clippy test
+
+# The durable-task walkthrough of SPEC §7.9 on the local provider, step by step.
+demo: build
+	$(BIN) --provider local demo
+
+# Benchmarks against floors and peers measured in the same run; raw results in bench-results/.
+bench: build setup
+	tests/bench/run.sh
+
+clean:
+	$(CARGO) clean
+	rm -rf .tools bench-results

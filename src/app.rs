@@ -1,0 +1,49 @@
+//! What every worker shares: the configuration, the provider, and the host-side masker.
+
+use crate::config::{Config, ProviderKind};
+use crate::mask::Masker;
+use crate::provider::local::LocalProvider;
+use crate::provider::Provider;
+use anyhow::{Context, Result};
+use serde_json::Value;
+use std::sync::Arc;
+
+/// Shared, immutable server state.
+pub struct App {
+    /// The configuration.
+    pub config: Config,
+    /// The sandbox provider.
+    pub provider: Arc<dyn Provider>,
+    /// Masks the server's own secrets (API keys, tokens) in everything it returns.
+    pub host_masker: Masker,
+    /// The `tools/list` result, computed once.
+    pub tools_list: Value,
+}
+
+impl App {
+    /// Builds the provider named by `config`.
+    pub fn new(config: Config) -> Result<App> {
+        let provider: Arc<dyn Provider> = match config.provider {
+            ProviderKind::Local => {
+                let local = LocalProvider::new(&config.home, &config.local_shell).context("starting the local provider")?;
+                let local = Arc::new(local);
+                let sweeper = local.clone();
+                std::thread::Builder::new()
+                    .name("sandbox-mcp-sweep".into())
+                    .spawn(move || sweeper.sweep())
+                    .context("starting the sweep thread")?;
+                local
+            }
+            ProviderKind::E2b => {
+                anyhow::bail!("the e2b provider is not built yet; use --provider local")
+            }
+        };
+        Ok(App::with_provider(config, provider))
+    }
+
+    /// Wraps an existing provider (tests, emulator).
+    pub fn with_provider(config: Config, provider: Arc<dyn Provider>) -> App {
+        let secrets = config.secrets();
+        App { host_masker: Masker::from_values(secrets.iter().map(String::as_str)), config, provider, tools_list: crate::tools::list() }
+    }
+}

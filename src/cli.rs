@@ -1,0 +1,167 @@
+//! The non-server subcommands: `call` (one tool call from a shell), `demo` (the walkthrough of
+//! SPEC §7.9 against real server processes) and the hidden `keeper` of the local provider.
+
+use crate::app::App;
+use crate::client::StdioClient;
+use crate::config::{Config, OPTIONS};
+use crate::session::Session;
+use crate::tools::{self, Ctx};
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Map, Value};
+use std::io::Write;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The `--help` text.
+pub fn help() -> String {
+    let mut out = String::from(
+        "sandbox-mcp: an MCP server that gives AI agents Linux sandboxes\n\n\
+USAGE:\n  sandbox-mcp [stdio]            MCP over stdin/stdout (what MCP clients launch)\n  \
+sandbox-mcp http [--listen ADDR] MCP over HTTP on POST /mcp\n  \
+sandbox-mcp call TOOL [JSON]     one tool call; result JSON on stdout (exit 1 when the tool failed)\n  \
+sandbox-mcp demo                 the durable-task walkthrough, step by step\n\nOPTIONS (flag / environment / default):\n",
+    );
+    for o in OPTIONS {
+        out.push_str(&format!("  {:<16} {:<24} {}  [{}]\n", o.flag.unwrap_or("-"), o.env.unwrap_or("-"), o.help, o.default));
+    }
+    out
+}
+
+/// `sandbox-mcp call TOOL [JSON]`: prints `structuredContent` on success (exit 0), or the error
+/// text on stderr (exit 1). Sandboxes created this way outlive the call: pass their id later.
+pub fn call(config: Config, words: &[String]) -> Result<i32> {
+    let Some(name) = words.first() else { bail!("usage: sandbox-mcp call TOOL [JSON-ARGUMENTS]") };
+    let Some(tool) = tools::find(name) else {
+        let names: Vec<&str> = tools::all().iter().map(|t| t.name).collect();
+        bail!("unknown tool {name:?}; tools are: {}", names.join(", "));
+    };
+    let arguments: Map<String, Value> = match words.get(1) {
+        None => Map::new(),
+        Some(text) => match serde_json::from_str(text).with_context(|| format!("arguments {text:?} are not JSON"))? {
+            Value::Object(m) => m,
+            _ => bail!("arguments must be a JSON object, like '{{\"command\": \"ls\"}}'"),
+        },
+    };
+    if words.len() > 2 {
+        bail!("too many words after the tool name; pass the arguments as one JSON object");
+    }
+    let app = App::new(config)?;
+    let session = Session::new("call", true);
+    session.initialize("2025-11-25");
+    let cancel = Arc::new(AtomicBool::new(false));
+    let ctx = Ctx { app: &app, session: &session, cancel: &cancel };
+    let result = tools::call(&ctx, tool, &arguments);
+    let mut stdout = std::io::stdout().lock();
+    if result["isError"] == json!(true) {
+        let text = result["content"][0]["text"].as_str().unwrap_or("the tool failed");
+        eprintln!("{name}: {text}");
+        return Ok(1);
+    }
+    writeln!(stdout, "{}", result["structuredContent"])?;
+    Ok(0)
+}
+
+struct Demo {
+    exe: std::path::PathBuf,
+    args: Vec<String>,
+    failures: usize,
+}
+
+impl Demo {
+    fn server(&self, label: &str) -> Result<StdioClient> {
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        // The servers' own logs would interleave with the walkthrough; keep them to warnings.
+        let log = std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into());
+        let mut client = StdioClient::spawn(&self.exe, &args, &[("RUST_LOG", log.as_str())], false)?;
+        let init = client.initialize()?;
+        println!(
+            "\n[{label}] started a new server process (pid {}), negotiated MCP {}",
+            client.pid(),
+            init["protocolVersion"].as_str().unwrap_or("?")
+        );
+        Ok(client)
+    }
+
+    fn call(&mut self, client: &mut StdioClient, tool: &str, args: Value) -> Result<Value> {
+        println!("\n-> {tool} {args}");
+        let result = client.call_tool(tool, args, Duration::from_secs(120))?;
+        if result["isError"] == json!(true) {
+            let text = result["content"][0]["text"].as_str().unwrap_or("");
+            println!("<- error: {text}");
+            return Ok(Value::Null);
+        }
+        let structured = result["structuredContent"].clone();
+        println!("<- {}", serde_json::to_string_pretty(&structured).unwrap_or_default().replace('\n', "\n   "));
+        Ok(structured)
+    }
+
+    fn expect(&mut self, ok: bool, what: &str) {
+        if ok {
+            println!("   ok: {what}");
+        } else {
+            println!("   FAILED: {what}");
+            self.failures += 1;
+        }
+    }
+}
+
+/// `sandbox-mcp demo`: SPEC §7.9 with two real server processes.
+pub fn demo(config: &Config) -> Result<i32> {
+    let exe = std::env::current_exe().context("finding this program")?;
+    let provider = config.provider.name();
+    let mut d = Demo { exe, args: vec!["--provider".into(), provider.into(), "stdio".into()], failures: 0 };
+    println!("sandbox-mcp demo: a background task that outlives its MCP session ({provider} provider)");
+
+    let mut a = d.server("session 1")?;
+    let created = d.call(&mut a, "create_sandbox", json!({"template": "base", "timeout": 600}))?;
+    let Some(sandbox) = created["sandbox_id"].as_str().map(str::to_string) else { bail!("create_sandbox failed") };
+    let out = d.call(&mut a, "run_command", json!({"command": "echo hello from $(uname -s); pwd"}))?;
+    d.expect(out["exit_code"] == json!(0), "run_command exits 0");
+    d.call(&mut a, "write_file", json!({"path": "notes/hello.txt", "content": "written by the demo\n"}))?;
+    let read = d.call(&mut a, "read_file", json!({"path": "notes/hello.txt"}))?;
+    d.expect(read["content"] == json!("written by the demo\n"), "read_file returns what write_file wrote");
+    let started = d.call(&mut a, "start_task", json!({"command": "printf BEFORE; sleep 10; printf AFTER", "timeout": 120}))?;
+    let Some(task) = started["task_id"].as_str().map(str::to_string) else { bail!("start_task failed") };
+    let status = a.close(Duration::from_secs(5))?;
+    println!("\n[session 1] stdin closed: the server exited ({status}) and its session ended.");
+    println!("            The sandbox lives on because start_task retained it; the handle is {sandbox} / {task}.");
+
+    let mut b = d.server("session 2")?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = Value::Null;
+    let mut polls = 0;
+    while Instant::now() < deadline {
+        polls += 1;
+        last = if polls <= 2 || polls % 4 == 0 {
+            d.call(&mut b, "get_task", json!({"sandbox_id": sandbox, "task_id": task}))?
+        } else {
+            let r = b.call_tool("get_task", json!({"sandbox_id": sandbox, "task_id": task}), Duration::from_secs(30))?;
+            r["structuredContent"].clone()
+        };
+        if last["state"] != json!("running") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    println!("\n   final: state {}, exit_code {}, stdout {}", last["state"], last["exit_code"], last["stdout"]);
+    d.expect(last["state"] == json!("succeeded") && last["exit_code"] == json!(0), "the task finished with exit 0");
+    d.expect(last["stdout"] == json!("BEFOREAFTER"), "stdout is the complete BEFOREAFTER, read by a different server process");
+
+    let long = d.call(&mut b, "start_task", json!({"sandbox_id": sandbox, "command": "echo working; sleep 600", "timeout": 900}))?;
+    let long_id = long["task_id"].as_str().unwrap_or_default().to_string();
+    let t0 = Instant::now();
+    let cancelled = d.call(&mut b, "cancel_task", json!({"sandbox_id": sandbox, "task_id": long_id}))?;
+    d.expect(cancelled["state"] == json!("cancelled") && t0.elapsed() < Duration::from_secs(3), "cancel_task confirmed within 3 s");
+    let listed = d.call(&mut b, "list_tasks", json!({"sandbox_id": sandbox}))?;
+    d.expect(listed["count"] == json!(2), "list_tasks shows both tasks");
+    let killed = d.call(&mut b, "kill_sandbox", json!({"sandbox_id": sandbox}))?;
+    d.expect(killed["killed"] == json!(true), "kill_sandbox ended the sandbox");
+    b.close(Duration::from_secs(5))?;
+    if d.failures > 0 {
+        println!("\ndemo finished with {} failed check(s)", d.failures);
+        return Ok(1);
+    }
+    println!("\ndemo finished: every step behaved as specified");
+    Ok(0)
+}

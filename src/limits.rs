@@ -1,0 +1,62 @@
+//! Every limit of SPEC §9 (and the few this implementation adds) in one place.
+//!
+//! The README quotes this table; `tests/it/tidy.rs` checks that the two agree.
+
+use std::time::Duration;
+
+/// Maximum length of a `command` argument, in characters (not bytes).
+pub const MAX_COMMAND_CHARS: usize = 65_536;
+
+/// Maximum size of one JSON-encoded request to the sandbox (argv of a supervisor snippet).
+pub const MAX_SANDBOX_REQUEST_BYTES: usize = 96 * 1024;
+
+/// Task timeout bounds and default, in seconds.
+pub const TASK_TIMEOUT_MIN_S: i64 = 1;
+/// Upper bound of a task's `timeout`, in seconds.
+pub const TASK_TIMEOUT_MAX_S: i64 = 3600;
+/// Default task `timeout`, in seconds.
+pub const TASK_TIMEOUT_DEFAULT_S: i64 = 300;
+
+/// Log bytes saved per stream of a task, and output kept per stream of `run_command`.
+pub const MAX_LOG_BYTES: usize = 1024 * 1024;
+
+/// Largest accepted read offset into a task log.
+pub const MAX_READ_OFFSET: i64 = 1_048_576;
+/// Bounds and default of `limit`, the bytes returned per stream by one task read.
+pub const READ_LIMIT_MIN: i64 = 1;
+/// Upper bound of `limit`.
+pub const READ_LIMIT_MAX: i64 = 65_536;
+/// Default `limit`.
+pub const READ_LIMIT_DEFAULT: i64 = 16_384;
+
+/// Task directories per OS user per sandbox.
+pub const MAX_TASKS: usize = 128;
+
+/// How long `cancel_task` waits for a final state.
+pub const CANCEL_CONFIRM: Duration = Duration::from_secs(3);
+
+/// Largest HTTP request body, and largest stdio message.
+pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+
+/// `run_command` timeout bounds and default, in seconds.
+pub const COMMAND_TIMEOUT_MIN_S: i64 = 1;
+/// Upper bound of `run_command`'s `timeout`.
+pub const COMMAND_TIMEOUT_MAX_S: i64 = 3600;
+/// Default `run_command` `timeout`.
+pub const COMMAND_TIMEOUT_DEFAULT_S: i64 = 60;
+
+/// Sandbox TTL bounds and default, in seconds.
+pub const SANDBOX_TIMEOUT_MIN_S: i64 = 1;
+/// Upper bound of `create_sandbox`'s `timeout`.
+pub const SANDBOX_TIMEOUT_MAX_S: i64 = 86_400;
+/// Default `create_sandbox` `timeout`.
+pub const SANDBOX_TIMEOUT_DEFAULT_S: i64 = 300;
+
+/// Largest file `read_file` returns (before base64), and largest `write_file` payload.
+pub const MAX_FILE_BYTES: usize = 4 * 1024 * 1024;
+
+/// Most entries `list_files` returns; the result says when it stopped early.
+pub const MAX_DIR_ENTRIES: usize = 10_000;
+
+/// Secrets shorter than this many bytes are never masked (they would garble output).
+pub const MIN_SECRET_BYTES: usize = 6;

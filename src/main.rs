@@ -1,0 +1,64 @@
+//! The `sandbox-mcp` binary: parses the command line, sets up stderr logging, and runs one
+//! subcommand. Exit codes: 0 success, 1 failure (or a failed tool for `call`), 2 usage error.
+
+use sandbox_mcp::config::{Args, Config};
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let args = match Args::parse(&argv) {
+        Ok(a) => a,
+        Err(err) => {
+            eprintln!("sandbox-mcp: {err:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let words = &args.positional;
+    let command = words.first().map(String::as_str).unwrap_or("stdio");
+    if command == "--help" || command == "help" {
+        print!("{}", sandbox_mcp::cli::help());
+        return ExitCode::SUCCESS;
+    }
+    if command == "--version" {
+        println!("sandbox-mcp {}", env!("CARGO_PKG_VERSION"));
+        return ExitCode::SUCCESS;
+    }
+    // Logs go to stderr only: stdout belongs to the MCP stdio transport.
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).target(env_logger::Target::Stderr).init();
+    if command == "keeper" && words.len() == 4 {
+        // Started detached by the local provider with an empty environment: needs no config.
+        let (root, id, shell) = (std::path::Path::new(&words[1]), &words[2], std::path::Path::new(&words[3]));
+        return match sandbox_mcp::provider::local::run_keeper(root, id, shell) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("sandbox-mcp keeper: {err:#}");
+                ExitCode::from(1)
+            }
+        };
+    }
+    let config = match Config::load(&args, &|k| std::env::var(k).ok()) {
+        Ok(c) => c,
+        Err(err) => {
+            eprintln!("sandbox-mcp: {err:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let rest = &words[words.len().min(1)..];
+    let result = match command {
+        "stdio" if rest.is_empty() => sandbox_mcp::server::run_stdio(config).map(|()| 0),
+        "http" if rest.is_empty() => sandbox_mcp::server::run_http(config).map(|()| 0),
+        "call" => sandbox_mcp::cli::call(config, rest),
+        "demo" if rest.is_empty() => sandbox_mcp::cli::demo(&config),
+        _ => {
+            eprintln!("sandbox-mcp: unknown command {:?}\n\n{}", words.join(" "), sandbox_mcp::cli::help());
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(code) => ExitCode::from(code as u8),
+        Err(err) => {
+            eprintln!("sandbox-mcp: {err:#}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,637 @@
+//! The local provider: a sandbox is a directory under the state root plus every process tagged
+//! with its id. It needs nothing but the host, and isolates nothing but the environment and the
+//! file tools' view (the README says exactly what it does not isolate).
+//!
+//! Layout: `<root>/sandboxes/<id>/meta.json` (0600, written by temp file + rename) and
+//! `<root>/sandboxes/<id>/home/` (the sandbox's `HOME` and default cwd). A detached keeper process
+//! (`sandbox-mcp keeper`) ends the sandbox at expiry even when no server runs.
+
+use crate::ids;
+use crate::mask::Masker;
+use crate::provider::process::{self, Running, Spawn};
+use crate::provider::{unix_now, CreateRequest, DirEntry, EntryKind, ExecOutput, ExecRequest, Provider, ProviderError, SandboxInfo, Touch};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Component, Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Prefix of every local sandbox id; the rest is 24 lowercase hex characters.
+pub const ID_PREFIX: &str = "local-";
+
+/// Environment variable carried by every process of a sandbox (value: the sandbox id).
+pub const TAG_VAR: &str = "SANDBOX_MCP_SANDBOX";
+
+/// Host variables passed through to sandbox commands (SPEC §5); nothing else is inherited.
+const ALLOWED_ENV: &[&str] = &["PATH", "LANG", "TERM", "TZ"];
+
+/// Templates the local provider knows.
+const TEMPLATES: &[&str] = &["base"];
+
+/// How long `kill` keeps scanning for tagged processes before giving up.
+const KILL_SCAN_BUDGET: Duration = Duration::from_secs(3);
+
+/// Persistent description of one sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Meta {
+    /// The id.
+    pub sandbox_id: String,
+    /// Template name.
+    pub template: String,
+    /// Unix seconds.
+    pub created_at: i64,
+    /// TTL in seconds, applied again by each renewal.
+    pub timeout: u64,
+    /// Unix seconds.
+    pub expires_at: i64,
+    /// Environment of every command.
+    #[serde(default)]
+    pub envs: BTreeMap<String, String>,
+    /// Labels.
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// The local provider.
+pub struct LocalProvider {
+    root: PathBuf,
+    shell: PathBuf,
+    /// The program started as the keeper (this binary).
+    exe: PathBuf,
+    inherited_env: Vec<(String, String)>,
+    running: Running,
+}
+
+impl LocalProvider {
+    /// Opens (creating if needed) the state root and sweeps expired sandboxes.
+    pub fn new(root: &Path, shell: &Path) -> Result<LocalProvider, ProviderError> {
+        let sandboxes = root.join("sandboxes");
+        fs::DirBuilder::new().recursive(true).mode(0o700).create(&sandboxes).map_err(|err| {
+            ProviderError::Unavailable(format!(
+                "cannot create the local state root {}: {err}; set SANDBOX_MCP_HOME to a writable directory",
+                sandboxes.display()
+            ))
+        })?;
+        if !process::is_executable(shell) {
+            return Err(ProviderError::Unavailable(format!(
+                "the local shell {} is not an executable file; set SANDBOX_MCP_LOCAL_SH",
+                shell.display()
+            )));
+        }
+        let exe = std::env::current_exe()
+            .map_err(|err| ProviderError::Unavailable(format!("cannot find this program's own path for the keeper: {err}")))?;
+        let inherited_env = ALLOWED_ENV.iter().filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v))).collect::<Vec<_>>();
+        let provider =
+            LocalProvider { root: root.to_path_buf(), shell: shell.to_path_buf(), exe, inherited_env, running: Running::default() };
+        Ok(provider)
+    }
+
+    /// Ends expired sandboxes and restarts missing keepers (run once at server start).
+    pub fn sweep(&self) {
+        let Ok(dir) = fs::read_dir(self.root.join("sandboxes")) else {
+            return;
+        };
+        for entry in dir.flatten() {
+            let id = entry.file_name().to_string_lossy().into_owned();
+            if check_local_id(&id).is_err() {
+                continue;
+            }
+            match self.load(&id) {
+                Ok(meta) if meta.expires_at <= unix_now() => {
+                    log::info!("sweep: sandbox {id} expired, killing it");
+                    let _ = self.kill(&id, Instant::now() + KILL_SCAN_BUDGET);
+                }
+                Ok(_) if !keeper_alive(&self.dir(&id)) => {
+                    log::info!("sweep: restarting the keeper of sandbox {id}");
+                    self.spawn_keeper(&id);
+                }
+                Ok(_) => {}
+                Err(ProviderError::NotFound { .. }) => {
+                    // A directory without metadata is the remains of a kill that was interrupted.
+                    let _ = self.kill(&id, Instant::now() + KILL_SCAN_BUDGET);
+                }
+                Err(err) => log::warn!("sweep: sandbox {id}: {err}"),
+            }
+        }
+    }
+
+    fn dir(&self, id: &str) -> PathBuf {
+        self.root.join("sandboxes").join(id)
+    }
+
+    fn home(&self, id: &str) -> PathBuf {
+        self.dir(id).join("home")
+    }
+
+    /// Reads a sandbox's metadata.
+    pub fn load(&self, id: &str) -> Result<Meta, ProviderError> {
+        let path = self.dir(id).join("meta.json");
+        let text = match fs::read(&path) {
+            Ok(t) => t,
+            Err(err) if err.kind() == io::ErrorKind::NotFound => return Err(ProviderError::NotFound { id: id.into() }),
+            Err(err) => return Err(ProviderError::Unavailable(format!("cannot read {}: {err}", path.display()))),
+        };
+        serde_json::from_slice(&text)
+            .map_err(|err| ProviderError::Unavailable(format!("sandbox {id} has corrupt metadata ({err}); kill it with kill_sandbox")))
+    }
+
+    fn store(&self, meta: &Meta) -> Result<(), ProviderError> {
+        let dir = self.dir(&meta.sandbox_id);
+        let tmp = dir.join(format!("meta.json.{}.tmp", ids::random_hex(6)));
+        let body = serde_json::to_vec(meta).map_err(|err| ProviderError::Unavailable(format!("cannot encode metadata: {err}")))?;
+        let write = || -> io::Result<()> {
+            let mut f = fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+            f.write_all(&body)?;
+            fs::rename(&tmp, dir.join("meta.json"))
+        };
+        write().map_err(|err| {
+            let _ = fs::remove_file(&tmp);
+            ProviderError::Unavailable(format!("cannot write the metadata of sandbox {}: {err}", meta.sandbox_id))
+        })
+    }
+
+    /// Loads a live sandbox, renewing its TTL when asked; an expired one is killed and reported gone.
+    fn reach(&self, id: &str, touch: Touch) -> Result<Meta, ProviderError> {
+        check_local_id(id)?;
+        let mut meta = self.load(id)?;
+        let now = unix_now();
+        if meta.expires_at <= now {
+            let _ = self.kill(id, Instant::now() + KILL_SCAN_BUDGET);
+            return Err(ProviderError::NotFound { id: id.into() });
+        }
+        if touch == Touch::Renew {
+            let renewed = now + meta.timeout as i64;
+            if renewed > meta.expires_at {
+                meta.expires_at = renewed;
+                self.store(&meta)?;
+            }
+        }
+        Ok(meta)
+    }
+
+    fn spawn_keeper(&self, id: &str) {
+        // The intermediate shell exits at once, so the keeper is re-parented to init (no zombie
+        // under a long-running server) and sits in its own process group, out of reach of group
+        // signals aimed at the server (the Python SDK signals the server's whole group).
+        let res = Command::new(&self.shell)
+            .args(["-c", r#""$@" </dev/null >/dev/null 2>&1 &"#, "sh"])
+            .arg(&self.exe)
+            .arg("keeper")
+            .arg(&self.root)
+            .arg(id)
+            .arg(&self.shell)
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .status();
+        if let Err(err) = res {
+            log::warn!("could not start the keeper of sandbox {id}: {err}; it ends at the next server start after expiry");
+        }
+    }
+
+    fn env_for(&self, id: &str, meta: &Meta, extra: &BTreeMap<String, String>) -> Vec<(String, String)> {
+        let mut env: BTreeMap<String, String> = self.inherited_env.iter().cloned().collect();
+        env.entry("PATH".into()).or_insert_with(|| "/usr/local/bin:/usr/bin:/bin".into());
+        env.insert("HOME".into(), self.home(id).to_string_lossy().into_owned());
+        env.extend(meta.envs.iter().map(|(k, v)| (k.clone(), v.clone())));
+        env.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
+        env.insert(TAG_VAR.into(), id.into());
+        env.into_iter().collect()
+    }
+
+    /// Resolves a file-tool path inside the sandbox home; anything outside is refused.
+    fn resolve(&self, id: &str, path: &str) -> Result<PathBuf, ProviderError> {
+        resolve_inside(&self.home(id), path)
+    }
+
+    /// Ends every process tagged with `id` (repeating until a scan finds none, within `budget`).
+    fn kill_tagged(&self, id: &str, deadline: Instant) -> usize {
+        let needle = format!("{TAG_VAR}={id}");
+        let mut killed = 0;
+        loop {
+            let pids = tagged_pids(needle.as_bytes());
+            if pids.is_empty() {
+                return killed;
+            }
+            killed += pids.len();
+            let list: Vec<String> = pids.iter().map(u32::to_string).collect();
+            let res = Command::new(&self.shell)
+                .arg("-c")
+                .arg(r#"for p in "$@"; do case $p in ''|*[!0-9]*|0|1) ;; *) kill -s KILL "$p" 2>/dev/null;; esac; done"#)
+                .arg("sh")
+                .args(&list)
+                .env_clear()
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+            if let Err(err) = res {
+                log::warn!("could not run {} to kill the processes of sandbox {id}: {err}", self.shell.display());
+                return killed;
+            }
+            if Instant::now() >= deadline {
+                log::warn!("sandbox {id}: processes were still appearing when the kill budget ran out");
+                return killed;
+            }
+        }
+    }
+}
+
+/// Checks the form of a local sandbox id.
+pub fn check_local_id(id: &str) -> Result<(), ProviderError> {
+    let hex = id.strip_prefix(ID_PREFIX).unwrap_or("");
+    if hex.len() == 24 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        return Ok(());
+    }
+    let reason = if !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        "this looks like another provider's sandbox id (E2B ids are plain letters and digits); this server runs the local provider, whose ids look like local-0123456789abcdef01234567. Use a sandbox created by this server, or start the server with --provider e2b".to_string()
+    } else {
+        "local sandbox ids look like local-0123456789abcdef01234567; use the sandbox_id returned by create_sandbox".to_string()
+    };
+    Err(ProviderError::InvalidId { id: id.chars().take(80).collect(), reason })
+}
+
+/// Lexically resolves `path` (relative paths against `home`) and refuses anything that leaves
+/// `home`, including through symbolic links of existing ancestors.
+pub fn resolve_inside(home: &Path, path: &str) -> Result<PathBuf, ProviderError> {
+    let outside = || {
+        ProviderError::Rejected(format!(
+            "path {path:?} is outside the sandbox; local file tools only reach the sandbox home {} (relative paths start there)",
+            home.display()
+        ))
+    };
+    if path.is_empty() || path.contains('\0') {
+        return Err(ProviderError::Rejected("path must be a non-empty string without NUL bytes".into()));
+    }
+    let given = Path::new(path);
+    let relative = if given.is_absolute() { given.strip_prefix(home).map_err(|_| outside())? } else { given };
+    let mut out = home.to_path_buf();
+    let mut depth = 0usize;
+    for comp in relative.components() {
+        match comp {
+            Component::Normal(c) => {
+                out.push(c);
+                depth += 1;
+            }
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if depth == 0 {
+                    return Err(outside());
+                }
+                out.pop();
+                depth -= 1;
+            }
+            Component::RootDir | Component::Prefix(_) => return Err(outside()),
+        }
+    }
+    // Symbolic links: the deepest existing ancestor must resolve inside the home.
+    let real_home = fs::canonicalize(home).map_err(|err| ProviderError::Unavailable(format!("sandbox home is unusable: {err}")))?;
+    let mut probe = out.clone();
+    loop {
+        match fs::canonicalize(&probe) {
+            Ok(real) => {
+                if !real.starts_with(&real_home) {
+                    return Err(outside());
+                }
+                break;
+            }
+            Err(_) => {
+                if !probe.pop() {
+                    return Err(outside());
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Pids of live processes whose environment contains `needle` as a whole entry.
+fn tagged_pids(needle: &[u8]) -> Vec<u32> {
+    let me = std::process::id();
+    let Ok(proc_dir) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut pids = Vec::new();
+    let mut buf = Vec::new();
+    for entry in proc_dir.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == me || pid <= 1 {
+            continue;
+        }
+        buf.clear();
+        let Ok(mut f) = fs::File::open(entry.path().join("environ")) else {
+            continue;
+        };
+        if f.read_to_end(&mut buf).is_err() {
+            continue;
+        }
+        if buf.split(|b| *b == 0).any(|var| var == needle) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// Reads `(start_time, state)` of a pid from `/proc/<pid>/stat`.
+fn proc_start(pid: u32) -> Option<(u64, char)> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &text[text.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    let state = fields.first()?.chars().next()?;
+    Some((fields.get(19)?.parse().ok()?, state))
+}
+
+fn keeper_alive(dir: &Path) -> bool {
+    let Ok(text) = fs::read_to_string(dir.join("keeper.pid")) else {
+        return false;
+    };
+    let mut it = text.split_whitespace().map(|s| s.parse::<u64>().ok());
+    let (Some(Some(pid)), Some(Some(start))) = (it.next(), it.next()) else {
+        return false;
+    };
+    matches!(proc_start(pid as u32), Some((s, state)) if s == start && state != 'Z')
+}
+
+/// The body of `sandbox-mcp keeper ROOT ID SHELL`: waits for the sandbox's expiry (honouring renewals)
+/// and kills it; exits early when the sandbox is gone or another keeper owns it.
+pub fn run_keeper(root: &Path, id: &str, shell: &Path) -> anyhow::Result<()> {
+    check_local_id(id)?;
+    let provider = LocalProvider::new(root, shell)?;
+    let dir = provider.dir(id);
+    let me = std::process::id();
+    let (start, _) = proc_start(me).unwrap_or((0, 'R'));
+    if keeper_alive(&dir) {
+        return Ok(());
+    }
+    fs::write(dir.join("keeper.pid"), format!("{me} {start}\n"))?;
+    loop {
+        let meta = match provider.load(id) {
+            Ok(m) => m,
+            Err(_) => return Ok(()),
+        };
+        let mine = fs::read_to_string(dir.join("keeper.pid")).map(|t| t.starts_with(&format!("{me} "))).unwrap_or(false);
+        if !mine {
+            return Ok(());
+        }
+        let left = meta.expires_at - unix_now();
+        if left <= 0 {
+            log::info!("keeper: sandbox {id} expired");
+            provider.kill(id, Instant::now() + KILL_SCAN_BUDGET)?;
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+impl Provider for LocalProvider {
+    fn name(&self) -> &'static str {
+        "local"
+    }
+
+    fn check_id(&self, sandbox_id: &str) -> Result<(), ProviderError> {
+        check_local_id(sandbox_id)
+    }
+
+    fn create(&self, req: &CreateRequest, _deadline: Instant) -> Result<SandboxInfo, ProviderError> {
+        if !TEMPLATES.contains(&req.template.as_str()) {
+            return Err(ProviderError::Rejected(format!(
+                "unknown template {:?}; the local provider knows: {}",
+                req.template,
+                TEMPLATES.join(", ")
+            )));
+        }
+        if let Some(bad) = req.envs.keys().find(|k| k.is_empty() || k.contains('=') || k.contains('\0')) {
+            return Err(ProviderError::Rejected(format!("environment variable name {bad:?} is not valid")));
+        }
+        let id = format!("{ID_PREFIX}{}", ids::random_hex(12));
+        let dir = self.dir(&id);
+        let mk = fs::DirBuilder::new().mode(0o700).create(&dir).and_then(|()| fs::DirBuilder::new().mode(0o700).create(dir.join("home")));
+        mk.map_err(|err| ProviderError::Unavailable(format!("cannot create sandbox directory {}: {err}", dir.display())))?;
+        let now = unix_now();
+        let meta = Meta {
+            sandbox_id: id.clone(),
+            template: req.template.clone(),
+            created_at: now,
+            timeout: req.timeout_s,
+            expires_at: now + req.timeout_s as i64,
+            envs: req.envs.clone(),
+            metadata: req.metadata.clone(),
+        };
+        if let Err(err) = self.store(&meta) {
+            let _ = fs::remove_dir_all(&dir);
+            return Err(err);
+        }
+        self.spawn_keeper(&id);
+        Ok(SandboxInfo { sandbox_id: id, template: meta.template, expires_at: meta.expires_at })
+    }
+
+    fn kill(&self, sandbox_id: &str, deadline: Instant) -> Result<bool, ProviderError> {
+        check_local_id(sandbox_id)?;
+        let dir = self.dir(sandbox_id);
+        if !dir.exists() {
+            return Ok(false);
+        }
+        // Metadata goes first, so that no new command starts while the scan runs.
+        let existed = fs::remove_file(dir.join("meta.json")).is_ok();
+        let budget = deadline.min(Instant::now() + KILL_SCAN_BUDGET);
+        let n = self.kill_tagged(sandbox_id, budget);
+        if n > 0 {
+            log::debug!("sandbox {sandbox_id}: killed {n} processes");
+        }
+        match fs::remove_dir_all(&dir) {
+            Ok(()) => {}
+            Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+            Err(err) => {
+                return Err(ProviderError::Unavailable(format!(
+                    "killed the processes of {sandbox_id} but could not remove {}: {err}",
+                    dir.display()
+                )))
+            }
+        }
+        Ok(existed)
+    }
+
+    fn info(&self, sandbox_id: &str, touch: Touch, _deadline: Instant) -> Result<SandboxInfo, ProviderError> {
+        let meta = self.reach(sandbox_id, touch)?;
+        Ok(SandboxInfo { sandbox_id: meta.sandbox_id, template: meta.template, expires_at: meta.expires_at })
+    }
+
+    fn set_timeout(&self, sandbox_id: &str, timeout_s: u64, _deadline: Instant) -> Result<SandboxInfo, ProviderError> {
+        let mut meta = self.reach(sandbox_id, Touch::Observe)?;
+        meta.timeout = timeout_s;
+        meta.expires_at = unix_now() + timeout_s as i64;
+        self.store(&meta)?;
+        Ok(SandboxInfo { sandbox_id: meta.sandbox_id, template: meta.template, expires_at: meta.expires_at })
+    }
+
+    fn shell(&self, script: &str) -> Vec<String> {
+        vec![self.shell.to_string_lossy().into_owned(), "-c".into(), script.into()]
+    }
+
+    fn task_shell(&self) -> String {
+        self.shell.to_string_lossy().into_owned()
+    }
+
+    fn posix_sh(&self, script: &str, args: &[&str]) -> Vec<String> {
+        let mut argv = vec![self.shell.to_string_lossy().into_owned(), "-c".into(), script.into(), "sh".into()];
+        argv.extend(args.iter().map(|a| a.to_string()));
+        argv
+    }
+
+    fn exec(&self, sandbox_id: &str, req: &ExecRequest, touch: Touch) -> Result<ExecOutput, ProviderError> {
+        let meta = self.reach(sandbox_id, touch)?;
+        let home = self.home(sandbox_id);
+        let cwd = match &req.cwd {
+            None => home,
+            Some(c) => {
+                let p = if Path::new(c).is_absolute() { PathBuf::from(c) } else { home.join(c) };
+                if !p.is_dir() {
+                    return Err(ProviderError::Rejected(format!("cwd {c:?} is not an existing directory in the sandbox")));
+                }
+                p
+            }
+        };
+        if let Some(bad) = req.envs.keys().find(|k| k.is_empty() || k.contains('=') || k.contains('\0')) {
+            return Err(ProviderError::Rejected(format!("environment variable name {bad:?} is not valid")));
+        }
+        let env = self.env_for(sandbox_id, &meta, &req.envs);
+        let spawn = Spawn {
+            argv: &req.argv,
+            env: &env,
+            cwd: &cwd,
+            output_cap: req.output_cap,
+            deadline: req.deadline,
+            cancel: req.cancel.as_deref(),
+        };
+        process::run(&spawn, &self.shell, &self.running)
+            .map_err(|err| ProviderError::Unavailable(format!("could not start {:?} in sandbox {sandbox_id}: {err}", req.argv.first())))
+    }
+
+    fn read_file(&self, sandbox_id: &str, path: &str, max_bytes: usize, _deadline: Instant) -> Result<Vec<u8>, ProviderError> {
+        self.reach(sandbox_id, Touch::Renew)?;
+        let full = self.resolve(sandbox_id, path)?;
+        let meta = fs::metadata(&full).map_err(|err| file_error(path, err))?;
+        if meta.is_dir() {
+            return Err(ProviderError::Rejected(format!("{path:?} is a directory; use list_files")));
+        }
+        if meta.len() > max_bytes as u64 {
+            return Err(ProviderError::Rejected(format!(
+                "{path:?} is {} bytes, over read_file's limit of {max_bytes}; read parts of it with run_command (head, tail, dd)",
+                meta.len()
+            )));
+        }
+        let mut data = Vec::with_capacity(meta.len() as usize);
+        fs::File::open(&full).and_then(|f| f.take(max_bytes as u64 + 1).read_to_end(&mut data)).map_err(|err| file_error(path, err))?;
+        if data.len() > max_bytes {
+            return Err(ProviderError::Rejected(format!("{path:?} grew over read_file's limit of {max_bytes} bytes while being read")));
+        }
+        Ok(data)
+    }
+
+    fn write_file(&self, sandbox_id: &str, path: &str, data: &[u8], _deadline: Instant) -> Result<u64, ProviderError> {
+        self.reach(sandbox_id, Touch::Renew)?;
+        let full = self.resolve(sandbox_id, path)?;
+        if let Some(parent) = full.parent() {
+            fs::create_dir_all(parent).map_err(|err| file_error(path, err))?;
+        }
+        // Resolve again: the directories just created must not have raced into a symlink escape.
+        let full = self.resolve(sandbox_id, path)?;
+        if full.is_dir() {
+            return Err(ProviderError::Rejected(format!("{path:?} is a directory; give a file path")));
+        }
+        fs::write(&full, data).map_err(|err| file_error(path, err))?;
+        Ok(data.len() as u64)
+    }
+
+    fn list_dir(
+        &self,
+        sandbox_id: &str,
+        path: &str,
+        max_entries: usize,
+        _deadline: Instant,
+    ) -> Result<(Vec<DirEntry>, bool), ProviderError> {
+        self.reach(sandbox_id, Touch::Renew)?;
+        let full = self.resolve(sandbox_id, path)?;
+        let rd = fs::read_dir(&full).map_err(|err| file_error(path, err))?;
+        let mut entries = Vec::new();
+        let mut truncated = false;
+        for entry in rd.flatten() {
+            if entries.len() >= max_entries {
+                truncated = true;
+                break;
+            }
+            let Ok(ft) = entry.file_type() else { continue };
+            let kind = if ft.is_symlink() {
+                EntryKind::Symlink
+            } else if ft.is_dir() {
+                EntryKind::Dir
+            } else if ft.is_file() {
+                EntryKind::File
+            } else {
+                EntryKind::Other
+            };
+            let size = if kind == EntryKind::File { entry.metadata().map(|m| m.len()).unwrap_or(0) } else { 0 };
+            entries.push(DirEntry { name: entry.file_name().to_string_lossy().into_owned(), kind, size });
+        }
+        entries.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok((entries, truncated))
+    }
+
+    fn env_masker(&self, sandbox_id: &str, extra: &BTreeMap<String, String>) -> Result<Masker, ProviderError> {
+        let meta = self.reach(sandbox_id, Touch::Observe)?;
+        let all = meta.envs.iter().chain(extra.iter());
+        Ok(Masker::from_env(all.map(|(k, v)| (k.as_str(), v.as_str()))))
+    }
+
+    fn shutdown(&self) {
+        self.running.kill_all(&self.shell);
+    }
+}
+
+fn file_error(path: &str, err: io::Error) -> ProviderError {
+    match err.kind() {
+        io::ErrorKind::NotFound => {
+            ProviderError::Rejected(format!("{path:?} does not exist in the sandbox; check the path with list_files"))
+        }
+        io::ErrorKind::PermissionDenied => ProviderError::Rejected(format!("permission denied on {path:?}")),
+        _ => ProviderError::Rejected(format!("{path:?}: {err}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids() {
+        assert!(check_local_id("local-0123456789abcdef01234567").is_ok());
+        for bad in ["", "../x", "local-../../etc", "local-0123456789ABCDEF01234567", "local-0123"] {
+            assert!(check_local_id(bad).is_err(), "{bad}");
+        }
+        let ProviderError::InvalidId { reason, .. } = check_local_id("i3xkq8n2m1p0zj7w5v4ty").unwrap_err() else { panic!() };
+        assert!(reason.contains("another provider"), "{reason}");
+    }
+
+    #[test]
+    fn paths_stay_inside_home() {
+        let tmp = std::env::temp_dir().join(format!("smcp-resolve-{}", ids::random_hex(4)));
+        let home = tmp.join("home");
+        fs::create_dir_all(home.join("sub")).unwrap();
+        std::os::unix::fs::symlink("/etc", home.join("escape")).unwrap();
+        assert_eq!(resolve_inside(&home, "a.txt").unwrap(), home.join("a.txt"));
+        assert_eq!(resolve_inside(&home, "sub/../b").unwrap(), home.join("b"));
+        assert_eq!(resolve_inside(&home, home.join("sub/c").to_str().unwrap()).unwrap(), home.join("sub/c"));
+        for bad in ["../x", "/etc/passwd", "sub/../../x", "escape/passwd", "escape", ""] {
+            assert!(resolve_inside(&home, bad).is_err(), "{bad}");
+        }
+        fs::remove_dir_all(&tmp).unwrap();
+    }
+}

@@ -1,0 +1,253 @@
+//! The `Provider` trait: the sandbox operations of SPEC §5, implemented by `local` and `e2b`.
+//!
+//! Tools and the task supervisor are written once on top of this trait. Every method takes a
+//! deadline; an implementation must return (with [`ProviderError::Timeout`] or
+//! [`ProviderError::Unconfirmed`]) by then, give or take the time to kill what it started.
+
+use crate::mask::Masker;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub mod local;
+pub mod process;
+
+/// What a tool asks of a sandbox's lifetime when it reaches it (SPEC §4, TTL policy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Touch {
+    /// Ordinary tools: resume the sandbox if the provider pauses them, and renew its TTL.
+    Renew,
+    /// Task tools: observe only; never resume, never extend the TTL.
+    Observe,
+}
+
+/// Arguments of `create`.
+#[derive(Debug, Clone, Default)]
+pub struct CreateRequest {
+    /// Template name (`base` when not given).
+    pub template: String,
+    /// TTL in seconds.
+    pub timeout_s: u64,
+    /// Environment of every process in the sandbox.
+    pub envs: BTreeMap<String, String>,
+    /// Free-form labels.
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// What a provider knows about one sandbox.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxInfo {
+    /// The sandbox id.
+    pub sandbox_id: String,
+    /// Template it was created from.
+    pub template: String,
+    /// When the provider will end it, in Unix seconds.
+    pub expires_at: i64,
+}
+
+/// One command execution inside a sandbox.
+#[derive(Debug, Clone)]
+pub struct ExecRequest {
+    /// Program and arguments. Shell commands use [`Provider::shell`] to build this.
+    pub argv: Vec<String>,
+    /// Extra environment for this call (on top of the sandbox's).
+    pub envs: BTreeMap<String, String>,
+    /// Working directory; the sandbox user's home when `None`.
+    pub cwd: Option<String>,
+    /// Bytes kept per output stream; the rest is drained and counted as truncated.
+    pub output_cap: usize,
+    /// When the command is killed (its whole process group) and reported as timed out.
+    pub deadline: Instant,
+    /// Set by the client cancelling the request; the command is killed like on timeout.
+    pub cancel: Option<Arc<AtomicBool>>,
+}
+
+/// The observed end of an execution.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ExecOutput {
+    /// Exit code; 128 + signal number when killed by a signal.
+    pub exit_code: i32,
+    /// Captured stdout (at most `output_cap` bytes).
+    pub stdout: Vec<u8>,
+    /// Captured stderr (at most `output_cap` bytes).
+    pub stderr: Vec<u8>,
+    /// Whether stdout went over the cap.
+    pub stdout_truncated: bool,
+    /// Whether stderr went over the cap.
+    pub stderr_truncated: bool,
+    /// Whether the deadline (or a cancel) killed the command.
+    pub timed_out: bool,
+    /// Wall time.
+    pub duration: Duration,
+}
+
+/// Type of a directory entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// A symbolic link (not followed).
+    Symlink,
+    /// Anything else (FIFO, socket, device).
+    Other,
+}
+
+impl EntryKind {
+    /// The name used in tool results.
+    pub fn name(self) -> &'static str {
+        match self {
+            EntryKind::File => "file",
+            EntryKind::Dir => "dir",
+            EntryKind::Symlink => "symlink",
+            EntryKind::Other => "other",
+        }
+    }
+}
+
+/// One entry of `list_dir`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    /// File name (not the full path).
+    pub name: String,
+    /// Its type.
+    pub kind: EntryKind,
+    /// Size in bytes (0 for directories).
+    pub size: u64,
+}
+
+/// Why a provider call failed. Messages say what failed and what to do next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ProviderError {
+    /// The sandbox id is malformed or of another provider's form; nothing was contacted.
+    InvalidId {
+        /// The id as given.
+        id: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// The sandbox does not exist (never did, was killed, or expired).
+    NotFound {
+        /// The id.
+        id: String,
+    },
+    /// The sandbox exists but is paused and the call may not resume it.
+    Paused {
+        /// The id.
+        id: String,
+    },
+    /// The request was refused before anything ran (bad path, unknown template, quota, ...).
+    Rejected(String),
+    /// The call did not finish before its deadline; the request was not confirmed.
+    Timeout {
+        /// What was being done.
+        what: String,
+        /// The deadline that passed.
+        after: Duration,
+    },
+    /// The request may have been applied but its answer was lost (connection dropped after
+    /// sending). Callers must not resubmit anything that is not idempotent.
+    Unconfirmed {
+        /// What was being done.
+        what: String,
+        /// What went wrong.
+        detail: String,
+    },
+    /// The provider could not be reached, or failed before the request was applied.
+    Unavailable(String),
+}
+
+impl ProviderError {
+    /// Whether the request may have taken effect although no answer came back.
+    pub fn maybe_applied(&self) -> bool {
+        matches!(self, ProviderError::Timeout { .. } | ProviderError::Unconfirmed { .. })
+    }
+}
+
+impl fmt::Display for ProviderError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProviderError::InvalidId { id, reason } => write!(f, "invalid sandbox_id {id:?}: {reason}"),
+            ProviderError::NotFound { id } => write!(
+                f,
+                "sandbox {id} does not exist (it was killed or its timeout expired); create a new one with create_sandbox"
+            ),
+            ProviderError::Paused { id } => write!(
+                f,
+                "sandbox {id} is paused; task tools never resume a sandbox, so call an ordinary tool (run_command, read_file, ...) on it first to resume it"
+            ),
+            ProviderError::Rejected(msg) => f.write_str(msg),
+            ProviderError::Timeout { what, after } => {
+                write!(f, "{what} did not finish within {:.1}s; the sandbox may be overloaded, retry later", after.as_secs_f64())
+            }
+            ProviderError::Unconfirmed { what, detail } => write!(f, "{what} was sent but its answer was lost ({detail})"),
+            ProviderError::Unavailable(msg) => f.write_str(msg),
+        }
+    }
+}
+
+impl std::error::Error for ProviderError {}
+
+/// A sandbox platform. Implementations map their failures to [`ProviderError`]: a malformed id is
+/// `InvalidId` (checked before any I/O), a missing sandbox `NotFound`, a refusal `Rejected`, a
+/// failure before the request could take effect `Unavailable`, and anything after which the
+/// request may have taken effect `Unconfirmed` or `Timeout`.
+pub trait Provider: Send + Sync {
+    /// `local` or `e2b`.
+    fn name(&self) -> &'static str;
+
+    /// Checks the form of a sandbox id without contacting anything.
+    fn check_id(&self, sandbox_id: &str) -> Result<(), ProviderError>;
+
+    /// Creates a sandbox.
+    fn create(&self, req: &CreateRequest, deadline: Instant) -> Result<SandboxInfo, ProviderError>;
+
+    /// Kills a sandbox and everything in it. `Ok(false)` when it was already gone.
+    fn kill(&self, sandbox_id: &str, deadline: Instant) -> Result<bool, ProviderError>;
+
+    /// Reaches a sandbox as `touch` says and returns what is known about it.
+    fn info(&self, sandbox_id: &str, touch: Touch, deadline: Instant) -> Result<SandboxInfo, ProviderError>;
+
+    /// Sets the TTL to `timeout_s` from now.
+    fn set_timeout(&self, sandbox_id: &str, timeout_s: u64, deadline: Instant) -> Result<SandboxInfo, ProviderError>;
+
+    /// The argv that runs `script` with the sandbox's shell (`/bin/sh -c`, `/bin/bash -l -c`).
+    fn shell(&self, script: &str) -> Vec<String>;
+
+    /// The shell, with its flags before `-c`, that runs task commands (`/bin/sh`, `/bin/bash -l`).
+    fn task_shell(&self) -> String;
+
+    /// The argv that runs a POSIX `sh` snippet with positional arguments (supervisor snippets).
+    fn posix_sh(&self, script: &str, args: &[&str]) -> Vec<String>;
+
+    /// Runs one command to completion (or its deadline) and returns its capped output.
+    fn exec(&self, sandbox_id: &str, req: &ExecRequest, touch: Touch) -> Result<ExecOutput, ProviderError>;
+
+    /// Reads a whole file of at most `max_bytes`.
+    fn read_file(&self, sandbox_id: &str, path: &str, max_bytes: usize, deadline: Instant) -> Result<Vec<u8>, ProviderError>;
+
+    /// Writes (creates or replaces) a file, creating missing parent directories.
+    fn write_file(&self, sandbox_id: &str, path: &str, data: &[u8], deadline: Instant) -> Result<u64, ProviderError>;
+
+    /// Lists a directory (not recursive), at most `max_entries` entries sorted by name.
+    fn list_dir(&self, sandbox_id: &str, path: &str, max_entries: usize, deadline: Instant)
+        -> Result<(Vec<DirEntry>, bool), ProviderError>;
+
+    /// The masker for output of a command run with the sandbox's environment plus `extra`, when
+    /// this provider knows that environment on the host. An empty masker means "nothing to mask
+    /// here": providers that cannot see the environment mask inside the sandbox instead.
+    fn env_masker(&self, _sandbox_id: &str, _extra: &BTreeMap<String, String>) -> Result<Masker, ProviderError> {
+        Ok(Masker::default())
+    }
+
+    /// Called once at server shutdown: stop commands this process started and still waits for.
+    fn shutdown(&self) {}
+}
+
+/// The current time in Unix seconds.
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+}

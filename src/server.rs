@@ -1,0 +1,161 @@
+//! Wiring: builds the app, the queue and the threads for one transport, waits for the end, and
+//! shuts down in a fixed order.
+//!
+//! ```text
+//!  stdin ──► sandbox-mcp-stdin ──┐  (cheap methods answered here)         ┌──► sandbox-mcp-stdout ──► stdout
+//!                                ├──► bounded queue ──► sandbox-mcp-worker-N ─┤
+//!  tcp ──► tiny_http ──► sandbox-mcp-http-N ──┘   (each job carries its reply channel) └──► waiting http thread ──► tcp
+//! ```
+
+use crate::app::App;
+use crate::config::Config;
+use crate::limits::MAX_BODY_BYTES;
+use crate::protocol::{self, ToolCall};
+use crate::queue::{self, Job, Reply};
+use crate::session::{Session, Sessions};
+use crate::transport::http::{HttpServer, Listener};
+use crate::transport::stdio;
+use anyhow::{Context, Result};
+use crossbeam_channel::{Receiver, Sender};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+type WorkQueue = Sender<Job<(Arc<Session>, ToolCall)>>;
+
+/// Why the server stops.
+enum Stop {
+    /// stdin reached end of file.
+    Eof,
+    /// SIGTERM or SIGINT.
+    Signal(i32),
+}
+
+impl std::fmt::Display for Stop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stop::Eof => f.write_str("stdin closed"),
+            Stop::Signal(n) => write!(f, "signal {n}"),
+        }
+    }
+}
+
+fn start_workers(app: &Arc<App>) -> WorkQueue {
+    let handler_app = app.clone();
+    let (queue, _handles) = queue::spawn_workers(
+        app.config.workers,
+        app.config.queue_capacity,
+        move |(session, call): &(Arc<Session>, ToolCall)| protocol::execute(&handler_app, session, call),
+        |(session, call): &(Arc<Session>, ToolCall)| session.finish(&call.id),
+    );
+    // Workers are not joined: they exit with the process, after shutdown has ended the sessions
+    // and killed the commands they wait for.
+    queue
+}
+
+fn watch_signals(stop: Sender<Stop>) -> Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT]).context("installing SIGTERM/SIGINT handlers")?;
+    thread::Builder::new().name("sandbox-mcp-signals".into()).spawn(move || {
+        if let Some(sig) = signals.forever().next() {
+            let _ = stop.send(Stop::Signal(sig));
+        }
+    })?;
+    Ok(())
+}
+
+/// Serves MCP over stdin/stdout until stdin ends or a signal arrives, then ends the session.
+pub fn run_stdio(config: Config) -> Result<()> {
+    let app = Arc::new(App::new(config)?);
+    let queue = start_workers(&app);
+    let (reply_tx, reply_rx) = crossbeam_channel::unbounded::<Reply>();
+    stdio::spawn_writer(reply_rx).context("starting the stdout writer")?;
+    let session = Arc::new(Session::new("stdio", false));
+    let (stop_tx, stop_rx) = crossbeam_channel::unbounded();
+    watch_signals(stop_tx.clone())?;
+    {
+        let (app, session, queue, replies) = (app.clone(), session.clone(), queue.clone(), reply_tx.clone());
+        thread::Builder::new().name("sandbox-mcp-stdin".into()).spawn(move || {
+            stdio::run_reader(&app, &session, &queue, &replies, MAX_BODY_BYTES);
+            let _ = stop_tx.send(Stop::Eof);
+        })?;
+    }
+    drop(queue);
+    let why = stop_rx.recv().unwrap_or(Stop::Eof);
+    log::info!("stdio session ending: {why}");
+    // Shutdown order (SPEC §3: exit within 2 s of stdin EOF):
+    // 1. let requests already read finish (bounded), so piped scripts get their answers;
+    let settle = Instant::now() + Duration::from_millis(if matches!(why, Stop::Eof) { 900 } else { 200 });
+    wait_idle(std::slice::from_ref(&session), settle);
+    // 2. end the session: kill the sandboxes it still owns;
+    session.end(&app.provider, Instant::now() + Duration::from_millis(700));
+    // 3. stop commands still running for cancelled requests;
+    app.provider.shutdown();
+    // 4. flush what the writer has.
+    flush(&reply_tx, Duration::from_millis(200));
+    Ok(())
+}
+
+fn wait_idle(sessions: &[Arc<Session>], deadline: Instant) {
+    let (_never_tx, never) = crossbeam_channel::bounded::<()>(0);
+    while sessions.iter().any(|s| s.inflight_count() > 0) && Instant::now() < deadline {
+        let _ = never.recv_timeout(Duration::from_millis(10));
+    }
+}
+
+fn flush(replies: &Sender<Reply>, wait: Duration) {
+    let (done_tx, done_rx) = crossbeam_channel::bounded(1);
+    let barrier = Reply { line: String::new(), cancelled: true, flushed: Some(done_tx) };
+    if replies.send(barrier).is_ok() {
+        let _ = done_rx.recv_timeout(wait);
+    }
+}
+
+/// Serves MCP over HTTP until SIGTERM/SIGINT, then ends every session.
+pub fn run_http(config: Config) -> Result<()> {
+    let app = Arc::new(App::new(config)?);
+    let queue = start_workers(&app);
+    let sessions = Arc::new(Sessions::default());
+    let listen = app.config.listen;
+    // One listener per job that can be in flight (queued or running) plus spare ones, so a cheap
+    // request (ping, tools/list, a 503) always finds a free listener.
+    let n_threads = app.config.workers + app.config.queue_capacity + 4;
+    let listener = Listener { app: app.clone(), sessions: sessions.clone(), queue, loopback: listen.ip().is_loopback() };
+    let server = HttpServer::start(listen, n_threads, listener)?;
+    log::info!("listening on http://{}/mcp ({} provider)", server.addr, app.provider.name());
+    if !listen.ip().is_loopback() && app.config.http_token.is_none() {
+        log::warn!("listening on a non-loopback address without SANDBOX_MCP_HTTP_TOKEN: anyone who can reach it can run commands");
+    }
+    let (stop_tx, stop_rx) = crossbeam_channel::unbounded();
+    watch_signals(stop_tx)?;
+    let (reaper_stop, reaper_rx) = crossbeam_channel::bounded::<()>(0);
+    spawn_idle_reaper(app.clone(), sessions.clone(), reaper_rx)?;
+    let why = stop_rx.recv().unwrap_or(Stop::Signal(0));
+    log::info!("shutting down: {why}");
+    drop(reaper_stop);
+    server.stop();
+    let all = sessions.take_all();
+    wait_idle(&all, Instant::now() + Duration::from_millis(500));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for s in &all {
+        s.end(&app.provider, deadline);
+    }
+    app.provider.shutdown();
+    Ok(())
+}
+
+fn spawn_idle_reaper(app: Arc<App>, sessions: Arc<Sessions>, stop: Receiver<()>) -> Result<()> {
+    let idle = app.config.session_idle;
+    let every = (idle / 4).clamp(Duration::from_millis(200), Duration::from_secs(30));
+    thread::Builder::new().name("sandbox-mcp-idle".into()).spawn(move || loop {
+        match stop.recv_timeout(every) {
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+            _ => return,
+        }
+        for s in sessions.take_idle(idle) {
+            log::info!("session {} idle for {:?}; ending it", s.id, s.idle_for());
+            s.end(&app.provider, Instant::now() + Duration::from_secs(30));
+        }
+    })?;
+    Ok(())
+}

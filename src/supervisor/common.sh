@@ -1,0 +1,161 @@
+# common.sh: helpers shared by every supervisor snippet (POSIX sh: dash, bash, busybox ash).
+# Reads /proc with the builtin `read` (no fork); signals only through the builtin `kill`.
+
+# proc_stat PID: sets ST_STATE ST_PGID ST_START (fields 3, 5, 22 of /proc/PID/stat).
+proc_stat() {
+    _s=
+    read -r _s 2>/dev/null <"/proc/$1/stat" || return 1
+    _s=${_s##*) }
+    set -f
+    set -- $_s
+    set +f
+    ST_STATE=$1 ST_PGID=$3 ST_START=${20}
+    [ -n "$ST_START" ]
+}
+
+# alive PID START: that exact process exists and is not a zombie.
+alive() {
+    case $1 in '' | *[!0-9]*) return 1 ;; esac
+    proc_stat "$1" && [ "$ST_START" = "$2" ] && [ "$ST_STATE" != Z ]
+}
+
+boot_id() {
+    BOOT=
+    read -r BOOT 2>/dev/null </proc/sys/kernel/random/boot_id
+}
+
+# group_alive PGID: a live (non-zombie) process is in that group.
+group_alive() {
+    case $1 in '' | *[!0-9]* | 0 | 1) return 1 ;; esac
+    if proc_stat "$1" && [ "$ST_PGID" = "$1" ] && [ "$ST_STATE" != Z ]; then return 0; fi
+    for _p in /proc/[0-9]*; do
+        proc_stat "${_p#/proc/}" || continue
+        if [ "$ST_PGID" = "$1" ] && [ "$ST_STATE" != Z ]; then return 0; fi
+    done
+    return 1
+}
+
+# sig_group SIG PGID: the builtin kill to a whole group; never group 0 or 1. dash needs `--`
+# before a negative pid, busybox refuses it: probe once.
+if kill -s 0 -- "$$" 2>/dev/null; then SUP_DD=--; else SUP_DD=; fi
+sig_group() {
+    case $2 in '' | *[!0-9]* | 0 | 1) return 2 ;; esac
+    kill -s "$1" $SUP_DD "-$2" 2>/dev/null
+}
+
+# sig_task SIG PGID LEADER_START: signal the task's group only while it is provably still ours:
+# its leader with the recorded start time exists (a zombie leader still holds the id), or live
+# members remain (a group id cannot be reused while it has members).
+sig_task() {
+    case $2 in '' | *[!0-9]* | 0 | 1) return 2 ;; esac
+    if proc_stat "$2" && [ "$ST_PGID" = "$2" ] && [ "$ST_START" = "$3" ]; then
+        sig_group "$1" "$2"
+        return
+    fi
+    group_alive "$2" && sig_group "$1" "$2"
+}
+
+# read_state DIR: loads DIR/state (key=value lines) into S_* variables. Never sourced.
+read_state() {
+    S_status= S_boot_id= S_sup_pid= S_sup_start= S_pgid= S_task_start= S_timeout= S_started_at=
+    S_finished_at= S_exit_code= S_error= S_escaped= S_masked= S_out_bytes= S_err_bytes=
+    S_out_truncated= S_err_truncated=
+    [ -r "$1/state" ] || return 1
+    while IFS= read -r _l || [ -n "$_l" ]; do
+        case $_l in
+        status=*) S_status=${_l#*=} ;;
+        boot_id=*) S_boot_id=${_l#*=} ;;
+        sup_pid=*) S_sup_pid=${_l#*=} ;;
+        sup_start=*) S_sup_start=${_l#*=} ;;
+        pgid=*) S_pgid=${_l#*=} ;;
+        task_start=*) S_task_start=${_l#*=} ;;
+        timeout=*) S_timeout=${_l#*=} ;;
+        started_at=*) S_started_at=${_l#*=} ;;
+        finished_at=*) S_finished_at=${_l#*=} ;;
+        exit_code=*) S_exit_code=${_l#*=} ;;
+        error=*) S_error=${_l#*=} ;;
+        escaped=*) S_escaped=${_l#*=} ;;
+        masked=*) S_masked=${_l#*=} ;;
+        out_bytes=*) S_out_bytes=${_l#*=} ;;
+        err_bytes=*) S_err_bytes=${_l#*=} ;;
+        out_truncated=*) S_out_truncated=${_l#*=} ;;
+        err_truncated=*) S_err_truncated=${_l#*=} ;;
+        esac
+    done <"$1/state"
+    [ -n "$S_status" ]
+}
+
+is_final() {
+    case $S_status in exited | failed_to_start | timed_out | cancelled) return 0 ;; esac
+    return 1
+}
+
+# emit_state DIR: the state lines plus the derived liveness (`live`, `group`), no log data.
+emit_state() {
+    printf '@task %s\n' "${1##*/}"
+    if ! read_state "$1"; then
+        printf 'status=unreadable\n@end\n'
+        return
+    fi
+    E_live=- E_group=-
+    case $S_status in
+    running | starting)
+        boot_id
+        if [ "$BOOT" = "$S_boot_id" ] && alive "$S_sup_pid" "$S_sup_start"; then
+            E_live=1
+        else
+            E_live=0
+            if [ "$BOOT" = "$S_boot_id" ] && group_alive "$S_pgid"; then E_group=1; else E_group=0; fi
+        fi
+        ;;
+    esac
+    printf 'status=%s\nexit_code=%s\nstarted_at=%s\nfinished_at=%s\ntimeout=%s\nerror=%s\nescaped=%s\nmasked=%s\nlive=%s\ngroup=%s\n' \
+        "$S_status" "$S_exit_code" "$S_started_at" "$S_finished_at" "$S_timeout" "$S_error" "$S_escaped" "$S_masked" "$E_live" "$E_group"
+}
+
+# page FILE SIZE OFFSET LIMIT: bytes [OFFSET, min(SIZE, OFFSET+LIMIT)) of FILE on stdout.
+page() {
+    [ "$2" -gt "$3" ] 2>/dev/null || return 0
+    _n=$(($2 - $3))
+    [ "$_n" -gt "$4" ] && _n=$4
+    if [ "$3" -eq 0 ]; then
+        dd if="$1" bs="$_n" count=1 2>/dev/null
+    elif ! dd if="$1" bs="$_n" skip="$3" iflag=skip_bytes count=1 2>/dev/null; then
+        { dd bs="$3" skip=1 count=0 2>/dev/null && dd bs="$_n" count=1 2>/dev/null; } <"$1"
+    fi
+}
+
+# emit DIR OUT_OFF ERR_OFF LIMIT: emit_state, the saved sizes, `@end`, then the stdout page on
+# stdout and the stderr page on fd 3. Changes the working directory to DIR.
+emit() {
+    emit_state "$1"
+    [ -n "$S_status" ] || return 0
+    if ! cd "$1" 2>/dev/null; then
+        printf 'out_size=0\nerr_size=0\n@end\n'
+        return 0
+    fi
+    if [ -n "$S_out_bytes" ] && [ -n "$S_err_bytes" ]; then
+        E_os=$S_out_bytes E_es=$S_err_bytes
+    elif [ -e stdout.log ] && [ -e stderr.log ]; then
+        set -f
+        set -- "$1" "$2" "$3" "$4" $(wc -c stdout.log stderr.log 2>/dev/null)
+        set +f
+        E_os=${5:-0} E_es=${7:-0}
+    else
+        E_os=0 E_es=0
+    fi
+    E_ot=${S_out_truncated:-0} E_et=${S_err_truncated:-0}
+    [ -e out.trunc ] && E_ot=1
+    [ -e err.trunc ] && E_et=1
+    printf 'out_size=%s\nerr_size=%s\nout_truncated=%s\nerr_truncated=%s\n@end\n' "$E_os" "$E_es" "$E_ot" "$E_et"
+    page stdout.log "$E_os" "$2" "$4"
+    page stderr.log "$E_es" "$3" "$4" >&3
+}
+
+task_root() {
+    [ -n "$HOME" ] || {
+        printf '@error nohome HOME is not set in the sandbox\n'
+        exit 0
+    }
+    ROOT=$HOME/.sandbox-mcp/tasks
+}

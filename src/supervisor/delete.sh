@@ -1,0 +1,21 @@
+# delete.sh: removes a finished task's directory; refuses one that may still run.
+# common.sh is prepended.   SH -c SCRIPT sh ID
+
+exec 3>&2 2>/dev/null
+task_root
+D=$ROOT/$1
+if [ ! -d "$D" ]; then
+    printf '@none\n'
+    exit 0
+fi
+emit_state "$D"
+printf '@end\n'
+case $S_status in
+running | starting)
+    if [ "$E_live" = 1 ] || [ "$E_group" = 1 ]; then
+        printf '@refused\n'
+        exit 0
+    fi
+    ;;
+esac
+rm -rf "$D" && printf '@deleted\n'

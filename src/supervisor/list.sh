@@ -1,0 +1,10 @@
+# list.sh: prints the state of every task of this OS user. common.sh is prepended.
+
+exec 3>&2 2>/dev/null
+task_root
+for _d in "$ROOT"/*/; do
+    [ -d "$_d" ] || continue
+    emit_state "${_d%/}"
+    printf '@end\n'
+done
+printf '@done\n'

@@ -1,0 +1,487 @@
+//! The task supervisor: POSIX-shell snippets embedded in the binary (`*.sh`, `mask.awk`) that run
+//! inside the sandbox through the provider's `exec`, and the Rust side that builds their argv and
+//! parses what they print.
+//!
+//! Snippet output: one block per task, `@task ID`, `key=value` lines, `@end`; `start`, `status`
+//! and `cancel` then print the stdout page on stdout and the stderr page on stderr. Other words:
+//! `@none` (no such task), `@error KIND MESSAGE`, `@refused`, `@deleted`, `@done`.
+
+use crate::limits;
+use crate::provider::{ExecOutput, ExecRequest, Provider, ProviderError, Touch};
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+const COMMON: &str = include_str!("common.sh");
+const START: &str = include_str!("start.sh");
+const SUPERVISE: &str = include_str!("supervise.sh");
+const STATUS: &str = include_str!("status.sh");
+const CANCEL: &str = include_str!("cancel.sh");
+const LIST: &str = include_str!("list.sh");
+const DELETE: &str = include_str!("delete.sh");
+const MASK_AWK: &str = include_str!("mask.awk");
+
+/// How long one snippet may run (start and cancel wait inside the sandbox for a few seconds).
+const SNIPPET_BUDGET: Duration = Duration::from_secs(30);
+
+/// Drops comment lines, blank lines and indentation: the scripts travel in every request.
+fn compact(script: &str) -> String {
+    let mut out = String::with_capacity(script.len());
+    for line in script.lines() {
+        let line = line.trim_start();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+fn script(which: &'static str) -> &'static str {
+    static SCRIPTS: OnceLock<BTreeMap<&'static str, String>> = OnceLock::new();
+    let all = SCRIPTS.get_or_init(|| {
+        let common = compact(COMMON);
+        let mut m = BTreeMap::new();
+        m.insert("start", format!("{common}{}", compact(START)));
+        m.insert("supervise", format!("MASK_AWK='{}'\n{common}{}", compact(MASK_AWK), compact(SUPERVISE)));
+        m.insert("status", format!("{common}{}", compact(STATUS)));
+        m.insert("cancel", format!("{common}{}", compact(CANCEL)));
+        m.insert("list", format!("{common}{}", compact(LIST)));
+        m.insert("delete", format!("{common}{}", compact(DELETE)));
+        m
+    });
+    all.get(which).map(String::as_str).unwrap_or("")
+}
+
+/// The masker program alone (for tests that compare it with the Rust masker).
+pub fn mask_awk() -> String {
+    compact(MASK_AWK)
+}
+
+/// States of SPEC §7.3.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskState {
+    /// Still running, supervisor alive.
+    Running,
+    /// Exited 0.
+    Succeeded,
+    /// Non-zero exit, or the command could not be started.
+    Failed,
+    /// Stopped by cancel_task.
+    Cancelled,
+    /// Stopped by its timeout.
+    TimedOut,
+    /// The truth cannot be observed.
+    Unknown,
+}
+
+impl TaskState {
+    /// Wire name.
+    pub fn name(self) -> &'static str {
+        match self {
+            TaskState::Running => "running",
+            TaskState::Succeeded => "succeeded",
+            TaskState::Failed => "failed",
+            TaskState::Cancelled => "cancelled",
+            TaskState::TimedOut => "timed_out",
+            TaskState::Unknown => "unknown",
+        }
+    }
+
+    /// Whether the state can no longer change.
+    pub fn is_final(self) -> bool {
+        !matches!(self, TaskState::Running | TaskState::Unknown)
+    }
+}
+
+/// One task as reported to tools (SPEC §7.5, without the sandbox id).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    /// The task id.
+    pub task_id: String,
+    /// Derived state.
+    pub state: TaskState,
+    /// Exit code, when observed.
+    pub exit_code: Option<i64>,
+    /// Unix seconds.
+    pub started_at: Option<i64>,
+    /// Unix seconds.
+    pub finished_at: Option<i64>,
+    /// Task timeout in seconds.
+    pub timeout: Option<i64>,
+    /// The stdout page.
+    pub stdout: Vec<u8>,
+    /// The stderr page.
+    pub stderr: Vec<u8>,
+    /// Offset after the stdout page.
+    pub stdout_next_offset: u64,
+    /// Offset after the stderr page.
+    pub stderr_next_offset: u64,
+    /// Bytes saved so far.
+    pub stdout_bytes: u64,
+    /// Bytes saved so far.
+    pub stderr_bytes: u64,
+    /// Whether stdout went over the cap.
+    pub stdout_truncated: bool,
+    /// Whether stderr went over the cap.
+    pub stderr_truncated: bool,
+    /// Why the state is unknown or failed without an exit code.
+    pub error: Option<String>,
+    /// Processes outside the task's group that were killed by the tag scan.
+    pub escaped: u64,
+}
+
+impl Snapshot {
+    /// The snapshot of a task whose start could not be confirmed.
+    pub fn unconfirmed(task_id: &str, timeout: i64, error: String) -> Snapshot {
+        Snapshot {
+            task_id: task_id.to_string(),
+            state: TaskState::Unknown,
+            exit_code: None,
+            started_at: None,
+            finished_at: None,
+            timeout: Some(timeout),
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            stdout_next_offset: 0,
+            stderr_next_offset: 0,
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+            stdout_truncated: false,
+            stderr_truncated: false,
+            error: Some(error),
+            escaped: 0,
+        }
+    }
+}
+
+/// Which part of the logs to return.
+#[derive(Debug, Clone, Copy)]
+pub struct Window {
+    /// Start of the stdout page.
+    pub stdout_offset: u64,
+    /// Start of the stderr page.
+    pub stderr_offset: u64,
+    /// Bytes per stream.
+    pub limit: u64,
+}
+
+/// Everything a snippet needs to reach one sandbox.
+pub struct Target<'a> {
+    /// The provider.
+    pub provider: &'a dyn Provider,
+    /// The sandbox.
+    pub sandbox_id: &'a str,
+}
+
+impl Target<'_> {
+    fn argv(&self, which: &'static str, args: &[&str]) -> Vec<String> {
+        self.provider.posix_sh(script(which), args)
+    }
+
+    fn run(&self, argv: Vec<String>) -> Result<ExecOutput, ProviderError> {
+        let req = ExecRequest {
+            argv,
+            envs: BTreeMap::new(),
+            cwd: None,
+            output_cap: limits::MAX_LOG_BYTES,
+            deadline: Instant::now() + SNIPPET_BUDGET,
+            cancel: None,
+        };
+        let out = self.provider.exec(self.sandbox_id, &req, Touch::Observe)?;
+        if out.timed_out {
+            return Err(ProviderError::Timeout { what: "the supervisor snippet".into(), after: SNIPPET_BUDGET });
+        }
+        Ok(out)
+    }
+}
+
+/// What `start` observed.
+pub enum Started {
+    /// The supervisor answered (the task may already be finished).
+    Observed(Snapshot),
+    /// The sandbox refused before anything ran (limit, missing cwd, ...).
+    Refused(String),
+}
+
+/// The argv of a start request, for the size check that must happen before any connection.
+pub fn start_argv(provider: &dyn Provider, task_id: &str, command: &str, cwd: Option<&str>, timeout: i64, limit: u64) -> Vec<String> {
+    let sh = provider.posix_sh("", &[]).into_iter().next().unwrap_or_else(|| "/bin/sh".into());
+    let timeout = timeout.to_string();
+    let limit = limit.to_string();
+    let max = limits::MAX_TASKS.to_string();
+    let task_shell = provider.task_shell();
+    let args = [
+        task_id,
+        timeout.as_str(),
+        task_shell.as_str(),
+        cwd.unwrap_or(""),
+        command,
+        script("supervise"),
+        sh.as_str(),
+        limit.as_str(),
+        max.as_str(),
+    ];
+    provider.posix_sh(script("start"), &args)
+}
+
+/// Starts a task. `Err` when the request failed; [`ProviderError::maybe_applied`] tells whether
+/// the task may nevertheless be running.
+pub fn start(target: &Target<'_>, task_id: &str, argv: Vec<String>) -> Result<Started, ProviderError> {
+    let out = target.run(argv)?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if let Some(rest) = text.strip_prefix("@error ") {
+        let line = rest.lines().next().unwrap_or("");
+        let (kind, detail) = line.split_once(' ').unwrap_or((line, ""));
+        let msg = match kind {
+            "limit" => format!(
+                "this sandbox already holds {} task directories, the limit per OS user; remove finished tasks with delete_task (list_tasks shows them)",
+                limits::MAX_TASKS
+            ),
+            "nocwd" => format!("{detail}; nothing was started"),
+            _ => format!("the task could not be started: {detail}"),
+        };
+        return Ok(Started::Refused(msg));
+    }
+    match parse_one(&out, task_id, Window { stdout_offset: 0, stderr_offset: 0, limit: limits::READ_LIMIT_DEFAULT as u64 }) {
+        Some(snap) => Ok(Started::Observed(snap)),
+        None => Err(ProviderError::Unconfirmed {
+            what: "start_task".into(),
+            detail: format!("the supervisor's answer was unreadable: {}", excerpt(&out)),
+        }),
+    }
+}
+
+/// Reads one task; `Ok(None)` when it does not exist.
+pub fn status(target: &Target<'_>, task_id: &str, window: Window) -> Result<Option<Snapshot>, ProviderError> {
+    let (o, e, l) = (window.stdout_offset.to_string(), window.stderr_offset.to_string(), window.limit.to_string());
+    let out = target.run(target.argv("status", &[task_id, &o, &e, &l]))?;
+    page_result(&out, task_id, window)
+}
+
+/// Cancels one task and reads it; `Ok(None)` when it does not exist.
+pub fn cancel(target: &Target<'_>, task_id: &str, window: Window) -> Result<Option<Snapshot>, ProviderError> {
+    let (o, e, l) = (window.stdout_offset.to_string(), window.stderr_offset.to_string(), window.limit.to_string());
+    let out = target.run(target.argv("cancel", &[task_id, &o, &e, &l]))?;
+    page_result(&out, task_id, window)
+}
+
+fn page_result(out: &ExecOutput, task_id: &str, window: Window) -> Result<Option<Snapshot>, ProviderError> {
+    if out.stdout.starts_with(b"@none") {
+        return Ok(None);
+    }
+    parse_one(out, task_id, window)
+        .map(Some)
+        .ok_or_else(|| ProviderError::Unavailable(format!("the supervisor's answer was unreadable: {}", excerpt(out))))
+}
+
+/// Lists the tasks of the sandbox's user.
+pub fn list(target: &Target<'_>) -> Result<Vec<Snapshot>, ProviderError> {
+    let out = target.run(target.argv("list", &[]))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !text.contains("@done") {
+        return Err(ProviderError::Unavailable(format!("the task list was unreadable: {}", excerpt(&out))));
+    }
+    let mut tasks = Vec::new();
+    for block in text.split("@task ").skip(1) {
+        let (id, body) = block.split_once('\n').unwrap_or((block, ""));
+        let fields = fields(body);
+        tasks.push(derive(id.trim(), &fields, Vec::new(), Vec::new(), Window { stdout_offset: 0, stderr_offset: 0, limit: 0 }));
+    }
+    tasks.sort_by(|a, b| (a.started_at, &a.task_id).cmp(&(b.started_at, &b.task_id)));
+    Ok(tasks)
+}
+
+/// Outcome of `delete`.
+pub enum Deleted {
+    /// Removed.
+    Yes,
+    /// No such task.
+    Missing,
+    /// Still running (or its processes still are).
+    Refused(Box<Snapshot>),
+}
+
+/// Deletes a finished task.
+pub fn delete(target: &Target<'_>, task_id: &str) -> Result<Deleted, ProviderError> {
+    let out = target.run(target.argv("delete", &[task_id]))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if text.starts_with("@none") {
+        return Ok(Deleted::Missing);
+    }
+    if text.contains("\n@deleted") {
+        return Ok(Deleted::Yes);
+    }
+    if text.contains("\n@refused") {
+        let body = text.split_once('\n').map(|(_, b)| b).unwrap_or("");
+        let snap = derive(task_id, &fields(body), Vec::new(), Vec::new(), Window { stdout_offset: 0, stderr_offset: 0, limit: 0 });
+        return Ok(Deleted::Refused(Box::new(snap)));
+    }
+    Err(ProviderError::Unavailable(format!("delete_task got an unreadable answer: {}", excerpt(&out))))
+}
+
+fn excerpt(out: &ExecOutput) -> String {
+    let mut s = String::from_utf8_lossy(&out.stdout[..out.stdout.len().min(200)]).into_owned();
+    if !out.stderr.is_empty() {
+        s.push_str(" / stderr: ");
+        s.push_str(&String::from_utf8_lossy(&out.stderr[..out.stderr.len().min(200)]));
+    }
+    if s.trim().is_empty() {
+        format!("no output (exit code {})", out.exit_code)
+    } else {
+        s
+    }
+}
+
+fn fields(body: &str) -> BTreeMap<&str, &str> {
+    body.lines().take_while(|l| *l != "@end").filter_map(|l| l.split_once('=')).collect()
+}
+
+/// Parses a single-task answer: the header block on stdout, then the pages.
+fn parse_one(out: &ExecOutput, task_id: &str, window: Window) -> Option<Snapshot> {
+    let marker = b"\n@end\n";
+    let head_end = out.stdout.windows(marker.len()).position(|w| w == marker)?;
+    let head = std::str::from_utf8(&out.stdout[..head_end + 1]).ok()?;
+    let head = head.strip_prefix("@task ")?;
+    let (id, body) = head.split_once('\n')?;
+    if id.trim() != task_id {
+        return None;
+    }
+    let fields = fields(body);
+    let stdout_page = out.stdout[head_end + marker.len()..].to_vec();
+    Some(derive(task_id, &fields, stdout_page, out.stderr.clone(), window))
+}
+
+fn num(fields: &BTreeMap<&str, &str>, key: &str) -> Option<i64> {
+    fields.get(key).and_then(|v| v.trim().parse().ok())
+}
+
+/// Turns supervisor fields into a snapshot. Never reports a success it did not observe.
+fn derive(task_id: &str, f: &BTreeMap<&str, &str>, out_page: Vec<u8>, err_page: Vec<u8>, window: Window) -> Snapshot {
+    let status = f.get("status").copied().unwrap_or("unreadable");
+    let exit_code = num(f, "exit_code");
+    let mut error = f.get("error").map(|s| s.to_string()).filter(|s| !s.is_empty());
+    let state = match status {
+        "exited" => match exit_code {
+            Some(0) => TaskState::Succeeded,
+            Some(_) => TaskState::Failed,
+            None => {
+                error.get_or_insert_with(|| "the supervisor recorded no exit code".into());
+                TaskState::Unknown
+            }
+        },
+        "failed_to_start" => TaskState::Failed,
+        "timed_out" => TaskState::TimedOut,
+        "cancelled" => TaskState::Cancelled,
+        "running" | "starting" => match f.get("live").copied() {
+            Some("1") => TaskState::Running,
+            _ => {
+                let still = if f.get("group").copied() == Some("1") {
+                    "its processes are still running; kill_sandbox stops them"
+                } else {
+                    "no process of the task is left"
+                };
+                error = Some(format!(
+                    "the task's supervisor is gone (killed, or the sandbox restarted), so its outcome cannot be observed; {still}"
+                ));
+                TaskState::Unknown
+            }
+        },
+        "claimed" => {
+            error = Some("the supervisor never reported (the start was interrupted); kill_sandbox cleans up".into());
+            TaskState::Unknown
+        }
+        _ => {
+            error = Some(format!("the task's state file is unreadable (status {status:?})"));
+            TaskState::Unknown
+        }
+    };
+    let out_size = num(f, "out_size").unwrap_or(0).max(0) as u64;
+    let err_size = num(f, "err_size").unwrap_or(0).max(0) as u64;
+    let (stdout, stdout_next) = cut(out_page, out_size, window.stdout_offset, window.limit);
+    let (stderr, stderr_next) = cut(err_page, err_size, window.stderr_offset, window.limit);
+    Snapshot {
+        task_id: task_id.to_string(),
+        state,
+        exit_code: if matches!(state, TaskState::Running) { None } else { exit_code },
+        started_at: num(f, "started_at"),
+        finished_at: if state.is_final() { num(f, "finished_at") } else { None },
+        timeout: num(f, "timeout"),
+        stdout,
+        stderr,
+        stdout_next_offset: stdout_next,
+        stderr_next_offset: stderr_next,
+        stdout_bytes: out_size,
+        stderr_bytes: err_size,
+        stdout_truncated: f.get("out_truncated").copied() == Some("1"),
+        stderr_truncated: f.get("err_truncated").copied() == Some("1"),
+        error,
+        escaped: num(f, "escaped").unwrap_or(0).max(0) as u64,
+    }
+}
+
+/// The page actually returned: what arrived, bounded by the saved size seen by the snippet (the
+/// file may have grown since) and the limit; and the offset after it.
+fn cut(mut page: Vec<u8>, size: u64, offset: u64, limit: u64) -> (Vec<u8>, u64) {
+    let want = size.saturating_sub(offset).min(limit) as usize;
+    page.truncate(want);
+    let next = offset + page.len() as u64;
+    (page, next)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn output(stdout: &str, stderr: &str) -> ExecOutput {
+        ExecOutput { stdout: stdout.as_bytes().to_vec(), stderr: stderr.as_bytes().to_vec(), ..ExecOutput::default() }
+    }
+
+    const ID: &str = "0123456789abcdef0123456789abcdef";
+    const W: Window = Window { stdout_offset: 0, stderr_offset: 0, limit: 16384 };
+
+    #[test]
+    fn scripts_are_embeddable() {
+        assert!(!MASK_AWK.contains('\''), "mask.awk must not contain a single quote");
+        for which in ["start", "supervise", "status", "cancel", "list", "delete"] {
+            assert!(script(which).len() > 100, "{which}");
+        }
+        // The start request must leave room for a 65,536-character command within 96 KiB.
+        let overhead = script("start").len() + script("supervise").len();
+        assert!(overhead < 24 * 1024, "snippets are {overhead} bytes");
+    }
+
+    #[test]
+    fn derives_states_honestly() {
+        let done = output(
+            &format!("@task {ID}\nstatus=exited\nexit_code=0\nstarted_at=5\nfinished_at=6\nout_size=5\nerr_size=0\n@end\nhello"),
+            "",
+        );
+        let s = parse_one(&done, ID, W).unwrap();
+        assert_eq!((s.state, s.exit_code, s.stdout.as_slice(), s.stdout_next_offset), (TaskState::Succeeded, Some(0), &b"hello"[..], 5));
+        let failed = output(&format!("@task {ID}\nstatus=exited\nexit_code=3\nout_size=0\nerr_size=0\n@end\n"), "");
+        assert_eq!(parse_one(&failed, ID, W).unwrap().state, TaskState::Failed);
+        let lost = output(&format!("@task {ID}\nstatus=running\nlive=0\ngroup=1\nout_size=0\nerr_size=0\n@end\n"), "");
+        let s = parse_one(&lost, ID, W).unwrap();
+        assert_eq!(s.state, TaskState::Unknown);
+        assert!(s.error.unwrap().contains("still running"));
+        let running = output(&format!("@task {ID}\nstatus=running\nlive=1\nexit_code=\nout_size=3\nerr_size=2\n@end\nabcdef"), "xyz");
+        let s = parse_one(&running, ID, W).unwrap();
+        assert_eq!((s.state, s.stdout.as_slice(), s.stderr.as_slice()), (TaskState::Running, &b"abc"[..], &b"xy"[..]));
+        assert!(parse_one(&output("garbage", ""), ID, W).is_none());
+        assert!(parse_one(&output(&format!("@task {ID}\nstatus=exited\n"), ""), ID, W).is_none());
+    }
+
+    #[test]
+    fn pages_respect_offsets_and_limits() {
+        assert_eq!(cut(b"abcdef".to_vec(), 10, 4, 3), (b"abc".to_vec(), 7));
+        assert_eq!(cut(Vec::new(), 10, 20, 3), (Vec::new(), 20));
+        assert_eq!(cut(b"ab".to_vec(), 2, 0, 16), (b"ab".to_vec(), 2));
+    }
+
+    #[test]
+    fn compact_keeps_code_only() {
+        assert_eq!(compact("# c\n\n  a=1 # keep\n\tb\n"), "a=1 # keep\nb\n");
+    }
+}

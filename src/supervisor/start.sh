@@ -1,0 +1,65 @@
+# start.sh: claims a task directory, starts the supervisor fully detached, waits for its first
+# state and prints the observed snapshot. common.sh is prepended by the server.
+#   SH -c SCRIPT sh ID TIMEOUT TASK_SHELL CWD COMMAND SUPERVISOR_SCRIPT SH LIMIT MAX_TASKS
+
+start() {
+    ID=$1 T=$2 TSH=$3 CWD=$4 CMD=$5 SUP=$6 SH=$7 LIMIT=$8 MAX=$9
+    exec 3>&2 2>/dev/null
+    umask 077
+    task_root
+    command -v setsid >/dev/null || {
+        printf '@error nosetsid the sandbox has no setsid command, which background tasks need\n'
+        return
+    }
+    [ -n "$CWD" ] || CWD=$HOME
+    [ -d "$CWD" ] || {
+        printf '@error nocwd cwd %s is not an existing directory\n' "$CWD"
+        return
+    }
+    mkdir -p "$ROOT" && chmod 700 "$HOME/.sandbox-mcp" "$ROOT" || {
+        printf '@error noroot cannot create %s\n' "$ROOT"
+        return
+    }
+    # Count, claim, count again: two racing starts at the limit may both refuse, never both pass.
+    _n=0
+    for _t in "$ROOT"/*/; do [ -d "$_t" ] && _n=$((_n + 1)); done
+    [ "$_n" -lt "$MAX" ] || {
+        printf '@error limit %s\n' "$_n"
+        return
+    }
+    D=$ROOT/$ID
+    mkdir "$D" || {
+        printf '@error claim cannot create %s\n' "$D"
+        return
+    }
+    _n=0
+    for _t in "$ROOT"/*/; do [ -d "$_t" ] && _n=$((_n + 1)); done
+    if [ "$_n" -gt "$MAX" ]; then
+        rmdir "$D"
+        printf '@error limit %s\n' "$MAX"
+        return
+    fi
+    printf '%s' "$CMD" >"$D/cmd"
+    : >"$D/stdout.log"
+    : >"$D/stderr.log"
+    printf 'status=claimed\ntimeout=%s\n' "$T" >"$D/state.tmp" && mv -f "$D/state.tmp" "$D/state"
+    setsid "$SH" -c "$SUP" sh supervise "$SUP" "$SH" "$D" "$T" "$TSH" "$CMD" "$CWD" </dev/null >/dev/null 2>>"$D/supervisor.err" &
+    # Wait for the supervisor's first word; a task that ends at once is reported finished.
+    _i=0 _r=0
+    while :; do
+        read_state "$D"
+        is_final && break
+        if [ "$S_status" = running ]; then
+            _r=$((_r + 1))
+            [ "$_r" -ge 12 ] && break
+        elif [ "$_i" -ge 1000 ]; then
+            break
+        fi
+        _i=$((_i + 1))
+        [ "$_i" -ge 3 ] && sleep 0.01
+    done
+    # (A running task is watched for about 0.1 s more, so that quick commands come back finished.)
+    emit "$D" 0 0 "$LIMIT"
+}
+
+start "$@"

@@ -1,0 +1,232 @@
+# supervise.sh: the detached supervisor of one task, and its output pumps.
+# The server prepends MASK_AWK='...' and common.sh. start.sh runs it fully detached:
+#   setsid SH -c SCRIPT supervise SCRIPT SH DIR TIMEOUT TASK_SHELL COMMAND CWD
+# It writes DIR/state only through `save` (temp file + rename).
+
+CAP=1048576
+GRACE=2
+
+save() {
+    {
+        printf 'status=%s\nboot_id=%s\nsup_pid=%s\nsup_start=%s\npgid=%s\ntask_start=%s\ntimeout=%s\nstarted_at=%s\n' \
+            "$1" "$BOOT" "$SUP_PID" "$SUP_START" "$TPID" "$TSTART" "$T" "$STARTED"
+        printf 'finished_at=%s\nexit_code=%s\nerror=%s\nescaped=%s\nmasked=%s\n' "$FINISHED" "$RC" "$ERR" "$ESCAPED" "$MASKED"
+        if [ -n "$OUT_BYTES" ]; then
+            printf 'out_bytes=%s\nerr_bytes=%s\nout_truncated=%s\nerr_truncated=%s\n' "$OUT_BYTES" "$ERR_BYTES" "$OUT_TRUNC" "$ERR_TRUNC"
+        fi
+    } >state.tmp && mv -f state.tmp state
+}
+
+# pump NAME FIFO LOG MASKED: copies the task's stream into LOG, at most CAP bytes, draining and
+# counting the rest; writes NAME.meta ("written dropped") at the end and NAME.trunc at the
+# first dropped byte.
+pump() {
+    if [ "$4" = 1 ]; then
+        _awk=awk
+        case $(awk -W version </dev/null 2>&1) in *mawk*) _awk="awk -W interactive" ;; esac
+        # The appended newline and mask.awk's leading-newline output keep the log byte-exact.
+        { cat "$2"; echo; } | LC_ALL=C $_awk -v cap="$CAP" -v meta="$1.meta.tmp" -v trunc="$1.trunc" "$MASK_AWK" >>"$3"
+        mv -f "$1.meta.tmp" "$1.meta"
+        return
+    fi
+    exec 5<"$2" 6>>"$3"
+    # GNU dd reads once per run and prints the byte count; busybox dd has an exact count_bytes.
+    case $(dd --version 2>/dev/null) in
+    *coreutils*) _dd=gnu ;;
+    *) if dd bs=1 count=1 iflag=count_bytes </dev/null >/dev/null 2>&1; then _dd=bytes; else _dd=slow; fi ;;
+    esac
+    _w=0
+    _left=$CAP
+    if [ "$_dd" = gnu ]; then
+        while [ "$_left" -gt 0 ]; do
+            # One read of what the pipe holds, written at once: partial lines show immediately.
+            LC_ALL=C dd bs="$_left" count=1 <&5 >&6 2>"$1.dd" || break
+            _n=
+            { read -r _x && read -r _x && read -r _n _x; } <"$1.dd"
+            case $_n in '' | *[!0-9]*) break ;; esac
+            [ "$_n" -eq 0 ] && break
+            _left=$((_left - _n))
+            _w=$((_w + _n))
+            # A trickle: let it pool instead of spawning one dd per tiny write.
+            [ "$_n" -lt 4096 ] && sleep 0.02
+        done
+        rm -f "$1.dd"
+        if [ "$_n" != 0 ] && [ "$_left" -gt 0 ]; then
+            _dd=slow # the count was unreadable: finish exactly, byte by byte
+        fi
+    fi
+    if [ "$_dd" != gnu ]; then
+        if [ "$_dd" = bytes ]; then
+            dd bs=65536 iflag=count_bytes count="$_left" <&5 >&6 2>/dev/null
+        else
+            dd bs=1 count="$_left" <&5 >&6 2>/dev/null
+        fi
+        _w=$(wc -c <"$3")
+    fi
+    exec 6>&-
+    _d=0
+    if [ "$_w" -ge "$CAP" ]; then
+        _one=$(dd bs=1 count=1 <&5 2>/dev/null | wc -c)
+        if [ "$_one" -gt 0 ]; then
+            : >"$1.trunc"
+            _rest=$(wc -c <&5)
+            _d=$((_one + _rest))
+        fi
+    fi
+    printf '%s %s\n' "$_w" "$_d" >"$1.meta.tmp" && mv -f "$1.meta.tmp" "$1.meta"
+}
+
+# timer: TERM at the deadline, KILL after the grace period; exits once `done` exists.
+timer() {
+    read -r _up _x </proc/uptime
+    _end=$((${_up%.*} + T))
+    while :; do
+        [ -e done ] && return 0
+        read -r _up _x </proc/uptime
+        [ "${_up%.*}" -ge "$_end" ] && break
+        sleep 1
+    done
+    [ -e done ] && return 0
+    : >timed_out
+    sig_task TERM "$TPID" "$TSTART"
+    _g=0
+    while [ "$_g" -lt $((GRACE * 10)) ]; do
+        sleep 0.1
+        [ -e done ] && return 0
+        _g=$((_g + 1))
+    done
+    sig_task KILL "$TPID" "$TSTART"
+}
+
+# kill_escaped: descendants that left the group but kept the task's environment tag.
+kill_escaped() {
+    command -v grep >/dev/null 2>&1 || return 0
+    for _f in $(grep -l -a -F "SANDBOX_MCP_TASK=$ID" /proc/[0-9]*/environ 2>/dev/null); do
+        _p=${_f#/proc/}
+        _p=${_p%/environ}
+        case $_p in '' | *[!0-9]* | 0 | 1 | "$$") continue ;; esac
+        if proc_stat "$_p" && [ "$ST_STATE" != Z ] && kill -s KILL "$_p" 2>/dev/null; then
+            ESCAPED=$((ESCAPED + 1))
+        fi
+    done
+}
+
+# pump_meta NAME: sets _pw _pd _pt from NAME.meta, falling back to the log size.
+pump_meta() {
+    _pw= _pd=0 _pt=0
+    [ -e "$1.meta" ] && read -r _pw _pd <"$1.meta"
+    [ -e "$1.trunc" ] && _pt=1
+    if [ -z "$_pw" ]; then
+        if [ "$1" = out ]; then _pw=$(wc -c <stdout.log); else _pw=$(wc -c <stderr.log); fi
+    fi
+}
+
+supervise() {
+    SUP=$1 SH=$2 D=$3 T=$4 TSH=$5 CMD=$6 CWD=$7
+    ID=${D##*/}
+    cd "$D" || exit 1
+    umask 077
+    SUP_PID=$$
+    proc_stat "$$" && SUP_START=$ST_START
+    boot_id
+    STARTED=$(date +%s)
+    TPID= TSTART= RC= ERR= FINISHED= OUT_BYTES= ESCAPED=0 MASKED=0
+    if LC_ALL=C awk -v check=1 "$MASK_AWK" </dev/null 2>/dev/null; then MASKED=1; fi
+    save starting
+    if ! mkfifo out.fifo err.fifo 2>>supervisor.err; then
+        ERR="mkfifo failed: the sandbox needs mkfifo and a filesystem that supports FIFOs"
+        FINISHED=$(date +%s)
+        save failed_to_start
+        exit 0
+    fi
+    # Pumps first (opening a FIFO blocks until both ends are open), each in its own session so
+    # that a stuck one can be stopped as a group.
+    setsid "$SH" -c "$SUP" sh pump out out.fifo stdout.log "$MASKED" </dev/null >/dev/null 2>>supervisor.err &
+    P1=$!
+    setsid "$SH" -c "$SUP" sh pump err err.fifo stderr.log "$MASKED" </dev/null >/dev/null 2>>supervisor.err &
+    P2=$!
+    exec 7>out.fifo 8>err.fifo
+    if [ -e cancel ]; then
+        exec 7>&- 8>&-
+        FINISHED=$(date +%s)
+        save cancelled
+        exit 0
+    fi
+    if ! cd "$CWD" 2>/dev/null; then
+        exec 7>&- 8>&-
+        ERR="cwd $CWD no longer exists"
+        FINISHED=$(date +%s)
+        save failed_to_start
+        exit 0
+    fi
+    set -f
+    SANDBOX_MCP_TASK=$ID setsid $TSH -c "$CMD" </dev/null >&7 2>&8 7>&- 8>&- &
+    TPID=$!
+    set +f
+    exec 7>&- 8>&-
+    cd "$D" || exit 1
+    # The child calls setsid() only after the fork: until /proc shows pgid == pid, a group signal
+    # would reach nobody. Confirm before publishing `running` or arming the timer.
+    _i=0
+    while proc_stat "$TPID" && [ "$ST_PGID" != "$TPID" ] && [ "$ST_STATE" != Z ]; do
+        _i=$((_i + 1))
+        [ "$_i" -ge 500 ] && break
+        [ "$_i" -ge 50 ] && sleep 0.01
+    done
+    if proc_stat "$TPID" && [ "$ST_PGID" = "$TPID" ]; then TSTART=$ST_START; fi
+    save running
+    timer </dev/null >/dev/null 2>&1 &
+    wait "$TPID"
+    RC=$?
+    : >done
+    # Leftover members of the task's group, also after a normal exit.
+    if group_alive "$TPID"; then
+        if [ -e cancel ] || [ -e timed_out ]; then sig_task KILL "$TPID" "$TSTART"; else sig_task TERM "$TPID" "$TSTART"; fi
+        _g=0
+        while group_alive "$TPID"; do
+            _g=$((_g + 1))
+            [ "$_g" -eq 20 ] && sig_task KILL "$TPID" "$TSTART"
+            [ "$_g" -ge 40 ] && break
+            sleep 0.1
+        done
+    fi
+    kill_escaped
+    _g=0
+    while [ ! -e out.meta ] || [ ! -e err.meta ]; do
+        _g=$((_g + 1))
+        [ "$_g" -eq 20 ] && kill_escaped
+        if [ "$_g" -ge 60 ]; then
+            # Something outside the task's reach still holds the pipes: stop the pumps.
+            for _p in "$P1" "$P2"; do
+                if proc_stat "$_p" && [ "$ST_PGID" = "$_p" ] && [ "$ST_STATE" != Z ]; then sig_group KILL "$_p"; fi
+            done
+            ERR="output pipes were held open by a process outside the task; logs may be incomplete"
+            break
+        fi
+        sleep 0.05
+    done
+    pump_meta out
+    OUT_BYTES=$_pw OUT_TRUNC=$_pt
+    pump_meta err
+    ERR_BYTES=$_pw ERR_TRUNC=$_pt
+    rm -f out.fifo err.fifo
+    FINISHED=$(date +%s)
+    if [ -e cancel ]; then
+        save cancelled
+    elif [ -e timed_out ]; then
+        save timed_out
+    else
+        save exited
+    fi
+}
+
+case $1 in
+supervise)
+    shift
+    supervise "$@"
+    ;;
+pump)
+    shift
+    pump "$@"
+    ;;
+esac

@@ -1,0 +1,241 @@
+//! Tool argument specifications: one table per tool gives both its `inputSchema` and the strict
+//! validation of its arguments (unknown names, wrong types, out-of-range values).
+
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+
+/// The type of one argument.
+#[derive(Debug, Clone, Copy)]
+pub enum Kind {
+    /// A string of at most `max_chars` characters.
+    Str {
+        /// Upper bound in characters.
+        max_chars: usize,
+    },
+    /// One of a fixed set of strings.
+    Enum(&'static [&'static str]),
+    /// An integer in `min..=max`.
+    Int {
+        /// Lower bound.
+        min: i64,
+        /// Upper bound.
+        max: i64,
+        /// Value when not given.
+        default: Option<i64>,
+    },
+    /// An object whose values are all strings.
+    StrMap,
+}
+
+/// One argument of a tool.
+#[derive(Debug, Clone, Copy)]
+pub struct Param {
+    /// Wire name.
+    pub name: &'static str,
+    /// Type and range.
+    pub kind: Kind,
+    /// Whether it must be given.
+    pub required: bool,
+    /// What it means, for the model.
+    pub description: &'static str,
+}
+
+/// The JSON Schema of a parameter table (no `$schema`, no `$ref`, `additionalProperties: false`).
+pub fn input_schema(params: &[Param]) -> Value {
+    let mut props = Map::new();
+    for p in params {
+        let mut s = match p.kind {
+            Kind::Str { max_chars } => json!({"type": "string", "maxLength": max_chars}),
+            Kind::Enum(values) => json!({"type": "string", "enum": values}),
+            Kind::Int { min, max, default } => {
+                let mut s = json!({"type": "integer", "minimum": min, "maximum": max});
+                if let Some(d) = default {
+                    s["default"] = json!(d);
+                }
+                s
+            }
+            Kind::StrMap => json!({"type": "object", "additionalProperties": {"type": "string"}}),
+        };
+        s["description"] = json!(p.description);
+        props.insert(p.name.into(), s);
+    }
+    let required: Vec<&str> = params.iter().filter(|p| p.required).map(|p| p.name).collect();
+    let mut schema = json!({"type": "object", "properties": props, "additionalProperties": false});
+    if !required.is_empty() {
+        schema["required"] = json!(required);
+    }
+    schema
+}
+
+/// Validated arguments with typed getters. Defaults are already applied.
+#[derive(Debug, Default)]
+pub struct Args {
+    values: BTreeMap<&'static str, Value>,
+}
+
+impl Args {
+    /// A string argument, if given.
+    pub fn str(&self, name: &str) -> Option<&str> {
+        self.values.get(name).and_then(Value::as_str)
+    }
+
+    /// An integer argument (or its default).
+    pub fn int(&self, name: &str) -> Option<i64> {
+        self.values.get(name).and_then(Value::as_i64)
+    }
+
+    /// A string-map argument (empty when not given).
+    pub fn str_map(&self, name: &str) -> BTreeMap<String, String> {
+        match self.values.get(name) {
+            Some(Value::Object(m)) => m.iter().filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string()))).collect(),
+            _ => BTreeMap::new(),
+        }
+    }
+}
+
+/// Checks `arguments` against `params`. Errors are sentences for the model.
+pub fn validate(tool: &str, params: &[Param], arguments: &Map<String, Value>) -> Result<Args, String> {
+    let mut unknown: Vec<&str> = arguments.keys().map(String::as_str).filter(|k| !params.iter().any(|p| p.name == *k)).collect();
+    if !unknown.is_empty() {
+        unknown.sort_unstable();
+        let known: Vec<&str> = params.iter().map(|p| p.name).collect();
+        return Err(format!(
+            "{tool}: unknown argument{} {}; valid arguments are: {}",
+            if unknown.len() > 1 { "s" } else { "" },
+            unknown.iter().map(|k| format!("{:?}", truncate(k, 60))).collect::<Vec<_>>().join(", "),
+            known.join(", ")
+        ));
+    }
+    let mut args = Args::default();
+    for p in params {
+        // JSON null counts as "not given": several clients send null for omitted optionals.
+        let value = arguments.get(p.name).filter(|v| !v.is_null());
+        let Some(value) = value else {
+            if p.required {
+                return Err(format!("{tool}: missing required argument {:?} ({})", p.name, p.description));
+            }
+            if let Kind::Int { default: Some(d), .. } = p.kind {
+                args.values.insert(p.name, json!(d));
+            }
+            continue;
+        };
+        let checked = check(p, value).map_err(|why| format!("{tool}: argument {:?} {why}", p.name))?;
+        args.values.insert(p.name, checked);
+    }
+    Ok(args)
+}
+
+fn check(p: &Param, value: &Value) -> Result<Value, String> {
+    match p.kind {
+        Kind::Str { max_chars } => {
+            let s = value.as_str().ok_or_else(|| format!("must be a string, got {}", describe(value)))?;
+            let n = s.chars().count();
+            if n > max_chars {
+                return Err(format!("is {n} characters long; the limit is {max_chars}"));
+            }
+            Ok(value.clone())
+        }
+        Kind::Enum(allowed) => match value.as_str() {
+            Some(s) if allowed.contains(&s) => Ok(value.clone()),
+            _ => Err(format!("must be one of {}, got {}", allowed.join(", "), describe(value))),
+        },
+        Kind::Int { min, max, .. } => {
+            let n = as_integer(value).ok_or_else(|| format!("must be an integer from {min} to {max}, got {}", describe(value)))?;
+            if n < min || n > max {
+                return Err(format!("must be from {min} to {max}, got {n}"));
+            }
+            Ok(json!(n))
+        }
+        Kind::StrMap => {
+            let obj = value.as_object().ok_or_else(|| format!("must be an object of strings, got {}", describe(value)))?;
+            if let Some((k, v)) = obj.iter().find(|(_, v)| !v.is_string()) {
+                return Err(format!("must map names to strings, but {:?} is {}", truncate(k, 60), describe(v)));
+            }
+            Ok(value.clone())
+        }
+    }
+}
+
+/// An integer, also accepting integral floats (`5.0`) that some clients produce.
+fn as_integer(value: &Value) -> Option<i64> {
+    if let Some(n) = value.as_i64() {
+        return Some(n);
+    }
+    let f = value.as_f64()?;
+    (f.fract() == 0.0 && f.abs() < 9.0e15).then_some(f as i64)
+}
+
+fn describe(value: &Value) -> String {
+    match value {
+        Value::Null => "null".into(),
+        Value::Bool(b) => format!("the boolean {b}"),
+        Value::Number(n) => format!("the number {n}"),
+        Value::String(s) => format!("the string {:?}", truncate(s, 40)),
+        Value::Array(_) => "an array".into(),
+        Value::Object(_) => "an object".into(),
+    }
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        s.to_string()
+    } else {
+        format!("{}...", s.chars().take(max).collect::<String>())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PARAMS: &[Param] = &[
+        Param { name: "command", kind: Kind::Str { max_chars: 5 }, required: true, description: "the command" },
+        Param { name: "timeout", kind: Kind::Int { min: 1, max: 10, default: Some(3) }, required: false, description: "s" },
+        Param { name: "envs", kind: Kind::StrMap, required: false, description: "env" },
+        Param { name: "encoding", kind: Kind::Enum(&["utf8", "base64"]), required: false, description: "enc" },
+    ];
+
+    fn run(args: Value) -> Result<Args, String> {
+        validate("t", PARAMS, args.as_object().unwrap())
+    }
+
+    #[test]
+    fn accepts_valid_and_applies_defaults() {
+        let a = run(json!({"command": "ls", "envs": {"A": "b"}})).unwrap();
+        assert_eq!(a.str("command"), Some("ls"));
+        assert_eq!(a.int("timeout"), Some(3));
+        assert_eq!(a.str_map("envs").get("A").map(String::as_str), Some("b"));
+        assert_eq!(run(json!({"command": "ls", "timeout": 4.0})).unwrap().int("timeout"), Some(4));
+        assert_eq!(run(json!({"command": "ls", "timeout": null})).unwrap().int("timeout"), Some(3));
+    }
+
+    #[test]
+    fn rejects_with_useful_messages() {
+        let cases = [
+            (json!({}), "missing required argument \"command\""),
+            (json!({"command": "ls", "bogus": 1}), "unknown argument \"bogus\"; valid arguments are: command, timeout, envs, encoding"),
+            (json!({"command": 7}), "must be a string, got the number 7"),
+            (json!({"command": "toolong"}), "is 7 characters long; the limit is 5"),
+            (json!({"command": "ls", "timeout": 0}), "must be from 1 to 10, got 0"),
+            (json!({"command": "ls", "timeout": "5"}), "must be an integer from 1 to 10, got the string \"5\""),
+            (json!({"command": "ls", "timeout": 1.5}), "must be an integer"),
+            (json!({"command": "ls", "envs": {"A": 1}}), "must map names to strings"),
+            (json!({"command": "ls", "envs": []}), "must be an object of strings, got an array"),
+            (json!({"command": "ls", "encoding": "hex"}), "must be one of utf8, base64"),
+        ];
+        for (input, want) in cases {
+            let err = run(input.clone()).unwrap_err();
+            assert!(err.contains(want), "{input}: {err}");
+        }
+    }
+
+    #[test]
+    fn schema_shape() {
+        let s = input_schema(PARAMS);
+        assert_eq!(s["type"], "object");
+        assert_eq!(s["additionalProperties"], false);
+        assert_eq!(s["required"], json!(["command"]));
+        assert_eq!(s["properties"]["timeout"]["default"], 3);
+        assert!(s.get("$schema").is_none());
+    }
+}

@@ -1,0 +1,86 @@
+//! `run_command`: one shell command to completion, with capped and masked output.
+
+use super::args::{Args, Kind, Param};
+use super::{Ctx, Tool, ToolError, SANDBOX_ID};
+use crate::limits;
+use crate::provider::{ExecRequest, Touch};
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+/// Exit code reported when the timeout killed the command (as GNU `timeout` does).
+pub const TIMED_OUT_EXIT_CODE: i32 = 124;
+
+pub const RUN: Tool = Tool {
+    name: "run_command",
+    description:
+        "Run a shell command in a sandbox and wait for it (at most timeout seconds; on timeout its whole process group is killed). \
+A non-zero exit_code is a normal result, not an error. stdout and stderr keep the first 1 MiB each (then *_truncated is true). \
+Values of secret-named environment variables are masked as ***. For anything long-running use start_task instead.",
+    params: &[
+        Param {
+            name: "command",
+            kind: Kind::Str { max_chars: limits::MAX_COMMAND_CHARS },
+            required: true,
+            description: "Shell command line.",
+        },
+        SANDBOX_ID,
+        Param {
+            name: "cwd",
+            kind: Kind::Str { max_chars: 4096 },
+            required: false,
+            description: "Working directory; default the sandbox user's home.",
+        },
+        Param { name: "envs", kind: Kind::StrMap, required: false, description: "Extra environment variables for this command." },
+        Param {
+            name: "timeout",
+            kind: Kind::Int {
+                min: limits::COMMAND_TIMEOUT_MIN_S,
+                max: limits::COMMAND_TIMEOUT_MAX_S,
+                default: Some(limits::COMMAND_TIMEOUT_DEFAULT_S),
+            },
+            required: false,
+            description: "Seconds before the command is killed.",
+        },
+    ],
+    output_schema: || {
+        json!({"type": "object", "properties": {
+            "exit_code": {"type": "integer", "description": "exit status; 128+N when killed by signal N; 124 on timeout"},
+            "stdout": {"type": "string"},
+            "stderr": {"type": "string"},
+            "stdout_truncated": {"type": "boolean"},
+            "stderr_truncated": {"type": "boolean"},
+            "timed_out": {"type": "boolean"},
+            "duration_ms": {"type": "integer"}
+        }, "required": ["exit_code", "stdout", "stderr", "stdout_truncated", "stderr_truncated", "timed_out", "duration_ms"]})
+    },
+    read_only: false,
+    run,
+};
+
+fn run(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
+    let id = super::target_sandbox(ctx, args)?;
+    let command = args.str("command").unwrap_or_default();
+    let timeout = Duration::from_secs(args.int("timeout").unwrap_or(limits::COMMAND_TIMEOUT_DEFAULT_S) as u64);
+    let envs = args.str_map("envs");
+    let provider = &ctx.app.provider;
+    let masker = provider.env_masker(&id, &envs)?;
+    let req = ExecRequest {
+        argv: provider.shell(command),
+        envs,
+        cwd: args.str("cwd").map(str::to_string),
+        output_cap: limits::MAX_LOG_BYTES,
+        deadline: Instant::now() + timeout,
+        cancel: Some(ctx.cancel.clone()),
+    };
+    let out = provider.exec(&id, &req, Touch::Renew)?;
+    let text = |bytes: &[u8]| String::from_utf8_lossy(&masker.mask_bytes(bytes)).into_owned();
+    Ok(json!({
+        "exit_code": if out.timed_out { TIMED_OUT_EXIT_CODE } else { out.exit_code },
+        "stdout": text(&out.stdout),
+        "stderr": text(&out.stderr),
+        "stdout_truncated": out.stdout_truncated,
+        "stderr_truncated": out.stderr_truncated,
+        "timed_out": out.timed_out,
+        "duration_ms": out.duration.as_millis() as u64,
+    }))
+}

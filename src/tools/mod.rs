@@ -1,0 +1,206 @@
+//! The tool registry: names, descriptions, schemas, and the dispatch of one `tools/call`.
+//!
+//! One file per tool family: `sandbox` (create, kill), `command` (run_command), `files`
+//! (read, write, list) and `tasks` (start, get, cancel, list, delete). Every handler gets validated
+//! arguments and returns the structured result or a [`ToolError`]; this module turns either into a
+//! `CallToolResult`, masking the server's own secrets on the way out.
+
+use crate::app::App;
+use crate::provider::ProviderError;
+use crate::session::Session;
+use serde_json::{json, Map, Value};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+pub mod args;
+mod command;
+mod files;
+mod sandbox;
+mod tasks;
+
+use args::{Args, Param};
+
+/// What a tool handler can reach.
+pub struct Ctx<'a> {
+    /// Configuration and provider.
+    pub app: &'a App,
+    /// The calling session.
+    pub session: &'a Session,
+    /// Set when the client cancels the request.
+    pub cancel: &'a Arc<AtomicBool>,
+}
+
+/// A failed tool call: an `isError: true` result, never a protocol error.
+#[derive(Debug)]
+pub struct ToolError {
+    /// What went wrong and what to do next.
+    pub message: String,
+    /// Optional JSON shown after the message (for example the last observed task snapshot).
+    pub detail: Option<Value>,
+}
+
+impl ToolError {
+    /// An error with a message only.
+    pub fn new(message: impl Into<String>) -> ToolError {
+        ToolError { message: message.into(), detail: None }
+    }
+}
+
+impl From<ProviderError> for ToolError {
+    fn from(err: ProviderError) -> ToolError {
+        ToolError::new(err.to_string())
+    }
+}
+
+/// One tool.
+pub struct Tool {
+    /// Wire name (`[a-z0-9_]`).
+    pub name: &'static str,
+    /// Description for the model.
+    pub description: &'static str,
+    /// Arguments.
+    pub params: &'static [Param],
+    /// The schema of `structuredContent`.
+    pub output_schema: fn() -> Value,
+    /// Whether the tool only reads.
+    pub read_only: bool,
+    /// The handler.
+    pub run: fn(&Ctx<'_>, &Args) -> Result<Value, ToolError>,
+}
+
+/// Every tool, in the order `tools/list` shows them.
+pub fn all() -> &'static [Tool] {
+    const TOOLS: &[Tool] = &[
+        sandbox::CREATE,
+        sandbox::KILL,
+        command::RUN,
+        files::READ,
+        files::WRITE,
+        files::LIST,
+        tasks::START,
+        tasks::GET,
+        tasks::CANCEL,
+        tasks::LIST,
+        tasks::DELETE,
+    ];
+    TOOLS
+}
+
+/// Looks a tool up by name.
+pub fn find(name: &str) -> Option<&'static Tool> {
+    all().iter().find(|t| t.name == name)
+}
+
+/// The `tools/list` result.
+pub fn list() -> Value {
+    let tools: Vec<Value> = all()
+        .iter()
+        .map(|t| {
+            json!({
+                "name": t.name,
+                "title": title(t.name),
+                "description": t.description,
+                "inputSchema": args::input_schema(t.params),
+                "outputSchema": (t.output_schema)(),
+                "annotations": {
+                    "readOnlyHint": t.read_only,
+                    "destructiveHint": matches!(t.name, "kill_sandbox" | "cancel_task" | "delete_task" | "write_file"),
+                    "openWorldHint": false,
+                },
+            })
+        })
+        .collect();
+    json!({ "tools": tools })
+}
+
+fn title(name: &str) -> String {
+    let mut out = String::new();
+    for (i, word) in name.split('_').enumerate() {
+        if i > 0 {
+            out.push(' ');
+        }
+        let mut chars = word.chars();
+        if let Some(c) = chars.next() {
+            out.extend(if i == 0 { c.to_uppercase().collect::<Vec<_>>() } else { vec![c] });
+            out.push_str(chars.as_str());
+        }
+    }
+    out
+}
+
+/// Runs one tool call and returns its `CallToolResult`.
+pub fn call(ctx: &Ctx<'_>, tool: &Tool, arguments: &Map<String, Value>) -> Value {
+    let outcome = args::validate(tool.name, tool.params, arguments).map_err(ToolError::new).and_then(|a| (tool.run)(ctx, &a));
+    let mut result = match outcome {
+        Ok(structured) => success(structured),
+        Err(err) => failure(&err),
+    };
+    ctx.app.host_masker.mask_json(&mut result);
+    result
+}
+
+/// A successful result: `structuredContent` plus the same JSON as text.
+pub fn success(structured: Value) -> Value {
+    let text = structured.to_string();
+    json!({"content": [{"type": "text", "text": text}], "structuredContent": structured, "isError": false})
+}
+
+/// A failed result: a text block, no `structuredContent`.
+pub fn failure(err: &ToolError) -> Value {
+    let text = match &err.detail {
+        Some(detail) => format!("{}\n{}", err.message, detail),
+        None => err.message.clone(),
+    };
+    json!({"content": [{"type": "text", "text": text}], "isError": true})
+}
+
+/// The sandbox a call targets: its `sandbox_id` argument, else the session's default sandbox.
+pub fn target_sandbox(ctx: &Ctx<'_>, args: &Args) -> Result<String, ToolError> {
+    let id = match args.str("sandbox_id") {
+        Some(id) => id.to_string(),
+        None => ctx.session.default_sandbox().ok_or_else(|| {
+            ToolError::new("no sandbox_id was given and this session has no default sandbox; call create_sandbox first, or pass sandbox_id")
+        })?,
+    };
+    ctx.app.provider.check_id(&id)?;
+    Ok(id)
+}
+
+/// The `sandbox_id` parameter shared by most tools.
+pub const SANDBOX_ID: Param = Param {
+    name: "sandbox_id",
+    kind: args::Kind::Str { max_chars: 128 },
+    required: false,
+    description: "Sandbox to use; defaults to the last sandbox this session created.",
+};
+
+/// The required `sandbox_id` parameter of tools reached by handle.
+pub const SANDBOX_ID_REQUIRED: Param = Param {
+    name: "sandbox_id",
+    kind: args::Kind::Str { max_chars: 128 },
+    required: true,
+    description: "The sandbox, as returned by create_sandbox or start_task.",
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_names_and_schemas_follow_the_rules() {
+        let list = list();
+        for tool in list["tools"].as_array().unwrap() {
+            let name = tool["name"].as_str().unwrap();
+            assert!(name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'), "{name}");
+            assert!(!tool["description"].as_str().unwrap().is_empty());
+            for schema in [&tool["inputSchema"], &tool["outputSchema"]] {
+                assert_eq!(schema["type"], "object", "{name}");
+                assert!(schema["properties"].is_object(), "{name}");
+                let text = schema.to_string();
+                assert!(!text.contains("$schema") && !text.contains("$ref"), "{name}");
+            }
+            assert_eq!(tool["inputSchema"]["additionalProperties"], false, "{name}");
+        }
+        assert_eq!(title("run_command"), "Run command");
+    }
+}

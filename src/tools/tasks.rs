@@ -1,0 +1,301 @@
+//! The background-task tools (SPEC §7): `start_task`, `get_task`, `cancel_task`, `list_tasks`
+//! and `delete_task`. Task state lives in the sandbox; these tools never renew its TTL.
+
+use super::args::{Args, Kind, Param};
+use super::{Ctx, Tool, ToolError, SANDBOX_ID, SANDBOX_ID_REQUIRED};
+use crate::supervisor::{self, Deleted, Snapshot, Started, Target, TaskState, Window};
+use crate::{ids, limits};
+use serde_json::{json, Value};
+
+const TASK_ID: Param = Param {
+    name: "task_id",
+    kind: Kind::Str { max_chars: 64 },
+    required: true,
+    description: "The task's id (32 lowercase hex characters) as returned by start_task.",
+};
+
+const PAGE_PARAMS: [Param; 3] = [
+    Param {
+        name: "stdout_offset",
+        kind: Kind::Int { min: 0, max: limits::MAX_READ_OFFSET, default: Some(0) },
+        required: false,
+        description: "Byte offset into the saved stdout; pass the previous stdout_next_offset to read on.",
+    },
+    Param {
+        name: "stderr_offset",
+        kind: Kind::Int { min: 0, max: limits::MAX_READ_OFFSET, default: Some(0) },
+        required: false,
+        description: "Byte offset into the saved stderr.",
+    },
+    Param {
+        name: "limit",
+        kind: Kind::Int { min: limits::READ_LIMIT_MIN, max: limits::READ_LIMIT_MAX, default: Some(limits::READ_LIMIT_DEFAULT) },
+        required: false,
+        description: "Bytes per stream to return.",
+    },
+];
+
+/// A nullable field, spelled with `anyOf` (more portable than a `type` array).
+fn nullable(ty: &str, description: &str) -> Value {
+    json!({"anyOf": [{"type": ty}, {"type": "null"}], "description": description})
+}
+
+fn snapshot_schema() -> Value {
+    json!({"type": "object", "properties": {
+        "sandbox_id": {"type": "string"},
+        "task_id": {"type": "string"},
+        "state": {"type": "string", "enum": ["running", "succeeded", "failed", "cancelled", "timed_out", "unknown"]},
+        "exit_code": nullable("integer", "exit status once finished; 128+N when killed by signal N"),
+        "started_at": nullable("integer", "Unix seconds"),
+        "finished_at": nullable("integer", "Unix seconds"),
+        "timeout": {"type": "integer"},
+        "stdout": {"type": "string"},
+        "stderr": {"type": "string"},
+        "stdout_next_offset": {"type": "integer"},
+        "stderr_next_offset": {"type": "integer"},
+        "stdout_bytes": {"type": "integer", "description": "bytes saved so far (at most 1 MiB)"},
+        "stderr_bytes": {"type": "integer"},
+        "stdout_truncated": {"type": "boolean"},
+        "stderr_truncated": {"type": "boolean"},
+        "error": nullable("string", "why the state is unknown, or failed without an exit code")
+    }, "required": ["sandbox_id", "task_id", "state", "exit_code", "started_at", "finished_at", "timeout", "stdout", "stderr",
+        "stdout_next_offset", "stderr_next_offset", "stdout_bytes", "stderr_bytes", "stdout_truncated", "stderr_truncated", "error"]})
+}
+
+pub const START: Tool = Tool {
+    name: "start_task",
+    description: "Start a shell command in the background and return its handle (sandbox_id + task_id) with the state observed so far \
+(a quick command may already be finished, output included). The handle stays valid after this session ends and after the server \
+restarts: read it with get_task, stop it with cancel_task. The sandbox is kept alive past this session (until kill_sandbox or its \
+timeout; task tools do not renew the timeout). state \"unknown\" means the start could not be confirmed: query the handle, never \
+start the command again blindly.",
+    params: &[
+        Param {
+            name: "command",
+            kind: Kind::Str { max_chars: limits::MAX_COMMAND_CHARS },
+            required: true,
+            description: "Shell command line.",
+        },
+        SANDBOX_ID,
+        Param {
+            name: "cwd",
+            kind: Kind::Str { max_chars: 4096 },
+            required: false,
+            description: "Working directory (must exist); default the sandbox user's home.",
+        },
+        Param {
+            name: "timeout",
+            kind: Kind::Int {
+                min: limits::TASK_TIMEOUT_MIN_S,
+                max: limits::TASK_TIMEOUT_MAX_S,
+                default: Some(limits::TASK_TIMEOUT_DEFAULT_S),
+            },
+            required: false,
+            description: "Seconds before the task is stopped (TERM, then KILL) and marked timed_out.",
+        },
+    ],
+    output_schema: snapshot_schema,
+    read_only: false,
+    run: start,
+};
+
+pub const GET: Tool = Tool {
+    name: "get_task",
+    description: "Read a background task's state, exit code and a page of each log. Logs keep the first 1 MiB per stream; \
+page through them with stdout_offset/stderr_offset (the *_next_offset of the previous read).",
+    params: &[SANDBOX_ID_REQUIRED, TASK_ID, PAGE_PARAMS[0], PAGE_PARAMS[1], PAGE_PARAMS[2]],
+    output_schema: snapshot_schema,
+    read_only: true,
+    run: get,
+};
+
+pub const CANCEL: Tool = Tool {
+    name: "cancel_task",
+    description: "Stop a running background task (TERM to its process group, KILL if needed) and wait up to 3 s for it to end. \
+A finished task is returned unchanged. If the end cannot be confirmed the call fails; kill_sandbox stops everything.",
+    params: &[SANDBOX_ID_REQUIRED, TASK_ID, PAGE_PARAMS[0], PAGE_PARAMS[1], PAGE_PARAMS[2]],
+    output_schema: snapshot_schema,
+    read_only: false,
+    run: cancel,
+};
+
+pub const LIST: Tool = Tool {
+    name: "list_tasks",
+    description: "List the background tasks kept in a sandbox (at most 128; remove finished ones with delete_task).",
+    params: &[SANDBOX_ID],
+    output_schema: || {
+        json!({"type": "object", "properties": {
+            "sandbox_id": {"type": "string"},
+            "tasks": {"type": "array", "items": {"type": "object", "properties": {
+                "task_id": {"type": "string"},
+                "state": {"type": "string"},
+                "exit_code": nullable("integer", "exit status once finished"),
+                "started_at": nullable("integer", "Unix seconds"),
+                "finished_at": nullable("integer", "Unix seconds")
+            }, "required": ["task_id", "state", "exit_code", "started_at", "finished_at"]}},
+            "count": {"type": "integer"},
+            "limit": {"type": "integer"}
+        }, "required": ["sandbox_id", "tasks", "count", "limit"]})
+    },
+    read_only: true,
+    run: list,
+};
+
+pub const DELETE: Tool = Tool {
+    name: "delete_task",
+    description: "Delete a finished background task's directory (state and logs). Refuses a task that is still running.",
+    params: &[SANDBOX_ID_REQUIRED, TASK_ID],
+    output_schema: || {
+        json!({"type": "object", "properties": {
+            "task_id": {"type": "string"},
+            "deleted": {"type": "boolean"}
+        }, "required": ["task_id", "deleted"]})
+    },
+    read_only: false,
+    run: delete,
+};
+
+fn task_id(args: &Args) -> Result<String, ToolError> {
+    let id = args.str("task_id").unwrap_or_default();
+    if !ids::is_task_id(id) {
+        let shown: String = id.chars().take(40).collect();
+        return Err(ToolError::new(format!(
+            "task_id {shown:?} is not a task id: it must be exactly 32 lowercase hex characters, as returned by start_task"
+        )));
+    }
+    Ok(id.to_string())
+}
+
+fn window(args: &Args) -> Window {
+    Window {
+        stdout_offset: args.int("stdout_offset").unwrap_or(0) as u64,
+        stderr_offset: args.int("stderr_offset").unwrap_or(0) as u64,
+        limit: args.int("limit").unwrap_or(limits::READ_LIMIT_DEFAULT) as u64,
+    }
+}
+
+/// The snapshot as a tool result.
+fn render(sandbox_id: &str, s: &Snapshot) -> Value {
+    json!({
+        "sandbox_id": sandbox_id,
+        "task_id": s.task_id,
+        "state": s.state.name(),
+        "exit_code": s.exit_code,
+        "started_at": s.started_at,
+        "finished_at": s.finished_at,
+        "timeout": s.timeout.unwrap_or(0),
+        "stdout": String::from_utf8_lossy(&s.stdout),
+        "stderr": String::from_utf8_lossy(&s.stderr),
+        "stdout_next_offset": s.stdout_next_offset,
+        "stderr_next_offset": s.stderr_next_offset,
+        "stdout_bytes": s.stdout_bytes,
+        "stderr_bytes": s.stderr_bytes,
+        "stdout_truncated": s.stdout_truncated,
+        "stderr_truncated": s.stderr_truncated,
+        "error": s.error,
+    })
+}
+
+fn no_such_task(sandbox_id: &str, task_id: &str) -> ToolError {
+    ToolError::new(format!(
+        "there is no task {task_id} in sandbox {sandbox_id} (it was deleted, never existed, or the sandbox was replaced); list_tasks shows the tasks it holds"
+    ))
+}
+
+fn start(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
+    let sandbox_id = super::target_sandbox(ctx, args)?;
+    let command = args.str("command").unwrap_or_default();
+    let timeout = args.int("timeout").unwrap_or(limits::TASK_TIMEOUT_DEFAULT_S);
+    let provider = ctx.app.provider.as_ref();
+    let task_id = ids::task_id();
+    let argv = supervisor::start_argv(provider, &task_id, command, args.str("cwd"), timeout, limits::READ_LIMIT_DEFAULT as u64);
+    let encoded = serde_json::to_string(&argv).map(|s| s.len()).unwrap_or(usize::MAX);
+    if encoded > limits::MAX_SANDBOX_REQUEST_BYTES {
+        return Err(ToolError::new(format!(
+            "the start request would be {encoded} bytes once encoded, over the {} byte limit (multi-byte characters and quotes count more than once); \
+shorten the command, or write a script with write_file and start that",
+            limits::MAX_SANDBOX_REQUEST_BYTES
+        )));
+    }
+    // Retain first: if this session ends while the start is in flight, the sandbox must survive.
+    let was_owned = ctx.session.will_destroy(&sandbox_id);
+    ctx.session.retain(&sandbox_id);
+    let restore = || {
+        if was_owned {
+            ctx.session.adopt(&sandbox_id);
+        }
+    };
+    let target = Target { provider, sandbox_id: &sandbox_id };
+    match supervisor::start(&target, &task_id, argv) {
+        Ok(Started::Observed(snapshot)) => Ok(render(&sandbox_id, &snapshot)),
+        Ok(Started::Refused(msg)) => {
+            restore();
+            Err(ToolError::new(msg))
+        }
+        Err(err) if err.maybe_applied() => {
+            // Never resubmit: the command may be running. The handle is still the way to find out.
+            let msg =
+                format!("the start could not be confirmed ({err}); query this handle with get_task, or kill_sandbox to stop everything");
+            Ok(render(&sandbox_id, &Snapshot::unconfirmed(&task_id, timeout, msg)))
+        }
+        Err(err) => {
+            restore();
+            Err(err.into())
+        }
+    }
+}
+
+fn get(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
+    let sandbox_id = super::target_sandbox(ctx, args)?;
+    let task_id = task_id(args)?;
+    let target = Target { provider: ctx.app.provider.as_ref(), sandbox_id: &sandbox_id };
+    match supervisor::status(&target, &task_id, window(args))? {
+        Some(s) => Ok(render(&sandbox_id, &s)),
+        None => Err(no_such_task(&sandbox_id, &task_id)),
+    }
+}
+
+fn cancel(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
+    let sandbox_id = super::target_sandbox(ctx, args)?;
+    let task_id = task_id(args)?;
+    let target = Target { provider: ctx.app.provider.as_ref(), sandbox_id: &sandbox_id };
+    let Some(s) = supervisor::cancel(&target, &task_id, window(args))? else {
+        return Err(no_such_task(&sandbox_id, &task_id));
+    };
+    if s.state.is_final() {
+        return Ok(render(&sandbox_id, &s));
+    }
+    let why = if s.state == TaskState::Running { "the task is still running" } else { "the task's state cannot be observed" };
+    Err(ToolError {
+        message: format!(
+            "cancellation was not confirmed within {} s: {why}. Call get_task to check again; kill_sandbox stops everything in the sandbox. Last snapshot:",
+            limits::CANCEL_CONFIRM.as_secs()
+        ),
+        detail: Some(render(&sandbox_id, &s)),
+    })
+}
+
+fn list(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
+    let sandbox_id = super::target_sandbox(ctx, args)?;
+    let target = Target { provider: ctx.app.provider.as_ref(), sandbox_id: &sandbox_id };
+    let tasks = supervisor::list(&target)?;
+    let items: Vec<Value> = tasks
+        .iter()
+        .map(|s| json!({"task_id": s.task_id, "state": s.state.name(), "exit_code": s.exit_code, "started_at": s.started_at, "finished_at": s.finished_at}))
+        .collect();
+    Ok(json!({"sandbox_id": sandbox_id, "tasks": items, "count": tasks.len(), "limit": limits::MAX_TASKS}))
+}
+
+fn delete(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
+    let sandbox_id = super::target_sandbox(ctx, args)?;
+    let task_id = task_id(args)?;
+    let target = Target { provider: ctx.app.provider.as_ref(), sandbox_id: &sandbox_id };
+    match supervisor::delete(&target, &task_id)? {
+        Deleted::Yes => Ok(json!({"task_id": task_id, "deleted": true})),
+        Deleted::Missing => Err(no_such_task(&sandbox_id, &task_id)),
+        Deleted::Refused(s) => Err(ToolError::new(format!(
+            "task {task_id} is {}; stop it with cancel_task first (or kill_sandbox), then delete it",
+            if s.state == TaskState::Running { "still running" } else { "in an unknown state and its processes are still running" }
+        ))),
+    }
+}

@@ -1,0 +1,356 @@
+//! The HTTP transport (SPEC §3): `POST /mcp` answering `application/json`, sessions by
+//! `Mcp-Session-Id`, `DELETE /mcp`, and `GET /healthz`.
+//!
+//! tiny_http's rough edges are wrapped here and nowhere else: its headers, its unbounded body
+//! reader (read through a cap), and its drain-on-drop of unread bodies (see [`read_body`]).
+//! Every early answer reads or discards the body first so keep-alive connections stay in sync.
+
+use crate::app::App;
+use crate::ids;
+use crate::jsonrpc::{self, code, Incoming, RpcError};
+use crate::limits::MAX_BODY_BYTES;
+use crate::protocol::{self, Route, ToolCall, SUPPORTED_VERSIONS};
+use crate::queue::{Job, Reply};
+use crate::session::{Session, Sessions};
+use crossbeam_channel::{Sender, TrySendError};
+use serde_json::Value;
+use std::io::Read;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+use tiny_http::{Header, Method, Request, Response, StatusCode};
+
+/// The longest a listener thread waits for a worker's reply (every provider call has its own,
+/// shorter deadline; this only guards against a lost reply).
+const REPLY_WAIT: Duration = Duration::from_secs(3600 + 300);
+
+/// Bodies announced larger than this are not drained (tiny_http would allocate the whole
+/// remaining length at once); such connections are abandoned instead.
+const MAX_DRAIN_BYTES: usize = 64 * 1024 * 1024;
+
+/// Everything a listener thread needs.
+pub struct Listener {
+    /// Shared server state.
+    pub app: Arc<App>,
+    /// HTTP sessions.
+    pub sessions: Arc<Sessions>,
+    /// The work queue.
+    pub queue: Sender<Job<(Arc<Session>, ToolCall)>>,
+    /// Whether the listen address is loopback (then `Host` is checked too).
+    pub loopback: bool,
+}
+
+/// A running HTTP server.
+pub struct HttpServer {
+    server: Arc<tiny_http::Server>,
+    threads: Vec<JoinHandle<()>>,
+    /// The bound address (the port is real even when 0 was asked for).
+    pub addr: SocketAddr,
+}
+
+impl HttpServer {
+    /// Binds `addr` and starts `n_threads` listener threads.
+    pub fn start(addr: SocketAddr, n_threads: usize, listener: Listener) -> anyhow::Result<HttpServer> {
+        let server = tiny_http::Server::http(addr).map_err(|err| anyhow::anyhow!("binding {addr}: {err}"))?;
+        let server = Arc::new(server);
+        let bound = server.server_addr().to_ip().unwrap_or(addr);
+        let listener = Arc::new(listener);
+        let mut threads = Vec::new();
+        for i in 0..n_threads {
+            let server = server.clone();
+            let listener = listener.clone();
+            let t = thread::Builder::new().name(format!("sandbox-mcp-http-{i}")).stack_size(256 * 1024).spawn(move || {
+                while let Ok(req) = server.recv() {
+                    listener.handle(req);
+                }
+            })?;
+            threads.push(t);
+        }
+        Ok(HttpServer { server, threads, addr: bound })
+    }
+
+    /// Stops accepting and joins the listener threads (each blocked `recv` needs one `unblock`).
+    pub fn stop(self) {
+        for _ in &self.threads {
+            self.server.unblock();
+        }
+        for t in self.threads {
+            let name = t.thread().name().unwrap_or("http").to_string();
+            if t.join().is_err() {
+                log::error!("{name} panicked");
+            }
+        }
+    }
+}
+
+fn header(name: &str, value: &str) -> Header {
+    // Names and values here are ASCII constants or ids we generate, so this cannot fail; an
+    // invalid one would be dropped by tiny_http rather than sent.
+    Header::from_bytes(name.as_bytes(), value.as_bytes())
+        .unwrap_or_else(|()| Header::from_bytes(&b"X-Invalid"[..], &b"1"[..]).expect("a constant header is valid"))
+}
+
+fn get<'a>(req: &'a Request, name: &'static str) -> Option<&'a str> {
+    req.headers().iter().find(|h| h.field.equiv(name)).map(|h| h.value.as_str())
+}
+
+struct Answer {
+    status: u16,
+    body: Option<Value>,
+    headers: Vec<Header>,
+}
+
+impl Answer {
+    fn json(status: u16, body: Value) -> Answer {
+        Answer { status, body: Some(body), headers: Vec::new() }
+    }
+
+    fn empty(status: u16) -> Answer {
+        Answer { status, body: None, headers: Vec::new() }
+    }
+
+    /// A JSON-RPC error body without an id (transport-level rejections).
+    fn rejected(status: u16, rpc_code: i64, message: &str) -> Answer {
+        Answer::json(status, serde_json::json!({"jsonrpc": "2.0", "id": null, "error": {"code": rpc_code, "message": message}}))
+    }
+
+    fn with(mut self, name: &str, value: &str) -> Answer {
+        self.headers.push(header(name, value));
+        self
+    }
+}
+
+enum Body {
+    Ok(Vec<u8>),
+    TooLarge,
+    /// The announced length is absurd; the connection is abandoned without an answer.
+    Abandon,
+}
+
+/// Reads the body through a cap. Over the cap, discards up to `MAX_DRAIN_BYTES` so the
+/// connection stays usable.
+fn read_body(req: &mut Request) -> Body {
+    if req.body_length().is_some_and(|n| n > MAX_BODY_BYTES + MAX_DRAIN_BYTES) {
+        return Body::Abandon;
+    }
+    let mut buf = Vec::new();
+    let reader = req.as_reader();
+    if reader.take(MAX_BODY_BYTES as u64 + 1).read_to_end(&mut buf).is_err() {
+        return Body::Ok(Vec::new());
+    }
+    if buf.len() > MAX_BODY_BYTES {
+        let _ = std::io::copy(&mut reader.take(MAX_DRAIN_BYTES as u64), &mut std::io::sink());
+        return Body::TooLarge;
+    }
+    Body::Ok(buf)
+}
+
+fn origin_allowed(origin: &str) -> bool {
+    let rest = origin.strip_prefix("http://").or_else(|| origin.strip_prefix("https://"));
+    let Some(rest) = rest else { return false };
+    is_loopback_host(rest)
+}
+
+/// Whether `host[:port]` names this machine's loopback interface.
+fn is_loopback_host(host_port: &str) -> bool {
+    let host = if let Some(v6) = host_port.strip_prefix('[') {
+        match v6.split_once(']') {
+            Some((h, _)) => return h == "::1",
+            None => return false,
+        }
+    } else {
+        host_port.split(':').next().unwrap_or("")
+    };
+    host.eq_ignore_ascii_case("localhost") || host == "127.0.0.1"
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl Listener {
+    fn handle(&self, mut req: Request) {
+        let body = read_body(&mut req);
+        if let Body::Abandon = body {
+            log::warn!("abandoning a connection that announced a body of {:?} bytes", req.body_length());
+            std::mem::forget(req);
+            return;
+        }
+        let answer = self.answer(&req, body);
+        let status = answer.status;
+        let mut resp = match &answer.body {
+            Some(v) => {
+                let sse_only = get(&req, "Accept")
+                    .is_some_and(|a| a.contains("text/event-stream") && !a.contains("application/json") && !a.contains("*/*"));
+                if sse_only && status == 200 {
+                    Response::from_data(format!("event: message\ndata: {v}\n\n").into_bytes())
+                        .with_header(header("Content-Type", "text/event-stream"))
+                } else {
+                    Response::from_data(v.to_string().into_bytes()).with_header(header("Content-Type", "application/json"))
+                }
+            }
+            None => Response::from_data(Vec::new()),
+        }
+        .with_status_code(StatusCode(status));
+        for h in answer.headers {
+            resp.add_header(h);
+        }
+        if let Err(err) = req.respond(resp) {
+            log::debug!("could not send an HTTP {status} answer: {err}");
+        }
+    }
+
+    fn answer(&self, req: &Request, body: Body) -> Answer {
+        if let Some(origin) = get(req, "Origin") {
+            if !origin_allowed(origin) {
+                return Answer::rejected(403, code::SERVER_BUSY, "Forbidden: Origin is not a loopback origin");
+            }
+        }
+        if self.loopback {
+            if let Some(host) = get(req, "Host") {
+                if !is_loopback_host(host) {
+                    return Answer::rejected(403, code::SERVER_BUSY, "Forbidden: Host is not a loopback name");
+                }
+            }
+        }
+        if let Some(token) = &self.app.config.http_token {
+            let given = get(req, "Authorization").and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
+            if !constant_time_eq(given.trim().as_bytes(), token.as_bytes()) {
+                return Answer::rejected(401, code::SERVER_BUSY, "Unauthorized: send Authorization: Bearer <SANDBOX_MCP_HTTP_TOKEN>")
+                    .with("WWW-Authenticate", "Bearer");
+            }
+        }
+        let path = req.url().split('?').next().unwrap_or("");
+        match (req.method(), path) {
+            (Method::Get, "/healthz") => Answer::json(200, serde_json::json!({"status": "ok"})),
+            (Method::Post, "/mcp") => match body {
+                Body::Ok(bytes) => self.post(req, &bytes),
+                _ => Answer::rejected(413, code::INVALID_REQUEST, "Payload Too Large: the body limit is 4 MiB").with("Connection", "close"),
+            },
+            (Method::Delete, "/mcp") => self.delete(req),
+            (_, "/mcp") => Answer::rejected(405, code::SERVER_BUSY, "Method Not Allowed: use POST (and DELETE to end a session)")
+                .with("Allow", "POST, DELETE"),
+            _ => Answer::rejected(404, code::METHOD_NOT_FOUND, "Not Found: the MCP endpoint is /mcp"),
+        }
+    }
+
+    fn session(&self, req: &Request) -> Result<Arc<Session>, Answer> {
+        let Some(id) = get(req, "Mcp-Session-Id") else {
+            return Err(Answer::rejected(400, code::SERVER_BUSY, "Bad Request: Mcp-Session-Id header is required; send initialize first"));
+        };
+        self.sessions
+            .get(id.trim())
+            .ok_or_else(|| Answer::rejected(404, -32001, "Session not found: it ended or expired; send initialize to start a new session"))
+    }
+
+    fn post(&self, req: &Request, bytes: &[u8]) -> Answer {
+        let msg = jsonrpc::parse(bytes);
+        if let Incoming::Invalid { id, error } = &msg {
+            return Answer::json(400, jsonrpc::error(id, error));
+        }
+        if let Incoming::Request { method, .. } = &msg {
+            if method == "initialize" {
+                let session = Arc::new(Session::new(ids::random_hex(16), false));
+                let route = protocol::route(&self.app, &session, msg);
+                let Route::Reply(reply) = route else {
+                    return Answer::rejected(500, code::INTERNAL_ERROR, "initialize produced no answer");
+                };
+                if reply.get("error").is_some() {
+                    return Answer::json(200, reply);
+                }
+                self.sessions.insert(session.clone());
+                return Answer::json(200, reply).with("Mcp-Session-Id", &session.id);
+            }
+        }
+        let session = match self.session(req) {
+            Ok(s) => s,
+            Err(answer) => {
+                // Keep the request id in the error so the client can match it.
+                return match &msg {
+                    Incoming::Request { id, .. } => {
+                        let message = answer.body.as_ref().and_then(|b| b["error"]["message"].as_str()).unwrap_or("").to_string();
+                        let code = answer.body.as_ref().and_then(|b| b["error"]["code"].as_i64()).unwrap_or(code::SERVER_BUSY);
+                        Answer { body: Some(jsonrpc::error(id, &RpcError::new(code, message))), ..answer }
+                    }
+                    _ => answer,
+                };
+            }
+        };
+        if let Some(v) = get(req, "MCP-Protocol-Version") {
+            if !SUPPORTED_VERSIONS.contains(&v.trim()) {
+                return Answer::rejected(
+                    400,
+                    code::SERVER_BUSY,
+                    &format!("Bad Request: unsupported MCP-Protocol-Version {v:?}; supported: {}", SUPPORTED_VERSIONS.join(", ")),
+                );
+            }
+        }
+        match protocol::route(&self.app, &session, msg) {
+            Route::Silent => Answer::empty(202),
+            Route::Reply(reply) => Answer::json(200, reply),
+            Route::Call(call) => self.dispatch(session, call),
+        }
+    }
+
+    fn dispatch(&self, session: Arc<Session>, call: ToolCall) -> Answer {
+        let (tx, rx) = crossbeam_channel::bounded::<Reply>(1);
+        let id = call.id.clone();
+        let job = Job { id: id.clone(), work: (session.clone(), call), reply: tx };
+        match self.queue.try_send(job) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                session.finish(&id);
+                let err = RpcError::new(code::SERVER_BUSY, "server busy: the work queue is full; retry after a second");
+                return Answer::json(503, jsonrpc::error(&id, &err)).with("Retry-After", "1");
+            }
+        }
+        let started = Instant::now();
+        match rx.recv_timeout(REPLY_WAIT) {
+            Ok(reply) => match serde_json::from_str::<Value>(&reply.line) {
+                Ok(v) => Answer::json(200, v),
+                Err(_) => Answer::rejected(500, code::INTERNAL_ERROR, "internal error: a reply could not be encoded"),
+            },
+            Err(_) => {
+                log::error!("no reply for request {id} after {:?}", started.elapsed());
+                let err = RpcError::new(code::INTERNAL_ERROR, "internal error: the tool call produced no reply in time");
+                Answer::json(504, jsonrpc::error(&id, &err))
+            }
+        }
+    }
+
+    fn delete(&self, req: &Request) -> Answer {
+        let session = match self.session(req) {
+            Ok(s) => s,
+            Err(answer) => return answer,
+        };
+        self.sessions.remove(&session.id);
+        session.end(&self.app.provider, Instant::now() + Duration::from_secs(30));
+        Answer::empty(200)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_names() {
+        for ok in ["localhost", "localhost:8765", "127.0.0.1:1", "[::1]:80", "LOCALHOST"] {
+            assert!(is_loopback_host(ok), "{ok}");
+        }
+        for bad in ["evil.com", "127.0.0.2", "[::2]:80", "localhost.evil.com", ""] {
+            assert!(!is_loopback_host(bad), "{bad}");
+        }
+        assert!(origin_allowed("http://localhost:3000"));
+        assert!(!origin_allowed("http://evil.example"));
+        assert!(!origin_allowed("null"));
+    }
+
+    #[test]
+    fn token_comparison() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+    }
+}

@@ -1,0 +1,162 @@
+//! The stdio transport: a reader thread turns stdin lines into routed messages, and a single
+//! writer thread owns stdout.
+//!
+//! Architecture invariant: `spawn_writer` is the only code that writes to stdout.
+
+use crate::app::App;
+use crate::jsonrpc::{self, code, RpcError};
+use crate::protocol::{self, Route, ToolCall};
+use crate::queue::{Job, Reply};
+use crate::session::Session;
+use crossbeam_channel::{Receiver, Sender};
+use serde_json::Value;
+use std::io::{self, BufRead, Write};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+
+/// Starts the thread that writes replies to stdout, one line each, flushing after each batch.
+pub fn spawn_writer(replies: Receiver<Reply>) -> io::Result<JoinHandle<()>> {
+    thread::Builder::new().name("sandbox-mcp-stdout".into()).spawn(move || {
+        let stdout = io::stdout();
+        let mut out = stdout.lock();
+        while let Ok(first) = replies.recv() {
+            let mut batch = vec![first];
+            batch.extend(replies.try_iter());
+            let mut res = Ok(());
+            for reply in batch.iter().filter(|r| !r.cancelled) {
+                res = res.and_then(|()| out.write_all(reply.line.as_bytes())).and_then(|()| out.write_all(b"\n"));
+            }
+            if res.and_then(|()| out.flush()).is_err() {
+                // The client closed stdout; the reader will see EOF on stdin soon.
+                log::warn!("stdout is closed; replies are being dropped");
+            }
+            for done in batch.iter().filter_map(|r| r.flushed.as_ref()) {
+                let _ = done.send(());
+            }
+        }
+    })
+}
+
+/// One line read by [`read_line`].
+#[derive(Debug, PartialEq)]
+pub enum Line {
+    /// A complete line (without its `\n` and any `\r`).
+    Text,
+    /// A line over the limit; it was discarded up to its end.
+    TooLong,
+    /// End of input.
+    Eof,
+}
+
+/// Reads one line of at most `max` bytes into `buf`, discarding (not buffering) longer ones.
+pub fn read_line(input: &mut impl BufRead, buf: &mut Vec<u8>, max: usize) -> io::Result<Line> {
+    buf.clear();
+    let mut too_long = false;
+    loop {
+        let chunk = match input.fill_buf() {
+            Ok(c) => c,
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+            Err(err) => return Err(err),
+        };
+        if chunk.is_empty() {
+            return Ok(if too_long {
+                Line::TooLong
+            } else if buf.is_empty() {
+                Line::Eof
+            } else {
+                Line::Text
+            });
+        }
+        let (take, done) = match chunk.iter().position(|b| *b == b'\n') {
+            Some(i) => (i, true),
+            None => (chunk.len(), false),
+        };
+        if !too_long {
+            if buf.len() + take > max {
+                too_long = true;
+                buf.clear();
+            } else {
+                buf.extend_from_slice(&chunk[..take]);
+            }
+        }
+        input.consume(if done { take + 1 } else { take });
+        if done {
+            if too_long {
+                return Ok(Line::TooLong);
+            }
+            if buf.last() == Some(&b'\r') {
+                buf.pop();
+            }
+            return Ok(Line::Text);
+        }
+    }
+}
+
+/// Reads stdin until EOF, answering cheap requests at once and queueing tool calls.
+/// Returns when stdin ends or the queue is gone.
+pub fn run_reader(
+    app: &App,
+    session: &Arc<Session>,
+    queue: &Sender<Job<(Arc<Session>, ToolCall)>>,
+    replies: &Sender<Reply>,
+    max_line: usize,
+) {
+    let stdin = io::stdin();
+    let mut input = io::BufReader::with_capacity(256 * 1024, stdin.lock());
+    let mut buf = Vec::new();
+    loop {
+        let msg = match read_line(&mut input, &mut buf, max_line) {
+            Ok(Line::Eof) => return,
+            Ok(Line::TooLong) => jsonrpc::Incoming::Invalid {
+                id: Value::Null,
+                error: RpcError::new(code::PARSE_ERROR, format!("message over {max_line} bytes was discarded; send smaller messages")),
+            },
+            Ok(Line::Text) if buf.iter().all(u8::is_ascii_whitespace) => continue,
+            Ok(Line::Text) => jsonrpc::parse(&buf),
+            Err(err) => {
+                log::error!("reading stdin failed: {err}");
+                return;
+            }
+        };
+        match protocol::route(app, session, msg) {
+            Route::Silent => {}
+            Route::Reply(value) => {
+                if replies.send(Reply::new(value.to_string(), false)).is_err() {
+                    return;
+                }
+            }
+            Route::Call(call) => {
+                let job = Job { id: call.id.clone(), work: (session.clone(), call), reply: replies.clone() };
+                // Blocking send: stdio applies back-pressure instead of refusing work.
+                if queue.send(job).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(input: &[u8], max: usize) -> Vec<(Line, Vec<u8>)> {
+        let mut r = io::BufReader::with_capacity(4, input);
+        let mut buf = Vec::new();
+        let mut out = Vec::new();
+        loop {
+            let l = read_line(&mut r, &mut buf, max).unwrap();
+            if l == Line::Eof {
+                return out;
+            }
+            out.push((l, buf.clone()));
+        }
+    }
+
+    #[test]
+    fn splits_lines_and_discards_long_ones() {
+        let got = lines(b"ab\r\ncdefghij\n\nxy", 5);
+        assert_eq!(got, vec![(Line::Text, b"ab".to_vec()), (Line::TooLong, vec![]), (Line::Text, vec![]), (Line::Text, b"xy".to_vec())]);
+        assert_eq!(lines(b"toolongline", 3), vec![(Line::TooLong, vec![])]);
+    }
+}

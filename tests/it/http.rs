@@ -1,0 +1,176 @@
+//! The HTTP transport (SPEC §3): sessions, status codes, limits and overload.
+
+use crate::support::*;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+const PING: &str = r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#;
+
+#[test]
+fn sessions_status_codes_and_keep_alive() {
+    let home = Home::new("http");
+    let h = Http::start(&home, &[], &[]);
+    let mut conn = Conn::open(h.addr);
+    conn.send("GET", "/healthz", &[], b"");
+    assert_eq!(conn.read().status, 200);
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+    conn.send("POST", "/mcp", &[], init.as_bytes());
+    let r = conn.read();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    assert_eq!(r.json()["result"]["protocolVersion"], "2025-06-18");
+    let sid = r.header("mcp-session-id").unwrap().to_string();
+    assert_eq!(sid.len(), 32);
+    assert_eq!(r.headers.iter().filter(|(k, _)| k.eq_ignore_ascii_case("mcp-session-id")).count(), 1);
+    let s = [("Mcp-Session-Id", sid.as_str())];
+    // Same connection throughout: every early answer must leave it in sync.
+    conn.send("POST", "/mcp", &s, br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    assert_eq!(conn.read().status, 202);
+    conn.send("POST", "/mcp", &[], PING.as_bytes());
+    let r = conn.read();
+    assert_eq!(r.status, 400, "no session header");
+    assert_eq!(r.json()["id"], 2);
+    conn.send("POST", "/mcp", &[("Mcp-Session-Id", "0123")], PING.as_bytes());
+    assert_eq!(conn.read().status, 404);
+    conn.send("POST", "/mcp", &[("Mcp-Session-Id", &sid), ("Origin", "http://evil.example")], PING.as_bytes());
+    assert_eq!(conn.read().status, 403);
+    conn.send("POST", "/mcp", &[("Mcp-Session-Id", &sid), ("Origin", "http://localhost:6274")], PING.as_bytes());
+    assert_eq!(conn.read().status, 200);
+    conn.send("POST", "/mcp", &[("Mcp-Session-Id", &sid), ("MCP-Protocol-Version", "2099-01-01")], PING.as_bytes());
+    assert_eq!(conn.read().status, 400);
+    for v in ["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"] {
+        conn.send("POST", "/mcp", &[("Mcp-Session-Id", &sid), ("MCP-Protocol-Version", v)], PING.as_bytes());
+        assert_eq!(conn.read().status, 200, "{v}");
+    }
+    conn.send("GET", "/mcp", &s, b"");
+    assert_eq!(conn.read().status, 405);
+    conn.send("POST", "/mcp", &s, b"{broken");
+    let r = conn.read();
+    assert_eq!((r.status, r.json()["error"]["code"].as_i64()), (400, Some(-32700)));
+    conn.send("POST", "/mcp", &s, br#"{"jsonrpc":"2.0","id":3,"method":"server/discover"}"#);
+    assert_eq!(conn.read().json()["error"]["code"], -32601);
+    conn.send("DELETE", "/mcp", &s, b"");
+    assert_eq!(conn.read().status, 200);
+    conn.send("POST", "/mcp", &s, PING.as_bytes());
+    assert_eq!(conn.read().status, 404, "a deleted session is unknown");
+    conn.send("GET", "/nope", &[], b"");
+    assert_eq!(conn.read().status, 404);
+}
+
+#[test]
+fn bodies_over_4_mib_get_413_and_bad_hosts_403() {
+    let home = Home::new("http413");
+    let h = Http::start(&home, &[], &[]);
+    let sid = h.initialize();
+    let big = vec![b' '; 4 * 1024 * 1024 + 10];
+    let mut conn = Conn::open(h.addr);
+    conn.send("POST", "/mcp", &[("Mcp-Session-Id", &sid)], &big);
+    assert_eq!(conn.read().status, 413);
+    let r = h.post(&[("Mcp-Session-Id", &sid), ("Host", "evil.example:8765")], PING);
+    assert_eq!(r.status, 403);
+    let r = h.post(&[("Mcp-Session-Id", &sid)], PING);
+    assert_eq!(r.status, 200);
+}
+
+#[test]
+fn the_bearer_token_is_required_when_configured() {
+    let home = Home::new("httptoken");
+    let h = Http::start(&home, &[], &[("SANDBOX_MCP_HTTP_TOKEN", "s3cret-token-value")]);
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+    let r = h.post(&[], init);
+    assert_eq!(r.status, 401);
+    assert_eq!(r.header("www-authenticate"), Some("Bearer"));
+    assert_eq!(h.post(&[("Authorization", "Bearer wrong")], init).status, 401);
+    let r = h.post(&[("Authorization", "Bearer s3cret-token-value")], init);
+    assert_eq!(r.status, 200);
+    let sid = r.header("mcp-session-id").unwrap().to_string();
+    // The token is a host secret: it is masked in anything returned.
+    let auth = [("Authorization", "Bearer s3cret-token-value"), ("Mcp-Session-Id", sid.as_str())];
+    let body = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "create_sandbox", "arguments": {}}});
+    assert_eq!(h.post(&auth, &body.to_string()).status, 200);
+    let body = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "run_command", "arguments": {"command": "echo s3cret-token-value"}}});
+    let r = h.post(&auth, &body.to_string());
+    assert_eq!(r.json()["result"]["structuredContent"]["stdout"], "***\n");
+    assert!(!h.stderr.lock().unwrap().contains("s3cret-token-value"), "the token must never be logged");
+}
+
+#[test]
+fn tools_work_over_http_and_delete_kills_the_session_sandboxes() {
+    let home = Home::new("httptools");
+    let h = Http::start(&home, &[], &[]);
+    let sid = h.initialize();
+    let created = h.call(&sid, "create_sandbox", json!({}));
+    let sb = created["result"]["structuredContent"]["sandbox_id"].as_str().unwrap().to_string();
+    let out = h.call(&sid, "run_command", json!({"command": "echo over-http"}));
+    assert_eq!(out["result"]["structuredContent"]["stdout"], "over-http\n");
+    let r = h.post(&[("Mcp-Session-Id", &sid), ("Accept", "text/event-stream")], PING);
+    assert_eq!(r.header("content-type"), Some("text/event-stream"));
+    assert!(r.body.starts_with("event: message\ndata: {"), "{}", r.body);
+    let mut conn = Conn::open(h.addr);
+    conn.send("DELETE", "/mcp", &[("Mcp-Session-Id", &sid)], b"");
+    assert_eq!(conn.read().status, 200);
+    assert!(!home.sandbox_dir(&sb).exists(), "DELETE ends the session and kills its sandboxes");
+}
+
+#[test]
+fn idle_sessions_expire_and_their_sandboxes_are_killed() {
+    let home = Home::new("httpidle");
+    let h = Http::start(&home, &["--session-idle", "1"], &[]);
+    let sid = h.initialize();
+    let created = h.call(&sid, "create_sandbox", json!({}));
+    let sb = created["result"]["structuredContent"]["sandbox_id"].as_str().unwrap().to_string();
+    wait_for(Duration::from_secs(10), "the idle session to expire", || (!home.sandbox_dir(&sb).exists()).then_some(()));
+    assert_eq!(h.post(&[("Mcp-Session-Id", &sid)], PING).status, 404);
+}
+
+#[test]
+fn a_full_queue_answers_503_and_every_accepted_request_gets_its_reply() {
+    let home = Home::new("http503");
+    let h = Http::start(&home, &["--workers", "2", "--queue", "2"], &[]);
+    let sid = h.initialize();
+    let sb = h.call(&sid, "create_sandbox", json!({}))["result"]["structuredContent"]["sandbox_id"].as_str().unwrap().to_string();
+    let addr = h.addr;
+    let threads: Vec<_> = (0..100)
+        .map(|i| {
+            let sid = sid.clone();
+            let sb = sb.clone();
+            std::thread::spawn(move || {
+                let mut c = Conn::open(addr);
+                let body = json!({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {"name": "run_command", "arguments": {"sandbox_id": sb, "command": "sleep 0.3; echo done"}}});
+                c.send("POST", "/mcp", &[("Mcp-Session-Id", &sid)], body.to_string().as_bytes());
+                let r = c.read();
+                (i, r.status, r.header("retry-after").map(str::to_string), r.json())
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    let mut busy = 0;
+    for t in threads {
+        let (i, status, retry, body): (i32, u16, Option<String>, Value) = t.join().unwrap();
+        assert_eq!(body["id"], i, "each reply answers its own request");
+        match status {
+            200 => {
+                assert_eq!(body["result"]["structuredContent"]["stdout"], "done\n");
+                ok += 1;
+            }
+            503 => {
+                assert_eq!(retry.as_deref(), Some("1"));
+                busy += 1;
+            }
+            other => panic!("unexpected status {other}: {body}"),
+        }
+    }
+    assert!(ok >= 4 && busy > 0, "ok {ok}, busy {busy}");
+    assert_eq!(h.post(&[("Mcp-Session-Id", &sid)], PING).status, 200, "the server is still serving");
+}
+
+#[test]
+fn sigterm_ends_every_http_session() {
+    let home = Home::new("httpterm");
+    let h = Http::start(&home, &[], &[]);
+    let sid = h.initialize();
+    let sb = h.call(&sid, "create_sandbox", json!({}))["result"]["structuredContent"]["sandbox_id"].as_str().unwrap().to_string();
+    let status = h.stop();
+    assert!(status.success(), "{status}");
+    assert!(!home.sandbox_dir(&sb).exists());
+}

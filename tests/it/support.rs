@@ -1,0 +1,319 @@
+//! Test harness: temporary state roots, the real binary over stdio and HTTP, polling with
+//! deadlines, and cleanup of every sandbox a test created.
+
+#![allow(dead_code)]
+
+use sandbox_mcp::client::StdioClient;
+use sandbox_mcp::provider::local::LocalProvider;
+use sandbox_mcp::provider::Provider;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Default wait for anything in tests.
+pub const TIMEOUT: Duration = Duration::from_secs(20);
+
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_sandbox-mcp"))
+}
+
+pub fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures")
+}
+
+/// A private state root; every sandbox in it is killed when the test ends.
+pub struct Home {
+    pub path: PathBuf,
+    pub shell: PathBuf,
+}
+
+impl Home {
+    pub fn new(name: &str) -> Home {
+        Home::with_shell(name, Path::new("/bin/sh"))
+    }
+
+    pub fn with_shell(name: &str, shell: &Path) -> Home {
+        let path = std::env::temp_dir().join(format!("smcp-test-{name}-{}", sandbox_mcp::ids::random_hex(4)));
+        std::fs::create_dir_all(&path).unwrap();
+        Home { path, shell: shell.to_path_buf() }
+    }
+
+    pub fn env(&self) -> Vec<(String, String)> {
+        vec![
+            ("SANDBOX_MCP_HOME".into(), self.path.display().to_string()),
+            ("SANDBOX_MCP_LOCAL_SH".into(), self.shell.display().to_string()),
+            ("SANDBOX_MCP_PROVIDER".into(), "local".into()),
+            ("RUST_LOG".into(), std::env::var("TEST_RUST_LOG").unwrap_or_else(|_| "warn".into())),
+        ]
+    }
+
+    pub fn sandbox_dir(&self, id: &str) -> PathBuf {
+        self.path.join("sandboxes").join(id)
+    }
+
+    pub fn provider(&self) -> LocalProvider {
+        LocalProvider::new(&self.path, &self.shell).unwrap()
+    }
+
+    /// Starts `sandbox-mcp stdio` and initializes it.
+    pub fn stdio(&self) -> Mcp {
+        self.stdio_with(&[])
+    }
+
+    pub fn stdio_with(&self, extra: &[(&str, &str)]) -> Mcp {
+        let mut client = self.spawn_stdio(extra);
+        client.initialize().expect("initialize");
+        Mcp { client }
+    }
+
+    /// Starts `sandbox-mcp stdio` without initializing it.
+    pub fn spawn_stdio(&self, extra: &[(&str, &str)]) -> StdioClient {
+        let env = self.env();
+        let mut all: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        all.extend_from_slice(extra);
+        StdioClient::spawn(&bin(), &["stdio"], &all, false).expect("spawn server")
+    }
+
+    /// Runs `sandbox-mcp call TOOL JSON`.
+    pub fn call_cli(&self, tool: &str, args: Value) -> (i32, Value, String) {
+        let out = Command::new(bin()).args(["call", tool, &args.to_string()]).envs(self.env()).output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        let value = serde_json::from_str(&stdout).unwrap_or(Value::Null);
+        (out.status.code().unwrap_or(-1), value, String::from_utf8_lossy(&out.stderr).to_string())
+    }
+}
+
+impl Drop for Home {
+    fn drop(&mut self) {
+        let provider = LocalProvider::new(&self.path, &self.shell);
+        if let (Ok(p), Ok(dir)) = (provider, std::fs::read_dir(self.path.join("sandboxes"))) {
+            for entry in dir.flatten() {
+                let id = entry.file_name().to_string_lossy().to_string();
+                let _ = p.kill(&id, Instant::now() + Duration::from_secs(5));
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// An initialized stdio server.
+pub struct Mcp {
+    pub client: StdioClient,
+}
+
+impl Mcp {
+    pub fn call(&mut self, tool: &str, args: Value) -> Value {
+        self.client.call_tool(tool, args, TIMEOUT).unwrap_or_else(|e| panic!("{tool}: {e}"))
+    }
+
+    /// Calls a tool that must succeed; returns structuredContent (checked against the text block).
+    pub fn ok(&mut self, tool: &str, args: Value) -> Value {
+        let r = self.call(tool, args.clone());
+        assert_eq!(r["isError"], json!(false), "{tool} {args} failed: {r}");
+        let structured = r["structuredContent"].clone();
+        let text: Value = serde_json::from_str(r["content"][0]["text"].as_str().unwrap()).unwrap();
+        assert_eq!(text, structured, "text block must mirror structuredContent");
+        structured
+    }
+
+    /// Calls a tool that must fail; returns the error text.
+    pub fn err(&mut self, tool: &str, args: Value) -> String {
+        let r = self.call(tool, args.clone());
+        assert_eq!(r["isError"], json!(true), "{tool} {args} should have failed: {r}");
+        assert!(r.get("structuredContent").is_none(), "errors carry no structuredContent: {r}");
+        r["content"][0]["text"].as_str().unwrap().to_string()
+    }
+
+    pub fn request(&mut self, method: &str, params: Value) -> Value {
+        self.client.request(method, params, TIMEOUT).unwrap()
+    }
+
+    pub fn create(&mut self) -> String {
+        self.ok("create_sandbox", json!({}))["sandbox_id"].as_str().unwrap().to_string()
+    }
+
+    pub fn close(self) {
+        self.client.close(Duration::from_secs(5)).unwrap();
+    }
+}
+
+/// Polls `f` every 20 ms until it returns `Some` or `timeout` passes.
+pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether a process with this pid exists and is not a zombie.
+pub fn pid_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => {
+            let state = s.rsplit_once(") ").map(|(_, r)| r.chars().next().unwrap_or('?')).unwrap_or('?');
+            state != 'Z' && state != 'X'
+        }
+        Err(_) => false,
+    }
+}
+
+/// `sandbox-mcp http` on a free loopback port.
+pub struct Http {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub stderr: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Http {
+    pub fn start(home: &Home, args: &[&str], extra_env: &[(&str, &str)]) -> Http {
+        let mut cmd = Command::new(bin());
+        cmd.args(["http", "--listen", "127.0.0.1:0"]).args(args).envs(home.env()).env("RUST_LOG", "info");
+        cmd.envs(extra_env.iter().copied());
+        let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("listening on http://").nth(1) {
+                    let _ = tx.send(rest.split('/').next().unwrap_or("").to_string());
+                }
+                log2.lock().unwrap().push_str(&line);
+                log2.lock().unwrap().push('\n');
+            }
+        });
+        let addr = rx.recv_timeout(TIMEOUT).expect("server did not report its address").parse().unwrap();
+        Http { child, addr, stderr: log }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}/mcp", self.addr)
+    }
+
+    /// One request on a new connection.
+    pub fn post(&self, headers: &[(&str, &str)], body: &str) -> Resp {
+        let mut conn = Conn::open(self.addr);
+        conn.send("POST", "/mcp", headers, body.as_bytes());
+        conn.read()
+    }
+
+    /// initialize; returns the session id.
+    pub fn initialize(&self) -> String {
+        let r = self.post(&[], r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#);
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.header("mcp-session-id").expect("session id").to_string()
+    }
+
+    /// A tools/call in a session; returns the JSON-RPC response.
+    pub fn call(&self, session: &str, tool: &str, args: Value) -> Value {
+        let body = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": tool, "arguments": args}});
+        let r = self.post(&[("Mcp-Session-Id", session)], &body.to_string());
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()
+    }
+
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        // SIGTERM through the child's own pid (never a group), then wait.
+        let _ = Command::new("/bin/sh").args(["-c", &format!("kill -s TERM {}", self.child.id())]).status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                return self.child.wait().unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Http {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A raw HTTP/1.1 keep-alive connection.
+pub struct Conn {
+    stream: BufReader<TcpStream>,
+}
+
+pub struct Resp {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Resp {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.body))
+    }
+}
+
+impl Conn {
+    pub fn open(addr: SocketAddr) -> Conn {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(TIMEOUT)).unwrap();
+        Conn { stream: BufReader::new(s) }
+    }
+
+    pub fn send(&mut self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) {
+        let mut head = format!("{method} {path} HTTP/1.1\r\nContent-Length: {}\r\n", body.len());
+        let given = |name: &str| headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(name));
+        for (name, default) in
+            [("Host", "127.0.0.1"), ("Content-Type", "application/json"), ("Accept", "application/json, text/event-stream")]
+        {
+            if !given(name) {
+                head.push_str(&format!("{name}: {default}\r\n"));
+            }
+        }
+        for (k, v) in headers {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        head.push_str("\r\n");
+        let s = self.stream.get_mut();
+        s.write_all(head.as_bytes()).unwrap();
+        // Large bodies may be answered (413) before they are fully sent.
+        let _ = s.write_all(body);
+    }
+
+    pub fn read(&mut self) -> Resp {
+        let mut line = String::new();
+        self.stream.read_line(&mut line).unwrap();
+        let status: u16 = line.split_whitespace().nth(1).unwrap_or_else(|| panic!("bad status line {line:?}")).parse().unwrap();
+        let mut headers = Vec::new();
+        let mut len = 0usize;
+        loop {
+            let mut h = String::new();
+            self.stream.read_line(&mut h).unwrap();
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            let (k, v) = h.split_once(':').unwrap();
+            if k.eq_ignore_ascii_case("content-length") {
+                len = v.trim().parse().unwrap();
+            }
+            headers.push((k.to_string(), v.trim().to_string()));
+        }
+        let mut body = vec![0u8; len];
+        self.stream.read_exact(&mut body).unwrap();
+        Resp { status, headers, body: String::from_utf8_lossy(&body).to_string() }
+    }
+}

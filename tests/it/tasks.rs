@@ -1,0 +1,410 @@
+//! Background tasks (SPEC §7–8): the supervisor under dash, bash and busybox, the task tools,
+//! masking, paging, faults, and the reconnect walkthrough across server processes.
+
+use crate::support::*;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+fn start(m: &mut Mcp, sb: &str, command: &str, extra: Value) -> Value {
+    let mut args = json!({"sandbox_id": sb, "command": command});
+    if let (Some(a), Some(e)) = (args.as_object_mut(), extra.as_object()) {
+        a.extend(e.clone());
+    }
+    m.ok("start_task", args)
+}
+
+fn id(snapshot: &Value) -> String {
+    snapshot["task_id"].as_str().unwrap().to_string()
+}
+
+/// Polls get_task until the state is final.
+fn finish(m: &mut Mcp, sb: &str, task: &str) -> Value {
+    wait_for(Duration::from_secs(30), "the task to finish", || {
+        let s = m.ok("get_task", json!({"sandbox_id": sb, "task_id": task}));
+        (s["state"] != "running").then_some(s)
+    })
+}
+
+fn task_dir(home: &Home, sb: &str, task: &str) -> PathBuf {
+    home.sandbox_dir(sb).join("home/.sandbox-mcp/tasks").join(task)
+}
+
+/// A directory whose only commands are busybox applets.
+fn busybox_bin() -> PathBuf {
+    let busybox = ["/usr/bin/busybox", "/bin/busybox"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+        .expect("busybox is required for the busybox-only tests; `make test` installs it (Debian package busybox)");
+    let dir = std::env::temp_dir().join(format!("smcp-busybox-{}", sandbox_mcp::ids::random_hex(4)));
+    std::fs::create_dir_all(&dir).unwrap();
+    let list = std::process::Command::new(&busybox).arg("--list").output().unwrap();
+    for applet in String::from_utf8_lossy(&list.stdout).lines() {
+        let _ = std::os::unix::fs::symlink(&busybox, dir.join(applet));
+    }
+    dir
+}
+
+/// The scenarios every supported shell must pass.
+fn shell_scenarios(home: &Home, extra_env: &[(&str, &str)]) {
+    let mut m = home.stdio_with(extra_env);
+    let sb = m.ok("create_sandbox", json!({"envs": {"SERVICE_TOKEN": "tok-123456789", "MULTI_SECRET": "line-one\n  line-two  "}}))
+        ["sandbox_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // Exit code, separate streams, a quick task observed finished.
+    let s = start(&mut m, &sb, "echo out1; echo err1 >&2; printf no-newline; exit 3", json!({}));
+    let s = if s["state"] == "running" { finish(&mut m, &sb, &id(&s)) } else { s };
+    assert_eq!(s["state"], "failed", "{s}");
+    assert_eq!(s["exit_code"], 3);
+    assert_eq!(s["stdout"], "out1\nno-newline");
+    assert_eq!(s["stderr"], "err1\n");
+    // Masking: split across writes half a second apart, multi-line values line by line.
+    let s = start(&mut m, &sb, "printf 'a tok-12'; sleep 0.5; printf '3456789 b\\n'; echo line-one; echo x line-two y", json!({}));
+    let s = finish(&mut m, &sb, &id(&s));
+    assert_eq!(s["stdout"], "a *** b\n***\nx *** y\n", "{s}");
+    // Timeout with a TERM-ignoring task: TERM, then KILL after the grace period.
+    let t0 = Instant::now();
+    let s = start(&mut m, &sb, "trap '' TERM; echo started; sleep 30", json!({"timeout": 1}));
+    let s = finish(&mut m, &sb, &id(&s));
+    assert_eq!(s["state"], "timed_out", "{s}");
+    assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
+    // Cancel of a polite task.
+    let s = start(&mut m, &sb, "echo working; sleep 30", json!({}));
+    let t0 = Instant::now();
+    let c = m.ok("cancel_task", json!({"sandbox_id": sb, "task_id": id(&s)}));
+    assert_eq!(c["state"], "cancelled", "{c}");
+    assert!(t0.elapsed() < Duration::from_secs(3));
+    // Output over the cap is drained (the task is never blocked) and flagged.
+    let s = start(&mut m, &sb, "i=0; while [ $i -lt 40 ]; do cat /etc/services /etc/services /etc/services 2>/dev/null || head -c 65536 /dev/zero; i=$((i+1)); done; head -c 2000000 /dev/zero; echo end >&2", json!({}));
+    let s = finish(&mut m, &sb, &id(&s));
+    assert_eq!(
+        (s["state"].as_str(), s["stdout_bytes"].as_i64(), s["stdout_truncated"].as_bool()),
+        (Some("succeeded"), Some(1 << 20), Some(true)),
+        "{s}"
+    );
+    assert_eq!(s["stderr"], "end\n");
+    m.close();
+}
+
+#[test]
+fn supervisor_works_under_dash() {
+    let home = Home::with_shell("dash", Path::new("/bin/dash"));
+    shell_scenarios(&home, &[]);
+}
+
+#[test]
+fn supervisor_works_under_bash() {
+    let home = Home::with_shell("bash", Path::new("/bin/bash"));
+    shell_scenarios(&home, &[]);
+}
+
+#[test]
+fn supervisor_works_with_busybox_alone() {
+    let bin = busybox_bin();
+    let home = Home::with_shell("busybox", &bin.join("sh"));
+    let path = bin.display().to_string();
+    shell_scenarios(&home, &[("PATH", &path)]);
+    let _ = std::fs::remove_dir_all(&bin);
+}
+
+#[test]
+fn the_walkthrough_survives_the_session_and_the_server() {
+    let home = Home::new("walkthrough");
+    let mut a = home.stdio();
+    let sb = a.ok("create_sandbox", json!({"template": "base", "timeout": 600}))["sandbox_id"].as_str().unwrap().to_string();
+    let s = start(&mut a, &sb, "printf BEFORE; sleep 2; printf AFTER", json!({"timeout": 120}));
+    assert_eq!(s["state"], "running");
+    let task = id(&s);
+    assert_eq!(task.len(), 32);
+    a.close();
+    assert!(home.sandbox_dir(&sb).exists(), "start_task retains the sandbox past the session");
+    let mut b = home.stdio();
+    let seen = b.ok("get_task", json!({"sandbox_id": sb, "task_id": task}));
+    assert!(seen["state"] == "running" || seen["state"] == "succeeded");
+    let done = finish(&mut b, &sb, &task);
+    assert_eq!(
+        (done["state"].as_str(), done["exit_code"].as_i64(), done["stdout"].as_str()),
+        (Some("succeeded"), Some(0), Some("BEFOREAFTER"))
+    );
+    assert!(done["finished_at"].as_i64().unwrap() >= done["started_at"].as_i64().unwrap());
+    let long = start(&mut b, &sb, "sleep 600", json!({}));
+    let t0 = Instant::now();
+    assert_eq!(b.ok("cancel_task", json!({"sandbox_id": sb, "task_id": id(&long)}))["state"], "cancelled");
+    assert!(t0.elapsed() < Duration::from_secs(3));
+    b.close();
+    assert!(home.sandbox_dir(&sb).exists(), "a sandbox reached by handle is never destroyed by that session");
+    let mut c = home.stdio();
+    assert_eq!(c.ok("kill_sandbox", json!({"sandbox_id": sb}))["killed"], true);
+}
+
+#[test]
+fn the_walkthrough_survives_sigkill_of_the_server() {
+    let home = Home::new("sigkill");
+    let mut a = home.stdio();
+    let sb = a.create();
+    let task = id(&start(&mut a, &sb, "printf BEFORE; sleep 1; printf AFTER", json!({})));
+    a.client.kill().unwrap();
+    let mut b = home.stdio();
+    let done = finish(&mut b, &sb, &task);
+    assert_eq!((done["state"].as_str(), done["stdout"].as_str()), (Some("succeeded"), Some("BEFOREAFTER")));
+}
+
+#[test]
+fn sigkill_of_the_server_mid_start_leaves_a_consistent_sandbox() {
+    let home = Home::new("midstart");
+    let mut a = home.stdio();
+    let sb = a.create();
+    a.client
+        .send_line(&json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "start_task", "arguments": {"sandbox_id": sb, "command": "echo hi"}}}).to_string())
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(15));
+    a.client.kill().unwrap();
+    let mut b = home.stdio();
+    let listed = wait_for(Duration::from_secs(10), "a settled task list", || {
+        let l = b.ok("list_tasks", json!({"sandbox_id": sb}));
+        l["tasks"].as_array().unwrap().iter().all(|t| t["state"] != "running").then_some(l)
+    });
+    for t in listed["tasks"].as_array().unwrap() {
+        assert!(t["state"] == "succeeded" || t["state"] == "unknown", "{t}");
+    }
+    assert_eq!(b.ok("run_command", json!({"sandbox_id": sb, "command": "echo alive"}))["stdout"], "alive\n");
+}
+
+#[test]
+fn an_unconfirmed_start_reports_unknown_with_the_handle_and_never_resubmits() {
+    let home = Home::new("unconfirmed");
+    let mut a = home.stdio_with(&[("SANDBOX_MCP_LOCAL_SH", fixtures().join("bin/lossy-sh").to_str().unwrap())]);
+    let sb = a.create();
+    let marker = home.path.join("runs");
+    let s = start(&mut a, &sb, &format!("echo ran >> {}", marker.display()), json!({}));
+    assert_eq!(s["state"], "unknown", "{s}");
+    assert!(s["error"].as_str().unwrap().contains("could not be confirmed"), "{s}");
+    let task = id(&s);
+    // The handle is real: a normal server finds the task, which ran exactly once.
+    let mut b = home.stdio();
+    let done = finish(&mut b, &sb, &task);
+    assert_eq!(done["state"], "succeeded");
+    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "ran\n");
+}
+
+#[test]
+fn quick_tasks_come_back_finished_with_their_output() {
+    let home = Home::new("quick");
+    let mut m = home.stdio();
+    let sb = m.create();
+    let s = start(&mut m, &sb, "echo hello", json!({}));
+    assert_eq!((s["state"].as_str(), s["stdout"].as_str(), s["exit_code"].as_i64()), (Some("succeeded"), Some("hello\n"), Some(0)), "{s}");
+    assert_eq!(m.ok("cancel_task", json!({"sandbox_id": sb, "task_id": id(&s)})), s, "cancel of a finished task returns the saved result");
+    assert_eq!(m.ok("delete_task", json!({"sandbox_id": sb, "task_id": id(&s)})), json!({"task_id": id(&s), "deleted": true}));
+    assert!(m.err("get_task", json!({"sandbox_id": sb, "task_id": id(&s)})).contains("no task"));
+}
+
+#[test]
+fn bad_task_arguments_are_refused_before_contacting_the_sandbox() {
+    let home = Home::new("taskargs");
+    let mut m = home.stdio();
+    let sb = m.create();
+    let ghost = "local-0123456789abcdef01234567";
+    for bad in ["abc", "0123456789ABCDEF0123456789ABCDEF", "../../../../../../../../etc/passw", "", "0123456789abcdef0123456789abcdef0"] {
+        let err = m.err("get_task", json!({"sandbox_id": ghost, "task_id": bad}));
+        assert!(err.contains("32 lowercase hex"), "{bad:?}: {err}");
+    }
+    let t = "0123456789abcdef0123456789abcdef";
+    for (args, want) in [
+        (json!({"sandbox_id": ghost, "task_id": t, "stdout_offset": -1}), "from 0 to 1048576"),
+        (json!({"sandbox_id": ghost, "task_id": t, "stderr_offset": 1_048_577}), "from 0 to 1048576"),
+        (json!({"sandbox_id": ghost, "task_id": t, "limit": 0}), "from 1 to 65536"),
+        (json!({"sandbox_id": ghost, "task_id": t, "limit": 65_537}), "from 1 to 65536"),
+        (json!({"sandbox_id": ghost, "task_id": t, "pid": 5}), "unknown argument \"pid\""),
+    ] {
+        let err = m.err("get_task", args.clone());
+        assert!(err.contains(want), "{args}: {err}");
+    }
+    assert!(m.err("start_task", json!({"sandbox_id": ghost, "command": "x".repeat(65_537)})).contains("limit is 65536"));
+    let err = m.err("start_task", json!({"sandbox_id": ghost, "command": "é".repeat(65_536)}));
+    assert!(err.contains("98304 byte limit"), "{err}");
+    assert!(m.err("start_task", json!({"command": "true", "timeout": 3601})).contains("from 1 to 3600"));
+    assert!(m.err("start_task", json!({"command": "true", "cwd": "/no/such/dir"})).contains("nothing was started"));
+    assert_eq!(m.ok("list_tasks", json!({"sandbox_id": sb}))["count"], 0, "a missing cwd creates nothing");
+    // The longest allowed ASCII command fits the request limit and runs.
+    let long = format!(": {}; echo fits", "y".repeat(65_536 - 13));
+    assert_eq!(long.chars().count(), 65_536 - 13 + 13);
+    let s = start(&mut m, &sb, &long, json!({}));
+    assert_eq!(finish(&mut m, &sb, &id(&s))["stdout"], "fits\n");
+}
+
+#[test]
+fn logs_page_by_byte_offsets_with_lossy_utf8() {
+    let home = Home::new("paging");
+    let mut m = home.stdio();
+    let sb = m.create();
+    let s = start(&mut m, &sb, "printf 'héllo wörld'; printf 'abc' >&2", json!({}));
+    let task = id(&finish(&mut m, &sb, &id(&s)));
+    let get = |m: &mut Mcp, o: i64, e: i64, l: i64| {
+        m.ok("get_task", json!({"sandbox_id": sb, "task_id": task, "stdout_offset": o, "stderr_offset": e, "limit": l}))
+    };
+    let p = get(&mut m, 0, 0, 2);
+    assert_eq!(
+        (p["stdout"].as_str(), p["stdout_next_offset"].as_i64(), p["stdout_bytes"].as_i64()),
+        (Some("h\u{fffd}"), Some(2), Some(13))
+    );
+    assert_eq!((p["stderr"].as_str(), p["stderr_next_offset"].as_i64()), (Some("ab"), Some(2)));
+    assert_eq!(get(&mut m, 0, 0, 2), p, "the same offset gives the same bytes");
+    let p = get(&mut m, 2, 2, 100);
+    assert_eq!(
+        (p["stdout"].as_str(), p["stdout_next_offset"].as_i64(), p["stderr"].as_str()),
+        (Some("\u{fffd}llo wörld"), Some(13), Some("c"))
+    );
+    let p = get(&mut m, 500, 1_048_576, 100);
+    assert_eq!(
+        (p["stdout"].as_str(), p["stdout_next_offset"].as_i64(), p["stderr_next_offset"].as_i64()),
+        (Some(""), Some(500), Some(1_048_576))
+    );
+}
+
+#[test]
+fn unmasked_output_is_visible_byte_by_byte_and_exact() {
+    let home = Home::new("bytes");
+    let mut m = home.stdio();
+    let sb = m.create();
+    let s = start(&mut m, &sb, "printf 'partial'; sleep 2; printf 'a\\000b\\377c'", json!({}));
+    let task = id(&s);
+    wait_for(Duration::from_secs(2), "the partial line to show", || {
+        let g = m.ok("get_task", json!({"sandbox_id": sb, "task_id": task}));
+        (g["state"] == "running" && g["stdout"] == "partial").then_some(())
+    });
+    let done = finish(&mut m, &sb, &task);
+    assert_eq!(done["stdout_bytes"], 12);
+    let raw = std::fs::read(task_dir(&home, &sb, &task).join("stdout.log")).unwrap();
+    assert_eq!(raw, b"partiala\0b\xffc");
+    assert_eq!(done["stdout"], "partiala\u{0}b\u{fffd}c");
+}
+
+#[test]
+fn a_task_printing_200_mb_is_capped_and_never_blocked() {
+    let home = Home::new("flood");
+    let mut m = home.stdio();
+    let sb = m.create();
+    let t0 = Instant::now();
+    let s = start(&mut m, &sb, "head -c 200000000 /dev/zero; echo done >&2", json!({}));
+    let done = finish(&mut m, &sb, &id(&s));
+    assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
+    assert_eq!(
+        (done["state"].as_str(), done["stdout_bytes"].as_i64(), done["stdout_truncated"].as_bool()),
+        (Some("succeeded"), Some(1 << 20), Some(true))
+    );
+    assert_eq!(done["stderr"], "done\n");
+    let meta = std::fs::read_to_string(task_dir(&home, &sb, &id(&s)).join("out.meta")).unwrap();
+    assert_eq!(meta.trim(), "1048576 198951424", "exact byte counts past the cap");
+}
+
+#[test]
+fn escaped_descendants_are_killed_after_the_task_ends() {
+    let home = Home::new("escape");
+    let mut m = home.stdio();
+    let sb = m.create();
+    let pidfile = home.path.join("escapee.pid");
+    let s = start(
+        &mut m,
+        &sb,
+        &format!("setsid sh -c 'echo $$ > {}; exec sleep 300' & sleep 0.3; echo parent-done", pidfile.display()),
+        json!({}),
+    );
+    let done = finish(&mut m, &sb, &id(&s));
+    assert_eq!(done["state"], "succeeded");
+    let pid: u32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    wait_for(Duration::from_secs(3), "the setsid escapee to be killed", || (!pid_alive(pid)).then_some(()));
+    let state = std::fs::read_to_string(task_dir(&home, &sb, &id(&s)).join("state")).unwrap();
+    assert!(state.contains("escaped=1"), "{state}");
+}
+
+#[test]
+fn a_killed_supervisor_makes_the_state_unknown_never_success() {
+    let home = Home::new("suplost");
+    let mut m = home.stdio();
+    let sb = m.create();
+    let s = start(&mut m, &sb, "sleep 30", json!({}));
+    let task = id(&s);
+    let state = std::fs::read_to_string(task_dir(&home, &sb, &task).join("state")).unwrap();
+    let sup: u32 = state.lines().find_map(|l| l.strip_prefix("sup_pid=")).unwrap().parse().unwrap();
+    std::process::Command::new("/bin/sh").args(["-c", &format!("kill -s KILL {sup}")]).status().unwrap();
+    let g = wait_for(Duration::from_secs(5), "the lost supervisor to show", || {
+        let g = m.ok("get_task", json!({"sandbox_id": sb, "task_id": task}));
+        (g["state"] == "unknown").then_some(g)
+    });
+    assert!(g["error"].as_str().unwrap().contains("supervisor is gone"), "{g}");
+    assert!(g["error"].as_str().unwrap().contains("still running"), "{g}");
+    assert!(m.err("delete_task", json!({"sandbox_id": sb, "task_id": task})).contains("still running"));
+    let err = m.err("cancel_task", json!({"sandbox_id": sb, "task_id": task}));
+    assert!(err.contains("not confirmed") && err.contains("kill_sandbox"), "{err}");
+}
+
+#[test]
+fn fifty_concurrent_starts_in_one_sandbox() {
+    let home = Home::new("fifty");
+    let mut m = home.stdio_with(&[("SANDBOX_MCP_WORKERS", "16")]);
+    let sb = m.create();
+    for i in 0..50 {
+        let line = json!({"jsonrpc": "2.0", "id": 1000 + i, "method": "tools/call", "params": {"name": "start_task", "arguments": {"sandbox_id": sb, "command": format!("echo task-{i}")}}});
+        m.client.send_line(&line.to_string()).unwrap();
+    }
+    let mut ids = std::collections::BTreeMap::new();
+    for _ in 0..50 {
+        let r: Value = serde_json::from_str(&m.client.recv_line(Duration::from_secs(60)).unwrap()).unwrap();
+        let s = &r["result"]["structuredContent"];
+        ids.insert(id(s), r["id"].as_i64().unwrap() - 1000);
+    }
+    assert_eq!(ids.len(), 50, "distinct ids");
+    for (task, i) in ids {
+        let done = finish(&mut m, &sb, &task);
+        assert_eq!((done["state"].as_str(), done["stdout"].as_str()), (Some("succeeded"), Some(format!("task-{i}\n").as_str())));
+    }
+}
+
+#[test]
+fn the_129th_task_is_refused_until_one_is_deleted() {
+    let home = Home::new("limit128");
+    let mut m = home.stdio();
+    let sb = m.create();
+    let root = home.sandbox_dir(&sb).join("home/.sandbox-mcp/tasks");
+    std::fs::create_dir_all(&root).unwrap();
+    // 127 finished tasks made directly on disk, plus one real one.
+    for i in 0..127 {
+        let d = root.join(format!("{i:032x}"));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("state"), "status=exited\nexit_code=0\nout_bytes=0\nerr_bytes=0\n").unwrap();
+    }
+    let real = start(&mut m, &sb, "true", json!({}));
+    let err = m.err("start_task", json!({"sandbox_id": sb, "command": "true"}));
+    assert!(err.contains("128") && err.contains("delete_task"), "{err}");
+    assert_eq!(m.ok("list_tasks", json!({"sandbox_id": sb}))["count"], 128);
+    finish(&mut m, &sb, &id(&real));
+    m.ok("delete_task", json!({"sandbox_id": sb, "task_id": id(&real)}));
+    start(&mut m, &sb, "true", json!({}));
+}
+
+#[test]
+fn cancel_of_a_term_ignoring_task_uses_kill_within_3_s() {
+    let home = Home::new("stubborn");
+    let mut m = home.stdio();
+    let sb = m.create();
+    let s = start(&mut m, &sb, "trap '' TERM; sleep 60 & wait; sleep 60", json!({}));
+    let t0 = Instant::now();
+    let c = m.ok("cancel_task", json!({"sandbox_id": sb, "task_id": id(&s)}));
+    assert_eq!(c["state"], "cancelled");
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    assert!(m.err("delete_task", json!({"sandbox_id": sb, "task_id": "0123456789abcdef0123456789abcdef"})).contains("no task"));
+}
+
+#[test]
+fn host_secrets_are_masked_in_task_pages() {
+    let home = Home::new("hostmask");
+    let mut m = home.stdio_with(&[("SANDBOX_MCP_HTTP_TOKEN", "host-token-123456")]);
+    let sb = m.create();
+    let s = start(&mut m, &sb, "echo host-token-123456", json!({}));
+    let done = finish(&mut m, &sb, &id(&s));
+    assert_eq!(done["stdout"], "***\n");
+}

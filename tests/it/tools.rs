@@ -1,0 +1,212 @@
+//! The sandbox, command and file tools on the local provider (SPEC §4–6).
+
+use crate::support::*;
+use serde_json::json;
+use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, Instant};
+
+#[test]
+fn run_command_reports_exit_codes_as_data_and_clears_the_environment() {
+    let home = Home::new("runcmd");
+    let mut m = home.stdio_with(&[("SERVER_ONLY_SECRET", "must-not-leak")]);
+    let created = m.ok("create_sandbox", json!({"envs": {"GREETING": "hello"}, "metadata": {"owner": "test"}}));
+    assert_eq!(created["provider"], "local");
+    assert_eq!(created["template"], "base");
+    let sb = created["sandbox_id"].as_str().unwrap().to_string();
+    let meta = std::fs::metadata(home.sandbox_dir(&sb).join("meta.json")).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    let out = m.ok("run_command", json!({"command": "echo $GREETING $CALL_VAR; echo oops >&2; exit 7", "envs": {"CALL_VAR": "there"}}));
+    assert_eq!(out["exit_code"], 7);
+    assert_eq!(out["stdout"], "hello there\n");
+    assert_eq!(out["stderr"], "oops\n");
+    assert_eq!(out["timed_out"], false);
+    let env = m.ok("run_command", json!({"command": "env"}))["stdout"].as_str().unwrap().to_string();
+    assert!(!env.contains("must-not-leak"), "server environment leaked: {env}");
+    let names: Vec<&str> = env.lines().filter_map(|l| l.split_once('=').map(|(k, _)| k)).collect();
+    for name in &names {
+        assert!(
+            ["PATH", "LANG", "TERM", "TZ", "HOME", "GREETING", "SANDBOX_MCP_SANDBOX", "PWD", "SHLVL", "_", "OLDPWD"].contains(name),
+            "unexpected variable {name}"
+        );
+    }
+    let pwd = m.ok("run_command", json!({"command": "pwd; echo $HOME"}))["stdout"].as_str().unwrap().to_string();
+    let home_dir = home.sandbox_dir(&sb).join("home");
+    assert_eq!(pwd, format!("{}\n{}\n", home_dir.display(), home_dir.display()));
+    let err = m.err("run_command", json!({"command": "true", "cwd": "no/such/dir"}));
+    assert!(err.contains("cwd"), "{err}");
+}
+
+#[test]
+fn run_command_timeout_kills_the_whole_group() {
+    let home = Home::new("timeout");
+    let mut m = home.stdio();
+    m.create();
+    let pidfile = home.path.join("bg.pid");
+    let t0 = Instant::now();
+    let out = m.ok("run_command", json!({"command": format!("sleep 60 & echo $! > {}; sleep 60", pidfile.display()), "timeout": 1}));
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    assert_eq!(out["timed_out"], true);
+    assert_eq!(out["exit_code"], 124);
+    let bg: u32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    wait_for(Duration::from_secs(3), "the background child to die with its group", || (!pid_alive(bg)).then_some(()));
+}
+
+#[test]
+fn run_command_output_is_capped_at_1_mib_per_stream() {
+    let home = Home::new("cap");
+    let mut m = home.stdio();
+    m.create();
+    let out = m.ok("run_command", json!({"command": "head -c 3000000 /dev/zero | tr '\\0' a; head -c 10 /dev/zero | tr '\\0' b >&2"}));
+    assert_eq!(out["stdout"].as_str().unwrap().len(), 1024 * 1024);
+    assert_eq!(out["stdout_truncated"], true);
+    assert_eq!(out["stderr"], "bbbbbbbbbb");
+    assert_eq!(out["stderr_truncated"], false);
+    assert_eq!(out["exit_code"], 0);
+}
+
+#[test]
+fn secret_named_variables_are_masked_in_command_output() {
+    let home = Home::new("maskcmd");
+    let mut m = home.stdio();
+    m.ok(
+        "create_sandbox",
+        json!({"envs": {"API_KEY": "abcdef123456", "db_password": "hunter2hunter2", "SHORT_TOKEN": "abc", "PLAIN": "visible-value"}}),
+    );
+    let out = m.ok(
+        "run_command",
+        json!({"command": "echo $API_KEY $db_password $SHORT_TOKEN $PLAIN $CALL_SECRET", "envs": {"CALL_SECRET": "call-secret-value"}}),
+    );
+    assert_eq!(out["stdout"], "*** *** abc visible-value ***\n");
+}
+
+#[test]
+fn files_round_trip_and_stay_inside_the_sandbox() {
+    let home = Home::new("files");
+    let mut m = home.stdio();
+    let sb = m.create();
+    assert_eq!(m.ok("write_file", json!({"path": "dir/sub/a.txt", "content": "héllo\n"}))["bytes_written"], 7);
+    let r = m.ok("read_file", json!({"path": "dir/sub/a.txt"}));
+    assert_eq!((r["content"].as_str(), r["size"].as_i64()), (Some("héllo\n"), Some(7)));
+    assert_eq!(m.ok("write_file", json!({"path": "bin.dat", "content": "AP8A/w==", "encoding": "base64"}))["bytes_written"], 4);
+    let r = m.ok("read_file", json!({"path": "bin.dat"}));
+    assert_eq!(r["content_base64"], "AP8A/w==");
+    assert!(r.get("content").is_none());
+    let abs = home.sandbox_dir(&sb).join("home/dir/sub/a.txt");
+    assert_eq!(m.ok("read_file", json!({"path": abs.to_str().unwrap()}))["size"], 7);
+    let list = m.ok("list_files", json!({"path": "."}));
+    let names: Vec<(&str, &str)> =
+        list["entries"].as_array().unwrap().iter().map(|e| (e["name"].as_str().unwrap(), e["type"].as_str().unwrap())).collect();
+    assert_eq!(names, vec![("bin.dat", "file"), ("dir", "dir")]);
+    for bad in ["../x", "/etc/passwd", "dir/../../x", ""] {
+        let err = m.err("read_file", json!({"path": bad}));
+        assert!(err.contains("outside the sandbox") || err.contains("non-empty"), "{bad}: {err}");
+    }
+    m.ok("run_command", json!({"command": "ln -s /etc escape"}));
+    assert!(m.err("read_file", json!({"path": "escape/hostname"})).contains("outside the sandbox"));
+    assert!(m.err("write_file", json!({"path": "escape/x", "content": "no"})).contains("outside the sandbox"));
+    assert!(m.err("list_files", json!({"path": "escape"})).contains("outside the sandbox"));
+    assert!(m.err("read_file", json!({"path": "missing.txt"})).contains("does not exist"));
+    assert!(m.err("write_file", json!({"path": "x", "content": "!!", "encoding": "base64"})).contains("base64"));
+}
+
+#[test]
+fn bad_arguments_are_tool_errors_with_useful_messages() {
+    let home = Home::new("badargs");
+    let mut m = home.stdio();
+    assert!(m.err("run_command", json!({"command": "true"})).contains("call create_sandbox first"));
+    m.create();
+    let cases = [
+        ("run_command", json!({"command": "true", "bogus": 1}), "unknown argument \"bogus\""),
+        ("run_command", json!({"command": 5}), "must be a string"),
+        ("run_command", json!({}), "missing required argument \"command\""),
+        ("run_command", json!({"command": "true", "timeout": 0}), "from 1 to 3600"),
+        ("run_command", json!({"command": "true", "timeout": "10"}), "must be an integer"),
+        ("run_command", json!({"command": "true", "envs": {"A": 1}}), "must map names to strings"),
+        ("run_command", json!({"command": "x".repeat(65_537)}), "limit is 65536"),
+        ("create_sandbox", json!({"timeout": 86_401}), "from 1 to 86400"),
+        ("create_sandbox", json!({"template": "ubuntu"}), "knows: base"),
+        ("run_command", json!({"command": "true", "sandbox_id": "../x"}), "invalid sandbox_id"),
+        ("run_command", json!({"command": "true", "sandbox_id": "i3xkq8n2m1p0zj7w5v4ty"}), "another provider"),
+        ("run_command", json!({"command": "true", "sandbox_id": "local-0123456789abcdef01234567"}), "does not exist"),
+        ("kill_sandbox", json!({}), "missing required argument \"sandbox_id\""),
+        ("write_file", json!({"path": "a", "content": "b", "encoding": "hex"}), "one of utf8, base64"),
+        ("get_task", json!({"sandbox_id": "local-0123456789abcdef01234567", "task_id": "nope"}), "32 lowercase hex"),
+    ];
+    for (tool, args, want) in cases {
+        let err = m.err(tool, args.clone());
+        assert!(err.contains(want), "{tool} {args}: {err}");
+    }
+}
+
+#[test]
+fn kill_sandbox_ends_tagged_processes_even_after_setsid() {
+    let home = Home::new("kill");
+    let mut m = home.stdio();
+    let sb = m.create();
+    let pid: u32 = m.ok("run_command", json!({"command": "setsid sh -c 'sleep 300' >/dev/null 2>&1 & echo $!"}))["stdout"]
+        .as_str()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(pid_alive(pid));
+    assert_eq!(m.ok("kill_sandbox", json!({"sandbox_id": sb})), json!({"sandbox_id": sb, "killed": true}));
+    assert!(!pid_alive(pid), "the setsid process must be gone");
+    assert!(!home.sandbox_dir(&sb).exists());
+    assert_eq!(m.ok("kill_sandbox", json!({"sandbox_id": sb}))["killed"], false);
+    assert!(m.err("run_command", json!({"command": "true"})).contains("create_sandbox"), "the default sandbox is forgotten");
+}
+
+#[test]
+fn the_keeper_ends_an_expired_sandbox_with_no_server_running() {
+    let home = Home::new("keeper");
+    let (code, created, stderr) = home.call_cli("create_sandbox", json!({"timeout": 2}));
+    assert_eq!(code, 0, "{stderr}");
+    let sb = created["sandbox_id"].as_str().unwrap().to_string();
+    let (code, out, stderr) =
+        home.call_cli("run_command", json!({"sandbox_id": sb, "command": "setsid sleep 300 >/dev/null 2>&1 & echo $!"}));
+    assert_eq!(code, 0, "{stderr}");
+    let pid: u32 = out["stdout"].as_str().unwrap().trim().parse().unwrap();
+    wait_for(Duration::from_secs(10), "the keeper to end the sandbox", || (!home.sandbox_dir(&sb).exists()).then_some(()));
+    assert!(!pid_alive(pid));
+}
+
+#[test]
+fn ordinary_tools_renew_the_ttl_and_the_start_sweep_ends_expired_sandboxes() {
+    let home = Home::new("ttl");
+    let mut m = home.stdio();
+    let created = m.ok("create_sandbox", json!({"timeout": 100}));
+    let sb = created["sandbox_id"].as_str().unwrap().to_string();
+    let p = home.provider();
+    // Pretend time passed: expiry in 50 s.
+    let mut meta = p.load(&sb).unwrap();
+    meta.expires_at = sandbox_mcp::provider::unix_now() + 50;
+    std::fs::write(home.sandbox_dir(&sb).join("meta.json"), serde_json::to_vec(&meta).unwrap()).unwrap();
+    m.ok("list_tasks", json!({}));
+    assert_eq!(p.load(&sb).unwrap().expires_at, meta.expires_at, "task tools never renew");
+    m.ok("run_command", json!({"command": "true"}));
+    assert!(p.load(&sb).unwrap().expires_at >= sandbox_mcp::provider::unix_now() + 99, "ordinary tools renew");
+    // An expired sandbox whose keeper is gone is removed by the next server's sweep.
+    let (code, created, _) = home.call_cli("create_sandbox", json!({}));
+    assert_eq!(code, 0);
+    let old = created["sandbox_id"].as_str().unwrap().to_string();
+    let mut meta = p.load(&old).unwrap();
+    meta.expires_at -= 1000;
+    std::fs::remove_file(home.sandbox_dir(&old).join("keeper.pid")).ok();
+    std::fs::write(home.sandbox_dir(&old).join("meta.json"), serde_json::to_vec(&meta).unwrap()).unwrap();
+    let _second = home.stdio();
+    wait_for(Duration::from_secs(10), "the sweep to end the expired sandbox", || (!home.sandbox_dir(&old).exists()).then_some(()));
+}
+
+#[test]
+fn call_prints_structured_results_and_keeps_sandboxes() {
+    let home = Home::new("cli");
+    let (code, created, _) = home.call_cli("create_sandbox", json!({}));
+    assert_eq!(code, 0);
+    let sb = created["sandbox_id"].as_str().unwrap();
+    let (code, out, _) = home.call_cli("run_command", json!({"sandbox_id": sb, "command": "echo cli"}));
+    assert_eq!((code, out["stdout"].as_str()), (0, Some("cli\n")));
+    let (code, _, stderr) = home.call_cli("run_command", json!({"command": "true"}));
+    assert_eq!(code, 1);
+    assert!(stderr.contains("create_sandbox"), "{stderr}");
+}

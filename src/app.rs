@@ -2,6 +2,7 @@
 
 use crate::config::{Config, ProviderKind};
 use crate::mask::Masker;
+use crate::provider::e2b::E2bProvider;
 use crate::provider::local::LocalProvider;
 use crate::provider::Provider;
 use anyhow::{Context, Result};
@@ -34,9 +35,7 @@ impl App {
                     .context("starting the sweep thread")?;
                 local
             }
-            ProviderKind::E2b => {
-                anyhow::bail!("the e2b provider is not built yet; use --provider local")
-            }
+            ProviderKind::E2b => Arc::new(E2bProvider::new(&config.e2b).context("starting the e2b provider")?),
         };
         Ok(App::with_provider(config, provider))
     }

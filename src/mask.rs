@@ -1,6 +1,6 @@
 //! Exact-value secret masking (SPEC §8), with the same rules as the sandbox-side awk masker
 //! (`supervisor/mask.awk`): every occurrence of every value is found (overlaps included),
-//! overlapping ranges are merged, and each merged range becomes `***`.
+//! overlapping or touching ranges are merged, and each merged range becomes `***`.
 //!
 //! Used on the host for the server's own configuration values (every page it returns) and for
 //! `run_command` output on the local provider, where the sandbox environment is known here.
@@ -86,7 +86,8 @@ impl Masker {
         let mut iter = ranges.into_iter().peekable();
         while let Some((start, mut end)) = iter.next() {
             while let Some(&(s, e)) = iter.peek() {
-                if s < end {
+                // Overlapping or touching ranges become one `***` (as in mask.awk).
+                if s <= end {
                     end = end.max(e);
                     iter.next();
                 } else {
@@ -139,7 +140,8 @@ mod tests {
     #[test]
     fn masks_exact_values() {
         check(&["hunter22"], "pw=hunter22 ok", "pw=*** ok");
-        check(&["hunter22"], "hunter22hunter22", "******");
+        check(&["hunter22"], "hunter22hunter22", "***");
+        check(&["hunter22"], "hunter22 hunter22", "*** ***");
         check(&["short"], "short stays", "short stays");
         check(&["abcdef", "defghi"], "xabcdefghiy", "x***y");
         check(&["aaaaaa"], "aaaaaaaa", "***");

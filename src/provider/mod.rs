@@ -11,6 +11,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub mod e2b;
 pub mod local;
 pub mod process;
 
@@ -241,6 +242,12 @@ pub trait Provider: Send + Sync {
     /// here": providers that cannot see the environment mask inside the sandbox instead.
     fn env_masker(&self, _sandbox_id: &str, _extra: &BTreeMap<String, String>) -> Result<Masker, ProviderError> {
         Ok(Masker::default())
+    }
+
+    /// Secrets this provider holds now (for example per-sandbox access tokens), masked like the
+    /// server's own configuration values in everything returned.
+    fn secret_values(&self) -> Vec<String> {
+        Vec::new()
     }
 
     /// Called once at server shutdown: stop commands this process started and still waits for.

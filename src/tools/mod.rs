@@ -6,6 +6,7 @@
 //! `CallToolResult`, masking the server's own secrets on the way out.
 
 use crate::app::App;
+use crate::mask::Masker;
 use crate::provider::ProviderError;
 use crate::session::Session;
 use serde_json::{json, Map, Value};
@@ -135,7 +136,12 @@ pub fn call(ctx: &Ctx<'_>, tool: &Tool, arguments: &Map<String, Value>) -> Value
         Ok(structured) => success(structured),
         Err(err) => failure(&err),
     };
-    ctx.app.host_masker.mask_json(&mut result);
+    let dynamic = ctx.app.provider.secret_values();
+    if dynamic.is_empty() {
+        ctx.app.host_masker.mask_json(&mut result);
+    } else {
+        ctx.app.host_masker.merged(&Masker::from_values(dynamic.iter().map(String::as_str))).mask_json(&mut result);
+    }
     result
 }
 

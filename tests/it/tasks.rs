@@ -408,3 +408,69 @@ fn host_secrets_are_masked_in_task_pages() {
     let done = finish(&mut m, &sb, &id(&s));
     assert_eq!(done["stdout"], "***\n");
 }
+
+/// Runs mask.awk the way the supervisor does, with `env` as the environment.
+fn awk_mask(awk: &[&str], env: &[(&str, &str)], input: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let dir = std::env::temp_dir().join(format!("smcp-awk-{}", sandbox_mcp::ids::random_hex(4)));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut cmd = std::process::Command::new(awk[0]);
+    cmd.args(&awk[1..])
+        .args(["-v", "cap=1048576", "-v", "meta=m", "-v", "trunc=t", &sandbox_mcp::supervisor::mask_awk()])
+        .current_dir(&dir)
+        .env_clear()
+        .env("LC_ALL", "C")
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input).unwrap();
+    stdin.write_all(b"\n").unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    out.stdout
+}
+
+#[test]
+fn mask_awk_agrees_with_the_rust_masker() {
+    let env = [
+        ("API_KEY", "abcdef123"),
+        ("OTHER_SECRET", "def123xyz"),
+        ("my_password", "p@ss.w*rd\\&1"),
+        ("ML_TOKEN", "line-one\n  line-two  \n\nshrt"),
+        ("SHORT_KEY", "abc"),
+        ("PLAIN", "plain-value"),
+    ];
+    let inputs: Vec<Vec<u8>> = vec![
+        b"nothing to see".to_vec(),
+        b"x abcdef123xyz y".to_vec(),
+        b"abcdef123abcdef123 and def123xyz".to_vec(),
+        b"pw p@ss.w*rd\\&1 plain-value".to_vec(),
+        b"a line-one b\nline-two\nshrt abc".to_vec(),
+        b"no newline at the end abcdef123".to_vec(),
+        b"trailing newline\n".to_vec(),
+        b"\n\nempty lines\n\n".to_vec(),
+        format!("{} abcdef123", "long ".repeat(20_000)).into_bytes(),
+    ];
+    let rust = sandbox_mcp::mask::Masker::from_env(env.iter().copied());
+    let mut awks: Vec<Vec<&str>> = vec![vec!["mawk"], vec!["mawk", "-W", "interactive"]];
+    if std::path::Path::new("/usr/bin/busybox").exists() || std::path::Path::new("/bin/busybox").exists() {
+        awks.push(vec!["busybox", "awk"]);
+    } else {
+        panic!("busybox is required; `make test` installs it");
+    }
+    for awk in &awks {
+        for input in &inputs {
+            let want = rust.mask_bytes(input);
+            let got = awk_mask(awk, &env, input);
+            assert_eq!(
+                String::from_utf8_lossy(&got),
+                String::from_utf8_lossy(&want),
+                "{awk:?} on {:?}",
+                String::from_utf8_lossy(&input[..input.len().min(60)])
+            );
+        }
+    }
+}

@@ -6,7 +6,6 @@ use crate::provider::e2b::E2bProvider;
 use crate::provider::local::LocalProvider;
 use crate::provider::Provider;
 use anyhow::{Context, Result};
-use serde_json::Value;
 use std::sync::Arc;
 
 /// Shared, immutable server state.
@@ -17,8 +16,8 @@ pub struct App {
     pub provider: Arc<dyn Provider>,
     /// Masks the server's own secrets (API keys, tokens) in everything it returns.
     pub host_masker: Masker,
-    /// The `tools/list` result, computed once.
-    pub tools_list: Value,
+    /// The `tools/list` result, serialized once.
+    pub tools_list: String,
 }
 
 impl App {
@@ -43,6 +42,11 @@ impl App {
     /// Wraps an existing provider (tests, emulator).
     pub fn with_provider(config: Config, provider: Arc<dyn Provider>) -> App {
         let secrets = config.secrets();
-        App { host_masker: Masker::from_values(secrets.iter().map(String::as_str)), config, provider, tools_list: crate::tools::list() }
+        App {
+            host_masker: Masker::from_values(secrets.iter().map(String::as_str)),
+            config,
+            provider,
+            tools_list: crate::tools::list().to_string(),
+        }
     }
 }

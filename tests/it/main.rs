@@ -1,7 +1,9 @@
-//! Integration tests: the real binary over stdio and HTTP, on the local provider.
+//! Integration tests: the real binary over stdio and HTTP, on the local provider and (through the
+//! E2B emulator) on the e2b provider.
 
 mod support;
 
+mod e2b;
 mod http;
 mod stdio;
 mod tasks;

@@ -211,7 +211,7 @@ fn sigterm_ends_the_session_too() {
     let sb = m.create();
     let pid = m.client.pid();
     std::process::Command::new("/bin/sh").args(["-c", &format!("kill -s TERM {pid}")]).status().unwrap();
-    wait_for(Duration::from_secs(3), "the server to exit", || (!pid_alive(pid)).then_some(()));
+    wait_for(Duration::from_secs(10), "the server to exit", || (!pid_alive(pid)).then_some(()));
     assert!(!home.sandbox_dir(&sb).exists());
 }
 

@@ -317,3 +317,109 @@ impl Conn {
         Resp { status, headers, body: String::from_utf8_lossy(&body).to_string() }
     }
 }
+
+/// The E2B emulator (`e2b-emulator`) on a free loopback port, with a private state root.
+pub struct Emulator {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub home: PathBuf,
+}
+
+pub const E2B_TEST_KEY: &str = "e2b_0000000000000000000000000000000000000000";
+
+impl Emulator {
+    pub fn start() -> Emulator {
+        let home = std::env::temp_dir().join(format!("smcp-emulator-{}", sandbox_mcp::ids::random_hex(4)));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_e2b-emulator"))
+            .args(["--listen", "127.0.0.1:0", "--home", home.to_str().unwrap()])
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("listening on http://").nth(1) {
+                    let _ = tx.send(rest.trim().trim_end_matches('/').to_string());
+                } else {
+                    eprintln!("emulator: {line}");
+                }
+            }
+        });
+        let addr = rx.recv_timeout(TIMEOUT).expect("the emulator did not report its address").parse().unwrap();
+        Emulator { child, addr, home }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// One request to the emulator (control plane or test API); returns (status, JSON body).
+    pub fn request(&self, method: &str, path: &str, body: Value) -> (u16, Value) {
+        let mut conn = Conn::open(self.addr);
+        let text = if body.is_null() { String::new() } else { body.to_string() };
+        conn.send(method, path, &[("X-API-KEY", E2B_TEST_KEY), ("Connection", "close")], text.as_bytes());
+        let r = conn.read();
+        (r.status, serde_json::from_str(&r.body).unwrap_or(Value::Null))
+    }
+
+    /// Arms a fault (see `sandbox_mcp::emulator`).
+    pub fn fault(&self, fault: Value) {
+        let (status, body) = self.request("POST", "/_emulator/faults", fault);
+        assert_eq!(status, 200, "{body}");
+    }
+
+    /// Requests per route since the last reset; resets the counters.
+    pub fn take_counts(&self) -> Value {
+        let (_, counts) = self.request("GET", "/_emulator/requests", Value::Null);
+        self.request("DELETE", "/_emulator/requests", Value::Null);
+        counts
+    }
+}
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        let _ = Command::new("/bin/sh").args(["-c", &format!("kill -s TERM {}", self.child.id())]).status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.home);
+    }
+}
+
+/// A server configuration that uses the e2b provider against an emulator.
+pub struct E2bHome {
+    pub emulator: Emulator,
+    pub home: Home,
+}
+
+impl E2bHome {
+    pub fn new(name: &str) -> E2bHome {
+        E2bHome { emulator: Emulator::start(), home: Home::new(name) }
+    }
+
+    pub fn stdio(&self) -> Mcp {
+        let url = self.emulator.url();
+        let mut env = self.home.env();
+        env.retain(|(k, _)| k != "SANDBOX_MCP_PROVIDER");
+        let mut all: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        all.extend([
+            ("SANDBOX_MCP_PROVIDER", "e2b"),
+            ("E2B_API_KEY", E2B_TEST_KEY),
+            ("E2B_API_URL", url.as_str()),
+            ("E2B_SANDBOX_URL", url.as_str()),
+        ]);
+        let mut client = StdioClient::spawn(&bin(), &["stdio"], &all, false).expect("spawn server");
+        client.initialize().expect("initialize");
+        Mcp { client }
+    }
+}

@@ -573,6 +573,14 @@ impl Provider for E2bProvider {
             }
         };
         if let Some((code, message)) = r.stream_error.take() {
+            // envd's request deadline (Connect-Timeout-Ms) fires just before it kills the process
+            // and ends the stream without an end event: that is the command's timeout.
+            if code == "deadline_exceeded" && r.started && !r.ended && Instant::now() + Duration::from_secs(1) >= req.deadline {
+                r.out.exit_code = 128 + 9;
+                r.out.timed_out = true;
+                r.out.duration = started.elapsed();
+                return Ok(r.out);
+            }
             if !r.started {
                 return Err(match code.as_str() {
                     "invalid_argument" | "not_found" | "failed_precondition" | "permission_denied" => ProviderError::Rejected(message),

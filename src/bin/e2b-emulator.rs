@@ -1,0 +1,118 @@
+//! The `e2b-emulator` binary: parses the command line, runs the emulator of
+//! `sandbox_mcp::emulator` until SIGTERM/SIGINT, then kills its sandboxes and removes a
+//! temporary state root. Also runs the local provider's keeper (`e2b-emulator keeper …`), which
+//! the provider starts from the current executable.
+
+use sandbox_mcp::emulator::{Emulator, Options};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+const USAGE: &str = "usage: e2b-emulator [--listen ADDR] [--home DIR] [--shell PATH] [--api-key KEY] [--threads N]
+
+An E2B-compatible control plane and envd on one loopback port, for tests. Prints
+`listening on http://ADDR` on stderr once bound; stops on SIGTERM or SIGINT and kills its
+sandboxes. Point the E2B SDK at it with E2B_API_URL=http://ADDR and E2B_SANDBOX_URL=http://ADDR.
+
+  --listen ADDR    loopback address (default 127.0.0.1:0, a free port)
+  --home DIR       state root (default: a new temporary directory, removed at exit)
+  --shell PATH     POSIX shell for wrappers and signals (default /bin/sh)
+  --api-key KEY    the only accepted X-API-KEY (default: any non-empty key)
+  --threads N      request threads (default 16; streams get their own)
+";
+
+struct Cli {
+    listen: SocketAddr,
+    home: Option<PathBuf>,
+    shell: PathBuf,
+    api_key: Option<String>,
+    threads: usize,
+}
+
+fn parse(args: &[String]) -> Result<Cli, String> {
+    let mut cli =
+        Cli { listen: SocketAddr::from(([127, 0, 0, 1], 0)), home: None, shell: PathBuf::from("/bin/sh"), api_key: None, threads: 16 };
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let (name, inline) = match flag.split_once('=') {
+            Some((n, v)) => (n, Some(v.to_string())),
+            None => (flag.as_str(), None),
+        };
+        let mut value = || inline.clone().or_else(|| it.next().cloned()).ok_or(format!("{name} needs a value"));
+        match name {
+            "--listen" => cli.listen = value()?.parse().map_err(|e| format!("--listen: {e}"))?,
+            "--home" => cli.home = Some(PathBuf::from(value()?)),
+            "--shell" => cli.shell = PathBuf::from(value()?),
+            "--api-key" => cli.api_key = Some(value()?),
+            "--threads" => cli.threads = value()?.parse().map_err(|e| format!("--threads: {e}"))?,
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(cli)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).target(env_logger::Target::Stderr).init();
+    if args.first().map(String::as_str) == Some("keeper") && args.len() == 4 {
+        // Started detached by the local provider (this program is its current executable).
+        let (root, id, shell) = (Path::new(&args[1]), &args[2], Path::new(&args[3]));
+        return match sandbox_mcp::provider::local::run_keeper(root, id, shell) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("e2b-emulator keeper: {err:#}");
+                ExitCode::from(1)
+            }
+        };
+    }
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        print!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
+    let cli = match parse(&args) {
+        Ok(c) => c,
+        Err(err) => {
+            eprintln!("e2b-emulator: {err}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("e2b-emulator: {err:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let temporary = cli.home.is_none();
+    let home = match cli.home {
+        Some(h) => h,
+        None => std::env::temp_dir().join(format!("e2b-emulator.{}", sandbox_mcp::ids::random_hex(6))),
+    };
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
+    let emulator = match Emulator::start(Options {
+        listen: cli.listen,
+        home: home.clone(),
+        shell: cli.shell,
+        api_key: cli.api_key,
+        threads: cli.threads,
+    }) {
+        Ok(e) => e,
+        Err(err) => {
+            if temporary {
+                let _ = std::fs::remove_dir_all(&home);
+            }
+            return Err(err);
+        }
+    };
+    eprintln!("listening on http://{}", emulator.addr());
+    let _ = signals.forever().next();
+    emulator.shutdown();
+    if temporary {
+        let _ = std::fs::remove_dir_all(&home);
+    }
+    Ok(())
+}

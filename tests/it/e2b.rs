@@ -1,0 +1,144 @@
+//! The e2b provider against the E2B emulator: the tools, tasks across server processes, cancel,
+//! masking and paging, plus faults (a Start stream dropped mid-way, 502s, expiry, pausing) and the
+//! number of HTTP round trips each tool makes.
+
+use crate::support::*;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+fn finish(m: &mut Mcp, sb: &str, task: &str) -> Value {
+    wait_for(Duration::from_secs(30), "the task to finish", || {
+        let s = m.ok("get_task", json!({"sandbox_id": sb, "task_id": task}));
+        (s["state"] != "running").then_some(s)
+    })
+}
+
+fn route_count(counts: &Value, route: &str) -> i64 {
+    counts["routes"][route].as_i64().unwrap_or(0)
+}
+
+#[test]
+fn tools_work_on_e2b() {
+    let e = E2bHome::new("e2b-tools");
+    let mut m = e.stdio();
+    let created = m.ok("create_sandbox", json!({"timeout": 120, "envs": {"SERVICE_TOKEN": "tok-123456789", "PLAIN": "plain"}}));
+    assert_eq!(created["provider"], "e2b");
+    let sb = created["sandbox_id"].as_str().unwrap().to_string();
+    assert!(!sb.starts_with("local-"));
+    let out = m.ok("run_command", json!({"command": "echo $PLAIN $SERVICE_TOKEN $CALL; echo err >&2; exit 5", "envs": {"CALL": "c"}}));
+    assert_eq!(
+        (out["exit_code"].as_i64(), out["stdout"].as_str(), out["stderr"].as_str()),
+        (Some(5), Some("plain *** c\n"), Some("err\n"))
+    );
+    let out = m.ok("run_command", json!({"command": "sleep 30", "timeout": 1}));
+    assert_eq!(out["timed_out"], true);
+    assert_eq!(m.ok("write_file", json!({"path": "d/a.txt", "content": "héllo"}))["bytes_written"], 6);
+    assert_eq!(m.ok("read_file", json!({"path": "d/a.txt"}))["content"], "héllo");
+    assert_eq!(m.ok("write_file", json!({"path": "b.bin", "content": "AP8=", "encoding": "base64"}))["bytes_written"], 2);
+    assert_eq!(m.ok("read_file", json!({"path": "b.bin"}))["content_base64"], "AP8=");
+    let listed = m.ok("list_files", json!({"path": "d"}));
+    assert_eq!(listed["entries"], json!([{"name": "a.txt", "type": "file", "size": 6}]));
+    assert!(m.err("read_file", json!({"path": "missing"})).contains("does not exist"));
+    assert!(m.err("run_command", json!({"command": "true", "cwd": "/no/such/dir"})).contains("does not exist"));
+    assert!(m.err("run_command", json!({"command": "true", "sandbox_id": "local-0123456789abcdef01234567"})).contains("local-provider"));
+    assert!(m.err("create_sandbox", json!({"template": "no-such-template"})).contains("no-such-template"));
+    assert_eq!(m.ok("kill_sandbox", json!({"sandbox_id": sb}))["killed"], true);
+    assert_eq!(m.ok("kill_sandbox", json!({"sandbox_id": sb}))["killed"], false);
+    assert!(m.err("get_task", json!({"sandbox_id": sb, "task_id": "0123456789abcdef0123456789abcdef"})).contains("does not exist"));
+}
+
+#[test]
+fn the_walkthrough_on_e2b() {
+    let e = E2bHome::new("e2b-walk");
+    let mut a = e.stdio();
+    let sb = a.ok("create_sandbox", json!({"template": "base", "timeout": 600, "envs": {"API_KEY": "key-abcdefgh"}}))["sandbox_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let s = a.ok("start_task", json!({"command": "printf BEFORE; sleep 2; printf AFTER; echo $API_KEY >&2", "timeout": 120}));
+    let task = s["task_id"].as_str().unwrap().to_string();
+    a.client.kill().unwrap();
+    let mut b = e.stdio();
+    let done = finish(&mut b, &sb, &task);
+    assert_eq!(
+        (done["state"].as_str(), done["exit_code"].as_i64(), done["stdout"].as_str(), done["stderr"].as_str()),
+        (Some("succeeded"), Some(0), Some("BEFOREAFTER"), Some("***\n"))
+    );
+    let p = b.ok("get_task", json!({"sandbox_id": sb, "task_id": task, "stdout_offset": 3, "limit": 4}));
+    assert_eq!((p["stdout"].as_str(), p["stdout_next_offset"].as_i64()), (Some("OREA"), Some(7)));
+    let long = b.ok("start_task", json!({"sandbox_id": sb, "command": "trap '' TERM; sleep 60"}));
+    let t0 = Instant::now();
+    assert_eq!(b.ok("cancel_task", json!({"sandbox_id": sb, "task_id": long["task_id"]}))["state"], "cancelled");
+    assert!(t0.elapsed() < Duration::from_secs(3));
+    assert_eq!(b.ok("list_tasks", json!({"sandbox_id": sb}))["count"], 2);
+    b.close();
+    let (status, _) = e.emulator.request("GET", &format!("/sandboxes/{sb}"), Value::Null);
+    assert_eq!(status, 200, "a sandbox reached by handle survives the session");
+    let mut c = e.stdio();
+    assert_eq!(c.ok("kill_sandbox", json!({"sandbox_id": sb}))["killed"], true);
+}
+
+#[test]
+fn a_start_stream_dropped_after_sending_reports_unknown_without_resubmitting() {
+    let e = E2bHome::new("e2b-drop");
+    let mut m = e.stdio();
+    let sb = m.create();
+    e.emulator.fault(json!({"path_prefix": "/process.Process/Start", "drop_after_bytes": 0, "count": 1}));
+    let s = m.ok("start_task", json!({"command": "echo ran >> runs.txt"}));
+    assert_eq!(s["state"], "unknown", "{s}");
+    assert!(s["error"].as_str().unwrap().contains("could not be confirmed"));
+    let done = finish(&mut m, &sb, s["task_id"].as_str().unwrap());
+    assert_eq!(done["state"], "succeeded");
+    assert_eq!(m.ok("read_file", json!({"path": "runs.txt"}))["content"], "ran\n", "the command ran exactly once");
+}
+
+#[test]
+fn control_plane_502_and_expired_and_paused_sandboxes_are_reported_clearly() {
+    let e = E2bHome::new("e2b-faults");
+    let mut m = e.stdio();
+    e.emulator.fault(json!({"path_prefix": "/sandboxes", "status": 502, "count": 1}));
+    let err = m.err("create_sandbox", json!({}));
+    assert!(err.contains("502") && err.contains("retry"), "{err}");
+    // Expiry.
+    let short = m.ok("create_sandbox", json!({"timeout": 1}))["sandbox_id"].as_str().unwrap().to_string();
+    let t = "0123456789abcdef0123456789abcdef";
+    wait_for(Duration::from_secs(15), "the sandbox to expire", || {
+        let r = m.call("get_task", json!({"sandbox_id": short, "task_id": t}));
+        r["content"][0]["text"].as_str().unwrap_or("").contains("does not exist (it was killed or its timeout expired)").then_some(())
+    });
+    // Pausing: task tools report it and never resume; ordinary tools resume.
+    let sb = m.ok("create_sandbox", json!({"timeout": 300}))["sandbox_id"].as_str().unwrap().to_string();
+    let task = m.ok("start_task", json!({"sandbox_id": sb, "command": "echo before-pause"}))["task_id"].as_str().unwrap().to_string();
+    let (status, body) = e.emulator.request("POST", &format!("/sandboxes/{sb}/pause"), json!({}));
+    assert_eq!(status, 204, "{body}");
+    let err = m.err("get_task", json!({"sandbox_id": sb, "task_id": task}));
+    assert!(err.contains("paused"), "{err}");
+    let (_, detail) = e.emulator.request("GET", &format!("/sandboxes/{sb}"), Value::Null);
+    assert_eq!(detail["state"], "paused", "task tools never resume");
+    assert_eq!(m.ok("run_command", json!({"sandbox_id": sb, "command": "echo resumed"}))["stdout"], "resumed\n");
+    assert_eq!(finish(&mut m, &sb, &task)["stdout"], "before-pause\n");
+}
+
+#[test]
+fn tools_make_no_more_round_trips_than_needed() {
+    let e = E2bHome::new("e2b-trips");
+    let mut m = e.stdio();
+    let sb = m.create();
+    let task = m.ok("start_task", json!({"command": "echo hi"}))["task_id"].as_str().unwrap().to_string();
+    e.emulator.take_counts();
+    m.ok("get_task", json!({"sandbox_id": sb, "task_id": task}));
+    let c = e.emulator.take_counts();
+    assert_eq!((c["total"].as_i64(), route_count(&c, "POST /process.Process/Start")), (Some(1), 1), "get_task: {c}");
+    m.ok("run_command", json!({"command": "true"}));
+    let c = e.emulator.take_counts();
+    assert_eq!(c["total"], 1, "run_command right after a renewal: {c}");
+    m.ok("read_file", json!({"path": ".sandbox-mcp/tasks/".to_string() + &task + "/cmd"}));
+    assert_eq!(e.emulator.take_counts()["total"], 1);
+    // A second server process knows nothing yet: one info call, then the same single round trip.
+    let mut other = e.stdio();
+    other.ok("get_task", json!({"sandbox_id": sb, "task_id": task}));
+    let c = e.emulator.take_counts();
+    assert_eq!((c["total"].as_i64(), route_count(&c, "GET /sandboxes/{id}")), (Some(2), 1), "{c}");
+    other.ok("get_task", json!({"sandbox_id": sb, "task_id": task}));
+    assert_eq!(e.emulator.take_counts()["total"], 1);
+}

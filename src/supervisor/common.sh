@@ -1,7 +1,7 @@
 # common.sh: helpers shared by every supervisor snippet (POSIX sh: dash, bash, busybox ash).
 # Reads /proc with the builtin `read` (no fork); signals only through the builtin `kill`.
 
-# proc_stat PID: sets ST_STATE ST_PGID ST_START (fields 3, 5, 22 of /proc/PID/stat).
+# proc_stat PID: sets ST_STATE ST_PPID ST_PGID ST_START (fields 3, 4, 5, 22 of /proc/PID/stat).
 proc_stat() {
     _s=
     read -r _s 2>/dev/null <"/proc/$1/stat" || return 1
@@ -9,7 +9,7 @@ proc_stat() {
     set -f
     set -- $_s
     set +f
-    ST_STATE=$1 ST_PGID=$3 ST_START=${20}
+    ST_STATE=$1 ST_PPID=$2 ST_PGID=$3 ST_START=${20}
     [ -n "$ST_START" ]
 }
 
@@ -17,6 +17,22 @@ proc_stat() {
 alive() {
     case $1 in '' | *[!0-9]*) return 1 ;; esac
     proc_stat "$1" && [ "$ST_START" = "$2" ] && [ "$ST_STATE" != Z ]
+}
+
+# now: sets NOW to the Unix time in seconds, from the boot time and the uptime (no fork).
+now() {
+    _bt=
+    while read -r _k _v; do
+        if [ "$_k" = btime ]; then
+            _bt=$_v
+            break
+        fi
+    done </proc/stat
+    read -r _up _x </proc/uptime
+    case $_bt in
+    '' | *[!0-9]*) NOW=$(date +%s) ;;
+    *) NOW=$((_bt + ${_up%.*})) ;;
+    esac
 }
 
 boot_id() {
@@ -58,7 +74,7 @@ sig_task() {
 # read_state DIR: loads DIR/state (key=value lines) into S_* variables. Never sourced.
 read_state() {
     S_status= S_boot_id= S_sup_pid= S_sup_start= S_pgid= S_task_start= S_timeout= S_started_at=
-    S_finished_at= S_exit_code= S_error= S_escaped= S_masked= S_out_bytes= S_err_bytes=
+    S_finished_at= S_exit_code= S_error= S_escaped= S_out_bytes= S_err_bytes=
     S_out_truncated= S_err_truncated=
     [ -r "$1/state" ] || return 1
     while IFS= read -r _l || [ -n "$_l" ]; do
@@ -75,7 +91,6 @@ read_state() {
         exit_code=*) S_exit_code=${_l#*=} ;;
         error=*) S_error=${_l#*=} ;;
         escaped=*) S_escaped=${_l#*=} ;;
-        masked=*) S_masked=${_l#*=} ;;
         out_bytes=*) S_out_bytes=${_l#*=} ;;
         err_bytes=*) S_err_bytes=${_l#*=} ;;
         out_truncated=*) S_out_truncated=${_l#*=} ;;
@@ -109,8 +124,8 @@ emit_state() {
         fi
         ;;
     esac
-    printf 'status=%s\nexit_code=%s\nstarted_at=%s\nfinished_at=%s\ntimeout=%s\nerror=%s\nescaped=%s\nmasked=%s\nlive=%s\ngroup=%s\n' \
-        "$S_status" "$S_exit_code" "$S_started_at" "$S_finished_at" "$S_timeout" "$S_error" "$S_escaped" "$S_masked" "$E_live" "$E_group"
+    printf 'status=%s\nexit_code=%s\nstarted_at=%s\nfinished_at=%s\ntimeout=%s\nerror=%s\nescaped=%s\nlive=%s\ngroup=%s\n' \
+        "$S_status" "$S_exit_code" "$S_started_at" "$S_finished_at" "$S_timeout" "$S_error" "$S_escaped" "$E_live" "$E_group"
 }
 
 # page FILE SIZE OFFSET LIMIT: bytes [OFFSET, min(SIZE, OFFSET+LIMIT)) of FILE on stdout.

@@ -16,7 +16,7 @@ start() {
         printf '@error nocwd cwd %s is not an existing directory\n' "$CWD"
         return
     }
-    mkdir -p "$ROOT" && chmod 700 "$HOME/.sandbox-mcp" "$ROOT" || {
+    [ -d "$ROOT" ] || { mkdir -p "$ROOT" && chmod 700 "$HOME/.sandbox-mcp" "$ROOT"; } || {
         printf '@error noroot cannot create %s\n' "$ROOT"
         return
     }
@@ -42,8 +42,9 @@ start() {
     printf '%s' "$CMD" >"$D/cmd"
     : >"$D/stdout.log"
     : >"$D/stderr.log"
-    printf 'status=claimed\ntimeout=%s\n' "$T" >"$D/state.tmp" && mv -f "$D/state.tmp" "$D/state"
-    setsid "$SH" -c "$SUP" sh supervise "$SUP" "$SH" "$D" "$T" "$TSH" "$CMD" "$CWD" </dev/null >/dev/null 2>>"$D/supervisor.err" &
+    # Nobody else writes into a directory this start just claimed: no rename needed here.
+    printf 'status=claimed\ntimeout=%s\n' "$T" >"$D/state"
+    setsid "$SH" -c "$SUP" sh supervise "$D" "$T" "$TSH" "$CMD" "$CWD" </dev/null >/dev/null 2>>"$D/supervisor.err" &
     # Wait for the supervisor's first word; a task that ends at once is reported finished.
     _i=0 _r=0
     while :; do
@@ -51,14 +52,14 @@ start() {
         is_final && break
         if [ "$S_status" = running ]; then
             _r=$((_r + 1))
-            [ "$_r" -ge 12 ] && break
-        elif [ "$_i" -ge 1000 ]; then
+            [ "$_r" -ge 4 ] && break
+        elif [ "$_i" -ge 2000 ]; then
             break
         fi
         _i=$((_i + 1))
-        [ "$_i" -ge 3 ] && sleep 0.01
+        [ "$_i" -ge 3 ] && sleep 0.005
     done
-    # (A running task is watched for about 0.1 s more, so that quick commands come back finished.)
+    # (A running task is watched for about 25 ms more, so that quick commands come back finished.)
     emit "$D" 0 0 "$LIMIT"
 }
 

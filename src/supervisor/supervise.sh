@@ -1,7 +1,8 @@
 # supervise.sh: the detached supervisor of one task, and its output pumps.
 # The server prepends MASK_AWK='...' and common.sh. start.sh runs it fully detached:
-#   setsid SH -c SCRIPT supervise SCRIPT SH DIR TIMEOUT TASK_SHELL COMMAND CWD
-# It writes DIR/state only through `save` (temp file + rename).
+#   setsid SH -c SCRIPT sh supervise DIR TIMEOUT TASK_SHELL COMMAND CWD
+# It writes DIR/state only through `save` (temp file + rename). Every fork on the way to
+# `running` delays the task, so that path uses builtins wherever it can.
 
 CAP=1048576
 GRACE=2
@@ -10,34 +11,45 @@ save() {
     {
         printf 'status=%s\nboot_id=%s\nsup_pid=%s\nsup_start=%s\npgid=%s\ntask_start=%s\ntimeout=%s\nstarted_at=%s\n' \
             "$1" "$BOOT" "$SUP_PID" "$SUP_START" "$TPID" "$TSTART" "$T" "$STARTED"
-        printf 'finished_at=%s\nexit_code=%s\nerror=%s\nescaped=%s\nmasked=%s\n' "$FINISHED" "$RC" "$ERR" "$ESCAPED" "$MASKED"
+        printf 'finished_at=%s\nexit_code=%s\nerror=%s\nescaped=%s\n' "$FINISHED" "$RC" "$ERR" "$ESCAPED"
         if [ -n "$OUT_BYTES" ]; then
             printf 'out_bytes=%s\nerr_bytes=%s\nout_truncated=%s\nerr_truncated=%s\n' "$OUT_BYTES" "$ERR_BYTES" "$OUT_TRUNC" "$ERR_TRUNC"
         fi
     } >state.tmp && mv -f state.tmp state
 }
 
-# pump NAME FIFO LOG MASKED: copies the task's stream into LOG, at most CAP bytes, draining and
-# counting the rest; writes NAME.meta ("written dropped") at the end and NAME.trunc at the
-# first dropped byte.
+# pump NAME FIFO LOG: copies the task's stream into LOG, at most CAP bytes, draining and counting
+# the rest; writes NAME.meta ("written dropped"), then NAME.done, at the end, and NAME.trunc at
+# the first dropped byte. Runs as a subshell of the supervisor; opens its FIFO first (the
+# supervisor waits for that), then decides how to copy.
 pump() {
-    if [ "$4" = 1 ]; then
+    exec 5<"$2"
+    if LC_ALL=C awk -v check=1 "$MASK_AWK" </dev/null 2>/dev/null; then
         _awk=awk
         case $(awk -W version </dev/null 2>&1) in *mawk*) _awk="awk -W interactive" ;; esac
         # The appended newline and mask.awk's leading-newline output keep the log byte-exact.
-        { cat "$2"; echo; } | LC_ALL=C $_awk -v cap="$CAP" -v meta="$1.meta.tmp" -v trunc="$1.trunc" "$MASK_AWK" >>"$3"
-        mv -f "$1.meta.tmp" "$1.meta"
+        { cat <&5; echo; } | LC_ALL=C $_awk -v cap="$CAP" -v meta="$1.meta" -v trunc="$1.trunc" "$MASK_AWK" >>"$3"
+        : >"$1.done"
         return
     fi
-    exec 5<"$2" 6>>"$3"
+    exec 6>>"$3"
     # GNU dd reads once per run and prints the byte count; busybox dd has an exact count_bytes.
-    case $(dd --version 2>/dev/null) in
-    *coreutils*) _dd=gnu ;;
-    *) if dd bs=1 count=1 iflag=count_bytes </dev/null >/dev/null 2>&1; then _dd=bytes; else _dd=slow; fi ;;
-    esac
+    # The answer is kept per user, so only the first task asks.
+    if [ -e ../.dd-gnu ]; then
+        _dd=gnu
+    elif [ -e ../.dd-bytes ]; then
+        _dd=bytes
+    else
+        case $(dd --version 2>/dev/null) in
+        *coreutils*) _dd=gnu ;;
+        *) if dd bs=1 count=1 iflag=count_bytes </dev/null >/dev/null 2>&1; then _dd=bytes; else _dd=slow; fi ;;
+        esac
+        : >"../.dd-$_dd"
+    fi
     _w=0
     _left=$CAP
     if [ "$_dd" = gnu ]; then
+        _small=0
         while [ "$_left" -gt 0 ]; do
             # One read of what the pipe holds, written at once: partial lines show immediately.
             LC_ALL=C dd bs="$_left" count=1 <&5 >&6 2>"$1.dd" || break
@@ -47,10 +59,14 @@ pump() {
             [ "$_n" -eq 0 ] && break
             _left=$((_left - _n))
             _w=$((_w + _n))
-            # A trickle: let it pool instead of spawning one dd per tiny write.
-            [ "$_n" -lt 4096 ] && sleep 0.02
+            # A trickle of small writes: let it pool instead of spawning one dd per write.
+            if [ "$_n" -lt 4096 ]; then
+                _small=$((_small + 1))
+                [ "$_small" -ge 2 ] && sleep 0.01
+            else
+                _small=0
+            fi
         done
-        rm -f "$1.dd"
         if [ "$_n" != 0 ] && [ "$_left" -gt 0 ]; then
             _dd=slow # the count was unreadable: finish exactly, byte by byte
         fi
@@ -73,7 +89,8 @@ pump() {
             _d=$((_one + _rest))
         fi
     fi
-    printf '%s %s\n' "$_w" "$_d" >"$1.meta.tmp" && mv -f "$1.meta.tmp" "$1.meta"
+    printf '%s %s\n' "$_w" "$_d" >"$1.meta"
+    : >"$1.done"
 }
 
 # timer: TERM at the deadline, KILL after the grace period; exits once `done` exists.
@@ -111,54 +128,67 @@ kill_escaped() {
     done
 }
 
+# kill_pumps: stops pumps stuck on a FIFO that something outside the task still holds: the pump
+# subshells (verified by start time) and their descendants, each by its own pid.
+kill_pumps() {
+    _ks=" "
+    alive "$P1" "$P1S" && _ks="$_ks$P1 "
+    alive "$P2" "$P2S" && _ks="$_ks$P2 "
+    for _round in 1 2 3; do
+        for _p in /proc/[0-9]*; do
+            _q=${_p#/proc/}
+            proc_stat "$_q" || continue
+            case $_ks in *" $_q "*) continue ;; esac
+            case $_ks in *" $ST_PPID "*) _ks="$_ks$_q " ;; esac
+        done
+    done
+    for _q in $_ks; do kill -s KILL "$_q" 2>/dev/null; done
+}
+
 # pump_meta NAME: sets _pw _pd _pt from NAME.meta, falling back to the log size.
 pump_meta() {
     _pw= _pd=0 _pt=0
-    [ -e "$1.meta" ] && read -r _pw _pd <"$1.meta"
+    [ -e "$1.done" ] && read -r _pw _pd <"$1.meta"
     [ -e "$1.trunc" ] && _pt=1
     if [ -z "$_pw" ]; then
         if [ "$1" = out ]; then _pw=$(wc -c <stdout.log); else _pw=$(wc -c <stderr.log); fi
     fi
 }
 
+# give_up STATUS [ERROR]: a final state before the task ran.
+give_up() {
+    exec 7>&- 8>&-
+    ERR=${2-}
+    now
+    FINISHED=$NOW
+    save "$1"
+    exit 0
+}
+
 supervise() {
-    SUP=$1 SH=$2 D=$3 T=$4 TSH=$5 CMD=$6 CWD=$7
+    D=$1 T=$2 TSH=$3 CMD=$4 CWD=$5
     ID=${D##*/}
     cd "$D" || exit 1
     umask 077
     SUP_PID=$$
     proc_stat "$$" && SUP_START=$ST_START
     boot_id
-    STARTED=$(date +%s)
-    TPID= TSTART= RC= ERR= FINISHED= OUT_BYTES= ESCAPED=0 MASKED=0
-    if LC_ALL=C awk -v check=1 "$MASK_AWK" </dev/null 2>/dev/null; then MASKED=1; fi
-    save starting
+    now
+    STARTED=$NOW
+    TPID= TSTART= RC= ERR= FINISHED= OUT_BYTES= ESCAPED=0
     if ! mkfifo out.fifo err.fifo 2>>supervisor.err; then
-        ERR="mkfifo failed: the sandbox needs mkfifo and a filesystem that supports FIFOs"
-        FINISHED=$(date +%s)
-        save failed_to_start
-        exit 0
+        give_up failed_to_start "mkfifo failed: the sandbox needs mkfifo and a filesystem that supports FIFOs"
     fi
-    # Pumps first (opening a FIFO blocks until both ends are open), each in its own session so
-    # that a stuck one can be stopped as a group.
-    setsid "$SH" -c "$SUP" sh pump out out.fifo stdout.log "$MASKED" </dev/null >/dev/null 2>>supervisor.err &
+    # Pumps first: opening a FIFO blocks until both ends are open.
+    pump out out.fifo stdout.log </dev/null >/dev/null 2>>supervisor.err &
     P1=$!
-    setsid "$SH" -c "$SUP" sh pump err err.fifo stderr.log "$MASKED" </dev/null >/dev/null 2>>supervisor.err &
+    pump err err.fifo stderr.log </dev/null >/dev/null 2>>supervisor.err &
     P2=$!
     exec 7>out.fifo 8>err.fifo
-    if [ -e cancel ]; then
-        exec 7>&- 8>&-
-        FINISHED=$(date +%s)
-        save cancelled
-        exit 0
-    fi
-    if ! cd "$CWD" 2>/dev/null; then
-        exec 7>&- 8>&-
-        ERR="cwd $CWD no longer exists"
-        FINISHED=$(date +%s)
-        save failed_to_start
-        exit 0
-    fi
+    proc_stat "$P1" && P1S=$ST_START
+    proc_stat "$P2" && P2S=$ST_START
+    [ -e cancel ] && give_up cancelled
+    cd "$CWD" 2>/dev/null || give_up failed_to_start "cwd $CWD no longer exists"
     set -f
     SANDBOX_MCP_TASK=$ID setsid $TSH -c "$CMD" </dev/null >&7 2>&8 7>&- 8>&- &
     TPID=$!
@@ -179,8 +209,9 @@ supervise() {
     wait "$TPID"
     RC=$?
     : >done
-    # Leftover members of the task's group, also after a normal exit.
-    if group_alive "$TPID"; then
+    # Leftover members of the task's group, also after a normal exit. Signal 0 to the group is a
+    # one-syscall test; only when it finds someone does the /proc scan tell zombies from the living.
+    if sig_group 0 "$TPID" && group_alive "$TPID"; then
         if [ -e cancel ] || [ -e timed_out ]; then sig_task KILL "$TPID" "$TSTART"; else sig_task TERM "$TPID" "$TSTART"; fi
         _g=0
         while group_alive "$TPID"; do
@@ -192,25 +223,24 @@ supervise() {
     fi
     kill_escaped
     _g=0
-    while [ ! -e out.meta ] || [ ! -e err.meta ]; do
+    while [ ! -e out.done ] || [ ! -e err.done ]; do
         _g=$((_g + 1))
-        [ "$_g" -eq 20 ] && kill_escaped
-        if [ "$_g" -ge 60 ]; then
-            # Something outside the task's reach still holds the pipes: stop the pumps.
-            for _p in "$P1" "$P2"; do
-                if proc_stat "$_p" && [ "$ST_PGID" = "$_p" ] && [ "$ST_STATE" != Z ]; then sig_group KILL "$_p"; fi
-            done
+        [ "$_g" -eq 40 ] && kill_escaped
+        if [ "$_g" -ge 80 ]; then
+            # Something outside the task's reach still holds the pipes.
+            kill_pumps
             ERR="output pipes were held open by a process outside the task; logs may be incomplete"
             break
         fi
-        sleep 0.05
+        # The pumps usually finish within milliseconds of the task: poll fast, then slower.
+        if [ "$_g" -le 20 ]; then sleep 0.005; else sleep 0.05; fi
     done
     pump_meta out
     OUT_BYTES=$_pw OUT_TRUNC=$_pt
     pump_meta err
     ERR_BYTES=$_pw ERR_TRUNC=$_pt
-    rm -f out.fifo err.fifo
-    FINISHED=$(date +%s)
+    now
+    FINISHED=$NOW
     if [ -e cancel ]; then
         save cancelled
     elif [ -e timed_out ]; then
@@ -224,9 +254,5 @@ case $1 in
 supervise)
     shift
     supervise "$@"
-    ;;
-pump)
-    shift
-    pump "$@"
     ;;
 esac

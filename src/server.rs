@@ -120,7 +120,7 @@ pub fn run_http(config: Config) -> Result<()> {
     // One listener per job that can be in flight (queued or running) plus spare ones, so a cheap
     // request (ping, tools/list, a 503) always finds a free listener.
     let n_threads = app.config.workers + app.config.queue_capacity + 4;
-    let listener = Listener { app: app.clone(), sessions: sessions.clone(), queue, loopback: listen.ip().is_loopback() };
+    let listener = Listener::new(app.clone(), sessions.clone(), queue, listen.ip().is_loopback());
     let server = HttpServer::start(listen, n_threads, listener)?;
     log::info!("listening on http://{}/mcp ({} provider)", server.addr, app.provider.name());
     if !listen.ip().is_loopback() && app.config.http_token.is_none() {

@@ -14,9 +14,10 @@ use crate::queue::{Job, Reply};
 use crate::session::{Session, Sessions};
 use crossbeam_channel::{Sender, TrySendError};
 use serde_json::Value;
-use std::io::Read;
+use std::collections::HashMap;
+use std::io::{Read, Write};
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 use tiny_http::{Header, Method, Request, Response, StatusCode};
@@ -29,16 +30,45 @@ const REPLY_WAIT: Duration = Duration::from_secs(3600 + 300);
 /// remaining length at once); such connections are abandoned instead.
 const MAX_DRAIN_BYTES: usize = 64 * 1024 * 1024;
 
+/// After this long, a connection is asked to reconnect (`Connection: close`). tiny_http 0.12 gives
+/// every connection a thread of its pool, and when several connections arrive at once the pool
+/// can queue one behind busy threads (it counts a thread as idle while that thread is already
+/// taking another task); such a connection is served only when another one ends. Bounding the
+/// age of busy connections bounds that wait.
+pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(5);
+
 /// Everything a listener thread needs.
 pub struct Listener {
-    /// Shared server state.
-    pub app: Arc<App>,
-    /// HTTP sessions.
-    pub sessions: Arc<Sessions>,
-    /// The work queue.
-    pub queue: Sender<Job<(Arc<Session>, ToolCall)>>,
+    app: Arc<App>,
+    sessions: Arc<Sessions>,
+    queue: Sender<Job<(Arc<Session>, ToolCall)>>,
     /// Whether the listen address is loopback (then `Host` is checked too).
-    pub loopback: bool,
+    loopback: bool,
+    /// When each open connection (by peer address) sent its first request.
+    first_seen: Mutex<HashMap<SocketAddr, Instant>>,
+}
+
+impl Listener {
+    /// The listener of `app`'s HTTP transport.
+    pub fn new(app: Arc<App>, sessions: Arc<Sessions>, queue: Sender<Job<(Arc<Session>, ToolCall)>>, loopback: bool) -> Listener {
+        Listener { app, sessions, queue, loopback, first_seen: Mutex::new(HashMap::new()) }
+    }
+
+    /// Whether this connection has lived past [`MAX_CONNECTION_AGE`] (it is then forgotten).
+    fn too_old(&self, peer: Option<&SocketAddr>) -> bool {
+        let Some(peer) = peer else { return false };
+        let mut seen = self.first_seen.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        if seen.len() > 4096 {
+            seen.retain(|_, t| now.duration_since(*t) < MAX_CONNECTION_AGE * 2);
+        }
+        let first = *seen.entry(*peer).or_insert(now);
+        if now.duration_since(first) < MAX_CONNECTION_AGE {
+            return false;
+        }
+        seen.remove(peer);
+        true
+    }
 }
 
 /// A running HTTP server.
@@ -99,7 +129,9 @@ struct Answer {
     status: u16,
     /// A serialized JSON body.
     body: Option<String>,
-    headers: Vec<Header>,
+    headers: Vec<(&'static str, String)>,
+    /// Ask the client to close the connection after this answer.
+    close: bool,
 }
 
 impl Answer {
@@ -109,11 +141,11 @@ impl Answer {
 
     /// An already serialized JSON body.
     fn text(status: u16, body: String) -> Answer {
-        Answer { status, body: Some(body), headers: Vec::new() }
+        Answer { status, body: Some(body), headers: Vec::new(), close: false }
     }
 
     fn empty(status: u16) -> Answer {
-        Answer { status, body: None, headers: Vec::new() }
+        Answer { status, body: None, headers: Vec::new(), close: false }
     }
 
     /// A JSON-RPC error body without an id (transport-level rejections).
@@ -121,9 +153,26 @@ impl Answer {
         Answer::json(status, serde_json::json!({"jsonrpc": "2.0", "id": null, "error": {"code": rpc_code, "message": message}}))
     }
 
-    fn with(mut self, name: &str, value: &str) -> Answer {
-        self.headers.push(header(name, value));
+    fn with(mut self, name: &'static str, value: &str) -> Answer {
+        self.headers.push((name, value.to_string()));
         self
+    }
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        202 => "Accepted",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        413 => "Payload Too Large",
+        500 => "Internal Server Error",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        _ => "Unknown",
     }
 }
 
@@ -183,26 +232,40 @@ impl Listener {
             std::mem::forget(req);
             return;
         }
-        let answer = self.answer(&req, body);
+        let too_large = matches!(body, Body::TooLarge);
+        let mut answer = self.answer(&req, body);
+        answer.close |= too_large || self.too_old(req.remote_addr());
         let status = answer.status;
-        let mut resp = match answer.body {
-            Some(v) => {
-                let sse_only = get(&req, "Accept")
-                    .is_some_and(|a| a.contains("text/event-stream") && !a.contains("application/json") && !a.contains("*/*"));
-                if sse_only && status == 200 {
-                    Response::from_data(format!("event: message\ndata: {v}\n\n").into_bytes())
-                        .with_header(header("Content-Type", "text/event-stream"))
-                } else {
-                    Response::from_data(v.into_bytes()).with_header(header("Content-Type", "application/json"))
-                }
+        let sse_only =
+            get(&req, "Accept").is_some_and(|a| a.contains("text/event-stream") && !a.contains("application/json") && !a.contains("*/*"));
+        let (content_type, bytes) = match answer.body {
+            Some(v) if sse_only && status == 200 => (Some("text/event-stream"), format!("event: message\ndata: {v}\n\n").into_bytes()),
+            Some(v) => (Some("application/json"), v.into_bytes()),
+            None => (None, Vec::new()),
+        };
+        let res = if answer.close {
+            // tiny_http drops a `Connection` response header, so this answer is written raw.
+            let mut head = format!("HTTP/1.1 {status} {}\r\nContent-Length: {}\r\nConnection: close\r\n", reason(status), bytes.len());
+            if let Some(ct) = content_type {
+                head.push_str(&format!("Content-Type: {ct}\r\n"));
             }
-            None => Response::from_data(Vec::new()),
-        }
-        .with_status_code(StatusCode(status));
-        for h in answer.headers {
-            resp.add_header(h);
-        }
-        if let Err(err) = req.respond(resp) {
+            for (name, value) in &answer.headers {
+                head.push_str(&format!("{name}: {value}\r\n"));
+            }
+            head.push_str("\r\n");
+            let mut writer = req.into_writer();
+            writer.write_all(head.as_bytes()).and_then(|()| writer.write_all(&bytes)).and_then(|()| writer.flush())
+        } else {
+            let mut resp = Response::from_data(bytes).with_status_code(StatusCode(status));
+            if let Some(ct) = content_type {
+                resp.add_header(header("Content-Type", ct));
+            }
+            for (name, value) in &answer.headers {
+                resp.add_header(header(name, value));
+            }
+            req.respond(resp)
+        };
+        if let Err(err) = res {
             log::debug!("could not send an HTTP {status} answer: {err}");
         }
     }
@@ -232,7 +295,7 @@ impl Listener {
             (Method::Get, "/healthz") => Answer::json(200, serde_json::json!({"status": "ok"})),
             (Method::Post, "/mcp") => match body {
                 Body::Ok(bytes) => self.post(req, &bytes),
-                _ => Answer::rejected(413, code::INVALID_REQUEST, "Payload Too Large: the body limit is 4 MiB").with("Connection", "close"),
+                _ => Answer::rejected(413, code::INVALID_REQUEST, "Payload Too Large: the body limit is 4 MiB"),
             },
             (Method::Delete, "/mcp") => self.delete(req),
             (_, "/mcp") => Answer::rejected(405, code::SERVER_BUSY, "Method Not Allowed: use POST (and DELETE to end a session)")

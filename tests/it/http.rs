@@ -174,3 +174,22 @@ fn sigterm_ends_every_http_session() {
     assert!(status.success(), "{status}");
     assert!(!home.sandbox_dir(&sb).exists());
 }
+
+#[test]
+fn busy_connections_are_asked_to_reconnect_after_their_max_age() {
+    // tiny_http 0.12 can queue a new connection behind busy ones; aging connections out bounds
+    // that wait (see transport/http.rs MAX_CONNECTION_AGE).
+    let home = Home::new("httpage");
+    let h = Http::start(&home, &[], &[]);
+    let sid = h.initialize();
+    let mut conn = Conn::open(h.addr);
+    let t0 = std::time::Instant::now();
+    let closed = wait_for(Duration::from_secs(20), "a Connection: close answer", || {
+        conn.send("POST", "/mcp", &[("Mcp-Session-Id", &sid)], PING.as_bytes());
+        let r = conn.read();
+        assert_eq!(r.status, 200);
+        r.header("connection").filter(|v| v.eq_ignore_ascii_case("close")).map(|_| t0.elapsed())
+    });
+    let max = sandbox_mcp::transport::http::MAX_CONNECTION_AGE;
+    assert!(closed >= max && closed < max + Duration::from_secs(5), "{closed:?}");
+}

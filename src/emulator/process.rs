@@ -347,10 +347,22 @@ fn monitor(proc: &Proc, deadline: Option<Instant>, shell: &Path, readers: usize,
     // Let the readers pass on what is still in the pipes, unless output was already stopped.
     let stopped = proc.out.lock().map(|o| o.stopped).unwrap_or(true);
     if !stopped {
-        let until = Instant::now() + DRAIN_GRACE;
+        // Late readers on a busy machine are waited for while nothing else can hold the pipes
+        // (the child led its own group and the group is empty), as the provider does.
+        let exited = Instant::now();
+        let mut until = exited + DRAIN_GRACE;
         let mut open = readers;
-        while open > 0 && done.recv_timeout(until.saturating_duration_since(Instant::now())).is_ok() {
-            open -= 1;
+        while open > 0 {
+            match done.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                Ok(()) => open -= 1,
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    if crate::provider::process::group_has_live_members(proc.pid) || exited.elapsed() >= Duration::from_secs(5) {
+                        break;
+                    }
+                    until = Instant::now() + DRAIN_GRACE;
+                }
+            }
         }
     }
     let end = match status {

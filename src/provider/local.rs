@@ -407,15 +407,6 @@ fn tagged_pids(needle: &[u8]) -> Vec<u32> {
     pids
 }
 
-/// Reads `(start_time, state)` of a pid from `/proc/<pid>/stat`.
-fn proc_start(pid: u32) -> Option<(u64, char)> {
-    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &text[text.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split(' ').collect();
-    let state = fields.first()?.chars().next()?;
-    Some((fields.get(19)?.parse().ok()?, state))
-}
-
 fn keeper_alive(dir: &Path) -> bool {
     let Ok(text) = fs::read_to_string(dir.join("keeper.pid")) else {
         return false;
@@ -424,7 +415,7 @@ fn keeper_alive(dir: &Path) -> bool {
     let (Some(Some(pid)), Some(Some(start))) = (it.next(), it.next()) else {
         return false;
     };
-    matches!(proc_start(pid as u32), Some((s, state)) if s == start && state != 'Z')
+    matches!(process::proc_stat(pid as u32), Some(st) if st.start == start && st.state != 'Z')
 }
 
 /// The body of `sandbox-mcp keeper ROOT ID SHELL`: waits for the sandbox's expiry (honouring renewals)
@@ -434,7 +425,7 @@ pub fn run_keeper(root: &Path, id: &str, shell: &Path) -> anyhow::Result<()> {
     let provider = LocalProvider::new(root, shell)?;
     let dir = provider.dir(id);
     let me = std::process::id();
-    let (start, _) = proc_start(me).unwrap_or((0, 'R'));
+    let start = process::proc_stat(me).map(|st| st.start).unwrap_or(0);
     if keeper_alive(&dir) {
         return Ok(());
     }

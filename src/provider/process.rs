@@ -16,6 +16,39 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+/// How long, after the child exits with its group empty, the readers may take to reach the end of
+/// the pipes (longer only when a process outside the group holds them).
+const LATE_READER_WAIT: Duration = Duration::from_secs(5);
+
+/// Fields of `/proc/<pid>/stat` this crate uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcStat {
+    /// State letter (`R`, `S`, `Z`, ...).
+    pub state: char,
+    /// Process group.
+    pub pgrp: u32,
+    /// Start time in clock ticks since boot.
+    pub start: u64,
+}
+
+/// Reads `/proc/<pid>/stat`; `None` when the process is gone.
+pub fn proc_stat(pid: u32) -> Option<ProcStat> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain spaces and parentheses: fields start after the last ')'.
+    let rest = text.get(text.rfind(')')? + 2..)?;
+    let fields: Vec<&str> = rest.split(' ').collect();
+    Some(ProcStat { state: fields.first()?.chars().next()?, pgrp: fields.get(2)?.parse().ok()?, start: fields.get(19)?.parse().ok()? })
+}
+
+/// Whether a live (non-zombie) process is in group `pgid`.
+pub fn group_has_live_members(pgid: u32) -> bool {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return false };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()))
+        .filter_map(proc_stat)
+        .any(|st| st.pgrp == pgid && st.state != 'Z')
+}
+
 /// One child to run.
 pub struct Spawn<'a> {
     /// Program and arguments.
@@ -201,11 +234,22 @@ fn wait_with_output(child: &mut Child, spawn: &Spawn<'_>, shell: &Path, started:
         }
         step = (step * 2).min(Duration::from_millis(10));
     };
-    // A background process that kept the pipes open must not hold the call: give the readers a
-    // moment, then return what they have (they keep draining until the holder exits).
-    let grace = Instant::now() + Duration::from_millis(if timed_out { 500 } else { 50 });
-    while pipes_open > 0 && done_rx.recv_timeout(grace.saturating_duration_since(Instant::now())).is_ok() {
-        pipes_open -= 1;
+    // The pipes normally close with the child. If they are still open, either the readers are
+    // merely late (a busy machine) or a background process kept them: wait for the readers while
+    // the child's group is empty (bounded), but do not let a background member hold the call.
+    let exited = Instant::now();
+    let mut grace = exited + Duration::from_millis(if timed_out { 500 } else { 50 });
+    while pipes_open > 0 {
+        match done_rx.recv_timeout(grace.saturating_duration_since(Instant::now())) {
+            Ok(()) => pipes_open -= 1,
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                if group_has_live_members(pgid) || exited.elapsed() >= LATE_READER_WAIT {
+                    break;
+                }
+                grace = Instant::now() + Duration::from_millis(50);
+            }
+        }
     }
     let out = take(readers.first());
     let err = take(readers.get(1));
@@ -229,4 +273,60 @@ pub fn is_executable(path: &Path) -> bool {
 /// Finds `name` on `path_var` (a `PATH` value).
 pub fn which(name: &str, path_var: &str) -> Option<PathBuf> {
     path_var.split(':').filter(|d| !d.is_empty()).map(|d| Path::new(d).join(name)).find(|p| is_executable(p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    fn run_sh(script: &str, deadline: Duration) -> ExecOutput {
+        let argv = vec!["/bin/sh".to_string(), "-c".to_string(), script.to_string()];
+        let env = vec![("PATH".to_string(), "/usr/bin:/bin".to_string())];
+        let spawn =
+            Spawn { argv: &argv, env: &env, cwd: Path::new("/"), output_cap: 1 << 20, deadline: Instant::now() + deadline, cancel: None };
+        run(&spawn, Path::new("/bin/sh"), &Running::default()).unwrap()
+    }
+
+    /// Regression: on a saturated machine the pipe readers can lag the child's exit by more than
+    /// the grace period meant for background holders of the pipes; output must not be lost then.
+    #[test]
+    fn output_is_complete_when_the_machine_is_busy() {
+        let stop = Arc::new(AtomicBool::new(false));
+        let burners: Vec<_> = (0..48)
+            .map(|_| {
+                let stop = stop.clone();
+                thread::spawn(move || {
+                    let mut x = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    }
+                    x
+                })
+            })
+            .collect();
+        let runners: Vec<_> = (0..16)
+            .map(|i| {
+                thread::spawn(move || {
+                    (0..15)
+                        .filter(|_| run_sh(&format!("echo out-{i}; echo err-{i} >&2"), Duration::from_secs(30)).stdout.is_empty())
+                        .count()
+                })
+            })
+            .collect();
+        let lost: usize = runners.into_iter().map(|r| r.join().unwrap()).sum();
+        stop.store(true, Ordering::Relaxed);
+        for b in burners {
+            b.join().unwrap();
+        }
+        assert_eq!(lost, 0, "{lost} of 240 runs lost their output");
+    }
+
+    #[test]
+    fn a_background_holder_of_the_pipes_does_not_hold_the_call() {
+        let t0 = Instant::now();
+        let out = run_sh("sleep 3 & echo done", Duration::from_secs(30));
+        assert_eq!(out.stdout, b"done\n");
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    }
 }

@@ -85,7 +85,13 @@ pump() {
         _one=$(dd bs=1 count=1 <&5 2>/dev/null | wc -c)
         if [ "$_one" -gt 0 ]; then
             : >"$1.trunc"
-            _rest=$(wc -c <&5)
+            _rest=
+            if [ "$_dd" = gnu ]; then
+                # Large reads drain a fast writer quicker than wc; GNU dd reports the count.
+                LC_ALL=C dd bs=1048576 <&5 of=/dev/null 2>"$1.dd"
+                { read -r _x && read -r _x && read -r _rest _x; } <"$1.dd"
+            fi
+            case $_rest in '' | *[!0-9]*) _rest=$(wc -c <&5) ;; esac
             _d=$((_one + _rest))
         fi
     fi

@@ -11,16 +11,21 @@ if [ ! -d "$D" ]; then
 fi
 if read_state "$D" && ! is_final; then
     : >"$D/cancel"
-    _i=0 _sent=
-    while [ "$_i" -lt 60 ]; do
+    # Time from /proc/uptime in hundredths of a second: a busy machine slows the loop, not the clock.
+    uptime_cs
+    _end=$((CS + 290)) _kill=$((CS + 150)) _sent= _killed=
+    while [ "$CS" -lt "$_end" ]; do
         read_state "$D" && is_final && break
         if [ -z "$_sent" ] && [ -n "$S_pgid" ]; then
             sig_task TERM "$S_pgid" "$S_task_start"
             _sent=1
         fi
-        [ "$_i" -eq 30 ] && sig_task KILL "$S_pgid" "$S_task_start"
-        _i=$((_i + 1))
+        if [ -z "$_killed" ] && [ "$CS" -ge "$_kill" ]; then
+            sig_task KILL "$S_pgid" "$S_task_start"
+            _killed=1
+        fi
         sleep 0.05
+        uptime_cs
     done
 fi
 emit "$D" "$2" "$3" "$4"

@@ -35,6 +35,20 @@ now() {
     esac
 }
 
+# uptime_cs: sets CS to the uptime in hundredths of a second (no fork).
+uptime_cs() {
+    read -r _up _x </proc/uptime
+    case $_up in
+    *.??) CS=${_up%.*}${_up#*.} ;;
+    *.?) CS=${_up%.*}${_up#*.}0 ;;
+    *) CS=${_up%.*}00 ;;
+    esac
+    # No leading zeros: shell arithmetic would read them as octal.
+    while :; do
+        case $CS in 0?*) CS=${CS#0} ;; *) break ;; esac
+    done
+}
+
 boot_id() {
     BOOT=
     read -r BOOT 2>/dev/null </proc/sys/kernel/random/boot_id

@@ -270,12 +270,16 @@ fn unmasked_output_is_visible_byte_by_byte_and_exact() {
     let home = Home::new("bytes");
     let mut m = home.stdio();
     let sb = m.create();
-    let s = start(&mut m, &sb, "printf 'partial'; sleep 2; printf 'a\\000b\\377c'", json!({}));
-    let task = id(&s);
-    wait_for(Duration::from_secs(2), "the partial line to show", || {
+    // A partial line shows while the task still runs.
+    let task = id(&start(&mut m, &sb, "printf 'partial'; sleep 60", json!({})));
+    wait_for(Duration::from_secs(10), "the partial line to show", || {
         let g = m.ok("get_task", json!({"sandbox_id": sb, "task_id": task}));
-        (g["state"] == "running" && g["stdout"] == "partial").then_some(())
+        assert_eq!(g["state"], "running");
+        (g["stdout"] == "partial").then_some(())
     });
+    m.ok("cancel_task", json!({"sandbox_id": sb, "task_id": task}));
+    // NUL bytes and invalid UTF-8 are saved exactly.
+    let task = id(&start(&mut m, &sb, "printf 'partiala\\000b\\377c'", json!({})));
     let done = finish(&mut m, &sb, &task);
     assert_eq!(done["stdout_bytes"], 12);
     let raw = std::fs::read(task_dir(&home, &sb, &task).join("stdout.log")).unwrap();

@@ -127,7 +127,8 @@ impl Emulator {
             api_key: opts.api_key.clone(),
             user,
         });
-        let server = tiny_http::Server::http(opts.listen).map_err(|e| anyhow::anyhow!("binding {}: {e}", opts.listen))?;
+        let socket = crate::transport::http::bind_nodelay(opts.listen).with_context(|| format!("binding {}", opts.listen))?;
+        let server = tiny_http::Server::from_listener(socket, None).map_err(|e| anyhow::anyhow!("serving on {}: {e}", opts.listen))?;
         let server = Arc::new(server);
         let addr = server.server_addr().to_ip().unwrap_or(opts.listen);
         let mut threads = Vec::new();

@@ -426,7 +426,7 @@ pub fn run_keeper(root: &Path, id: &str, shell: &Path) -> anyhow::Result<()> {
     let dir = provider.dir(id);
     let me = std::process::id();
     let start = process::proc_stat(me).map(|st| st.start).unwrap_or(0);
-    if keeper_alive(&dir) {
+    if keeper_alive(&dir) || !dir.join("meta.json").exists() {
         return Ok(());
     }
     fs::write(dir.join("keeper.pid"), format!("{me} {start}\n"))?;
@@ -504,14 +504,20 @@ impl Provider for LocalProvider {
         if n > 0 {
             log::debug!("sandbox {sandbox_id}: killed {n} processes");
         }
-        match fs::remove_dir_all(&dir) {
-            Ok(()) => {}
-            Err(err) if err.kind() == io::ErrorKind::NotFound => {}
-            Err(err) => {
-                return Err(ProviderError::Unavailable(format!(
-                    "killed the processes of {sandbox_id} but could not remove {}: {err}",
-                    dir.display()
-                )))
+        // A keeper starting at this moment may still write its pid file into the directory
+        // (make bench saw "Directory not empty"): retry a few times.
+        let mut attempt = 0;
+        loop {
+            match fs::remove_dir_all(&dir) {
+                Ok(()) => break,
+                Err(err) if err.kind() == io::ErrorKind::NotFound => break,
+                Err(_) if attempt < 5 => attempt += 1,
+                Err(err) => {
+                    return Err(ProviderError::Unavailable(format!(
+                        "killed the processes of {sandbox_id} but could not remove {}: {err}",
+                        dir.display()
+                    )))
+                }
             }
         }
         Ok(existed)

@@ -44,7 +44,9 @@ start() {
     : >"$D/stderr.log"
     # Nobody else writes into a directory this start just claimed: no rename needed here.
     printf 'status=claimed\ntimeout=%s\n' "$T" >"$D/state"
-    setsid "$SH" -c "$SUP" sh supervise "$D" "$T" "$TSH" "$CMD" "$CWD" </dev/null >/dev/null 2>>"$D/supervisor.err" &
+    # Every descriptor of this call is closed for the supervisor (fd 3 is our stderr): anything
+    # it kept open would hold the caller's exec until the task ends.
+    setsid "$SH" -c "$SUP" sh supervise "$D" "$T" "$TSH" "$CMD" "$CWD" </dev/null >/dev/null 2>>"$D/supervisor.err" 3>&- &
     # Wait for the supervisor's first word; a task that ends at once is reported finished.
     _i=0 _r=0
     while :; do

@@ -37,6 +37,18 @@ const MAX_DRAIN_BYTES: usize = 64 * 1024 * 1024;
 /// age of busy connections bounds that wait.
 pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(5);
 
+/// Binds a listening socket with `TCP_NODELAY` set, which Linux copies to every accepted
+/// connection (tiny_http does not set it, and a reply written in pieces would otherwise wait for
+/// the client's delayed ACK). std only offers the setter on streams; the descriptor is briefly
+/// viewed as one, which is safe: the call is a plain `setsockopt` on the same socket.
+pub fn bind_nodelay(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    use std::os::fd::OwnedFd;
+    let listener = std::net::TcpListener::bind(addr)?;
+    let as_stream = std::net::TcpStream::from(OwnedFd::from(listener));
+    as_stream.set_nodelay(true)?;
+    Ok(std::net::TcpListener::from(OwnedFd::from(as_stream)))
+}
+
 /// Everything a listener thread needs.
 pub struct Listener {
     app: Arc<App>,
@@ -82,7 +94,8 @@ pub struct HttpServer {
 impl HttpServer {
     /// Binds `addr` and starts `n_threads` listener threads.
     pub fn start(addr: SocketAddr, n_threads: usize, listener: Listener) -> anyhow::Result<HttpServer> {
-        let server = tiny_http::Server::http(addr).map_err(|err| anyhow::anyhow!("binding {addr}: {err}"))?;
+        let socket = bind_nodelay(addr).map_err(|err| anyhow::anyhow!("binding {addr}: {err}"))?;
+        let server = tiny_http::Server::from_listener(socket, None).map_err(|err| anyhow::anyhow!("serving on {addr}: {err}"))?;
         let server = Arc::new(server);
         let bound = server.server_addr().to_ip().unwrap_or(addr);
         let listener = Arc::new(listener);

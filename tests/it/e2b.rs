@@ -142,3 +142,30 @@ fn tools_make_no_more_round_trips_than_needed() {
     other.ok("get_task", json!({"sandbox_id": sb, "task_id": task}));
     assert_eq!(e.emulator.take_counts()["total"], 1);
 }
+
+/// Regression: the first ordinary tool from a server process that did not create the sandbox
+/// deadlocked (a lock held across the lookup of the sandbox's TTL). Found by make bench.
+#[test]
+fn a_second_server_process_reaches_the_sandbox_with_every_tool() {
+    let e = E2bHome::new("e2b-second");
+    let mut a = e.stdio();
+    let sb = a.ok("create_sandbox", json!({"timeout": 120, "envs": {"APP_TOKEN": "app-token-value"}}))["sandbox_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    a.ok("start_task", json!({"command": "true"})); // retains the sandbox past this session
+    a.close();
+    let mut b = e.stdio();
+    let t0 = Instant::now();
+    let s = b.ok("start_task", json!({"sandbox_id": sb, "command": "sleep 30"}));
+    assert!(t0.elapsed() < Duration::from_secs(3), "start_task of a long command took {:?}", t0.elapsed());
+    assert_eq!(b.ok("write_file", json!({"sandbox_id": sb, "path": "x.txt", "content": "x"}))["bytes_written"], 1);
+    assert_eq!(b.ok("read_file", json!({"sandbox_id": sb, "path": "x.txt"}))["content"], "x");
+    assert_eq!(
+        b.ok("run_command", json!({"sandbox_id": sb, "command": "echo $APP_TOKEN"}))["stdout"],
+        "***\n",
+        "masking learns the environment"
+    );
+    assert_eq!(b.ok("cancel_task", json!({"sandbox_id": sb, "task_id": s["task_id"]}))["state"], "cancelled");
+    assert_eq!(b.ok("kill_sandbox", json!({"sandbox_id": sb}))["killed"], true);
+}

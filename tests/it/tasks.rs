@@ -478,3 +478,17 @@ fn mask_awk_agrees_with_the_rust_masker() {
         }
     }
 }
+
+/// Regression: the start snippet's saved stderr (fd 3) leaked into the supervisor, so the call
+/// returned only when the task ended (or after 5 s). Found by make bench.
+#[test]
+fn start_task_of_a_long_command_returns_at_once() {
+    let home = Home::new("startfast");
+    let mut m = home.stdio();
+    let sb = m.create();
+    let t0 = Instant::now();
+    let s = start(&mut m, &sb, "sleep 30", json!({}));
+    assert_eq!(s["state"], "running");
+    assert!(t0.elapsed() < Duration::from_secs(2), "start_task took {:?}", t0.elapsed());
+    m.ok("cancel_task", json!({"sandbox_id": sb, "task_id": id(&s)}));
+}

@@ -216,7 +216,10 @@ impl E2bProvider {
 
     /// `connect`: resumes a paused sandbox and extends its TTL to at least now + its timeout.
     fn connect(&self, id: &str, deadline: Instant) -> Result<(), ProviderError> {
-        let timeout_s = match self.known().get(id).and_then(|k| k.timeout_s) {
+        // Bind first: a lock guard in the match scrutinee would live through the arms, and
+        // `detail` locks again (a deadlock found by make bench).
+        let cached = self.known().get(id).and_then(|k| k.timeout_s);
+        let timeout_s = match cached {
             Some(t) => t,
             None => {
                 // Learn the sandbox's own TTL once (stored in its metadata at create).
@@ -566,6 +569,9 @@ impl Provider for E2bProvider {
         }
         let mut reader = resp.body_mut().as_reader();
         let result = read_stream(&mut reader, req.output_cap);
+        // Read the reply to its end (the last chunk marker follows the end-stream frame) so that
+        // ureq keeps the connection for the next call instead of opening a new one.
+        let _ = std::io::copy(&mut reader.take(64 * 1024), &mut std::io::sink());
         let mut r = match result {
             Ok(r) => r,
             Err(detail) => {

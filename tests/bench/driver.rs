@@ -9,7 +9,8 @@
 //! and every raw sample in `--json`.
 //!
 //! Every process this driver starts is stopped by its own pid; long-lived ones (HTTP servers,
-//! pueued) are also listed in `WORK/pids` so that run.sh can stop them if the driver dies.
+//! pueued, the E2B emulator) are also listed in `WORK/pids` so that run.sh can stop them if the
+//! driver dies.
 //! Request loops are bounded in count and in time, and talk to 127.0.0.1 only.
 
 #![forbid(unsafe_code)]
@@ -18,16 +19,17 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Map, Value};
 use std::fs::{self, File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const PROTOCOL: &str = "2025-11-25";
 const USAGE: &str = "usage: bench-driver --bin SANDBOX_MCP --work DIR --json FILE --md FILE \
-[--python PYTHON --peer-py FILE] [--node NODE --everything FILE] [--pueue-dir DIR] [--quick] [--only core,peers,tasks,pueue,http,concurrency,e2b]";
+[--python PYTHON --peer-py FILE] [--node NODE --everything FILE] [--pueue-dir DIR] [--e2b-emulator E2B_EMULATOR] [--quick] [--only core,peers,tasks,pueue,http,concurrency,e2b]";
 
 /// Bytes the throughput task writes.
 const PUMP_BYTES: u64 = 200_000_000;
@@ -48,6 +50,7 @@ struct Opts {
     node: Option<PathBuf>,
     everything: Option<PathBuf>,
     pueue_dir: Option<PathBuf>,
+    e2b_emulator: Option<PathBuf>,
     quick: bool,
     /// Run only the sections whose group contains one of these words (for development).
     only: Vec<String>,
@@ -64,6 +67,7 @@ fn parse_opts() -> Result<Opts> {
         node: None,
         everything: None,
         pueue_dir: None,
+        e2b_emulator: None,
         quick: false,
         only: Vec::new(),
     };
@@ -84,6 +88,7 @@ fn parse_opts() -> Result<Opts> {
             "--node" => o.node = Some(value),
             "--everything" => o.everything = Some(value),
             "--pueue-dir" => o.pueue_dir = Some(value),
+            "--e2b-emulator" => o.e2b_emulator = Some(value),
             "--only" => o.only = value.to_string_lossy().split(',').map(str::to_string).collect(),
             _ => bail!("unknown argument {flag:?}\n{USAGE}"),
         }
@@ -443,7 +448,7 @@ fn run() -> Result<ExitCode> {
     b.section("pueue", "pueue vs task tools", |b| pueue_vs_tasks(b, &mut ctl));
     b.section("http", "HTTP ping, scaling and starvation", |b| http_ping(b, &ctl));
     b.section("concurrency", "HTTP tool calls vs clients and workers", |b| http_tools(b, &ctl));
-    b.section("e2b", "e2b provider against the E2B emulator", e2b_rows);
+    b.section("e2b", "e2b provider against the E2B emulator", |b| e2b_rows(b, &mut ctl));
     if let Err(err) = ctl.finish() {
         eprintln!("bench: ending the control session: {err:#}");
     }
@@ -1982,17 +1987,814 @@ fn http_tools(b: &mut Bench, ctl: &Ctl) -> Result<()> {
     Ok(())
 }
 
-// ───────────────────────────── E2B provider (to be added) ─────────────────────────────
+// ───────────────────────────── E2B provider ─────────────────────────────
 
-/// PLACE FOR THE E2B ROWS. When the `e2b-emulator` binary exists, this section will start it on
-/// 127.0.0.1, run sandbox-mcp with the e2b provider pointed at it (`E2B_API_KEY`, `E2B_API_URL`,
-/// `E2B_SANDBOX_URL`), and add one row per tool: its overhead ratio over the same tool on the
-/// local provider (measured in the same run) and the number of HTTP requests the tool makes to
-/// the emulator. Until then it reports that nothing was measured.
-fn e2b_rows(b: &mut Bench) -> Result<()> {
+/// An API key of E2B's form (the emulator accepts any non-empty key).
+const E2B_KEY: &str = "e2b_0000000000000000000000000000000000000000";
+/// The directory and the small file of the file tools, relative to the sandbox's home.
+const E2B_DIR: &str = "bench";
+const E2B_FILE: &str = "bench/small.txt";
+const E2B_CONTENT: &str = "hello\n";
+/// A command still running when start_task first answers.
+const E2B_RUNNING: &str = "sleep 2";
+/// How long a first call from a fresh server process may take before the server is stopped.
+const E2B_FIRST_CALL_LIMIT: Duration = Duration::from_secs(5);
+/// The note of the e2b setup row (it holds for every e2b row).
+const E2B_NOTE: &str = "the e2b provider talks to the E2B emulator on loopback (control plane and envd on one port; its sandboxes are \
+local-provider sandboxes). The ratio to the local provider therefore mostly measures the emulator's envd path (HTTP handling and \
+process spawning in the emulator) and loopback HTTP, not E2B's cloud, where every request also crosses the network. Request counts \
+are the emulator's own (`GET /_emulator/requests`), read after each call (outside the timed part)";
+
+/// The E2B emulator (`e2b-emulator`) on a free loopback port with a new state root under the
+/// work directory, and a keep-alive client for its test API.
+struct Emulator {
+    child: Child,
+    /// `http://127.0.0.1:PORT`.
+    url: String,
+    api: Option<Http>,
+}
+
+impl Emulator {
+    fn start(b: &Bench, exe: &Path) -> Result<Emulator> {
+        let log_path = b.log("e2b-emulator");
+        let log = File::create(&log_path)?;
+        let child = Command::new(exe)
+            .args(["--listen", "127.0.0.1:0", "--home"])
+            .arg(b.o.work.join("e2b-home"))
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .with_context(|| format!("starting {}", exe.display()))?;
+        b.track(child.id(), "e2b-emulator")?;
+        let mut emu = Emulator { child, url: String::new(), api: None };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = fs::read_to_string(&log_path).unwrap_or_default();
+            if let Some(rest) = text.split("listening on http://").nth(1) {
+                let addr = rest.split_whitespace().next().unwrap_or_default().trim_end_matches('/');
+                emu.url = format!("http://{addr}");
+                emu.api = Some(Http::new(&format!("{}/_emulator/requests", emu.url))?);
+                return Ok(emu);
+            }
+            if let Ok(Some(st)) = emu.child.try_wait() {
+                bail!("the E2B emulator exited ({st}): {text}");
+            }
+            if Instant::now() > deadline {
+                bail!("the E2B emulator did not report its address within 10 s");
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// `GET /_emulator/requests`: `{"total": N, "routes": {"POST /process.Process/Start": n, …}}`.
+    fn counts(&mut self) -> Result<Value> {
+        let api = self.api.as_mut().context("the emulator is not running")?;
+        let (status, text) = api.send("GET", "")?;
+        if status != 200 {
+            bail!("GET /_emulator/requests answered {status} {text}");
+        }
+        serde_json::from_str(&text).with_context(|| format!("GET /_emulator/requests answered {text:?}"))
+    }
+
+    /// `DELETE /_emulator/requests`: the counts start again from zero.
+    fn reset(&mut self) -> Result<()> {
+        let api = self.api.as_mut().context("the emulator is not running")?;
+        let (status, text) = api.send("DELETE", "")?;
+        if !matches!(status, 200 | 204) {
+            bail!("DELETE /_emulator/requests answered {status} {text}");
+        }
+        Ok(())
+    }
+
+    /// sandbox-mcp over stdio with the e2b provider pointed at this emulator.
+    fn server(&self, b: &Bench) -> Command {
+        e2b_server(b, &self.url)
+    }
+}
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        self.api = None; // closes the test API connection
+        stop_child(&mut self.child, Duration::from_secs(10)); // SIGTERM: it kills its sandboxes and exits
+    }
+}
+
+/// sandbox-mcp over stdio with the e2b provider pointed at `url` (control plane and envd).
+fn e2b_server(b: &Bench, url: &str) -> Command {
+    let mut c = b.ours(&["stdio"]);
+    c.env("SANDBOX_MCP_PROVIDER", "e2b").env("E2B_API_KEY", E2B_KEY).env("E2B_API_URL", url).env("E2B_SANDBOX_URL", url);
+    c
+}
+
+/// Creates a sandbox in an e2b session and runs `echo hello` there to its end: the sandbox and
+/// the finished task.
+fn e2b_setup(rpc: &mut Rpc) -> Result<(String, String)> {
+    let created = rpc.tool("create_sandbox", &json!({"timeout": 3600}))?;
+    let sandbox = created["sandbox_id"].as_str().map(str::to_string).ok_or_else(|| anyhow!("create_sandbox returned {created}"))?;
+    if created["provider"] != json!("e2b") {
+        bail!("the server did not use the e2b provider: {created}");
+    }
+    let snap = rpc.tool("start_task", &json!({"sandbox_id": sandbox, "command": "echo hello"}))?;
+    let task = snap["task_id"].as_str().context("start_task returned no task_id")?.to_string();
+    let fin = wait_final(rpc, &sandbox, &task, Duration::from_secs(10), Duration::from_millis(10))?;
+    if state(&fin) != "succeeded" {
+        bail!("`echo hello` on e2b ended {fin}");
+    }
+    Ok((sandbox, task))
+}
+
+/// A loopback TCP proxy in front of `target` that counts the connections it accepts, to see
+/// whether a client reuses its connections. Each connection is copied by two threads until
+/// either side closes.
+struct Proxy {
+    url: String,
+    addr: SocketAddr,
+    accepted: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Proxy {
+    fn start(target: SocketAddr) -> Result<Proxy> {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let addr = listener.local_addr()?;
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (count, stopping) = (accepted.clone(), stop.clone());
+        thread::Builder::new().stack_size(256 * 1024).spawn(move || {
+            for conn in listener.incoming() {
+                if stopping.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(client) = conn else { continue };
+                count.fetch_add(1, Ordering::SeqCst);
+                let Ok(server) = TcpStream::connect(target) else { continue };
+                let _ = (client.set_nodelay(true), server.set_nodelay(true));
+                let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) else { continue };
+                for (mut from, mut to) in [(client, s2), (server, c2)] {
+                    let _ = thread::Builder::new().stack_size(128 * 1024).spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(Shutdown::Write);
+                    });
+                }
+            }
+        })?;
+        Ok(Proxy { url: format!("http://{addr}"), addr, accepted, stop })
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1)); // wakes the accept loop
+    }
+}
+
+/// A separate pass through a counting proxy (the timed runs go to the emulator directly): the
+/// TCP connections each call opens in steady state, per tool: one warm-up call, then three calls
+/// of the same tool in a row (a call that leaves its connection unusable shows on the next call).
+/// The server creates a sandbox and a task of its own.
+fn e2b_connections(b: &Bench, emu: &Emulator) -> Result<Map<String, Value>> {
+    let target: SocketAddr = emu.url.trim_start_matches("http://").parse().with_context(|| format!("the emulator's URL {}", emu.url))?;
+    let proxy = Proxy::start(target)?;
+    let mut rpc = Rpc::spawn(e2b_server(b, &proxy.url), &b.log("e2b-proxied"))?;
+    rpc.initialize()?;
+    let (sandbox, task) = e2b_setup(&mut rpc)?;
+    let mut per_tool: Map<String, Value> = Map::new();
+    let mut side = Side::new(&mut rpc, &sandbox, &task);
+    side.conns = Some(proxy.accepted.clone());
+    let mut pass = || -> Result<()> {
+        for op in E2B_OPS {
+            side.op(op, None)?;
+            for _ in 0..3 {
+                for c in side.op(op, None)? {
+                    if let Some(a) = per_tool.entry(c.tool.to_string()).or_insert_with(|| json!([])).as_array_mut() {
+                        a.push(json!(c.conns));
+                    }
+                }
+            }
+        }
+        Ok(())
+    };
+    let r = pass();
+    let killed = rpc.tool("kill_sandbox", &json!({"sandbox_id": sandbox}));
+    let closed = rpc.close();
+    drop(proxy);
+    r?;
+    killed?;
+    closed?;
+    Ok(per_tool)
+}
+
+/// The most common value (the smaller on a tie).
+fn mode(xs: &[u64]) -> Option<u64> {
+    let mut freq: Vec<(u64, usize)> = Vec::new();
+    for &x in xs {
+        match freq.iter_mut().find(|(v, _)| *v == x) {
+            Some(f) => f.1 += 1,
+            None => freq.push((x, 1)),
+        }
+    }
+    freq.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    freq.first().map(|f| f.0)
+}
+
+/// What the e2b section measures: one or two tool calls each (the pairs clean up after
+/// themselves, so every repetition does the same work).
+#[derive(Clone, Copy, PartialEq)]
+enum Op {
+    Write,
+    Read,
+    List,
+    Run,
+    Start,
+    Get,
+    Cancel,
+    Tasks,
+    Create,
+}
+
+/// In this order (the file is written before it is read).
+const E2B_OPS: [Op; 9] = [Op::Write, Op::Read, Op::List, Op::Run, Op::Start, Op::Get, Op::Cancel, Op::Tasks, Op::Create];
+
+/// The rows: tool, what the call does, HTTP requests one call needs in steady state.
+const E2B_TOOLS: [(&str, &str, u64); 11] = [
+    ("run_command", "`run_command \"true\"`", 1),
+    ("write_file", "`write_file` (6 bytes)", 1),
+    ("read_file", "`read_file` (6 bytes)", 1),
+    ("list_files", "`list_files` (a directory with one file)", 1),
+    ("start_task", "`start_task \"true\"` until its first answer", 1),
+    ("get_task", "`get_task` (a finished task)", 1),
+    ("cancel_task", "`cancel_task` (a finished task: returns the saved result)", 1),
+    ("list_tasks", "`list_tasks`", 1),
+    ("delete_task", "`delete_task` (a finished task)", 1),
+    ("create_sandbox", "`create_sandbox`", 1),
+    ("kill_sandbox", "`kill_sandbox` (right after `create_sandbox`)", 1),
+];
+
+/// One provider's session, sandbox and finished task.
+struct Side<'a> {
+    rpc: &'a mut Rpc,
+    sandbox: String,
+    /// A finished task in `sandbox` whose stdout is "hello\n".
+    task: String,
+    /// start_task calls, and how many of them already answered with the final state.
+    starts: usize,
+    direct: usize,
+    /// create_sandbox calls, and the kill_sandbox calls right after them that failed (then
+    /// retried).
+    creates: usize,
+    kill_failures: Vec<String>,
+    /// Connections accepted by a counting proxy in front of the emulator, when there is one.
+    conns: Option<Arc<AtomicUsize>>,
+}
+
+/// One timed tool call: wall time and, when the emulator was given, the requests it made; with
+/// a counting proxy, the connections it opened.
+struct Call {
+    tool: &'static str,
+    secs: f64,
+    counts: Option<Value>,
+    conns: Option<usize>,
+}
+
+impl<'a> Side<'a> {
+    fn new(rpc: &'a mut Rpc, sandbox: &str, task: &str) -> Side<'a> {
+        Side {
+            rpc,
+            sandbox: sandbox.to_string(),
+            task: task.to_string(),
+            starts: 0,
+            direct: 0,
+            creates: 0,
+            kill_failures: Vec::new(),
+            conns: None,
+        }
+    }
+
+    /// Calls `tool` (timed), checks its result, and counts its requests to `emu` (reset before,
+    /// read after; neither inside the timed part).
+    fn call(
+        &mut self,
+        emu: &mut Option<&mut Emulator>,
+        tool: &'static str,
+        args: Value,
+        ok: impl Fn(&Value) -> bool,
+    ) -> Result<(Call, Value)> {
+        if let Some(e) = emu.as_deref_mut() {
+            e.reset()?;
+        }
+        let accepted = |conns: &Option<Arc<AtomicUsize>>| conns.as_ref().map(|c| c.load(Ordering::SeqCst));
+        let before = accepted(&self.conns);
+        let t = Instant::now();
+        let v = self.rpc.tool(tool, &args)?;
+        let secs = secs(t);
+        let conns = accepted(&self.conns).zip(before).map(|(a, b)| a - b);
+        let counts = match emu.as_deref_mut() {
+            Some(e) => Some(e.counts()?),
+            None => None,
+        };
+        if !ok(&v) {
+            bail!("{tool} {args} returned {v}");
+        }
+        Ok((Call { tool, secs, counts, conns }, v))
+    }
+
+    fn op(&mut self, op: Op, mut emu: Option<&mut Emulator>) -> Result<Vec<Call>> {
+        let emu = &mut emu;
+        let sb = self.sandbox.clone();
+        let task = self.task.clone();
+        let hello = |v: &Value| v["stdout"] == json!("hello\n");
+        Ok(match op {
+            Op::Write => {
+                let args = json!({"sandbox_id": sb, "path": E2B_FILE, "content": E2B_CONTENT});
+                vec![self.call(emu, "write_file", args, |v| v["bytes_written"] == json!(E2B_CONTENT.len()))?.0]
+            }
+            Op::Read => {
+                let args = json!({"sandbox_id": sb, "path": E2B_FILE});
+                vec![self.call(emu, "read_file", args, |v| v["content"] == json!(E2B_CONTENT))?.0]
+            }
+            Op::List => {
+                let args = json!({"sandbox_id": sb, "path": E2B_DIR});
+                vec![self.call(emu, "list_files", args, |v| v["entries"].as_array().is_some_and(|a| a.len() == 1))?.0]
+            }
+            Op::Run => {
+                let args = json!({"sandbox_id": sb, "command": "true"});
+                vec![self.call(emu, "run_command", args, |v| v["exit_code"] == json!(0))?.0]
+            }
+            Op::Start => {
+                let args = json!({"sandbox_id": sb, "command": "true"});
+                let (start, snap) = self.call(emu, "start_task", args, |v| v["task_id"].is_string())?;
+                let id = snap["task_id"].as_str().unwrap_or_default().to_string();
+                self.starts += 1;
+                let fin = if state(&snap) == "running" {
+                    wait_final(self.rpc, &sb, &id, Duration::from_secs(10), Duration::from_millis(2))?
+                } else {
+                    self.direct += 1;
+                    snap
+                };
+                if state(&fin) != "succeeded" {
+                    bail!("start_task true ended {fin}");
+                }
+                let args = json!({"sandbox_id": sb, "task_id": id});
+                let (delete, _) = self.call(emu, "delete_task", args, |v| v["deleted"] == json!(true))?;
+                vec![start, delete]
+            }
+            Op::Get => {
+                let args = json!({"sandbox_id": sb, "task_id": task});
+                vec![self.call(emu, "get_task", args, |v| state(v) == "succeeded" && hello(v))?.0]
+            }
+            Op::Cancel => {
+                let args = json!({"sandbox_id": sb, "task_id": task});
+                vec![self.call(emu, "cancel_task", args, |v| state(v) == "succeeded" && hello(v))?.0]
+            }
+            Op::Tasks => {
+                let args = json!({"sandbox_id": sb});
+                vec![self.call(emu, "list_tasks", args, |v| v["count"].as_u64().is_some_and(|n| n >= 1))?.0]
+            }
+            Op::Create => {
+                let (create, v) = self.call(emu, "create_sandbox", json!({"timeout": 300}), |v| v["sandbox_id"].is_string())?;
+                self.creates += 1;
+                let args = json!({"sandbox_id": v["sandbox_id"]});
+                match self.call(emu, "kill_sandbox", args.clone(), |v| v["killed"] == json!(true)) {
+                    Ok((kill, _)) => vec![create, kill],
+                    Err(err) => {
+                        // Reported in the kill_sandbox row; the retry cleans up (and is not timed).
+                        self.kill_failures.push(format!("{err:#}"));
+                        self.call(emu, "kill_sandbox", args, |v| v["sandbox_id"].is_string())?;
+                        vec![create]
+                    }
+                }
+            }
+        })
+    }
+
+    /// start_task of `command` (still running at its first answer): the time to that answer and
+    /// the state it gave; then cancel_task and delete_task.
+    fn start_running(&mut self, command: &str) -> Result<(f64, String)> {
+        let sb = self.sandbox.clone();
+        let t = Instant::now();
+        let snap = self.rpc.tool("start_task", &json!({"sandbox_id": sb, "command": command, "timeout": 60}))?;
+        let e = secs(t);
+        let id = snap["task_id"].as_str().context("start_task returned no task_id")?.to_string();
+        let fin = self.rpc.tool("cancel_task", &json!({"sandbox_id": sb, "task_id": id}))?;
+        if !matches!(state(&fin), "cancelled" | "succeeded") {
+            bail!("cancel_task of {command:?} ended {fin}");
+        }
+        self.rpc.tool("delete_task", &json!({"sandbox_id": sb, "task_id": id}))?;
+        Ok((e, state(&snap).to_string()))
+    }
+}
+
+/// A tool call that must answer within `limit`; otherwise the server is stopped (TERM, then
+/// KILL 3 s later, by its own pid) and the call fails.
+fn tool_within(rpc: &mut Rpc, tool: &str, args: &Value, limit: Duration) -> Result<Value> {
+    let pid = rpc.pid();
+    let (done, wait) = std::sync::mpsc::channel::<()>();
+    let dog = thread::spawn(move || {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = wait.recv_timeout(limit) {
+            // The child is not reaped before this thread is joined: the pid is still its own.
+            let _ = sh("kill -s TERM \"$1\"", &[&pid.to_string()]).status();
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while running(pid) && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(10));
+            }
+            if running(pid) {
+                let _ = sh("kill -s KILL \"$1\"", &[&pid.to_string()]).status();
+            }
+            true
+        } else {
+            false
+        }
+    });
+    let r = rpc.tool(tool, args);
+    let _ = done.send(());
+    if dog.join().unwrap_or(false) {
+        bail!("no answer within {} s (the server was stopped)", limit.as_secs());
+    }
+    r
+}
+
+/// Whether `pid` exists and is not a zombie.
+fn running(pid: u32) -> bool {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z'))
+}
+
+/// `routes` of a request-count answer, as (route, count).
+fn routes(counts: &Value) -> Vec<(String, u64)> {
+    counts["routes"].as_object().map(|m| m.iter().map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0))).collect()).unwrap_or_default()
+}
+
+fn total(counts: &Value) -> u64 {
+    counts["total"].as_u64().unwrap_or(0)
+}
+
+/// "`POST /process.Process/Start`" or "2 × `GET /sandboxes/{id}`, `POST …`".
+fn route_text(routes: &[(String, u64)]) -> String {
+    let parts: Vec<String> =
+        routes.iter().filter(|(_, n)| *n > 0).map(|(r, n)| if *n == 1 { format!("`{r}`") } else { format!("{n} × `{r}`") }).collect();
+    if parts.is_empty() {
+        "none".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+fn plural(n: u64) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+/// The requests of every call of one tool: the steady state (the most common total, the smaller
+/// on a tie), its routes, and what the other calls made on top of it.
+struct Requests {
+    calls: usize,
+    steady: u64,
+    steady_routes: Vec<(String, u64)>,
+    /// Calls that made more than the steady state, and the routes they added.
+    more: usize,
+    extra: Vec<(String, u64)>,
+    fewer: usize,
+}
+
+impl Requests {
+    fn of(counts: &[Value]) -> Requests {
+        let steady = mode(&counts.iter().map(total).collect::<Vec<u64>>()).unwrap_or(0);
+        let steady_routes = counts.iter().find(|c| total(c) == steady).map(routes).unwrap_or_default();
+        let mut extra: Vec<(String, u64)> = Vec::new();
+        let (mut more, mut fewer) = (0, 0);
+        for c in counts {
+            if total(c) < steady {
+                fewer += 1;
+            }
+            if total(c) <= steady {
+                continue;
+            }
+            more += 1;
+            for (route, n) in routes(c) {
+                let base = steady_routes.iter().find(|(r, _)| *r == route).map(|x| x.1).unwrap_or(0);
+                if n > base {
+                    match extra.iter_mut().find(|(r, _)| *r == route) {
+                        Some(e) => e.1 += n - base,
+                        None => extra.push((route, n - base)),
+                    }
+                }
+            }
+        }
+        Requests { calls: counts.len(), steady, steady_routes, more, extra, fewer }
+    }
+
+    fn json(&self) -> Value {
+        json!({"calls": self.calls, "steady": self.steady, "steady_routes": self.steady_routes, "calls_with_more": self.more,
+            "extra_routes": self.extra, "calls_with_fewer": self.fewer})
+    }
+
+    /// A sentence about the calls that did not make the steady-state requests.
+    fn note(&self) -> Option<String> {
+        let mut parts = Vec::new();
+        if self.more > 0 {
+            let renewals = self.extra.iter().all(|(r, _)| r == "POST /sandboxes/{id}/connect");
+            parts.push(format!(
+                "{} of {} calls made more than {} request{}: {} in all{}",
+                self.more,
+                self.calls,
+                self.steady,
+                plural(self.steady),
+                route_text(&self.extra),
+                if renewals { " (TTL renewals, coalesced to one per 30 s per sandbox)" } else { "" }
+            ));
+        }
+        if self.fewer > 0 {
+            parts.push(format!("{} of {} calls made fewer than {}", self.fewer, self.calls, self.steady));
+        }
+        (!parts.is_empty()).then(|| parts.join("; "))
+    }
+}
+
+/// The e2b provider against the E2B emulator on loopback, tool by tool, against the same tools
+/// on the local provider (the control session), interleaved in blocks; the HTTP requests every
+/// e2b call makes; and the first call from a fresh server process.
+fn e2b_rows(b: &mut Bench, ctl: &mut Ctl) -> Result<()> {
+    let Some(exe) = b.o.e2b_emulator.clone() else {
+        b.row(
+            Row::new("e2b", "e2b provider vs local, per tool (overhead ratio, HTTP requests per tool)")
+                .not_measured("no --e2b-emulator given (tests/bench/run.sh builds target/release/e2b-emulator)"),
+        );
+        return Ok(());
+    };
+    let mut emu = Emulator::start(b, &exe)?;
+    let mut rpc = Rpc::spawn(emu.server(b), &b.log("e2b-stdio"))?;
+    rpc.initialize()?;
+    let (sandbox, task) = e2b_setup(&mut rpc)?;
+    let measured = e2b_measure(b, ctl, &mut emu, &mut rpc, &sandbox, &task);
+    // The sandbox holds a task, so the session's end would keep it: kill it here (stopping the
+    // emulator would kill it too).
+    let killed = rpc.tool("kill_sandbox", &json!({"sandbox_id": sandbox}));
+    let closed = rpc.close();
+    drop(emu);
+    measured?;
+    killed?;
+    closed
+}
+
+fn e2b_measure(b: &mut Bench, ctl: &mut Ctl, emu: &mut Emulator, rpc: &mut Rpc, sandbox: &str, task: &str) -> Result<()> {
+    let mut local = Side::new(&mut ctl.rpc, &ctl.plain, &ctl.done_task);
+    let mut e2b = Side::new(rpc, sandbox, task);
+
+    // Warm-up, then rounds of one block per op and provider.
+    // Warm-up, then rounds of one block per op and provider: up to 40 samples per tool (4 in
+    // quick mode), fewer when the rounds run past a time budget (at least two rounds).
+    let (warm, block) = if b.o.quick { (2, 2) } else { (3, 8) };
+    let rounds = b.n(40).div_ceil(block);
+    let budget = Duration::from_secs(if b.o.quick { 8 } else { 20 });
+    for op in E2B_OPS {
+        for _ in 0..warm {
+            local.op(op, None)?;
+            e2b.op(op, Some(&mut *emu))?;
+        }
+    }
+    let mut local_xs: Map<String, Value> = Map::new();
+    let mut e2b_xs: Map<String, Value> = Map::new();
+    let mut counts: Map<String, Value> = Map::new();
+    let push = |m: &mut Map<String, Value>, tool: &str, v: Value| {
+        if let Some(a) = m.entry(tool.to_string()).or_insert_with(|| json!([])).as_array_mut() {
+            a.push(v);
+        }
+    };
+    let timed = Instant::now();
+    let mut done = 0;
+    while done < rounds && (done < 2 || timed.elapsed() < budget) {
+        done += 1;
+        for op in E2B_OPS {
+            for _ in 0..block {
+                for c in local.op(op, None)? {
+                    push(&mut local_xs, c.tool, json!(c.secs));
+                }
+            }
+            for _ in 0..block {
+                for c in e2b.op(op, Some(&mut *emu))? {
+                    push(&mut e2b_xs, c.tool, json!(c.secs));
+                    push(&mut counts, c.tool, c.counts.unwrap_or(Value::Null));
+                }
+            }
+        }
+    }
+    // start_task of a command still running at its first answer (then cancelled and deleted).
+    let (mut running_local, mut running_e2b) = (Vec::new(), Vec::new());
+    for _ in 0..if b.o.quick { 2 } else { 3 } {
+        running_local.push(local.start_running(E2B_RUNNING)?);
+        running_e2b.push(e2b.start_running(E2B_RUNNING)?);
+    }
+    let (local_starts, e2b_starts) = ((local.direct, local.starts), (e2b.direct, e2b.starts));
+    let kill_failures =
+        [("local", local.creates, std::mem::take(&mut local.kill_failures)), ("e2b", e2b.creates, std::mem::take(&mut e2b.kill_failures))];
+
+    // The first call from fresh server processes: get_task (which must learn the access token)
+    // and run_command (which must also renew and read the environment for masking).
+    let n_fresh = b.n(20).max(3);
+    let mut first: Map<String, Value> = Map::new();
+    for (tool, args) in
+        [("get_task", json!({"sandbox_id": sandbox, "task_id": task})), ("run_command", json!({"sandbox_id": sandbox, "command": "true"}))]
+    {
+        let (mut xs, mut per_call, mut at_start, mut failure) = (Vec::new(), Vec::new(), 0, None);
+        for _ in 0..n_fresh {
+            emu.reset()?;
+            let mut fresh = Rpc::spawn(emu.server(b), &b.log("e2b-fresh"))?;
+            fresh.initialize()?;
+            at_start += total(&emu.counts()?);
+            emu.reset()?;
+            let t = Instant::now();
+            let r = tool_within(&mut fresh, tool, &args, E2B_FIRST_CALL_LIMIT);
+            let e = secs(t);
+            let c = emu.counts()?;
+            match r {
+                Ok(_) => {
+                    xs.push(e);
+                    per_call.push(c);
+                    fresh.close()?;
+                }
+                Err(err) => {
+                    failure = Some(format!("{err:#}; requests seen: {}", route_text(&routes(&c))));
+                    break; // dropped: killed by its own pid if it still runs
+                }
+            }
+        }
+        first.insert(tool.into(), json!({"secs": xs, "counts": per_call, "requests_at_start": at_start, "failure": failure}));
+    }
+
+    let conns = e2b_connections(b, emu)?;
+
+    // Rows.
     b.row(
-        Row::new("e2b", "e2b provider vs local, per tool (overhead ratio, HTTP requests per tool)")
-            .not_measured("the E2B emulator is not available yet; see e2b_rows in tests/bench/driver.rs"),
+        Row::new(
+            "e2b",
+            "setup: sandbox-mcp over stdio with the e2b provider → e2b-emulator on 127.0.0.1, vs the local provider's control session, \
+interleaved in blocks",
+        )
+        .note(if done < rounds {
+            format!("{E2B_NOTE}. The timed rounds stopped after {done} of {rounds} (time budget {} s)", budget.as_secs())
+        } else {
+            E2B_NOTE.to_string()
+        }),
     );
+    let mut raw = Map::new();
+    for (tool, what, need) in E2B_TOOLS {
+        let xs = |m: &Map<String, Value>| -> Vec<f64> {
+            m.get(tool).and_then(Value::as_array).map(|a| a.iter().filter_map(Value::as_f64).collect()).unwrap_or_default()
+        };
+        let (lx, ex) = (xs(&local_xs), xs(&e2b_xs));
+        let l = b.keep(&format!("e2b.local.{tool}"), &lx);
+        let e = b.keep(&format!("e2b.e2b.{tool}"), &ex);
+        let per_call: Vec<Value> = counts.get(tool).and_then(Value::as_array).cloned().unwrap_or_default();
+        let req = Requests::of(&per_call);
+        raw.insert(tool.into(), req.json());
+        let r = e.median / l.median;
+        let mut row = Row::new("e2b", format!("{what}, e2b provider"))
+            .lat(&e)
+            .vs(format!("local {}", dur(l.median)))
+            .ratio(format!("{} local", times(r)))
+            .target(
+                format!("≤ {need} HTTP request{} per call; steady state {}: {}", plural(need), req.steady, route_text(&req.steady_routes)),
+                req.steady <= need,
+            );
+        let mut notes: Vec<String> = req.note().into_iter().collect();
+        if tool == "start_task" {
+            notes.push(format!(
+                "{} of {} e2b and {} of {} local start_task calls (warm-up included) already answered with the final state",
+                e2b_starts.0, e2b_starts.1, local_starts.0, local_starts.1
+            ));
+        }
+        if tool == "kill_sandbox" {
+            for (side, creates, failures) in &kill_failures {
+                if let Some(first) = failures.first() {
+                    notes.push(format!(
+                        "{} of {creates} {side} kill_sandbox calls right after create_sandbox failed and were retried (not timed); the first: {first}",
+                        failures.len()
+                    ));
+                }
+            }
+            let log = fs::read_to_string(b.log("e2b-emulator")).unwrap_or_default();
+            let warned = log.lines().filter(|l| l.contains("killing local sandbox")).count();
+            if warned > 0 {
+                let first = log.lines().find(|l| l.contains("killing local sandbox")).unwrap_or("");
+                let first = first.split_once("] ").map_or(first, |x| x.1); // without the log prefix
+                notes.push(format!(
+                    "the emulator logged {warned} failed kills of its local sandboxes (answering 204 all the same); the first: {first}"
+                ));
+            }
+        }
+        if !notes.is_empty() {
+            row = row.note(notes.join("; "));
+        }
+        b.row(row);
+    }
+    b.keep_value("e2b.requests", Value::Object(raw));
+    b.keep_value("e2b.rounds", json!({"done": done, "planned": rounds, "block": block, "warm": warm, "budget_s": budget.as_secs()}));
+    b.keep_value(
+        "e2b.kill_failures",
+        json!(kill_failures.iter().map(|(side, creates, f)| json!({"side": side, "creates": creates, "failures": f})).collect::<Vec<_>>()),
+    );
+
+    let states = |xs: &[(f64, String)]| {
+        let mut seen: Vec<(String, usize)> = Vec::new();
+        for (_, st) in xs {
+            match seen.iter_mut().find(|(s, _)| s == st) {
+                Some(x) => x.1 += 1,
+                None => seen.push((st.clone(), 1)),
+            }
+        }
+        seen.iter().map(|(s, n)| format!("{s} ×{n}")).collect::<Vec<_>>().join(", ")
+    };
+    let secs_of = |xs: &[(f64, String)]| xs.iter().map(|x| x.0).collect::<Vec<f64>>();
+    let l = b.keep("e2b.local.start_task_running", &secs_of(&running_local));
+    let e = b.keep("e2b.e2b.start_task_running", &secs_of(&running_e2b));
+    b.row(
+        Row::new("e2b", format!("`start_task \"{E2B_RUNNING}\"` (still running): time to its first answer, e2b provider"))
+            .lat(&e)
+            .vs(format!("local {}", dur(l.median)))
+            .ratio(format!("{} local", times(e.median / l.median)))
+            .target("< 0.5 s (start_task watches a running task for about 0.1 s, then answers)", e.median < 0.5)
+            .note(format!("states at the first answer: e2b {}; local {}", states(&running_e2b), states(&running_local))),
+    );
+
+    let mut opening = Vec::new();
+    let mut per_call = Vec::new();
+    for (tool, _, _) in E2B_TOOLS {
+        let xs: Vec<u64> =
+            conns.get(tool).and_then(Value::as_array).map(|a| a.iter().filter_map(Value::as_u64).collect()).unwrap_or_default();
+        let m = mode(&xs).context(format!("no connection counts for {tool}"))?;
+        if m > 0 {
+            opening.push(tool);
+        }
+        per_call.push(format!("{tool} {m}"));
+    }
+    b.keep_value("e2b.connections_per_call", Value::Object(conns));
+    b.row(
+        Row::new("e2b", "new TCP connections per call in steady state (a separate pass through a counting TCP proxy)")
+            .value(format!("{} of {} tools open a connection per call", opening.len(), E2B_TOOLS.len()))
+            .target("0: every call reuses a kept-alive connection", opening.is_empty())
+            .note(format!(
+                "new connections per call (the most common of 3 calls of the same tool in a row, after one more): {}. A request on a new \
+connection costs a TCP handshake more, and on E2B's cloud (HTTPS) a TLS handshake too",
+                per_call.join(", ")
+            )),
+    );
+
+    let steady_get = b.raw.get("e2b.e2b.get_task").and_then(|v| v["stats"]["median"].as_f64()).unwrap_or(f64::NAN);
+    let steady_run = b.raw.get("e2b.e2b.run_command").and_then(|v| v["stats"]["median"].as_f64()).unwrap_or(f64::NAN);
+    for (tool, what, need, why, steady) in [
+        (
+            "get_task",
+            "`get_task`, first call from a fresh server process",
+            2,
+            "`GET /sandboxes/{id}` for the access token, then the status snippet (`Start`)",
+            steady_get,
+        ),
+        (
+            "run_command",
+            "`run_command \"true\"`, first call from a fresh server process",
+            4,
+            "`GET /sandboxes/{id}` for the TTL, `connect` (renewal), the environment read for masking and the command (`Start`)",
+            steady_run,
+        ),
+    ] {
+        let f = first.get(tool).cloned().unwrap_or(Value::Null);
+        let xs: Vec<f64> = f["secs"].as_array().map(|a| a.iter().filter_map(Value::as_f64).collect()).unwrap_or_default();
+        let s = b.keep(&format!("e2b.first_call.{tool}"), &xs);
+        let per_call: Vec<Value> = f["counts"].as_array().cloned().unwrap_or_default();
+        let req = Requests::of(&per_call);
+        let at_start = f["requests_at_start"].as_u64().unwrap_or(0);
+        b.keep_value(
+            &format!("e2b.first_call.{tool}.requests"),
+            json!({"per_call": req.json(), "requests_at_start": at_start, "failure": f["failure"]}),
+        );
+        let mut row = Row::new("e2b", format!("{what}, e2b provider"));
+        let mut notes: Vec<String> = Vec::new();
+        if let Some(err) = f["failure"].as_str() {
+            notes.push(format!("a first call from a fresh server failed: {err}"));
+            row = row.target(format!("answers; ≤ {need} HTTP requests ({why})"), false);
+        } else {
+            row = row.target(
+                format!("≤ {need} HTTP requests ({why}); measured {}: {}", req.steady, route_text(&req.steady_routes)),
+                req.steady <= need,
+            );
+        }
+        if !xs.is_empty() {
+            row = row.lat(&s).vs(format!("later calls {}", dur(steady))).ratio(format!("{} later calls", times(s.median / steady)));
+        }
+        notes.extend(req.note());
+        if at_start > 0 {
+            notes.push(format!("the fresh servers made {at_start} requests before their first call"));
+        }
+        if !notes.is_empty() {
+            row = row.note(notes.join("; "));
+        }
+        b.row(row);
+    }
     Ok(())
 }

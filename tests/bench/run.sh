@@ -30,10 +30,13 @@ cleanup() {
             fi
         done <"$work/pids"
     fi
-    # Sandboxes left behind by an interrupted run (each kill also stops its processes).
-    for d in "$work"/home/sandboxes/*/; do
-        [ -d "$d" ] && SANDBOX_MCP_HOME=$work/home "$bin" --provider local call kill_sandbox \
-            "{\"sandbox_id\":\"$(basename "$d")\"}" >/dev/null 2>&1 || true
+    # Sandboxes left behind by an interrupted run (each kill also stops its processes): the local
+    # provider's, and the E2B emulator's (local-provider sandboxes under its own state root).
+    for home in "$work/home" "$work/e2b-home"; do
+        for d in "$home"/sandboxes/*/; do
+            [ -d "$d" ] && SANDBOX_MCP_HOME=$home "$bin" --provider local call kill_sandbox \
+                "{\"sandbox_id\":\"$(basename "$d")\"}" >/dev/null 2>&1 || true
+        done
     done
     rm -rf "$work"
 }
@@ -77,7 +80,9 @@ if [ -n "$pueue_build" ]; then
 fi
 
 cargo build --quiet --release --example bench-driver
+cargo build --quiet --release --bin e2b-emulator
 driver=$root/target/release/examples/bench-driver
+emulator=$root/target/release/e2b-emulator
 installed=$(date +%s)
 
 work=$(mktemp -d /tmp/smcp-bench.XXXXXX)
@@ -85,13 +90,12 @@ mkdir -p "$results"
 name=$(date -u +%Y%m%dT%H%M%SZ)
 quick=()
 [ "${BENCH_QUICK:-0}" = 1 ] && quick=(--quick)
-# E2B provider rows (to be added): once the e2b-emulator binary exists, pass its path to the
-# driver here and fill in e2b_rows in tests/bench/driver.rs.
 status=0
 timeout -s TERM 1200 "$driver" --bin "$bin" --work "$work" \
     --json "$results/$name.json" --md "$results/$name.md" \
     --python "$tools/venv/bin/python" --peer-py "$root/tests/bench/peer_mcpserver.py" \
     --node "$node" --everything "$everything" --pueue-dir "$tools/cargo/bin" \
+    --e2b-emulator "$emulator" \
     "${quick[@]}" || status=$?
 if [ -f "$results/$name.json" ]; then
     ln -sf "$name.json" "$results/latest.json"

@@ -87,8 +87,13 @@ fn a_start_stream_dropped_after_sending_reports_unknown_without_resubmitting() {
     let s = m.ok("start_task", json!({"command": "echo ran >> runs.txt"}));
     assert_eq!(s["state"], "unknown", "{s}");
     assert!(s["error"].as_str().unwrap().contains("could not be confirmed"));
-    let done = finish(&mut m, &sb, s["task_id"].as_str().unwrap());
-    assert_eq!(done["state"], "succeeded");
+    // The answer was lost at once, possibly before the supervisor's first word: until then the
+    // task is honestly `unknown`, so poll for the outcome.
+    let task = s["task_id"].as_str().unwrap().to_string();
+    wait_for(Duration::from_secs(20), "the task to succeed", || {
+        let g = m.ok("get_task", json!({"sandbox_id": sb, "task_id": task}));
+        (g["state"] == "succeeded").then_some(())
+    });
     assert_eq!(m.ok("read_file", json!({"path": "runs.txt"}))["content"], "ran\n", "the command ran exactly once");
 }
 

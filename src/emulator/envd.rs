@@ -485,6 +485,11 @@ pub fn run_stream(mut w: ChunkedWriter<'_>, plan: StreamPlan) -> io::Result<()> 
                         w.send(&connect::message(&process::data_event(stderr, &bytes)))?;
                         next_keepalive = Instant::now() + keepalive;
                     }
+                    // A process killed at the deadline ends the stream as envd does: its request
+                    // deadline fires first, whichever of the two this thread sees first.
+                    Ok(Event::End(_)) if deadline.is_some_and(|d| Instant::now() >= d) => {
+                        return end_with(w, Code::DeadlineExceeded, "context deadline exceeded".into());
+                    }
                     Ok(Event::End(end)) => {
                         w.send(&connect::message(&process::event_message(json!({ "end": end }))))?;
                         w.send(&connect::end_stream(None))?;

@@ -87,12 +87,12 @@ fn a_start_stream_dropped_after_sending_reports_unknown_without_resubmitting() {
     let s = m.ok("start_task", json!({"command": "echo ran >> runs.txt"}));
     assert_eq!(s["state"], "unknown", "{s}");
     assert!(s["error"].as_str().unwrap().contains("could not be confirmed"));
-    // The answer was lost at once, possibly before the supervisor's first word: until then the
-    // task is honestly `unknown`, so poll for the outcome.
+    // The answer was lost at once, possibly before the task directory existed or the supervisor
+    // said a word: until then get_task honestly says "no such task" or `unknown` (SPEC §7.7).
     let task = s["task_id"].as_str().unwrap().to_string();
     wait_for(Duration::from_secs(20), "the task to succeed", || {
-        let g = m.ok("get_task", json!({"sandbox_id": sb, "task_id": task}));
-        (g["state"] == "succeeded").then_some(())
+        let g = m.call("get_task", json!({"sandbox_id": sb, "task_id": task}));
+        (g["structuredContent"]["state"] == "succeeded").then_some(())
     });
     assert_eq!(m.ok("read_file", json!({"path": "runs.txt"}))["content"], "ran\n", "the command ran exactly once");
 }

@@ -37,6 +37,10 @@ const MAX_DRAIN_BYTES: usize = 64 * 1024 * 1024;
 /// age of busy connections bounds that wait.
 pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(5);
 
+/// Above this many connections active within a second, every answer closes its connection, so
+/// that tiny_http's threads keep turning over while a burst of clients connects.
+pub const CROWDED_CONNECTIONS: usize = 8;
+
 /// Binds a listening socket with `TCP_NODELAY` set, which Linux copies to every accepted
 /// connection (tiny_http does not set it, and a reply written in pieces would otherwise wait for
 /// the client's delayed ACK). std only offers the setter on streams; the descriptor is briefly
@@ -56,30 +60,36 @@ pub struct Listener {
     queue: Sender<Job<(Arc<Session>, ToolCall)>>,
     /// Whether the listen address is loopback (then `Host` is checked too).
     loopback: bool,
-    /// When each open connection (by peer address) sent its first request.
-    first_seen: Mutex<HashMap<SocketAddr, Instant>>,
+    /// First and last request time of each connection seen recently (by peer address).
+    connections: Mutex<HashMap<SocketAddr, (Instant, Instant)>>,
 }
 
 impl Listener {
     /// The listener of `app`'s HTTP transport.
     pub fn new(app: Arc<App>, sessions: Arc<Sessions>, queue: Sender<Job<(Arc<Session>, ToolCall)>>, loopback: bool) -> Listener {
-        Listener { app, sessions, queue, loopback, first_seen: Mutex::new(HashMap::new()) }
+        Listener { app, sessions, queue, loopback, connections: Mutex::new(HashMap::new()) }
     }
 
-    /// Whether this connection has lived past [`MAX_CONNECTION_AGE`] (it is then forgotten).
-    fn too_old(&self, peer: Option<&SocketAddr>) -> bool {
+    /// Whether this connection should be asked to reconnect: it is older than
+    /// [`MAX_CONNECTION_AGE`], or more than [`CROWDED_CONNECTIONS`] connections were active in the
+    /// last second (then no connection may keep a tiny_http thread while others wait for one).
+    fn should_close(&self, peer: Option<&SocketAddr>) -> bool {
         let Some(peer) = peer else { return false };
-        let mut seen = self.first_seen.lock().unwrap_or_else(|p| p.into_inner());
+        let mut conns = self.connections.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
-        if seen.len() > 4096 {
-            seen.retain(|_, t| now.duration_since(*t) < MAX_CONNECTION_AGE * 2);
+        if conns.len() > 64 {
+            conns.retain(|_, (_, last)| now.duration_since(*last) < Duration::from_secs(10));
         }
-        let first = *seen.entry(*peer).or_insert(now);
-        if now.duration_since(first) < MAX_CONNECTION_AGE {
-            return false;
+        let first = conns.entry(*peer).or_insert((now, now)).0;
+        let active = conns.values().filter(|(_, last)| now.duration_since(*last) < Duration::from_secs(1)).count();
+        if now.duration_since(first) >= MAX_CONNECTION_AGE || active > CROWDED_CONNECTIONS {
+            conns.remove(peer);
+            return true;
         }
-        seen.remove(peer);
-        true
+        if let Some(entry) = conns.get_mut(peer) {
+            entry.1 = now;
+        }
+        false
     }
 }
 
@@ -247,7 +257,7 @@ impl Listener {
         }
         let too_large = matches!(body, Body::TooLarge);
         let mut answer = self.answer(&req, body);
-        answer.close |= too_large || self.too_old(req.remote_addr());
+        answer.close |= too_large || self.should_close(req.remote_addr());
         let status = answer.status;
         let sse_only =
             get(&req, "Accept").is_some_and(|a| a.contains("text/event-stream") && !a.contains("application/json") && !a.contains("*/*"));

@@ -193,3 +193,48 @@ fn busy_connections_are_asked_to_reconnect_after_their_max_age() {
     let max = sandbox_mcp::transport::http::MAX_CONNECTION_AGE;
     assert!(closed >= max && closed < max + Duration::from_secs(5), "{closed:?}");
 }
+
+/// Regression (found by make bench): a burst of simultaneous connects left some connections
+/// unanswered, queued in tiny_http's pool behind kept-alive ones. Clients here behave like HTTP
+/// clients: they drop a connection answered with `Connection: close`, and keep it otherwise.
+#[test]
+fn a_burst_of_connections_is_answered() {
+    use std::sync::{Arc, Barrier};
+    let home = Home::new("httpburst");
+    let h = Http::start(&home, &[], &[]);
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+    for _round in 0..3 {
+        let n = 64;
+        let start = Arc::new(Barrier::new(n));
+        let done = Arc::new(Barrier::new(n));
+        let threads: Vec<_> = (0..n)
+            .map(|_| {
+                let (start, done, addr) = (start.clone(), done.clone(), h.addr);
+                std::thread::spawn(move || {
+                    let stream = std::net::TcpStream::connect(addr).unwrap();
+                    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                    let mut conn = Conn::from_stream(stream);
+                    start.wait();
+                    let t0 = std::time::Instant::now();
+                    conn.send("POST", "/mcp", &[], init.as_bytes());
+                    let answered = conn.try_read().map(|r| (r.status, r.header("connection").map(str::to_string)));
+                    let took = t0.elapsed();
+                    let keep = matches!(&answered, Some((_, c)) if c.as_deref() != Some("close"));
+                    let held = if keep {
+                        Some(conn)
+                    } else {
+                        drop(conn);
+                        None
+                    };
+                    done.wait();
+                    drop(held);
+                    let _ = took;
+                    (answered.map(|(s, _)| s), keep)
+                })
+            })
+            .collect();
+        let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        let lost = results.iter().filter(|(s, _)| s.is_none()).count();
+        assert_eq!(lost, 0, "{lost} of {n} connections were not answered within 5 s");
+    }
+}

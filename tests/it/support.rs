@@ -273,6 +273,37 @@ impl Conn {
         Conn { stream: BufReader::new(s) }
     }
 
+    pub fn from_stream(s: TcpStream) -> Conn {
+        Conn { stream: BufReader::new(s) }
+    }
+
+    /// Like `read`, but `None` when the answer does not come (read timeout or closed).
+    pub fn try_read(&mut self) -> Option<Resp> {
+        let mut line = String::new();
+        if self.stream.read_line(&mut line).ok()? == 0 {
+            return None;
+        }
+        let status: u16 = line.split_whitespace().nth(1)?.parse().ok()?;
+        let mut headers = Vec::new();
+        let mut len = 0usize;
+        loop {
+            let mut h = String::new();
+            self.stream.read_line(&mut h).ok()?;
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            let (k, v) = h.split_once(':')?;
+            if k.eq_ignore_ascii_case("content-length") {
+                len = v.trim().parse().ok()?;
+            }
+            headers.push((k.to_string(), v.trim().to_string()));
+        }
+        let mut body = vec![0u8; len];
+        self.stream.read_exact(&mut body).ok()?;
+        Some(Resp { status, headers, body: String::from_utf8_lossy(&body).to_string() })
+    }
+
     pub fn send(&mut self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) {
         let mut head = format!("{method} {path} HTTP/1.1\r\nContent-Length: {}\r\n", body.len());
         let given = |name: &str| headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(name));

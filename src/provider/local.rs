@@ -23,6 +23,9 @@ use std::time::{Duration, Instant};
 /// Prefix of every local sandbox id; the rest is 24 lowercase hex characters.
 pub const ID_PREFIX: &str = "local-";
 
+/// Name prefix of a sandbox directory being built by `create` (renamed into place when complete).
+const CREATING_PREFIX: &str = ".creating-";
+
 /// Environment variable carried by every process of a sandbox (value: the sandbox id).
 pub const TAG_VAR: &str = "SANDBOX_MCP_SANDBOX";
 
@@ -97,6 +100,15 @@ impl LocalProvider {
         };
         for entry in dir.flatten() {
             let id = entry.file_name().to_string_lossy().into_owned();
+            if id.starts_with(CREATING_PREFIX) {
+                // A create that died half-way; one still running finishes within milliseconds.
+                let stale =
+                    entry.metadata().and_then(|m| m.modified()).is_ok_and(|t| t.elapsed().unwrap_or_default() > Duration::from_secs(600));
+                if stale {
+                    let _ = fs::remove_dir_all(entry.path());
+                }
+                continue;
+            }
             if check_local_id(&id).is_err() {
                 continue;
             }
@@ -140,7 +152,11 @@ impl LocalProvider {
     }
 
     fn store(&self, meta: &Meta) -> Result<(), ProviderError> {
-        let dir = self.dir(&meta.sandbox_id);
+        self.store_in(&self.dir(&meta.sandbox_id), meta)
+    }
+
+    /// Writes `meta` into `dir` (temp file + rename, mode 0600).
+    fn store_in(&self, dir: &Path, meta: &Meta) -> Result<(), ProviderError> {
         let tmp = dir.join(format!("meta.json.{}.tmp", ids::random_hex(6)));
         let body = serde_json::to_vec(meta).map_err(|err| ProviderError::Unavailable(format!("cannot encode metadata: {err}")))?;
         let write = || -> io::Result<()> {
@@ -470,9 +486,15 @@ impl Provider for LocalProvider {
             return Err(ProviderError::Rejected(format!("environment variable name {bad:?} is not valid")));
         }
         let id = format!("{ID_PREFIX}{}", ids::random_hex(12));
-        let dir = self.dir(&id);
-        let mk = fs::DirBuilder::new().mode(0o700).create(&dir).and_then(|()| fs::DirBuilder::new().mode(0o700).create(dir.join("home")));
-        mk.map_err(|err| ProviderError::Unavailable(format!("cannot create sandbox directory {}: {err}", dir.display())))?;
+        // Built aside and renamed into place, so that a sandbox directory never exists without
+        // its metadata: a sweep running meanwhile (another server starting) takes a directory
+        // without metadata for the remains of an interrupted kill.
+        let building = self.root.join("sandboxes").join(format!("{CREATING_PREFIX}{id}"));
+        let mk = fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&building)
+            .and_then(|()| fs::DirBuilder::new().mode(0o700).create(building.join("home")));
+        mk.map_err(|err| ProviderError::Unavailable(format!("cannot create sandbox directory {}: {err}", building.display())))?;
         let now = unix_now();
         let meta = Meta {
             sandbox_id: id.clone(),
@@ -483,8 +505,12 @@ impl Provider for LocalProvider {
             envs: req.envs.clone(),
             metadata: req.metadata.clone(),
         };
-        if let Err(err) = self.store(&meta) {
-            let _ = fs::remove_dir_all(&dir);
+        let placed = self.store_in(&building, &meta).and_then(|()| {
+            fs::rename(&building, self.dir(&id))
+                .map_err(|err| ProviderError::Unavailable(format!("cannot create sandbox directory {}: {err}", building.display())))
+        });
+        if let Err(err) = placed {
+            let _ = fs::remove_dir_all(&building);
             return Err(err);
         }
         self.spawn_keeper(&id);

@@ -211,3 +211,29 @@ fn call_prints_structured_results_and_keeps_sandboxes() {
     assert_eq!(code, 1);
     assert!(stderr.contains("create_sandbox"), "{stderr}");
 }
+
+/// Regression: a sweep (run by every server at start) took a sandbox directory that `create`
+/// had made but not yet given its metadata for the remains of a kill, and removed it.
+#[test]
+fn creates_racing_with_the_start_sweep_of_other_servers_survive() {
+    let home = Home::new("createrace");
+    let env = home.env();
+    let children: Vec<_> = (0..24)
+        .map(|_| {
+            std::process::Command::new(bin())
+                .args(["call", "create_sandbox", "{}"])
+                .envs(env.iter().cloned())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let sb = v["sandbox_id"].as_str().unwrap();
+        assert!(home.sandbox_dir(sb).join("meta.json").exists(), "sandbox {sb} vanished");
+    }
+}

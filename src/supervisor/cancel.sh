@@ -17,11 +17,11 @@ if read_state "$D" && ! is_final; then
     while [ "$CS" -lt "$_end" ]; do
         read_state "$D" && is_final && break
         if [ -z "$_sent" ] && [ -n "$S_pgid" ]; then
-            sig_task TERM "$S_pgid" "$S_task_start"
+            sig_task TERM "$S_pgid" "$S_task_start" "$1"
             _sent=1
         fi
         if [ -z "$_killed" ] && [ "$CS" -ge "$_kill" ]; then
-            sig_task KILL "$S_pgid" "$S_task_start"
+            sig_task KILL "$S_pgid" "$S_task_start" "$1"
             _killed=1
         fi
         sleep 0.05

@@ -54,13 +54,18 @@ boot_id() {
     read -r BOOT 2>/dev/null </proc/sys/kernel/random/boot_id
 }
 
-# group_alive PGID: a live (non-zombie) process is in that group.
-group_alive() {
+# group_tagged PGID ID: a live (non-zombie) member of that group carries task ID's environment tag.
+# The tag is what proves the group is still the task's: once a group empties, its id can be
+# reused by an unrelated group (fast in a small pid namespace), and membership alone would
+# then point at strangers.
+group_tagged() {
     case $1 in '' | *[!0-9]* | 0 | 1) return 1 ;; esac
-    if proc_stat "$1" && [ "$ST_PGID" = "$1" ] && [ "$ST_STATE" != Z ]; then return 0; fi
+    command -v grep >/dev/null 2>&1 || return 1
     for _p in /proc/[0-9]*; do
         proc_stat "${_p#/proc/}" || continue
-        if [ "$ST_PGID" = "$1" ] && [ "$ST_STATE" != Z ]; then return 0; fi
+        if [ "$ST_PGID" = "$1" ] && [ "$ST_STATE" != Z ] && grep -q -a -F "SANDBOX_MCP_TASK=$2" "$_p/environ" 2>/dev/null; then
+            return 0
+        fi
     done
     return 1
 }
@@ -73,16 +78,16 @@ sig_group() {
     kill -s "$1" $SUP_DD "-$2" 2>/dev/null
 }
 
-# sig_task SIG PGID LEADER_START: signal the task's group only while it is provably still ours:
-# its leader with the recorded start time exists (a zombie leader still holds the id), or live
-# members remain (a group id cannot be reused while it has members).
+# sig_task SIG PGID LEADER_START ID: signal task ID's group only while it is provably still the
+# task's: its leader with the recorded start time exists (a zombie leader still holds the id), or
+# a live member carries the task's tag.
 sig_task() {
     case $2 in '' | *[!0-9]* | 0 | 1) return 2 ;; esac
     if proc_stat "$2" && [ "$ST_PGID" = "$2" ] && [ "$ST_START" = "$3" ]; then
         sig_group "$1" "$2"
         return
     fi
-    group_alive "$2" && sig_group "$1" "$2"
+    group_tagged "$2" "$4" && sig_group "$1" "$2"
 }
 
 # read_state DIR: loads DIR/state (key=value lines) into S_* variables. Never sourced.
@@ -134,7 +139,7 @@ emit_state() {
             E_live=1
         else
             E_live=0
-            if [ "$BOOT" = "$S_boot_id" ] && group_alive "$S_pgid"; then E_group=1; else E_group=0; fi
+            if [ "$BOOT" = "$S_boot_id" ] && group_tagged "$S_pgid" "${1##*/}"; then E_group=1; else E_group=0; fi
         fi
         ;;
     esac

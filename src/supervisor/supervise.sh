@@ -111,14 +111,14 @@ timer() {
     done
     [ -e done ] && return 0
     : >timed_out
-    sig_task TERM "$TPID" "$TSTART"
+    sig_task TERM "$TPID" "$TSTART" "$ID"
     _g=0
     while [ "$_g" -lt $((GRACE * 10)) ]; do
         sleep 0.1
         [ -e done ] && return 0
         _g=$((_g + 1))
     done
-    sig_task KILL "$TPID" "$TSTART"
+    sig_task KILL "$TPID" "$TSTART" "$ID"
 }
 
 # kill_escaped: descendants that left the group but kept the task's environment tag.
@@ -217,12 +217,12 @@ supervise() {
     : >done
     # Leftover members of the task's group, also after a normal exit. Signal 0 to the group is a
     # one-syscall test; only when it finds someone does the /proc scan tell zombies from the living.
-    if sig_group 0 "$TPID" && group_alive "$TPID"; then
-        if [ -e cancel ] || [ -e timed_out ]; then sig_task KILL "$TPID" "$TSTART"; else sig_task TERM "$TPID" "$TSTART"; fi
+    if sig_group 0 "$TPID" && group_tagged "$TPID" "$ID"; then
+        if [ -e cancel ] || [ -e timed_out ]; then sig_task KILL "$TPID" "$TSTART" "$ID"; else sig_task TERM "$TPID" "$TSTART" "$ID"; fi
         _g=0
-        while group_alive "$TPID"; do
+        while group_tagged "$TPID" "$ID"; do
             _g=$((_g + 1))
-            [ "$_g" -eq 20 ] && sig_task KILL "$TPID" "$TSTART"
+            [ "$_g" -eq 20 ] && sig_task KILL "$TPID" "$TSTART" "$ID"
             [ "$_g" -ge 40 ] && break
             sleep 0.1
         done

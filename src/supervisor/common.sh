@@ -93,7 +93,7 @@ sig_task() {
 # read_state DIR: loads DIR/state (key=value lines) into S_* variables. Never sourced.
 read_state() {
     S_status= S_boot_id= S_sup_pid= S_sup_start= S_pgid= S_task_start= S_timeout= S_started_at=
-    S_finished_at= S_exit_code= S_error= S_escaped= S_out_bytes= S_err_bytes=
+    S_finished_at= S_exit_code= S_error= S_escaped= S_out_bytes= S_err_bytes= S_claimed_cs=
     S_out_truncated= S_err_truncated=
     [ -r "$1/state" ] || return 1
     while IFS= read -r _l || [ -n "$_l" ]; do
@@ -114,6 +114,7 @@ read_state() {
         err_bytes=*) S_err_bytes=${_l#*=} ;;
         out_truncated=*) S_out_truncated=${_l#*=} ;;
         err_truncated=*) S_err_truncated=${_l#*=} ;;
+        claimed_cs=*) S_claimed_cs=${_l#*=} ;;
         esac
     done <"$1/state"
     [ -n "$S_status" ]

@@ -17,5 +17,15 @@ running | starting)
         exit 0
     fi
     ;;
+claimed)
+    # A start in progress (its supervisor reports within seconds) is not deleted under it.
+    uptime_cs
+    case $S_claimed_cs in '' | *[!0-9]*) S_claimed_cs=$CS ;; esac
+    # (An uptime below the claim means the sandbox rebooted: the start is long dead.)
+    if [ "$CS" -ge "$S_claimed_cs" ] && [ $((CS - S_claimed_cs)) -lt 6000 ]; then
+        printf '@refused\n'
+        exit 0
+    fi
+    ;;
 esac
 rm -rf "$D" && printf '@deleted\n'

@@ -12,6 +12,9 @@ start() {
         return
     }
     [ -n "$CWD" ] || CWD=$HOME
+    # The supervisor works from the task directory: make a relative cwd absolute here, where it
+    # means what run_command means by it.
+    case $CWD in /*) ;; *) CWD=$PWD/$CWD ;; esac
     [ -d "$CWD" ] || {
         printf '@error nocwd cwd %s is not an existing directory\n' "$CWD"
         return
@@ -32,6 +35,10 @@ start() {
         printf '@error claim cannot create %s\n' "$D"
         return
     }
+    # Nobody else writes into a directory this start just claimed: no rename needed here. The
+    # claim time lets delete_task tell a start in progress from a dead one.
+    uptime_cs
+    printf 'status=claimed\ntimeout=%s\nclaimed_cs=%s\n' "$T" "$CS" >"$D/state"
     _n=0
     for _t in "$ROOT"/*/; do [ -d "$_t" ] && _n=$((_n + 1)); done
     if [ "$_n" -gt "$MAX" ]; then
@@ -42,8 +49,6 @@ start() {
     printf '%s' "$CMD" >"$D/cmd"
     : >"$D/stdout.log"
     : >"$D/stderr.log"
-    # Nobody else writes into a directory this start just claimed: no rename needed here.
-    printf 'status=claimed\ntimeout=%s\n' "$T" >"$D/state"
     # Every descriptor of this call is closed for the supervisor (fd 3 is our stderr): anything
     # it kept open would hold the caller's exec until the task ends.
     setsid "$SH" -c "$SUP" sh supervise "$D" "$T" "$TSH" "$CMD" "$CWD" </dev/null >/dev/null 2>>"$D/supervisor.err" 3>&- &

@@ -8,6 +8,9 @@ CAP=1048576
 GRACE=2
 
 save() {
+    # One line per value: an error that quotes user input (a cwd) must not forge other keys.
+    case $ERR in *"
+"*) ERR=$(printf '%s' "$ERR" | tr '\n' ' ') ;; esac
     {
         printf 'status=%s\nboot_id=%s\nsup_pid=%s\nsup_start=%s\npgid=%s\ntask_start=%s\ntimeout=%s\nstarted_at=%s\n' \
             "$1" "$BOOT" "$SUP_PID" "$SUP_START" "$TPID" "$TSTART" "$T" "$STARTED"
@@ -182,6 +185,11 @@ supervise() {
     now
     STARTED=$NOW
     TPID= TSTART= RC= ERR= FINISHED= OUT_BYTES= ESCAPED=0
+    # The task shell (for example /bin/bash -l) falls back to /bin/sh where it does not exist.
+    set -f
+    set -- $TSH
+    set +f
+    [ -x "$1" ] || TSH=/bin/sh
     if ! mkfifo out.fifo err.fifo 2>>supervisor.err; then
         give_up failed_to_start "mkfifo failed: the sandbox needs mkfifo and a filesystem that supports FIFOs"
     fi

@@ -218,30 +218,20 @@ shorten the command, or write a script with write_file and start that",
         )));
     }
     // Retain first: if this session ends while the start is in flight, the sandbox must survive.
-    let was_owned = ctx.session.will_destroy(&sandbox_id);
+    // It stays retained even if this start fails: another start_task may be running in it
+    // concurrently (putting it back into the destroy set would kill that task with the session).
     ctx.session.retain(&sandbox_id);
-    let restore = || {
-        if was_owned {
-            ctx.session.adopt(&sandbox_id);
-        }
-    };
     let target = Target { provider, sandbox_id: &sandbox_id };
     match supervisor::start(&target, &task_id, argv) {
         Ok(Started::Observed(snapshot)) => Ok(render(&sandbox_id, &snapshot)),
-        Ok(Started::Refused(msg)) => {
-            restore();
-            Err(ToolError::new(msg))
-        }
+        Ok(Started::Refused(msg)) => Err(ToolError::new(msg)),
         Err(err) if err.maybe_applied() => {
             // Never resubmit: the command may be running. The handle is still the way to find out.
             let msg =
                 format!("the start could not be confirmed ({err}); query this handle with get_task, or kill_sandbox to stop everything");
             Ok(render(&sandbox_id, &Snapshot::unconfirmed(&task_id, timeout, msg)))
         }
-        Err(err) => {
-            restore();
-            Err(err.into())
-        }
+        Err(err) => Err(err.into()),
     }
 }
 

@@ -449,6 +449,12 @@ pub fn run_keeper(root: &Path, id: &str, shell: &Path) -> anyhow::Result<()> {
     loop {
         let meta = match provider.load(id) {
             Ok(m) => m,
+            Err(ProviderError::NotFound { .. }) if dir.exists() => {
+                // Metadata gone but the directory still there: a kill was interrupted (a server
+                // exiting mid-kill). Finish it rather than leave tagged processes behind.
+                provider.kill(id, Instant::now() + KILL_SCAN_BUDGET)?;
+                return Ok(());
+            }
             Err(_) => return Ok(()),
         };
         let mine = fs::read_to_string(dir.join("keeper.pid")).map(|t| t.starts_with(&format!("{me} "))).unwrap_or(false);
@@ -617,6 +623,10 @@ impl Provider for LocalProvider {
         if meta.is_dir() {
             return Err(ProviderError::Rejected(format!("{path:?} is a directory; use list_files")));
         }
+        if !meta.is_file() {
+            // A FIFO or device would block (or never end) on open or read.
+            return Err(ProviderError::Rejected(format!("{path:?} is not a regular file; read it with run_command")));
+        }
         if meta.len() > max_bytes as u64 {
             return Err(ProviderError::Rejected(format!(
                 "{path:?} is {} bytes, over read_file's limit of {max_bytes}; read parts of it with run_command (head, tail, dd)",
@@ -639,8 +649,17 @@ impl Provider for LocalProvider {
         }
         // Resolve again: the directories just created must not have raced into a symlink escape.
         let full = self.resolve(sandbox_id, path)?;
-        if full.is_dir() {
-            return Err(ProviderError::Rejected(format!("{path:?} is a directory; give a file path")));
+        if let Ok(existing) = fs::symlink_metadata(&full) {
+            if existing.file_type().is_symlink() {
+                // Its target may not exist yet, so the check above cannot see where it leads.
+                return Err(ProviderError::Rejected(format!("{path:?} is a symbolic link; write to its target's path instead")));
+            }
+            if existing.is_dir() {
+                return Err(ProviderError::Rejected(format!("{path:?} is a directory; give a file path")));
+            }
+            if !existing.is_file() {
+                return Err(ProviderError::Rejected(format!("{path:?} is not a regular file; write to it with run_command")));
+            }
         }
         fs::write(&full, data).map_err(|err| file_error(path, err))?;
         Ok(data.len() as u64)

@@ -100,9 +100,9 @@ impl Running {
 ///
 /// Callers guarantee that `pgid` is the pid of their own child that has not been reaped yet, so
 /// the id cannot have been reused. Groups 0 and 1 are refused here and in the shell.
-pub fn signal_group(shell: &Path, pgid: u32, signal: &str) {
+pub fn signal_group(shell: &Path, pgid: u32, signal: &str) -> bool {
     if pgid <= 1 || !signal.bytes().all(|b| b.is_ascii_uppercase()) {
-        return;
+        return false;
     }
     // `--` is POSIX and needed by dash; busybox rejects it, hence the probe.
     let script = r#"case $2 in ''|*[!0-9]*|0|1) exit 2;; esac
@@ -114,8 +114,12 @@ if kill -s 0 -- "$$" 2>/dev/null; then kill -s "$1" -- "-$2"; else kill -s "$1" 
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status();
-    if let Err(err) = res {
-        log::warn!("could not run {} to signal process group {pgid}: {err}", shell.display());
+    match res {
+        Ok(status) => status.success(),
+        Err(err) => {
+            log::warn!("could not run {} to signal process group {pgid}: {err}", shell.display());
+            false
+        }
     }
 }
 
@@ -133,11 +137,8 @@ pub fn run(spawn: &Spawn<'_>, shell: &Path, running: &Running) -> io::Result<Exe
         .stderr(Stdio::piped())
         .process_group(0);
     let mut child = cmd.spawn()?;
-    let pgid = child.id();
-    running.insert(pgid);
-    let out = wait_with_output(&mut child, spawn, shell, started);
-    running.remove(pgid);
-    out
+    running.insert(child.id());
+    wait_with_output(&mut child, spawn, shell, running, started)
 }
 
 /// Output captured from one pipe so far. Shared with its reader thread so that the caller can
@@ -194,8 +195,14 @@ fn take(capture: Option<&SharedCapture>) -> Capture {
     }
 }
 
-fn wait_with_output(child: &mut Child, spawn: &Spawn<'_>, shell: &Path, started: Instant) -> io::Result<ExecOutput> {
+fn wait_with_output(child: &mut Child, spawn: &Spawn<'_>, shell: &Path, running: &Running, started: Instant) -> io::Result<ExecOutput> {
     let pgid = child.id();
+    // Invariant: `pgid` leaves `running` when the child is reaped, so shutdown never signals a
+    // group id that may already belong to someone else.
+    let reaped = |res: io::Result<std::process::ExitStatus>| {
+        running.remove(pgid);
+        res
+    };
     let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(2);
     let mut readers = Vec::new();
     if let Some(out) = child.stdout.take() {
@@ -213,8 +220,11 @@ fn wait_with_output(child: &mut Child, spawn: &Spawn<'_>, shell: &Path, started:
         let cancelled = spawn.cancel.is_some_and(|c| c.load(Ordering::Relaxed));
         if Instant::now() >= spawn.deadline || cancelled {
             timed_out = true;
-            signal_group(shell, pgid, "KILL");
-            break child.wait()?;
+            if !signal_group(shell, pgid, "KILL") {
+                // The group could not be signalled (no fork possible?): at least end our child.
+                let _ = child.kill();
+            }
+            break reaped(child.wait())?;
         }
         if pipes_open > 0 {
             let wait = step.min(spawn.deadline.saturating_duration_since(Instant::now()));
@@ -229,8 +239,13 @@ fn wait_with_output(child: &mut Child, spawn: &Spawn<'_>, shell: &Path, started:
         } else {
             thread::sleep(step.min(spawn.deadline.saturating_duration_since(Instant::now())));
         }
-        if let Some(status) = child.try_wait()? {
-            break status;
+        match child.try_wait() {
+            Ok(Some(status)) => break reaped(Ok(status))?,
+            Ok(None) => {}
+            Err(err) => {
+                running.remove(pgid);
+                return Err(err);
+            }
         }
         step = (step * 2).min(Duration::from_millis(10));
     };

@@ -237,3 +237,42 @@ fn creates_racing_with_the_start_sweep_of_other_servers_survive() {
         assert!(home.sandbox_dir(sb).join("meta.json").exists(), "sandbox {sb} vanished");
     }
 }
+
+/// Regression (review): read_file/write_file on a FIFO blocked a worker forever, and write_file
+/// followed a dangling symlink out of the sandbox.
+#[test]
+fn file_tools_refuse_fifos_and_write_through_symlinks() {
+    let home = Home::new("fifo");
+    let mut m = home.stdio();
+    m.create();
+    m.ok("run_command", json!({"command": "mkfifo p; ln -s /tmp/smcp-must-not-exist-$$ link; echo $$ > pid"}));
+    let t0 = Instant::now();
+    assert!(m.err("read_file", json!({"path": "p"})).contains("not a regular file"));
+    assert!(m.err("write_file", json!({"path": "p", "content": "x"})).contains("not a regular file"));
+    assert!(m.err("write_file", json!({"path": "link", "content": "x"})).contains("symbolic link"));
+    assert!(t0.elapsed() < Duration::from_secs(5));
+}
+
+/// Regression (review): with the queue full, the stdio reader blocked, so a cancellation (which
+/// frees a worker) and pings were not even read.
+#[test]
+fn a_full_queue_still_reads_pings_and_cancellations() {
+    let home = Home::new("fullq");
+    let mut m = home.stdio_with(&[("SANDBOX_MCP_WORKERS", "1"), ("SANDBOX_MCP_QUEUE", "1")]);
+    let sb = m.create();
+    for id in ["a", "b", "c"] {
+        let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": "run_command", "arguments": {"sandbox_id": sb, "command": "sleep 8"}}});
+        m.client.send_line(&call.to_string()).unwrap();
+    }
+    m.client.send_line(r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"a"}}"#).unwrap();
+    m.client.send_line(r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"c"}}"#).unwrap();
+    let t0 = Instant::now();
+    m.client.send_line(r#"{"jsonrpc":"2.0","id":"p","method":"ping"}"#).unwrap();
+    let r: serde_json::Value = serde_json::from_str(&m.client.recv_line(TIMEOUT).unwrap()).unwrap();
+    assert_eq!(r["id"], "p");
+    assert!(t0.elapsed() < Duration::from_secs(2), "ping waited {:?}", t0.elapsed());
+    // a and c were cancelled (a stopped, c never started): only b answers, after about 8 s.
+    let r: serde_json::Value = serde_json::from_str(&m.client.recv_line(Duration::from_secs(30)).unwrap()).unwrap();
+    assert_eq!(r["id"], "b");
+    assert!(m.client.recv_line(Duration::from_millis(500)).is_err());
+}

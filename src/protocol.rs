@@ -144,6 +144,12 @@ fn notify(session: &Session, method: &str, params: Option<&Value>) {
 
 /// Runs a tool call (on a worker) and returns the JSON-RPC response and whether it was cancelled.
 pub fn execute(app: &App, session: &Session, call: &ToolCall) -> (Value, bool) {
+    if call.cancel.load(std::sync::atomic::Ordering::Relaxed) {
+        // Cancelled while it waited in the queue: never start it.
+        session.finish(&call.id);
+        let err = RpcError::new(code::REQUEST_CANCELLED, "the request was cancelled before it started");
+        return (jsonrpc::error(&call.id, &err), true);
+    }
     let ctx = Ctx { app, session, cancel: &call.cancel };
     let result = tools::call(&ctx, call.tool, &call.arguments);
     session.finish(&call.id);

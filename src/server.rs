@@ -73,14 +73,23 @@ pub fn run_stdio(config: Config) -> Result<()> {
     let session = Arc::new(Session::new("stdio", false));
     let (stop_tx, stop_rx) = crossbeam_channel::unbounded();
     watch_signals(stop_tx.clone())?;
+    // The reader hands tool calls to a feeder thread, which waits when the queue is full: the
+    // reader itself never blocks, so pings and cancellations are read even then.
+    let (feed_tx, feed_rx) = crossbeam_channel::unbounded::<Job<(Arc<Session>, ToolCall)>>();
+    thread::Builder::new().name("sandbox-mcp-feeder".into()).spawn(move || {
+        for job in feed_rx {
+            if queue.send(job).is_err() {
+                return;
+            }
+        }
+    })?;
     {
-        let (app, session, queue, replies) = (app.clone(), session.clone(), queue.clone(), reply_tx.clone());
+        let (app, session, queue, replies) = (app.clone(), session.clone(), feed_tx, reply_tx.clone());
         thread::Builder::new().name("sandbox-mcp-stdin".into()).spawn(move || {
             stdio::run_reader(&app, &session, &queue, &replies, MAX_BODY_BYTES);
             let _ = stop_tx.send(Stop::Eof);
         })?;
     }
-    drop(queue);
     let why = stop_rx.recv().unwrap_or(Stop::Eof);
     log::info!("stdio session ending: {why}");
     // Shutdown order (SPEC §3: exit within 2 s of stdin EOF):

@@ -73,6 +73,9 @@ fn run(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
         cancel: Some(ctx.cancel.clone()),
     };
     let out = provider.exec(&id, &req, Touch::Renew)?;
+    if ctx.cancel.load(std::sync::atomic::Ordering::Relaxed) {
+        return Err(ToolError::new("the request was cancelled; the command was stopped"));
+    }
     let text = |bytes: &[u8]| String::from_utf8_lossy(&masker.mask_bytes(bytes)).into_owned();
     Ok(json!({
         "exit_code": if out.timed_out { TIMED_OUT_EXIT_CODE } else { out.exit_code },

@@ -26,8 +26,8 @@ use tiny_http::{Header, Method, Request, Response, StatusCode};
 /// shorter deadline; this only guards against a lost reply).
 const REPLY_WAIT: Duration = Duration::from_secs(3600 + 300);
 
-/// Bodies announced larger than this are not drained (tiny_http would allocate the whole
-/// remaining length at once); such connections are abandoned instead.
+/// A connection whose client stopped sending with more than this much of its announced body
+/// unread is abandoned: tiny_http would allocate the whole remainder at once to drain it.
 const MAX_DRAIN_BYTES: usize = 64 * 1024 * 1024;
 
 /// After this long, a connection is asked to reconnect (`Connection: close`). tiny_http 0.12 gives
@@ -123,16 +123,11 @@ impl HttpServer {
         Ok(HttpServer { server, threads, addr: bound })
     }
 
-    /// Stops accepting and joins the listener threads (each blocked `recv` needs one `unblock`).
+    /// Stops accepting requests. Listener threads still waiting for a long tool call are not
+    /// joined: shutdown must not wait for them (the process exits after ending the sessions).
     pub fn stop(self) {
         for _ in &self.threads {
             self.server.unblock();
-        }
-        for t in self.threads {
-            let name = t.thread().name().unwrap_or("http").to_string();
-            if t.join().is_err() {
-                log::error!("{name} panicked");
-            }
         }
     }
 }
@@ -206,22 +201,34 @@ enum Body {
     Abandon,
 }
 
-/// Reads the body through a cap. Over the cap, discards up to `MAX_DRAIN_BYTES` so the
-/// connection stays usable.
+/// Reads the body through a cap. Over the cap, reads and discards the rest in small chunks (so
+/// that tiny_http, which drains an unread body on drop by allocating all of its remaining
+/// announced length at once, has nothing left to drain), then answers 413.
 fn read_body(req: &mut Request) -> Body {
-    if req.body_length().is_some_and(|n| n > MAX_BODY_BYTES + MAX_DRAIN_BYTES) {
-        return Body::Abandon;
-    }
+    let announced = req.body_length();
     let mut buf = Vec::new();
     let reader = req.as_reader();
     if reader.take(MAX_BODY_BYTES as u64 + 1).read_to_end(&mut buf).is_err() {
         return Body::Ok(Vec::new());
     }
-    if buf.len() > MAX_BODY_BYTES {
-        let _ = std::io::copy(&mut reader.take(MAX_DRAIN_BYTES as u64), &mut std::io::sink());
-        return Body::TooLarge;
+    if buf.len() <= MAX_BODY_BYTES {
+        return Body::Ok(buf);
     }
-    Body::Ok(buf)
+    let mut total = buf.len();
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        match reader.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => total += n,
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    match announced {
+        // The client stopped early: what tiny_http would still drain may be too big to allocate.
+        Some(n) if n.saturating_sub(total) > MAX_DRAIN_BYTES => Body::Abandon,
+        _ => Body::TooLarge,
+    }
 }
 
 fn origin_allowed(origin: &str) -> bool {
@@ -251,7 +258,8 @@ impl Listener {
     fn handle(&self, mut req: Request) {
         let body = read_body(&mut req);
         if let Body::Abandon = body {
-            log::warn!("abandoning a connection that announced a body of {:?} bytes", req.body_length());
+            // The client is gone; dropping the request would try to allocate the unread rest.
+            log::warn!("abandoning a connection that announced {:?} bytes and sent far fewer", req.body_length());
             std::mem::forget(req);
             return;
         }

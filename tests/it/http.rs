@@ -238,3 +238,29 @@ fn a_burst_of_connections_is_answered() {
         assert_eq!(lost, 0, "{lost} of {n} connections were not answered within 5 s");
     }
 }
+
+/// Regression (review): a run_command cancelled over HTTP was reported as a timeout.
+#[test]
+fn a_cancelled_http_call_says_so() {
+    let home = Home::new("httpcancel");
+    let h = Http::start(&home, &[], &[]);
+    let sid = h.initialize();
+    h.call(&sid, "create_sandbox", json!({}));
+    let addr = h.addr;
+    let sid2 = sid.clone();
+    let call = std::thread::spawn(move || {
+        let mut c = Conn::open(addr);
+        let body = json!({"jsonrpc": "2.0", "id": "long", "method": "tools/call", "params": {"name": "run_command", "arguments": {"command": "sleep 20"}}});
+        c.send("POST", "/mcp", &[("Mcp-Session-Id", &sid2)], body.to_string().as_bytes());
+        c.read().json()
+    });
+    wait_for(Duration::from_secs(10), "the command to be cancelled", || {
+        let r =
+            h.post(&[("Mcp-Session-Id", &sid)], r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"long"}}"#);
+        assert_eq!(r.status, 202);
+        call.is_finished().then_some(())
+    });
+    let r = call.join().unwrap();
+    assert_eq!(r["result"]["isError"], true, "{r}");
+    assert!(r["result"]["content"][0]["text"].as_str().unwrap().contains("cancelled"), "{r}");
+}

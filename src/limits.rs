@@ -55,6 +55,10 @@ pub const SANDBOX_TIMEOUT_DEFAULT_S: i64 = 300;
 /// Largest file `read_file` returns (before base64), and largest `write_file` payload.
 pub const MAX_FILE_BYTES: usize = 4 * 1024 * 1024;
 
+/// Longest `write_file` `content`, in characters: it must fit, with its JSON-RPC envelope, in one
+/// message of at most `MAX_BODY_BYTES`.
+pub const MAX_WRITE_CHARS: usize = 3 * 1024 * 1024;
+
 /// Most entries `list_files` returns; the result says when it stopped early.
 pub const MAX_DIR_ENTRIES: usize = 10_000;
 

@@ -35,10 +35,15 @@ pub const READ: Tool = Tool {
 pub const WRITE: Tool = Tool {
     name: "write_file",
     description: "Write (create or replace) a file in a sandbox, creating missing parent directories. \
-content is text, or base64 when encoding is \"base64\".",
+content is text, or base64 when encoding is \"base64\". Larger files: write them in parts with run_command.",
     params: &[
         PATH,
-        Param { name: "content", kind: Kind::Str { max_chars: limits::MAX_BODY_BYTES }, required: true, description: "File content." },
+        Param {
+            name: "content",
+            kind: Kind::Str { max_chars: limits::MAX_WRITE_CHARS },
+            required: true,
+            description: "File content (at most 3 MiB of text; base64 up to about 2.25 MiB of bytes).",
+        },
         SANDBOX_ID,
         Param {
             name: "encoding",

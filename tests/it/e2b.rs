@@ -134,6 +134,10 @@ fn tools_make_no_more_round_trips_than_needed() {
     m.ok("get_task", json!({"sandbox_id": sb, "task_id": task}));
     let c = e.emulator.take_counts();
     assert_eq!((c["total"].as_i64(), route_count(&c, "POST /process.Process/Start")), (Some(1), 1), "get_task: {c}");
+    // The first run_command reads the sandbox's environment once (for masking), then runs.
+    m.ok("run_command", json!({"command": "true"}));
+    let c = e.emulator.take_counts();
+    assert_eq!((c["total"].as_i64(), route_count(&c, "POST /process.Process/Start")), (Some(2), 2), "first run_command: {c}");
     m.ok("run_command", json!({"command": "true"}));
     let c = e.emulator.take_counts();
     assert_eq!(c["total"], 1, "run_command right after a renewal: {c}");

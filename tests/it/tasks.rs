@@ -492,3 +492,71 @@ fn start_task_of_a_long_command_returns_at_once() {
     assert!(t0.elapsed() < Duration::from_secs(2), "start_task took {:?}", t0.elapsed());
     m.ok("cancel_task", json!({"sandbox_id": sb, "task_id": id(&s)}));
 }
+
+/// Regression (review): a failing start_task restored the sandbox to the destroy set even while
+/// a concurrent start_task was running a task in it, so the session's end killed that task.
+#[test]
+fn a_failed_start_does_not_undo_a_concurrent_starts_retention() {
+    let home = Home::new("retain");
+    let mut m = home.stdio();
+    let sb = m.create();
+    for (id, args) in [(1, json!({"command": "true", "cwd": "/nonexistent"})), (2, json!({"command": "sleep 30"}))] {
+        let line = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": "start_task", "arguments": args}});
+        m.client.send_line(&line.to_string()).unwrap();
+    }
+    for _ in 0..2 {
+        m.client.recv_line(TIMEOUT).unwrap();
+    }
+    m.close();
+    assert!(home.sandbox_dir(&sb).exists(), "the sandbox with a running task must outlive the session");
+}
+
+/// Regression (review): a relative cwd was resolved against the task's state directory.
+#[test]
+fn a_relative_cwd_means_the_same_as_for_run_command() {
+    let home = Home::new("relcwd");
+    let mut m = home.stdio();
+    let sb = m.create();
+    m.ok("run_command", json!({"command": "mkdir -p sub"}));
+    let s = start(&mut m, &sb, "pwd", json!({"cwd": "sub"}));
+    let done = finish(&mut m, &sb, &id(&s));
+    assert_eq!(done["stdout"], format!("{}\n", home.sandbox_dir(&sb).join("home/sub").display()), "{done}");
+}
+
+/// Regression (review): an error that quotes user input (a cwd with a newline) could write its
+/// own `status=` line into the state file and forge success. The supervisor's `save` now keeps
+/// every value on one line; this runs it directly, as the scenario needs a non-root user.
+#[test]
+fn a_value_with_a_newline_cannot_forge_a_state() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/supervisor");
+    let script = std::fs::read_to_string(src.join("common.sh")).unwrap() + &std::fs::read_to_string(src.join("supervise.sh")).unwrap();
+    let dir = std::env::temp_dir().join(format!("smcp-forge-{}", sandbox_mcp::ids::random_hex(4)));
+    std::fs::create_dir_all(&dir).unwrap();
+    for sh in ["/bin/dash", "/bin/bash"] {
+        let run = format!("{script}\ncd \"$0\" && ERR='cwd x\nstatus=exited\nexit_code=0 no longer exists' && save failed_to_start");
+        let st = std::process::Command::new(sh).arg("-c").arg(run).arg(&dir).status().unwrap();
+        assert!(st.success());
+        let state = std::fs::read_to_string(dir.join("state")).unwrap();
+        assert_eq!(state.lines().filter(|l| l.starts_with("status=") || l.starts_with("exit_code=0")).count(), 1, "{sh}: {state}");
+        assert!(state.starts_with("status=failed_to_start\n"), "{state}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Regression (review): delete_task removed a task whose supervisor was still starting.
+#[test]
+fn delete_refuses_a_start_in_progress() {
+    let home = Home::new("delclaimed");
+    let mut m = home.stdio();
+    let sb = m.create();
+    let dir = home.sandbox_dir(&sb).join("home/.sandbox-mcp/tasks/0123456789abcdef0123456789abcdef");
+    std::fs::create_dir_all(&dir).unwrap();
+    let uptime = std::fs::read_to_string("/proc/uptime").unwrap();
+    let cs: String = uptime.split_whitespace().next().unwrap().replace('.', "");
+    std::fs::write(dir.join("state"), format!("status=claimed\ntimeout=60\nclaimed_cs={}\n", cs.trim_start_matches('0'))).unwrap();
+    let err = m.err("delete_task", json!({"sandbox_id": sb, "task_id": "0123456789abcdef0123456789abcdef"}));
+    assert!(err.contains("cancel_task"), "{err}");
+    // An old claim (a start that died) can be deleted.
+    std::fs::write(dir.join("state"), "status=claimed\ntimeout=60\nclaimed_cs=1\n").unwrap();
+    m.ok("delete_task", json!({"sandbox_id": sb, "task_id": "0123456789abcdef0123456789abcdef"}));
+}

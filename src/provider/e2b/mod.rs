@@ -475,7 +475,6 @@ impl Provider for E2bProvider {
             let k = all.entry(id.clone()).or_default();
             k.timeout_s = Some(req.timeout_s);
             k.renewed = Some(Instant::now());
-            k.masker = Some(Masker::from_env(req.envs.iter().map(|(a, b)| (a.as_str(), b.as_str()))));
         }
         Ok(SandboxInfo { sandbox_id: id, template: req.template.clone(), expires_at: unix_now() + req.timeout_s as i64 })
     }
@@ -515,7 +514,10 @@ impl Provider for E2bProvider {
     }
 
     fn shell(&self, script: &str) -> Vec<String> {
-        vec!["/bin/bash".into(), "-l".into(), "-c".into(), script.into()]
+        // Like E2B's SDK (`/bin/bash -l -c`), falling back to /bin/sh where bash is missing; exec
+        // keeps the pid envd watches.
+        let wrapper = r#"if [ -x /bin/bash ]; then exec /bin/bash -l -c "$1"; fi; exec /bin/sh -c "$1""#;
+        vec!["/bin/sh".into(), "-c".into(), wrapper.into(), "sh".into(), script.into()]
     }
 
     fn task_shell(&self) -> String {
@@ -702,8 +704,9 @@ impl Provider for E2bProvider {
         if let Some(m) = self.known().get(sandbox_id).and_then(|k| k.masker.clone()) {
             return Ok(m.merged(&extra_masker));
         }
-        // A sandbox this process did not create: read its environment once, exactly as envd
-        // gives it to every command.
+        // Read the environment once per sandbox, exactly as envd gives it to every command (the
+        // template may add secret-named variables beyond the create call's envs): the same
+        // values the supervisor masks in task logs.
         let req = ExecRequest {
             argv: vec!["/bin/cat".into(), "/proc/self/environ".into()],
             envs: BTreeMap::new(),

@@ -284,33 +284,11 @@ impl E2bProvider {
     }
 
     fn envd_get(&self, url: &str, id: &str, known: &Known, timeout: Duration) -> ureq::RequestBuilder<ureq::typestate::WithoutBody> {
-        let mut rb = self
-            .agent
-            .get(url)
-            .config()
-            .timeout_global(Some(timeout))
-            .build()
-            .header("E2b-Sandbox-Id", id)
-            .header("E2b-Sandbox-Port", ENVD_PORT);
-        if let Some(t) = &known.token {
-            rb = rb.header("X-Access-Token", t);
-        }
-        rb
+        envd_headers(self.agent.get(url).config().timeout_global(Some(timeout)).build(), id, known)
     }
 
     fn envd_post(&self, url: &str, id: &str, known: &Known, timeout: Duration) -> ureq::RequestBuilder<ureq::typestate::WithBody> {
-        let mut rb = self
-            .agent
-            .post(url)
-            .config()
-            .timeout_global(Some(timeout))
-            .build()
-            .header("E2b-Sandbox-Id", id)
-            .header("E2b-Sandbox-Port", ENVD_PORT);
-        if let Some(t) = &known.token {
-            rb = rb.header("X-Access-Token", t);
-        }
-        rb
+        envd_headers(self.agent.post(url).config().timeout_global(Some(timeout)).build(), id, known)
     }
 
     /// A unary Connect call to envd; returns the JSON answer.
@@ -371,6 +349,15 @@ impl E2bProvider {
             return Err(ProviderError::Rejected("path must be a non-empty string without NUL bytes".into()));
         }
         Ok(())
+    }
+}
+
+/// The headers E2B's SDK sends on every envd request: edge routing, and the access token.
+fn envd_headers<B>(rb: ureq::RequestBuilder<B>, id: &str, known: &Known) -> ureq::RequestBuilder<B> {
+    let rb = rb.header("E2b-Sandbox-Id", id).header("E2b-Sandbox-Port", ENVD_PORT);
+    match &known.token {
+        Some(t) => rb.header("X-Access-Token", t),
+        None => rb,
     }
 }
 

@@ -104,7 +104,6 @@ impl StdioClient {
     pub fn close(mut self, timeout: Duration) -> Result<ExitStatus> {
         drop(self.stdin.take());
         let deadline = Instant::now() + timeout;
-        let (_tx, never) = crossbeam_channel::bounded::<()>(0);
         loop {
             if let Some(status) = self.child.try_wait()? {
                 return Ok(status);
@@ -114,7 +113,7 @@ impl StdioClient {
                 let status = self.child.wait()?;
                 bail!("server did not exit within {timeout:?} of stdin EOF (killed: {status})");
             }
-            let _ = never.recv_timeout(Duration::from_millis(5));
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, ExitStatus};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -349,21 +349,7 @@ fn monitor(proc: &Proc, deadline: Option<Instant>, shell: &Path, readers: usize,
     if !stopped {
         // Late readers on a busy machine are waited for while nothing else can hold the pipes
         // (the child led its own group and the group is empty), as the provider does.
-        let exited = Instant::now();
-        let mut until = exited + DRAIN_GRACE;
-        let mut open = readers;
-        while open > 0 {
-            match done.recv_timeout(until.saturating_duration_since(Instant::now())) {
-                Ok(()) => open -= 1,
-                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
-                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                    if crate::provider::process::group_has_live_members(proc.pid) || exited.elapsed() >= Duration::from_secs(5) {
-                        break;
-                    }
-                    until = Instant::now() + DRAIN_GRACE;
-                }
-            }
-        }
+        crate::provider::process::drain_readers(done, readers, proc.pid, DRAIN_GRACE, DRAIN_GRACE);
     }
     let end = match status {
         Some(status) => end_event(&status),
@@ -390,18 +376,10 @@ pub fn signal_pid(shell: &Path, pid: u32, signal: &str) -> Result<(), String> {
     if pid <= 1 || pid == std::process::id() || signal.is_empty() || !signal.bytes().all(|b| b.is_ascii_uppercase()) {
         return Err(format!("refusing to send {signal:?} to pid {pid}"));
     }
-    let status = Command::new(shell)
-        .args(["-c", r#"case $2 in ''|*[!0-9]*|0|1) exit 2;; esac; kill -s "$1" "$2""#, "sh", signal, &pid.to_string()])
-        .env_clear()
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map_err(|e| format!("could not run {}: {e}", shell.display()))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("kill -s {signal} {pid} failed"))
+    match crate::provider::process::signal_pids(shell, signal, &[pid]) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(format!("kill -s {signal} {pid} failed")),
+        Err(e) => Err(format!("could not run {}: {e}", shell.display())),
     }
 }
 
@@ -496,6 +474,7 @@ pub fn keepalive_event() -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::process::{Command, Stdio};
 
     #[test]
     fn end_events_match_envd() {

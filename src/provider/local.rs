@@ -236,18 +236,7 @@ impl LocalProvider {
                 return killed;
             }
             killed += pids.len();
-            let list: Vec<String> = pids.iter().map(u32::to_string).collect();
-            let res = Command::new(&self.shell)
-                .arg("-c")
-                .arg(r#"for p in "$@"; do case $p in ''|*[!0-9]*|0|1) ;; *) kill -s KILL "$p" 2>/dev/null;; esac; done"#)
-                .arg("sh")
-                .args(&list)
-                .env_clear()
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-            if let Err(err) = res {
+            if let Err(err) = process::signal_pids(&self.shell, "KILL", &pids) {
                 log::warn!("could not run {} to kill the processes of sandbox {id}: {err}", self.shell.display());
                 return killed;
             }
@@ -309,18 +298,7 @@ impl LocalProvider {
         if pids.is_empty() {
             return Ok(0);
         }
-        let list: Vec<String> = pids.iter().map(u32::to_string).collect();
-        Command::new(&self.shell)
-            .arg("-c")
-            .arg(r#"s=$1; shift; for p in "$@"; do case $p in ''|*[!0-9]*|0|1) ;; *) kill -s "$s" "$p" 2>/dev/null;; esac; done"#)
-            .arg("sh")
-            .arg(signal)
-            .args(&list)
-            .env_clear()
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
+        process::signal_pids(&self.shell, signal, &pids)
             .map_err(|err| ProviderError::Unavailable(format!("could not run {} to signal sandbox {id}: {err}", self.shell.display())))?;
         Ok(pids.len())
     }

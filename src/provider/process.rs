@@ -123,6 +123,32 @@ if kill -s 0 -- "$$" 2>/dev/null; then kill -s "$1" -- "-$2"; else kill -s "$1" 
     }
 }
 
+/// Sends `signal` to each of `pids` with the shell builtin `kill`, one shell for all. Pids 0 and
+/// 1 and this process are skipped (here and in the shell). `Ok(false)` when a kill failed (the
+/// process was already gone) or a pid was refused.
+pub fn signal_pids(shell: &Path, signal: &str, pids: &[u32]) -> io::Result<bool> {
+    if signal.is_empty() || !signal.bytes().all(|b| b.is_ascii_uppercase()) {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("signal name {signal:?} is not valid")));
+    }
+    let me = std::process::id();
+    let list: Vec<String> = pids.iter().filter(|p| **p > 1 && **p != me).map(u32::to_string).collect();
+    if list.is_empty() {
+        return Ok(false);
+    }
+    let script = r#"s=$1; shift; rc=0
+for p in "$@"; do case $p in ''|*[!0-9]*|0|1) rc=2 ;; *) kill -s "$s" "$p" 2>/dev/null || rc=1 ;; esac; done
+exit $rc"#;
+    let status = Command::new(shell)
+        .args(["-c", script, "sh", signal])
+        .args(&list)
+        .env_clear()
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()?;
+    Ok(status.success() && list.len() == pids.len())
+}
+
 /// Runs `spawn` to completion or deadline. `Err` only when the child could not be started.
 pub fn run(spawn: &Spawn<'_>, shell: &Path, running: &Running) -> io::Result<ExecOutput> {
     let started = Instant::now();
@@ -252,20 +278,8 @@ fn wait_with_output(child: &mut Child, spawn: &Spawn<'_>, shell: &Path, running:
     // The pipes normally close with the child. If they are still open, either the readers are
     // merely late (a busy machine) or a background process kept them: wait for the readers while
     // the child's group is empty (bounded), but do not let a background member hold the call.
-    let exited = Instant::now();
-    let mut grace = exited + Duration::from_millis(if timed_out { 500 } else { 50 });
-    while pipes_open > 0 {
-        match done_rx.recv_timeout(grace.saturating_duration_since(Instant::now())) {
-            Ok(()) => pipes_open -= 1,
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                if group_has_live_members(pgid) || exited.elapsed() >= LATE_READER_WAIT {
-                    break;
-                }
-                grace = Instant::now() + Duration::from_millis(50);
-            }
-        }
-    }
+    let first = Duration::from_millis(if timed_out { 500 } else { 50 });
+    drain_readers(&done_rx, pipes_open, pgid, first, Duration::from_millis(50));
     let out = take(readers.first());
     let err = take(readers.get(1));
     Ok(ExecOutput {
@@ -277,6 +291,29 @@ fn wait_with_output(child: &mut Child, spawn: &Spawn<'_>, shell: &Path, running:
         timed_out,
         duration: started.elapsed(),
     })
+}
+
+/// After a child that led group `pgid` exited: waits for `open` pipe readers to report the end of
+/// their pipes on `done`. The pipes normally close with the child; if they are still open, either
+/// the readers are merely late (a busy machine) or a background process kept them. Waits first
+/// `first`, then in `window` steps while the group is empty (up to [`LATE_READER_WAIT`]), and
+/// stops early when a live group member may hold the pipes. Returns how many are still open.
+pub fn drain_readers(done: &crossbeam_channel::Receiver<()>, mut open: usize, pgid: u32, first: Duration, window: Duration) -> usize {
+    let exited = Instant::now();
+    let mut until = exited + first;
+    while open > 0 {
+        match done.recv_timeout(until.saturating_duration_since(Instant::now())) {
+            Ok(()) => open -= 1,
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                if group_has_live_members(pgid) || exited.elapsed() >= LATE_READER_WAIT {
+                    break;
+                }
+                until = Instant::now() + window;
+            }
+        }
+    }
+    open
 }
 
 /// Whether `path` names an executable file.

@@ -6,6 +6,7 @@ use crate::provider::e2b::E2bProvider;
 use crate::provider::local::LocalProvider;
 use crate::provider::Provider;
 use anyhow::{Context, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// Shared, immutable server state.
@@ -18,6 +19,8 @@ pub struct App {
     pub host_masker: Masker,
     /// The `tools/list` result, serialized once.
     pub tools_list: String,
+    /// Set once shutdown begins: calls not yet started are answered with an error instead.
+    draining: AtomicBool,
 }
 
 impl App {
@@ -47,6 +50,17 @@ impl App {
             config,
             provider,
             tools_list: crate::tools::list().to_string(),
+            draining: AtomicBool::new(false),
         }
+    }
+
+    /// Marks the server as shutting down (SIGTERM, stdin closed).
+    pub fn begin_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether shutdown has begun: requests then get an answer saying so, not a cancellation.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
     }
 }

@@ -142,8 +142,15 @@ fn notify(session: &Session, method: &str, params: Option<&Value>) {
     // notifications/initialized and unknown notifications need nothing.
 }
 
-/// Runs a tool call (on a worker) and returns the JSON-RPC response and whether it was cancelled.
+/// Runs a tool call (on a worker) and returns the JSON-RPC response and whether it was cancelled
+/// by the client (then stdio sends nothing). Once shutdown has begun, a call that has not started
+/// is refused, and one stopped by the shutdown is answered, never dropped as cancelled.
 pub fn execute(app: &App, session: &Session, call: &ToolCall) -> (Value, bool) {
+    if app.is_draining() {
+        session.finish(&call.id);
+        let err = RpcError::new(code::SERVER_BUSY, SHUTTING_DOWN);
+        return (jsonrpc::error(&call.id, &err), false);
+    }
     if call.cancel.load(std::sync::atomic::Ordering::Relaxed) {
         // Cancelled while it waited in the queue: never start it.
         session.finish(&call.id);
@@ -153,6 +160,10 @@ pub fn execute(app: &App, session: &Session, call: &ToolCall) -> (Value, bool) {
     let ctx = Ctx { app, session, cancel: &call.cancel };
     let result = tools::call(&ctx, call.tool, &call.arguments);
     session.finish(&call.id);
-    let cancelled = call.cancel.load(std::sync::atomic::Ordering::Relaxed);
+    let cancelled = call.cancel.load(std::sync::atomic::Ordering::Relaxed) && !app.is_draining();
     (jsonrpc::result(&call.id, result), cancelled)
 }
+
+/// The answer to a request that arrives or waits in the queue while the server shuts down.
+pub const SHUTTING_DOWN: &str =
+    "the server is shutting down and did not run this request; retry against the restarted server (task handles stay valid)";

@@ -12,7 +12,7 @@ use crate::config::Config;
 use crate::limits::MAX_BODY_BYTES;
 use crate::protocol::{self, ToolCall};
 use crate::queue::{self, Job, Reply};
-use crate::session::{Session, Sessions};
+use crate::session::{self, Session, Sessions};
 use crate::transport::http::{HttpServer, Listener};
 use crate::transport::stdio;
 use anyhow::{Context, Result};
@@ -53,12 +53,21 @@ fn start_workers(app: &Arc<App>) -> WorkQueue {
     queue
 }
 
+/// The first SIGTERM/SIGINT starts a graceful shutdown; a second one exits at once (sandboxes
+/// not yet killed then end by their own timeouts, tasks keep running).
 fn watch_signals(stop: Sender<Stop>) -> Result<()> {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT]).context("installing SIGTERM/SIGINT handlers")?;
     thread::Builder::new().name("sandbox-mcp-signals".into()).spawn(move || {
-        if let Some(sig) = signals.forever().next() {
-            let _ = stop.send(Stop::Signal(sig));
+        let mut seen = 0;
+        for sig in signals.forever() {
+            seen += 1;
+            if seen == 1 {
+                let _ = stop.send(Stop::Signal(sig));
+            } else {
+                log::warn!("second signal {sig} during shutdown: exiting now");
+                std::process::exit(128 + sig);
+            }
         }
     })?;
     Ok(())
@@ -91,16 +100,20 @@ pub fn run_stdio(config: Config) -> Result<()> {
         })?;
     }
     let why = stop_rx.recv().unwrap_or(Stop::Eof);
+    let began = Instant::now();
     log::info!("stdio session ending: {why}");
-    // Shutdown order (SPEC §3: exit within 2 s of stdin EOF):
+    // Shutdown order (SPEC §3: exit within 2 s of stdin EOF; issue 6: within 5 s of SIGTERM):
     // 1. let requests already read finish (bounded), so piped scripts get their answers;
-    let settle = Instant::now() + Duration::from_millis(if matches!(why, Stop::Eof) { 900 } else { 200 });
+    let settle = began + Duration::from_millis(900);
     wait_idle(std::slice::from_ref(&session), settle);
-    // 2. end the session: kill the sandboxes it still owns;
-    session.end(&app.provider, Instant::now() + Duration::from_millis(700));
-    // 3. stop commands still running for cancelled requests;
+    // 2. from now on, calls not yet started are answered "shutting down";
+    app.begin_draining();
+    // 3. end the session: kill the sandboxes it still owns (their commands end with them);
+    session.end(&app.provider, Instant::now() + Duration::from_millis(600));
+    // 4. stop commands still running in sandboxes that outlive the session;
     app.provider.shutdown();
-    // 4. flush what the writer has.
+    // 5. wait for those calls to answer, then flush what the writer has.
+    wait_idle(std::slice::from_ref(&session), began + Duration::from_millis(1700));
     flush(&reply_tx, Duration::from_millis(200));
     Ok(())
 }
@@ -139,16 +152,24 @@ pub fn run_http(config: Config) -> Result<()> {
     let (reaper_stop, reaper_rx) = crossbeam_channel::bounded::<()>(0);
     spawn_idle_reaper(app.clone(), sessions.clone(), reaper_rx)?;
     let why = stop_rx.recv().unwrap_or(Stop::Signal(0));
+    let began = Instant::now();
     log::info!("shutting down: {why}");
     drop(reaper_stop);
-    server.stop();
+    // Shutdown order (issue 6: every in-flight request gets an answer; exit within 5 s):
+    // 1. new requests are answered 503 "shutting down", queued calls get the same error;
+    app.begin_draining();
+    // 2. calls already running get a moment to finish on their own;
     let all = sessions.take_all();
-    wait_idle(&all, Instant::now() + Duration::from_millis(500));
-    let deadline = Instant::now() + Duration::from_secs(5);
-    for s in &all {
-        s.end(&app.provider, deadline);
-    }
+    wait_idle(&all, began + Duration::from_millis(1500));
+    // 3. end every session: kill the sandboxes they own (their commands end with them);
+    let kill_deadline = began + Duration::from_millis(3500);
+    session::kill_sessions(&app.provider, &all, kill_deadline);
+    // 4. stop commands still running in sandboxes that outlive their session;
     app.provider.shutdown();
+    // 5. wait for the answers to be written, then stop listening.
+    wait_idle(&all, began + Duration::from_millis(4300));
+    server.wait_answered(began + Duration::from_millis(4500));
+    server.stop();
     Ok(())
 }
 

@@ -149,10 +149,17 @@ impl Session {
     /// Ends the session: kills every sandbox in the destroy set (in parallel, within `deadline`).
     /// Safe to call more than once; later calls do nothing.
     pub fn end(&self, provider: &Arc<dyn Provider>, deadline: Instant) {
+        let doomed = self.close();
+        kill_all(provider, &doomed, deadline, &self.id);
+    }
+
+    /// Marks the session ended, stops its running calls and returns the sandboxes to kill (empty
+    /// when it had already ended).
+    fn close(&self) -> Vec<String> {
         let doomed: Vec<String> = {
             let mut s = self.state();
             if s.ended {
-                return;
+                return Vec::new();
             }
             s.ended = true;
             s.default_sandbox = None;
@@ -161,8 +168,14 @@ impl Session {
         for flag in self.inflight.lock().unwrap_or_else(|p| p.into_inner()).values() {
             flag.store(true, std::sync::atomic::Ordering::Relaxed);
         }
-        kill_all(provider, &doomed, deadline, &self.id);
+        doomed
     }
+}
+
+/// Ends many sessions at once (shutdown): every doomed sandbox is killed in parallel.
+pub fn kill_sessions(provider: &Arc<dyn Provider>, sessions: &[Arc<Session>], deadline: Instant) {
+    let doomed: Vec<String> = sessions.iter().flat_map(|s| s.close()).collect();
+    kill_all(provider, &doomed, deadline, "(all, at shutdown)");
 }
 
 /// Kills sandboxes in parallel, waiting at most until `deadline`.

@@ -74,6 +74,9 @@ fn run(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
     };
     let out = provider.exec(&id, &req, Touch::Renew)?;
     if ctx.cancel.load(std::sync::atomic::Ordering::Relaxed) {
+        if ctx.app.is_draining() {
+            return Err(ToolError::new("the server is shutting down; the command was stopped before it finished"));
+        }
         return Err(ToolError::new("the request was cancelled; the command was stopped"));
     }
     let text = |bytes: &[u8]| String::from_utf8_lossy(&masker.mask_bytes(bytes)).into_owned();

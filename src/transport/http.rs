@@ -17,6 +17,7 @@ use serde_json::Value;
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -62,12 +63,14 @@ pub struct Listener {
     loopback: bool,
     /// First and last request time of each connection seen recently (by peer address).
     connections: Mutex<HashMap<SocketAddr, (Instant, Instant)>>,
+    /// Requests being handled right now (shutdown waits for their answers to be written).
+    busy: AtomicUsize,
 }
 
 impl Listener {
     /// The listener of `app`'s HTTP transport.
     pub fn new(app: Arc<App>, sessions: Arc<Sessions>, queue: Sender<Job<(Arc<Session>, ToolCall)>>, loopback: bool) -> Listener {
-        Listener { app, sessions, queue, loopback, connections: Mutex::new(HashMap::new()) }
+        Listener { app, sessions, queue, loopback, connections: Mutex::new(HashMap::new()), busy: AtomicUsize::new(0) }
     }
 
     /// Whether this connection should be asked to reconnect: it is older than
@@ -96,6 +99,7 @@ impl Listener {
 /// A running HTTP server.
 pub struct HttpServer {
     server: Arc<tiny_http::Server>,
+    listener: Arc<Listener>,
     threads: Vec<JoinHandle<()>>,
     /// The bound address (the port is real even when 0 was asked for).
     pub addr: SocketAddr,
@@ -120,7 +124,14 @@ impl HttpServer {
             })?;
             threads.push(t);
         }
-        Ok(HttpServer { server, threads, addr: bound })
+        Ok(HttpServer { server, listener, threads, addr: bound })
+    }
+
+    /// Waits (until `deadline`) for the requests being handled to be answered.
+    pub fn wait_answered(&self, deadline: Instant) {
+        while self.listener.busy.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// Stops accepting requests. Listener threads still waiting for a long tool call are not
@@ -255,7 +266,13 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 impl Listener {
-    fn handle(&self, mut req: Request) {
+    fn handle(&self, req: Request) {
+        self.busy.fetch_add(1, Ordering::SeqCst);
+        self.serve(req);
+        self.busy.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    fn serve(&self, mut req: Request) {
         let body = read_body(&mut req);
         if let Body::Abandon = body {
             // The client is gone; dropping the request would try to allocate the unread rest.
@@ -302,6 +319,11 @@ impl Listener {
     }
 
     fn answer(&self, req: &Request, body: Body) -> Answer {
+        if self.app.is_draining() {
+            let mut answer = Answer::rejected(503, code::SERVER_BUSY, protocol::SHUTTING_DOWN).with("Retry-After", "1");
+            answer.close = true;
+            return answer;
+        }
         if let Some(origin) = get(req, "Origin") {
             if !origin_allowed(origin) {
                 return Answer::rejected(403, code::SERVER_BUSY, "Forbidden: Origin is not a loopback origin");

@@ -5,6 +5,7 @@ mod support;
 
 mod e2b;
 mod http;
+mod shutdown;
 mod stdio;
 mod tasks;
 mod tidy;

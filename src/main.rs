@@ -24,7 +24,10 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     // Logs go to stderr only: stdout belongs to the MCP stdio transport.
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).target(env_logger::Target::Stderr).init();
+    let logger =
+        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).target(env_logger::Target::Stderr).build();
+    log::set_max_level(logger.filter());
+    let _ = log::set_boxed_logger(Box::new(NoWireDumps(logger)));
     if command == "keeper" && words.len() == 4 {
         // Started detached by the local provider with an empty environment: needs no config.
         let (root, id, shell) = (std::path::Path::new(&words[1]), &words[2], std::path::Path::new(&words[3]));
@@ -60,5 +63,34 @@ fn main() -> ExitCode {
             eprintln!("sandbox-mcp: {err:#}");
             ExitCode::from(1)
         }
+    }
+}
+
+/// The stderr logger minus the HTTP client's trace level: there ureq-proto hex-dumps every
+/// exchange with E2B (`X-API-KEY` and `X-Access-Token` headers, token-bearing bodies) and ureq
+/// prints whole URLs (file paths a caller chose), and SPEC §8 says the server never logs its
+/// secrets, whatever `RUST_LOG` asks for. Refusing `Trace` for `ureq*` targets also makes ureq's
+/// own "is trace on?" checks answer no, so its debug lines keep URLs redacted.
+struct NoWireDumps(env_logger::Logger);
+
+impl NoWireDumps {
+    fn dropped(meta: &log::Metadata<'_>) -> bool {
+        meta.level() == log::Level::Trace && meta.target().starts_with("ureq")
+    }
+}
+
+impl log::Log for NoWireDumps {
+    fn enabled(&self, meta: &log::Metadata<'_>) -> bool {
+        !NoWireDumps::dropped(meta) && self.0.enabled(meta)
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        if !NoWireDumps::dropped(record.metadata()) {
+            self.0.log(record);
+        }
+    }
+
+    fn flush(&self) {
+        self.0.flush();
     }
 }

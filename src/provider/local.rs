@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Component, Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -76,6 +76,14 @@ impl LocalProvider {
         fs::DirBuilder::new().recursive(true).mode(0o700).create(&sandboxes).map_err(|err| {
             ProviderError::Unavailable(format!(
                 "cannot create the local state root {}: {err}; set SANDBOX_MCP_HOME to a writable directory",
+                sandboxes.display()
+            ))
+        })?;
+        // A directory that already existed keeps its mode: make it private (it names every
+        // sandbox and holds their metadata, envs included); this fails when it is someone else's.
+        fs::set_permissions(&sandboxes, fs::Permissions::from_mode(0o700)).map_err(|err| {
+            ProviderError::Unavailable(format!(
+                "cannot make the local state root {} private (mode 0700): {err}; set SANDBOX_MCP_HOME to a directory of your own",
                 sandboxes.display()
             ))
         })?;
@@ -423,7 +431,9 @@ pub fn run_keeper(root: &Path, id: &str, shell: &Path) -> anyhow::Result<()> {
     if keeper_alive(&dir) || !dir.join("meta.json").exists() {
         return Ok(());
     }
-    fs::write(dir.join("keeper.pid"), format!("{me} {start}\n"))?;
+    let mut pid_file = fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(dir.join("keeper.pid"))?;
+    pid_file.write_all(format!("{me} {start}\n").as_bytes())?;
+    drop(pid_file);
     loop {
         let meta = match provider.load(id) {
             Ok(m) => m,

@@ -3,6 +3,8 @@
 #   SH -c SCRIPT sh ID OUT_OFFSET ERR_OFFSET LIMIT
 
 exec 3>&2 2>/dev/null
+# The cancel marker is task state like any other: private to the sandbox user.
+umask 077
 task_root
 D=$ROOT/$1
 if [ ! -d "$D" ]; then

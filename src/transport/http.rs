@@ -261,8 +261,16 @@ fn is_loopback_host(host_port: &str) -> bool {
     host.eq_ignore_ascii_case("localhost") || host == "127.0.0.1"
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// Whether `given` equals `secret`, in a time that depends on `given`'s length only: every byte
+/// of `given` is compared (with the secret repeated under it), the length difference is folded
+/// into the same accumulator, and nothing exits early, so neither the secret's bytes nor its
+/// length can be timed.
+fn constant_time_eq(given: &[u8], secret: &[u8]) -> bool {
+    let mut diff = given.len() ^ secret.len();
+    for (g, s) in given.iter().zip(secret.iter().cycle()) {
+        diff |= usize::from(g ^ s);
+    }
+    std::hint::black_box(diff) == 0
 }
 
 impl Listener {
@@ -466,5 +474,11 @@ mod tests {
         assert!(constant_time_eq(b"abc", b"abc"));
         assert!(!constant_time_eq(b"abc", b"abd"));
         assert!(!constant_time_eq(b"abc", b"ab"));
+        // Length-independent: prefixes, extensions and repetitions of the token are refused.
+        assert!(!constant_time_eq(b"ab", b"abc"));
+        assert!(!constant_time_eq(b"abcabc", b"abc"));
+        assert!(!constant_time_eq(b"", b"abc"));
+        assert!(!constant_time_eq(b"abc", b""));
+        assert!(constant_time_eq(b"", b""));
     }
 }

@@ -5,6 +5,7 @@ mod support;
 
 mod e2b;
 mod http;
+mod security;
 mod shutdown;
 mod stdio;
 mod tasks;

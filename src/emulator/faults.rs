@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 /// One injected fault: what it matches and what it does.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Fault {
     /// Matches requests whose path (without the query) starts with this.
@@ -32,6 +32,14 @@ pub struct Fault {
     /// How many matching requests the fault applies to (default 1).
     #[serde(default = "one")]
     pub count: u32,
+    /// Applies to a matching request only with this probability (0 < chance <= 1), drawn from a
+    /// generator seeded with `seed`, so that a run can be replayed; a request the draw spares
+    /// goes on to the next matching rule and does not use up `count`. Default: every request.
+    #[serde(default)]
+    pub chance: Option<f64>,
+    /// Seed of this rule's generator (with `chance`; default 0).
+    #[serde(default)]
+    pub seed: Option<u64>,
 }
 
 fn one() -> u32 {
@@ -64,6 +72,9 @@ impl Fault {
         if self.delay_ms.is_some_and(|d| d > 600_000) {
             return Err("delay_ms must be at most 600000".into());
         }
+        if self.chance.is_some_and(|c| !(c > 0.0 && c <= 1.0)) {
+            return Err("chance must be above 0 and at most 1".into());
+        }
         Ok(())
     }
 }
@@ -84,17 +95,37 @@ pub fn parse_faults(body: &[u8]) -> Result<Vec<Fault>, String> {
     Ok(out)
 }
 
+/// One active rule and the state of its generator.
+struct Rule {
+    fault: Fault,
+    rng: u64,
+}
+
+impl Rule {
+    /// Whether this request gets the fault: always without `chance`, else a seeded draw.
+    fn draw(&mut self) -> bool {
+        let Some(chance) = self.fault.chance else { return true };
+        // splitmix64: any seed (0 included) gives a full-period sequence.
+        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        ((z >> 11) as f64 / (1u64 << 53) as f64) < chance
+    }
+}
+
 /// The active faults, first match wins.
 #[derive(Default)]
 pub struct Faults {
-    rules: Mutex<Vec<Fault>>,
+    rules: Mutex<Vec<Rule>>,
 }
 
 impl Faults {
     /// Appends rules.
     pub fn add(&self, faults: Vec<Fault>) {
         if let Ok(mut rules) = self.rules.lock() {
-            rules.extend(faults);
+            rules.extend(faults.into_iter().map(|fault| Rule { rng: fault.seed.unwrap_or(0), fault }));
         }
     }
 
@@ -107,7 +138,7 @@ impl Faults {
 
     /// The remaining rules as JSON.
     pub fn list(&self) -> Value {
-        let rules = self.rules.lock().map(|r| r.clone()).unwrap_or_default();
+        let rules: Vec<Fault> = self.rules.lock().map(|r| r.iter().map(|rule| rule.fault.clone()).collect()).unwrap_or_default();
         Value::Array(
             rules
                 .iter()
@@ -115,21 +146,23 @@ impl Faults {
                     json!({
                         "path_prefix": f.path_prefix, "method": f.method, "status": f.status, "body": f.body,
                         "drop_after_bytes": f.drop_after_bytes, "delay_ms": f.delay_ms, "count": f.count,
+                        "chance": f.chance, "seed": f.seed,
                     })
                 })
                 .collect(),
         )
     }
 
-    /// Consumes one use of the first rule matching the request, if any.
+    /// Consumes one use of the first rule that matches the request and whose draw (if it has a
+    /// `chance`) hits, if any.
     pub fn take(&self, method: &str, path: &str) -> Option<Fault> {
         let mut rules = self.rules.lock().ok()?;
-        let i = rules.iter().position(|f| f.matches(method, path))?;
-        let fault = rules[i].clone();
-        if rules[i].count <= 1 {
+        let i = (0..rules.len()).find(|&i| rules[i].fault.matches(method, path) && rules[i].draw())?;
+        let fault = rules[i].fault.clone();
+        if rules[i].fault.count <= 1 {
             rules.remove(i);
         } else {
-            rules[i].count -= 1;
+            rules[i].fault.count -= 1;
         }
         Some(fault)
     }
@@ -228,10 +261,35 @@ mod tests {
             br#"{"path_prefix":"/files","status":500,"drop_after_bytes":1}"#,
             br#"{"path_prefix":"/files","status":500,"count":0}"#,
             br#"{"path_prefix":"/files","status":500,"typo":1}"#,
+            br#"{"path_prefix":"/files","status":500,"chance":0}"#,
+            br#"{"path_prefix":"/files","status":500,"chance":1.5}"#,
             b"nope",
         ] {
             assert!(parse_faults(bad).is_err(), "{}", String::from_utf8_lossy(bad));
         }
+    }
+
+    #[test]
+    fn chance_is_seeded_and_falls_through() {
+        let draws = |seed: u64| {
+            let table = Faults::default();
+            let rules = format!(
+                r#"[{{"path_prefix":"/","status":503,"chance":0.3,"seed":{seed},"count":1000}},{{"path_prefix":"/","drop_after_bytes":0,"chance":0.5,"seed":{seed},"count":1000}}]"#
+            );
+            table.add(parse_faults(rules.as_bytes()).unwrap());
+            (0..400).map(|_| table.take("GET", "/x").map(|f| f.status.unwrap_or(0))).collect::<Vec<_>>()
+        };
+        let a = draws(7);
+        assert_eq!(a, draws(7), "the same seed gives the same faults");
+        assert_ne!(a, draws(8));
+        let statuses = a.iter().filter(|f| **f == Some(503)).count();
+        let drops = a.iter().filter(|f| **f == Some(0)).count();
+        let spared = a.iter().filter(|f| f.is_none()).count();
+        // About 30 % get the first rule, half of the rest the second (which it falls through to).
+        assert!(
+            (80..160).contains(&statuses) && (100..180).contains(&drops) && (100..180).contains(&spared),
+            "{statuses} {drops} {spared}"
+        );
     }
 
     #[test]

@@ -24,9 +24,15 @@
 //!     `Start` cut this way leaves its process running.
 //!   * `"delay_ms": M`: wait M ms before handling (combines with either of the above).
 //!
+//!   At random: `"chance": P` (0 < P <= 1) applies the rule to a matching request with
+//!   probability P, drawn from the rule's own generator seeded with `"seed"` (default 0), so a
+//!   run replays; a request the draw spares goes on to the next matching rule and does not use
+//!   up `count`. Several rules with chances give a seeded mix (say 503s and dropped streams).
+//!
 //!   Examples: `{"path_prefix":"/process.Process/Start","drop_after_bytes":0,"count":1}`,
 //!   `{"path_prefix":"/sandboxes","status":502,"count":1}`,
-//!   `{"path_prefix":"/files","method":"GET","delay_ms":2000}`.
+//!   `{"path_prefix":"/files","method":"GET","delay_ms":2000}`,
+//!   `{"path_prefix":"/","status":503,"chance":0.1,"seed":42,"count":100000}`.
 //! * `GET /_emulator/faults`: the remaining faults. `DELETE /_emulator/faults`: remove all.
 //! * `GET /_emulator/requests`: `{"total":N,"routes":{"POST /process.Process/Start":3,
 //!   "POST /sandboxes/{id}/timeout":1,…}}`, requests per route (sandbox ids folded to `{id}`) since

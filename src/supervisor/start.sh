@@ -38,15 +38,20 @@ start() {
     # Nobody else writes into a directory this start just claimed: no rename needed here. The
     # claim time lets delete_task tell a start in progress from a dead one.
     uptime_cs
-    printf 'status=claimed\ntimeout=%s\nclaimed_cs=%s\n' "$T" "$CS" >"$D/state"
+    # A claim that cannot be written (a full disk) starts nothing: a supervisor could not record
+    # what it observes either.
+    if ! printf 'status=claimed\ntimeout=%s\nclaimed_cs=%s\n' "$T" "$CS" >"$D/state" || ! printf '%s' "$CMD" >"$D/cmd"; then
+        rm -rf "$D"
+        printf '@error write cannot write the task files in %s (is the disk of the sandbox full?); nothing was started\n' "$D"
+        return
+    fi
     _n=0
     for _t in "$ROOT"/*/; do [ -d "$_t" ] && _n=$((_n + 1)); done
     if [ "$_n" -gt "$MAX" ]; then
-        rmdir "$D"
+        rm -rf "$D"
         printf '@error limit %s\n' "$MAX"
         return
     fi
-    printf '%s' "$CMD" >"$D/cmd"
     : >"$D/stdout.log"
     : >"$D/stderr.log"
     # Every descriptor of this call is closed for the supervisor (fd 3 is our stderr): anything

@@ -11,27 +11,44 @@ save() {
     # One line per value: an error that quotes user input (a cwd) must not forge other keys.
     case $ERR in *"
 "*) ERR=$(printf '%s' "$ERR" | tr '\n' ' ') ;; esac
-    {
-        printf 'status=%s\nboot_id=%s\nsup_pid=%s\nsup_start=%s\npgid=%s\ntask_start=%s\ntimeout=%s\nstarted_at=%s\n' \
-            "$1" "$BOOT" "$SUP_PID" "$SUP_START" "$TPID" "$TSTART" "$T" "$STARTED"
-        printf 'finished_at=%s\nexit_code=%s\nerror=%s\nescaped=%s\n' "$FINISHED" "$RC" "$ERR" "$ESCAPED"
+    # Temp file + rename. When the temp file cannot be written (a full disk), the state file is
+    # rewritten in place, in the space it already holds: better than losing an observed outcome,
+    # at the cost of a moment in which a reader finds it empty (and says unknown).
+    if ! state_lines "$1" >state.tmp || ! mv -f state.tmp state; then
+        rm -f state.tmp
+        state_lines "$1" >state
+    fi
+}
+
+# state_lines STATUS: the state file's content; fails when any write fails.
+state_lines() {
+    printf 'status=%s\nboot_id=%s\nsup_pid=%s\nsup_start=%s\npgid=%s\ntask_start=%s\ntimeout=%s\nstarted_at=%s\n' \
+        "$1" "$BOOT" "$SUP_PID" "$SUP_START" "$TPID" "$TSTART" "$T" "$STARTED" &&
+        printf 'finished_at=%s\nexit_code=%s\nerror=%s\nescaped=%s\n' "$FINISHED" "$RC" "$ERR" "$ESCAPED" &&
         if [ -n "$OUT_BYTES" ]; then
             printf 'out_bytes=%s\nerr_bytes=%s\nout_truncated=%s\nerr_truncated=%s\n' "$OUT_BYTES" "$ERR_BYTES" "$OUT_TRUNC" "$ERR_TRUNC"
         fi
-    } >state.tmp && mv -f state.tmp state
 }
 
 # pump NAME FIFO LOG: copies the task's stream into LOG, at most CAP bytes, draining and counting
 # the rest; writes NAME.meta ("written dropped"), then NAME.done, at the end, and NAME.trunc at
-# the first dropped byte. Runs as a subshell of the supervisor; opens its FIFO first (the
-# supervisor waits for that), then decides how to copy.
+# the first dropped byte. When writing LOG fails (a full disk) it still drains the stream, so
+# that the task is neither blocked nor killed by SIGPIPE, and marks NAME.trunc and NAME.wfail.
+# Runs as a subshell of the supervisor; opens its FIFO first (the supervisor waits for that),
+# then decides how to copy.
 pump() {
     exec 5<"$2"
     if LC_ALL=C awk -v check=1 "$MASK_AWK" </dev/null 2>/dev/null; then
         _awk=awk
         case $(awk -W version </dev/null 2>&1) in *mawk*) _awk="awk -W interactive" ;; esac
         # The appended newline and mask.awk's leading-newline output keep the log byte-exact.
-        { cat <&5; echo; } | LC_ALL=C $_awk -v cap="$CAP" -v meta="$1.meta" -v trunc="$1.trunc" "$MASK_AWK" >>"$3"
+        # mawk stops at a failed write, busybox awk goes on; either way the meta file is missing.
+        if ! { cat <&5; echo; } | LC_ALL=C $_awk -v cap="$CAP" -v meta="$1.meta" -v trunc="$1.trunc" "$MASK_AWK" >>"$3" ||
+            [ ! -s "$1.meta" ]; then
+            : >"$1.trunc"
+            : >"$1.wfail"
+            cat <&5 >/dev/null
+        fi
         : >"$1.done"
         return
     fi
@@ -51,11 +68,16 @@ pump() {
     fi
     _w=0
     _left=$CAP
+    _wfail=
     if [ "$_dd" = gnu ]; then
         _small=0
         while [ "$_left" -gt 0 ]; do
             # One read of what the pipe holds, written at once: partial lines show immediately.
-            LC_ALL=C dd bs="$_left" count=1 <&5 >&6 2>"$1.dd" || break
+            # (GNU dd fails when it cannot write the data, or its count: a full disk either way.)
+            if ! LC_ALL=C dd bs="$_left" count=1 <&5 >&6 2>"$1.dd"; then
+                _wfail=1
+                break
+            fi
             _n=
             { read -r _x && read -r _x && read -r _n _x; } <"$1.dd"
             case $_n in '' | *[!0-9]*) break ;; esac
@@ -70,26 +92,29 @@ pump() {
                 _small=0
             fi
         done
-        if [ "$_n" != 0 ] && [ "$_left" -gt 0 ]; then
+        if [ -n "$_wfail" ]; then
+            _w=$(wc -c <"$3")
+        elif [ "$_n" != 0 ] && [ "$_left" -gt 0 ]; then
             _dd=slow # the count was unreadable: finish exactly, byte by byte
         fi
     fi
     if [ "$_dd" != gnu ]; then
         if [ "$_dd" = bytes ]; then
-            dd bs=65536 iflag=count_bytes count="$_left" <&5 >&6 2>/dev/null
+            dd bs=65536 iflag=count_bytes count="$_left" <&5 >&6 2>/dev/null || _wfail=1
         else
-            dd bs=1 count="$_left" <&5 >&6 2>/dev/null
+            dd bs=1 count="$_left" <&5 >&6 2>/dev/null || _wfail=1
         fi
         _w=$(wc -c <"$3")
     fi
     exec 6>&-
     _d=0
-    if [ "$_w" -ge "$CAP" ]; then
+    if [ "$_w" -ge "$CAP" ] || [ -n "$_wfail" ]; then
         _one=$(dd bs=1 count=1 <&5 2>/dev/null | wc -c)
-        if [ "$_one" -gt 0 ]; then
+        if [ "$_one" -gt 0 ] || [ -n "$_wfail" ]; then
             : >"$1.trunc"
+            [ -n "$_wfail" ] && : >"$1.wfail"
             _rest=
-            if [ "$_dd" = gnu ]; then
+            if [ "$_dd" = gnu ] && [ "$_one" -gt 0 ]; then
                 # Large reads drain a fast writer quicker than wc; GNU dd reports the count.
                 LC_ALL=C dd bs=1048576 <&5 of=/dev/null 2>"$1.dd"
                 { read -r _x && read -r _x && read -r _rest _x; } <"$1.dd"
@@ -253,6 +278,9 @@ supervise() {
     OUT_BYTES=$_pw OUT_TRUNC=$_pt
     pump_meta err
     ERR_BYTES=$_pw ERR_TRUNC=$_pt
+    if [ -e out.wfail ] || [ -e err.wfail ]; then
+        ERR="${ERR:+$ERR; }writing the logs failed (is the sandbox's disk full?): they end early and are marked truncated"
+    fi
     now
     FINISHED=$NOW
     if [ -e cancel ]; then

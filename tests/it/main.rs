@@ -4,6 +4,7 @@
 mod support;
 
 mod e2b;
+mod faults;
 mod http;
 mod security;
 mod shutdown;

@@ -327,11 +327,6 @@ impl Listener {
     }
 
     fn answer(&self, req: &Request, body: Body) -> Answer {
-        if self.app.is_draining() {
-            let mut answer = Answer::rejected(503, code::SERVER_BUSY, protocol::SHUTTING_DOWN).with("Retry-After", "1");
-            answer.close = true;
-            return answer;
-        }
         if let Some(origin) = get(req, "Origin") {
             if !origin_allowed(origin) {
                 return Answer::rejected(403, code::SERVER_BUSY, "Forbidden: Origin is not a loopback origin");
@@ -350,6 +345,11 @@ impl Listener {
                 return Answer::rejected(401, code::SERVER_BUSY, "Unauthorized: send Authorization: Bearer <SANDBOX_MCP_HTTP_TOKEN>")
                     .with("WWW-Authenticate", "Bearer");
             }
+        }
+        if self.app.is_draining() {
+            let mut answer = Answer::rejected(503, code::SERVER_BUSY, protocol::SHUTTING_DOWN).with("Retry-After", "1");
+            answer.close = true;
+            return answer;
         }
         let path = req.url().split('?').next().unwrap_or("");
         match (req.method(), path) {

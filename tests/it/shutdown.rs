@@ -16,6 +16,18 @@ fn call_body(id: u64, tool: &str, args: Value) -> String {
     json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": tool, "arguments": args}}).to_string()
 }
 
+/// A keep-alive connection that has been served once (a ping) and stays open: tiny_http 0.12 can
+/// leave a new connection unserved while its threads are busy (ARCHITECTURE.md), so requests that
+/// must be answered while the server is loaded go on connections made beforehand.
+fn ready_conn(http: &Http, session: &str) -> Conn {
+    wait_for(TIMEOUT, "a keep-alive connection", || {
+        let mut conn = Conn::open(http.addr);
+        conn.send("POST", "/mcp", &[("Mcp-Session-Id", session)], br#"{"jsonrpc":"2.0","id":0,"method":"ping"}"#);
+        let r = conn.try_read()?;
+        (r.status == 200 && r.header("connection") != Some("close")).then_some(conn)
+    })
+}
+
 /// Waits for a file a command creates when it has really started.
 fn wait_started(marker: &std::path::Path) {
     wait_for(TIMEOUT, "a command to start", || marker.exists().then_some(()));
@@ -40,6 +52,7 @@ fn sigterm_under_http_load_answers_every_accepted_request_and_exits_within_5_s()
     let sb_b = http.call(&b, "create_sandbox", json!({}))["result"]["structuredContent"]["sandbox_id"].as_str().unwrap().to_string();
     let task = http.call(&b, "start_task", json!({"command": "sleep 60"}));
     assert_eq!(task["result"]["isError"], false, "{task}");
+    let (mut probe, mut late_conn) = (ready_conn(&http, &a), ready_conn(&http, &a));
 
     // Both workers busy with long commands (one per sandbox), then calls that wait in the queue.
     let mut pending = Vec::new();
@@ -63,17 +76,18 @@ fn sigterm_under_http_load_answers_every_accepted_request_and_exits_within_5_s()
         );
         pending.push((format!("queued-{i}"), conn));
     }
-    // A ping answered before the signal shows the queued requests have been read.
-    let ping = http.post(&[("Mcp-Session-Id", &a)], r#"{"jsonrpc":"2.0","id":9,"method":"ping"}"#);
-    assert_eq!(ping.status, 200);
+    // A ping answered before the signal: the queued requests have most likely been read.
+    probe.send("POST", "/mcp", &[("Mcp-Session-Id", &a)], br#"{"jsonrpc":"2.0","id":9,"method":"ping"}"#);
+    assert_eq!(probe.try_read().expect("a ping answer").status, 200);
 
     let t0 = Instant::now();
     term(http.child.id());
     // Requests arriving during shutdown are refused with an answer, not dropped.
     let late = wait_for(Duration::from_secs(3), "a 503 while draining", || {
-        let mut conn = Conn::open(addr);
-        conn.send("POST", "/mcp", &[("Mcp-Session-Id", &a)], call_body(300, "run_command", json!({"command": "echo late"})).as_bytes());
-        conn.try_read().filter(|r| r.status == 503)
+        late_conn.send("POST", "/mcp", &[("Mcp-Session-Id", &a)], br#"{"jsonrpc":"2.0","id":10,"method":"ping"}"#);
+        let r = late_conn.try_read().expect("an answer on a served connection");
+        assert!(r.status == 503 || r.header("connection") != Some("close"), "closed before draining: {}", r.body);
+        (r.status == 503).then_some(r)
     });
     assert!(late.body.contains("shutting down"), "{}", late.body);
 
@@ -82,7 +96,8 @@ fn sigterm_under_http_load_answers_every_accepted_request_and_exits_within_5_s()
         .into_iter()
         .map(|(name, mut conn)| {
             let r = conn.try_read().unwrap_or_else(|| panic!("{name}: connection closed without an answer"));
-            assert_eq!(r.status, 200, "{name}: {}", r.body);
+            // 503 "shutting down" when the signal came before the request was read.
+            assert!(r.status == 200 || (r.status == 503 && r.body.contains("shutting down")), "{name}: {} {}", r.status, r.body);
             (name, r.json())
         })
         .collect();

@@ -349,6 +349,8 @@ struct Client<'a> {
     tally: &'a Tally,
     sandboxes: Vec<Sandbox>,
     pending: Vec<Pending>,
+    /// Checked tasks, to delete (a sandbox holds at most 128 task directories).
+    finished: Vec<(String, String)>,
     sandbox_timeout: u64,
     nonce: u64,
 }
@@ -392,6 +394,9 @@ impl Client<'_> {
 
     fn step(&mut self) {
         let Some(sb) = self.sandbox() else { return };
+        if self.finished.len() > 8 {
+            self.delete_one();
+        }
         match self.rng.below(100) {
             0..=39 => self.run_command(&sb),
             40..=54 => self.start(&sb, false),
@@ -441,8 +446,10 @@ impl Client<'_> {
         let task = task.to_string();
         if matches!(expect, Expect::Cancelled) {
             if let Some(s) = self.call("cancel_task", json!({"sandbox_id": sb, "task_id": task})) {
-                self.judge(&Pending { sandbox: sb.into(), task: task.clone(), expect: expect.clone() }, &s);
-                return;
+                if self.judge(&Pending { sandbox: sb.into(), task: task.clone(), expect: expect.clone() }, &s) {
+                    self.finished.push((sb.to_string(), task));
+                    return;
+                }
             }
         }
         self.pending.push(Pending { sandbox: sb.to_string(), task, expect });
@@ -474,9 +481,22 @@ impl Client<'_> {
         let i = self.rng.below(self.pending.len() as u64) as usize;
         let p = self.pending.swap_remove(i);
         match self.call("get_task", json!({"sandbox_id": p.sandbox, "task_id": p.task})) {
-            Some(s) if self.judge(&p, &s) => {}
+            Some(s) if self.judge(&p, &s) => self.finished.push((p.sandbox, p.task)),
             // Still running, or the read failed (counted): look again later.
             _ => self.pending.push(p),
+        }
+    }
+
+    /// Deletes a checked task; one whose processes are still ending is tried again later.
+    fn delete_one(&mut self) {
+        let Some((sb, task)) = self.finished.pop() else { return };
+        self.tally.requests.fetch_add(1, Ordering::Relaxed);
+        match self.session.call("delete_task", json!({"sandbox_id": sb, "task_id": task})) {
+            Ok(r) if r["isError"] != true => {}
+            Ok(r) if r["content"][0]["text"].as_str().unwrap_or("").contains("cancel_task first") => self.finished.insert(0, (sb, task)),
+            Ok(r) => self.tally.problem(&self.tally.errors, format!("{}: delete_task {task}: {r}", self.name)),
+            Err(Failure::Busy) => self.finished.push((sb, task)),
+            Err(Failure::Rpc(e) | Failure::Transport(e)) => self.tally.problem(&self.tally.errors, format!("{}: {e}", self.name)),
         }
     }
 
@@ -499,6 +519,7 @@ impl Client<'_> {
         let id = self.sandboxes[i].id.clone();
         if self.call("kill_sandbox", json!({"sandbox_id": id})).is_some() {
             self.sandboxes.remove(i);
+            self.finished.retain(|(sb, _)| *sb != id);
         }
     }
 
@@ -600,7 +621,8 @@ fn leftover_processes(home: &Path) -> Vec<String> {
         if pid == me {
             continue;
         }
-        let read = |f: &str| std::fs::read(entry.path().join(f)).map(|b| String::from_utf8_lossy(&b).replace('\0', " ")).unwrap_or_default();
+        let read =
+            |f: &str| std::fs::read(entry.path().join(f)).map(|b| String::from_utf8_lossy(&b).replace('\0', " ")).unwrap_or_default();
         let (cmdline, environ) = (read("cmdline"), read("environ"));
         let zombie = read("stat").rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z'));
         if !zombie && (cmdline.contains(&needle) || environ.contains(&needle)) {
@@ -671,6 +693,7 @@ fn run() -> Result<bool> {
                     tally,
                     sandboxes: Vec::new(),
                     pending: Vec::new(),
+                    finished: Vec::new(),
                     sandbox_timeout,
                     nonce: 0,
                 };

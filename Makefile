@@ -6,7 +6,7 @@ BIN := target/release/sandbox-mcp
 # Tests that send group signals run in a private pid namespace when this machine allows one.
 PIDNS := $(shell unshare -fp --mount-proc true >/dev/null 2>&1 && echo "unshare -fp --mount-proc")
 
-.PHONY: build test check demo bench soak fmt clippy interop setup clean
+.PHONY: build test check demo bench soak fuzz fmt clippy interop setup clean
 
 build:
 	$(CARGO) build --release
@@ -16,9 +16,10 @@ setup:
 
 # Unit and integration tests (the real binary over stdio and HTTP), the interoperability tests
 # with the official Python SDK, the MCP Inspector and the MCP conformance suite, then a
-# 20-second load and soak run (tests/soak/driver.rs).
+# 10-second run of each fuzz target, and a 20-second load and soak run (tests/soak/driver.rs).
 test: build setup
 	$(PIDNS) $(CARGO) test --all-targets
+	tests/fuzz/run.sh
 	tests/interop/run.sh
 	$(CARGO) build --release --example soak
 	SOAK_SECONDS=20 $(PIDNS) target/release/examples/soak
@@ -39,6 +40,11 @@ demo: build
 # Benchmarks against floors and peers measured in the same run; raw results in bench-results/.
 bench: build setup
 	tests/bench/run.sh
+
+# Coverage-guided fuzzing of the parsers (tests/fuzz/run.sh): FUZZ_SECONDS per target, 10 by
+# default; `make fuzz FUZZ_SECONDS=3600` for long runs.
+fuzz:
+	tests/fuzz/run.sh
 
 # The long load and soak run: 64 HTTP clients and 4 stdio sessions for 10 minutes.
 soak: build

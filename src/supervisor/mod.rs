@@ -279,9 +279,15 @@ fn page_result(out: &ExecOutput, task_id: &str, window: Window) -> Result<Option
 /// Lists the tasks of the sandbox's user.
 pub fn list(target: &Target<'_>) -> Result<Vec<Snapshot>, ProviderError> {
     let out = target.run(target.argv("list", &[]))?;
-    let text = String::from_utf8_lossy(&out.stdout);
+    parse_list(&out.stdout).ok_or_else(|| ProviderError::Unavailable(format!("the task list was unreadable: {}", excerpt(&out))))
+}
+
+/// Parses the stdout of the `list` snippet into snapshots without pages, sorted by start time
+/// then id; `None` when it lacks the final `@done`. Public for the fuzz targets (`tests/fuzz/`).
+pub fn parse_list(stdout: &[u8]) -> Option<Vec<Snapshot>> {
+    let text = String::from_utf8_lossy(stdout);
     if !text.contains("@done") {
-        return Err(ProviderError::Unavailable(format!("the task list was unreadable: {}", excerpt(&out))));
+        return None;
     }
     let mut tasks = Vec::new();
     for block in text.split("@task ").skip(1) {
@@ -290,7 +296,7 @@ pub fn list(target: &Target<'_>) -> Result<Vec<Snapshot>, ProviderError> {
         tasks.push(derive(id.trim(), &fields, Vec::new(), Vec::new(), Window { stdout_offset: 0, stderr_offset: 0, limit: 0 }));
     }
     tasks.sort_by(|a, b| (a.started_at, &a.task_id).cmp(&(b.started_at, &b.task_id)));
-    Ok(tasks)
+    Some(tasks)
 }
 
 /// Outcome of `delete`.
@@ -336,6 +342,14 @@ fn excerpt(out: &ExecOutput) -> String {
 
 fn fields(body: &str) -> BTreeMap<&str, &str> {
     body.lines().take_while(|l| *l != "@end").filter_map(|l| l.split_once('=')).collect()
+}
+
+/// Parses the answer of the `start`, `status` or `cancel` snippet for `task_id` (as [`status`]
+/// does after ruling out `@none`); `None` when it is unreadable. Public for the fuzz targets
+/// (`tests/fuzz/`).
+pub fn parse_answer(stdout: &[u8], stderr: &[u8], task_id: &str, window: Window) -> Option<Snapshot> {
+    let out = ExecOutput { stdout: stdout.to_vec(), stderr: stderr.to_vec(), ..ExecOutput::default() };
+    parse_one(&out, task_id, window)
 }
 
 /// Parses a single-task answer: the header block on stdout, then the pages.

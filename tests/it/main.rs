@@ -5,6 +5,7 @@ mod support;
 
 mod e2b;
 mod faults;
+mod fuzz_corpus;
 mod http;
 mod security;
 mod shutdown;

@@ -20,17 +20,28 @@ function load(   k, n, i, parts, line) {
             if (length(line) >= 6 && !(line in seen)) {
                 seen[line] = 1
                 sec[++ns] = line
+                if (index(line, "*")) starred = 1
             }
         }
     }
 }
 
 # mask(s): every occurrence of every secret (overlaps included) is covered; each run of covered
-# bytes becomes ***.
-function mask(s,   i, hit, n, L, from, p, k, out, pos) {
-    hit = 0
-    for (i = 1; i <= ns; i++) if (index(s, sec[i])) { hit = 1; break }
-    if (!hit) return s
+# bytes becomes ***. A secret containing * can line up with the *** of a mask: mask again until
+# no secret is left (each pass that finds one shortens the line, so this ends).
+function mask(s) {
+    if (!found(s)) return s
+    s = mask1(s)
+    if (starred) while (found(s)) s = mask1(s)
+    return s
+}
+
+function found(s,   i) {
+    for (i = 1; i <= ns; i++) if (index(s, sec[i])) return 1
+    return 0
+}
+
+function mask1(s,   i, n, L, from, p, k, out, pos) {
     n = length(s)
     split("", cov)
     for (i = 1; i <= ns; i++) {

@@ -340,16 +340,9 @@ fn check_exit_code(code: i32, status: &str) {
     }
 }
 
-/// RFC 3339 against an independent strict parser: whatever the strict one accepts, `rfc3339`
-/// must accept with the same value.
+/// RFC 3339 against an independent strict parser: both accept the same texts, with the same value.
 fn check_rfc3339(s: &str) {
-    let got = wire::rfc3339(s);
-    if let Some(expected) = strict_rfc3339(s) {
-        assert_eq!(got, Some(expected), "{s:?}");
-    }
-    if got.is_some() {
-        assert!(s.len() >= 20, "{s:?}");
-    }
+    assert_eq!(wire::rfc3339(s), strict_rfc3339(s), "{s:?}");
 }
 
 fn strict_rfc3339(s: &str) -> Option<i64> {
@@ -500,8 +493,17 @@ fn model_secrets(values: &[&str]) -> Vec<Vec<u8>> {
 }
 
 /// Masking as documented: every byte inside some occurrence of some secret is covered, and each
-/// maximal run of covered bytes (overlapping or touching occurrences) becomes one `***`.
+/// maximal run of covered bytes (overlapping or touching occurrences) becomes one `***`; repeated
+/// while a secret is left (one with `*` in it can line up with a mask).
 fn model_mask(secrets: &[Vec<u8>], text: &[u8]) -> Vec<u8> {
+    let mut out = model_mask_once(secrets, text);
+    while secrets.iter().any(|s| find(&out, s).is_some()) {
+        out = model_mask_once(secrets, &out);
+    }
+    out
+}
+
+fn model_mask_once(secrets: &[Vec<u8>], text: &[u8]) -> Vec<u8> {
     let mut covered = vec![false; text.len()];
     for s in secrets {
         for (i, w) in text.windows(s.len()).enumerate() {
@@ -532,8 +534,7 @@ fn check_mask(masker: &Masker, secrets: &[Vec<u8>], text: &[u8]) {
     if std::str::from_utf8(text).is_ok() {
         assert!(std::str::from_utf8(&out).is_ok(), "masking UTF-8 must keep it UTF-8");
     }
-    // A secret can reappear only by lining up with the `***` of the mask itself.
-    for s in secrets.iter().filter(|s| !s.contains(&b'*')) {
+    for s in secrets {
         assert!(find(&out, s).is_none(), "a secret survived masking");
     }
     let lossy = String::from_utf8_lossy(text);

@@ -445,6 +445,7 @@ fn mask_awk_agrees_with_the_rust_masker() {
         ("my_password", "p@ss.w*rd\\&1"),
         ("ML_TOKEN", "line-one\n  line-two  \n\nshrt"),
         ("SHORT_KEY", "abc"),
+        ("STAR_TOKEN", "***yz1"),
         ("PLAIN", "plain-value"),
     ];
     let inputs: Vec<Vec<u8>> = vec![
@@ -455,6 +456,8 @@ fn mask_awk_agrees_with_the_rust_masker() {
         b"a line-one b\nline-two\nshrt abc".to_vec(),
         b"no newline at the end abcdef123".to_vec(),
         b"trailing newline\n".to_vec(),
+        // Masked twice: `abcdef123` first, then `***yz1` around that mask.
+        b"xabcdef123yz1 end".to_vec(),
         b"\n\nempty lines\n\n".to_vec(),
         format!("{} abcdef123", "long ".repeat(20_000)).into_bytes(),
     ];

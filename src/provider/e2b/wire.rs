@@ -101,16 +101,37 @@ pub fn exit_code(code: i32, status: &str) -> i32 {
 }
 
 /// Parses an RFC 3339 timestamp (`2026-12-02T16:40:18.123Z`, `...+01:00`) to Unix seconds.
+/// Strict: every field is digits within its range, and nothing may follow the offset.
 pub fn rfc3339(s: &str) -> Option<i64> {
     let b = s.as_bytes();
     if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') || b[13] != b':' || b[16] != b':' {
         return None;
     }
-    let num = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
-    let (y, mo, d, h, mi, se) = (num(0..4)?, num(5..7)?, num(8..10)?, num(11..13)?, num(14..16)?, num(17..19)?);
+    let num = |r: std::ops::Range<usize>, max: i64| -> Option<i64> {
+        let digits = s.get(r)?;
+        if !digits.bytes().all(|c| c.is_ascii_digit()) {
+            return None;
+        }
+        digits.parse::<i64>().ok().filter(|n| *n <= max)
+    };
+    let (y, mo, d) = (num(0..4, 9999)?, num(5..7, 12)?, num(8..10, 31)?);
+    let (h, mi, se) = (num(11..13, 23)?, num(14..16, 59)?, num(17..19, 60)?);
+    let leap = y % 4 == 0 && (y % 100 != 0 || y % 400 == 0);
+    let month_days = match mo {
+        2 if leap => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    };
+    if y == 0 || mo == 0 || d == 0 || d > month_days {
+        return None;
+    }
     let mut rest = &s[19..];
     if let Some(frac) = rest.strip_prefix('.') {
         let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return None;
+        }
         rest = &frac[digits..];
     }
     let offset = match rest {
@@ -121,9 +142,15 @@ pub fn rfc3339(s: &str) -> Option<i64> {
                 b'-' => -1,
                 _ => return None,
             };
-            let oh: i64 = rest.get(1..3)?.parse().ok()?;
-            let om: i64 = rest.get(4..6)?.parse().ok()?;
-            sign * (oh * 3600 + om * 60)
+            let hm = rest.get(1..)?;
+            let field = |r: std::ops::Range<usize>, max: i64| -> Option<i64> {
+                let digits = hm.get(r)?;
+                digits.bytes().all(|c| c.is_ascii_digit()).then(|| digits.parse::<i64>().ok()).flatten().filter(|n| *n <= max)
+            };
+            if hm.len() != 5 || hm.as_bytes()[2] != b':' {
+                return None;
+            }
+            sign * (field(0..2, 23)? * 3600 + field(3..5, 59)? * 60)
         }
     };
     // Days from the civil date (proleptic Gregorian), after Howard Hinnant's algorithm.
@@ -174,6 +201,23 @@ mod tests {
         assert_eq!(rfc3339("1970-01-01T00:00:00Z"), Some(0));
         assert_eq!(rfc3339("2026-12-02T16:40:18.123456Z"), Some(1_796_229_618));
         assert_eq!(rfc3339("2026-12-02T17:40:18+01:00"), Some(1_796_229_618));
+        assert_eq!(rfc3339("2024-02-29T00:00:00Z"), Some(1_709_164_800));
         assert_eq!(rfc3339("garbage"), None);
+        // Found by fuzzing: signs inside fields, out-of-range fields and trailing bytes passed.
+        for bad in [
+            "2026-+1-02T16:40:18Z",
+            "2026-13-02T16:40:18Z",
+            "2026-12-00T16:40:18Z",
+            "2026-02-29T16:40:18Z",
+            "0000-12-02T16:40:18Z",
+            "2026-12-02T24:40:18Z",
+            "2026-12-02T16:40:18.Z",
+            "2026-12-02T16:40:18+01:00x",
+            "2026-12-02T16:40:18+0100",
+            "2026-12-02T16:40:18+-1:00",
+            "2026-12-02T16:40:18Zjunk",
+        ] {
+            assert_eq!(rfc3339(bad), None, "{bad}");
+        }
     }
 }

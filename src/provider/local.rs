@@ -517,7 +517,9 @@ impl Provider for LocalProvider {
         if !dir.exists() {
             return Ok(false);
         }
-        // Metadata goes first, so that no new command starts while the scan runs.
+        // Metadata goes first, so that no new command starts while the scan runs. Of two racing
+        // kills only the one that removes it answers true, unless the other still finds processes
+        // (an interrupted kill, say by a server killed mid-way: its rest is this call's work).
         let existed = fs::remove_file(dir.join("meta.json")).is_ok();
         let budget = deadline.min(Instant::now() + KILL_SCAN_BUDGET);
         let n = self.kill_tagged(sandbox_id, budget);
@@ -540,7 +542,7 @@ impl Provider for LocalProvider {
                 }
             }
         }
-        Ok(existed)
+        Ok(existed || n > 0)
     }
 
     fn info(&self, sandbox_id: &str, touch: Touch, _deadline: Instant) -> Result<SandboxInfo, ProviderError> {

@@ -502,6 +502,39 @@ fn server_sigkill_during_kill_sandbox() {
     ));
 }
 
+/// Regression: kill_sandbox on a half-killed sandbox (metadata gone, processes left: a server
+/// killed mid-kill, before its keeper noticed) finished the kill but answered `killed: false`, as
+/// if nothing had been there.
+#[test]
+fn kill_sandbox_finishes_an_interrupted_kill_and_says_so() {
+    let home = Home::new("fault-rekill");
+    let mut m = home.stdio();
+    let sb = m.create();
+    let at = format!("sandbox {sb}");
+    ok(&mut m, &at, "run_command", json!({"sandbox_id": sb, "command": "setsid sleep 300 </dev/null >/dev/null 2>&1 &"}));
+    let dir = home.sandbox_dir(&sb);
+    // The keeper would finish the kill itself within a second: stop it first (verified by start time).
+    let (pid, start) = wait_for(Duration::from_secs(5), "the keeper's pid file", || {
+        let text = std::fs::read_to_string(dir.join("keeper.pid")).ok()?;
+        let mut it = text.split_whitespace().map(|s| s.parse::<u64>().ok());
+        Some((it.next()?? as u32, it.next()??))
+    });
+    assert!(proc_stat(pid).is_some_and(|st| st.start == start), "{at}: the keeper {pid} is not running");
+    Killer::arm(pid).fire();
+    wait_for(Duration::from_secs(5), "the keeper to die", || {
+        (!proc_stat(pid).is_some_and(|st| st.start == start && st.state != 'Z')).then_some(())
+    });
+    // What an interrupted kill leaves: no metadata, processes and directory still there.
+    std::fs::remove_file(dir.join("meta.json")).expect("removing meta.json");
+    assert!(!sandbox_procs(&sb).is_empty(), "{at}: the background process is gone already");
+    let first = ok(&mut m, &at, "kill_sandbox", json!({"sandbox_id": sb}));
+    assert_eq!(first["killed"], true, "{at}: {first}");
+    assert!(sandbox_procs(&sb).is_empty() && !dir.exists(), "{at}: left {:?}", sandbox_procs(&sb));
+    let again = ok(&mut m, &at, "kill_sandbox", json!({"sandbox_id": sb}));
+    assert_eq!(again["killed"], false, "{at}: {again}");
+    m.close();
+}
+
 // ---------------------------------------------------------------------------------------------
 // SIGKILL of the supervisor
 

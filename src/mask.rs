@@ -131,7 +131,7 @@ impl Masker {
         String::from_utf8_lossy(&self.mask_bytes(text.as_bytes())).into_owned()
     }
 
-    /// Masks every string inside a JSON value, in place.
+    /// Masks every string inside a JSON value, object keys included, in place.
     pub fn mask_json(&self, value: &mut serde_json::Value) {
         if self.is_empty() {
             return;
@@ -139,7 +139,12 @@ impl Masker {
         match value {
             serde_json::Value::String(s) if self.occurs_in(s.as_bytes()) => *s = self.mask_str(s),
             serde_json::Value::Array(items) => items.iter_mut().for_each(|v| self.mask_json(v)),
-            serde_json::Value::Object(map) => map.values_mut().for_each(|v| self.mask_json(v)),
+            serde_json::Value::Object(map) => {
+                map.values_mut().for_each(|v| self.mask_json(v));
+                if map.keys().any(|k| self.occurs_in(k.as_bytes())) {
+                    *map = std::mem::take(map).into_iter().map(|(k, v)| (self.mask_str(&k), v)).collect();
+                }
+            }
             _ => {}
         }
     }
@@ -185,8 +190,8 @@ mod tests {
     #[test]
     fn masks_json_strings() {
         let m = Masker::from_values(["sekret-value"]);
-        let mut v = serde_json::json!({"a": ["x sekret-value", 3], "b": {"c": "sekret-value"}});
+        let mut v = serde_json::json!({"a": ["x sekret-value", 3], "b": {"c": "sekret-value", "k sekret-value": 1}});
         m.mask_json(&mut v);
-        assert_eq!(v, serde_json::json!({"a": ["x ***", 3], "b": {"c": "***"}}));
+        assert_eq!(v, serde_json::json!({"a": ["x ***", 3], "b": {"c": "***", "k ***": 1}}));
     }
 }

@@ -588,12 +588,18 @@ pub fn log_page(data: &[u8]) {
     check_mask(&masker, &secrets, page);
     check_mask(&masker, &secrets, &s.stdout);
 
-    // As tools/mod.rs masks a rendered snapshot: every string, at any depth.
+    // As tools/mod.rs masks a rendered snapshot: every string, at any depth, keys included (the
+    // test's own keys are shorter than any secret).
     let text = String::from_utf8_lossy(&s.stdout).into_owned();
-    let mut rendered = json!({"stdout": text, "nested": [{"page": text}], "offset": s.stdout_next_offset});
+    let mut keyed = Map::new();
+    keyed.insert(text.clone(), json!(1));
+    let mut rendered = json!({"out": text, "deep": [{"page": text}], "off": s.stdout_next_offset, "keyed": keyed});
     masker.mask_json(&mut rendered);
     let masked = masker.mask_str(&text);
-    assert_eq!(rendered, json!({"stdout": masked, "nested": [{"page": masked}], "offset": s.stdout_next_offset}), "mask_json");
+    let mut keyed = Map::new();
+    keyed.insert(masked.clone(), json!(1));
+    let expected = json!({"out": masked, "deep": [{"page": masked}], "off": s.stdout_next_offset, "keyed": keyed});
+    assert_eq!(rendered, expected, "mask_json");
 
     let encoded = sandbox_mcp::base64::encode(page);
     assert_eq!(encoded.len(), page.len().div_ceil(3) * 4);

@@ -33,37 +33,6 @@ const KILLED_CALL: u64 = 1000;
 // ---------------------------------------------------------------------------------------------
 // Seeded randomness and tallies
 
-/// xorshift64*: small and seeded, enough to pick fault points.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn one_in(&mut self, n: u64) -> bool {
-        self.below(n) == 0
-    }
-
-    /// A delay between `lo` and `hi` milliseconds, both included.
-    fn ms(&mut self, lo: u64, hi: u64) -> Duration {
-        Duration::from_millis(lo + self.below(hi - lo + 1))
-    }
-
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len() as u64) as usize]
-    }
-}
-
 /// `FAULT_SEED` when set, else the clock.
 fn seed() -> u64 {
     match std::env::var("FAULT_SEED") {

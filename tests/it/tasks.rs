@@ -482,6 +482,73 @@ fn mask_awk_agrees_with_the_rust_masker() {
     }
 }
 
+/// mask.awk against the Rust masker on random secrets and lines over a tiny alphabet (so values
+/// overlap, touch, repeat and contain `*`), under every awk the supervisor may meet. Masking is
+/// per line, so each batch is one awk run over many lines. `MASK_SEED` replays a run.
+#[test]
+fn mask_awk_agrees_with_the_rust_masker_on_random_inputs() {
+    let seed = match std::env::var("MASK_SEED") {
+        Ok(s) => s.trim().parse().expect("MASK_SEED is an unsigned integer"),
+        Err(_) => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1) | 1,
+    };
+    let mut rng = Rng(seed);
+    let alphabet = [b'a', b'b', b'*', b' ', b'\t', b'&', b'\\'];
+    let word = |rng: &mut Rng, len: u64| -> String { (0..len).map(|_| char::from(*rng.pick(&alphabet))).collect() };
+    let awks: [&[&str]; 3] = [&["mawk"], &["mawk", "-W", "interactive"], &["busybox", "awk"]];
+    let mut masked = 0;
+    for batch in 0..12 {
+        let names = ["A_KEY", "B_TOKEN", "C_SECRET", "D_PASSWORD", "E_KEY"];
+        let count = 1 + rng.below(names.len() as u64) as usize;
+        let values: Vec<String> = (0..count)
+            .map(|_| {
+                let len = 4 + rng.below(6);
+                let v = word(&mut rng, len);
+                // Now and then a multi-line value.
+                if rng.one_in(4) {
+                    format!("{v}\n{}", word(&mut rng, 7))
+                } else {
+                    v
+                }
+            })
+            .collect();
+        let env: Vec<(&str, &str)> = names.iter().copied().zip(values.iter().map(String::as_str)).collect();
+        // Lines built from whole values, their prefixes and suffixes, `***` and random bytes.
+        let pieces: Vec<&str> = values.iter().flat_map(|v| v.split('\n')).collect();
+        let lines: Vec<String> = (0..60)
+            .map(|_| {
+                let mut line = String::new();
+                for _ in 0..rng.below(7) {
+                    let p = *rng.pick(&pieces);
+                    let cut = rng.below(p.len() as u64 + 1) as usize;
+                    match rng.below(5) {
+                        0 | 1 => line.push_str(p),
+                        2 => line.push_str(&p[..cut]),
+                        3 => line.push_str(&p[cut..]),
+                        _ if rng.one_in(2) => line.push_str("***"),
+                        _ => {
+                            let len = 1 + rng.below(3);
+                            line.push_str(&word(&mut rng, len));
+                        }
+                    }
+                }
+                line
+            })
+            .collect();
+        let input = lines.join("\n");
+        let want = sandbox_mcp::mask::Masker::from_env(env.iter().copied()).mask_bytes(input.as_bytes());
+        masked += usize::from(want != input.as_bytes());
+        for awk in awks {
+            let got = awk_mask(awk, &env, input.as_bytes());
+            assert_eq!(
+                String::from_utf8_lossy(&got),
+                String::from_utf8_lossy(&want),
+                "{awk:?}, batch {batch}, MASK_SEED={seed}, secrets {values:?}"
+            );
+        }
+    }
+    assert!(masked > 0, "MASK_SEED={seed}: no batch had anything to mask; the generator is off");
+}
+
 /// Regression: the start snippet's saved stderr (fd 3) leaked into the supervisor, so the call
 /// returned only when the task ended (or after 5 s). Found by make bench.
 #[test]

@@ -142,15 +142,12 @@ pub fn rfc3339(s: &str) -> Option<i64> {
                 b'-' => -1,
                 _ => return None,
             };
-            let hm = rest.get(1..)?;
-            let field = |r: std::ops::Range<usize>, max: i64| -> Option<i64> {
-                let digits = hm.get(r)?;
-                digits.bytes().all(|c| c.is_ascii_digit()).then(|| digits.parse::<i64>().ok()).flatten().filter(|n| *n <= max)
-            };
-            if hm.len() != 5 || hm.as_bytes()[2] != b':' {
+            // `+HH:MM` and nothing after it.
+            let at = s.len() - rest.len();
+            if rest.len() != 6 || b[at + 3] != b':' {
                 return None;
             }
-            sign * (field(0..2, 23)? * 3600 + field(3..5, 59)? * 60)
+            sign * (num(at + 1..at + 3, 23)? * 3600 + num(at + 4..at + 6, 59)? * 60)
         }
     };
     // Days from the civil date (proleptic Gregorian), after Howard Hinnant's algorithm.

@@ -88,6 +88,13 @@ impl Home {
 
 impl Drop for Home {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // A failed test: keep a copy of the state (task directories, supervisor.err) to look at.
+            let kept = self.path.with_extension("failed");
+            if Command::new("cp").arg("-a").arg(&self.path).arg(&kept).status().is_ok_and(|s| s.success()) {
+                eprintln!("the test's state is kept in {}", kept.display());
+            }
+        }
         let provider = LocalProvider::new(&self.path, &self.shell);
         if let (Ok(p), Ok(dir)) = (provider, std::fs::read_dir(self.path.join("sandboxes"))) {
             for entry in dir.flatten() {

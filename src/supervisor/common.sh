@@ -138,7 +138,13 @@ emit_state() {
         boot_id
         if [ "$BOOT" = "$S_boot_id" ] && alive "$S_sup_pid" "$S_sup_start"; then
             E_live=1
-        else
+        elif ! read_state "$1"; then
+            # Deleted since the first read.
+            printf 'status=unreadable\n@end\n'
+            return
+        elif ! is_final; then
+            # (Read again: a supervisor that saved its final state and exited after the first read
+            # is not lost.)
             E_live=0
             if [ "$BOOT" = "$S_boot_id" ] && group_tagged "$S_pgid" "${1##*/}"; then E_group=1; else E_group=0; fi
         fi

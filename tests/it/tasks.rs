@@ -549,6 +549,45 @@ fn mask_awk_agrees_with_the_rust_masker_on_random_inputs() {
     assert!(masked > 0, "MASK_SEED={seed}: no batch had anything to mask; the generator is off");
 }
 
+/// Regression: a reader that found `running` and then checked the supervisor could see it gone,
+/// because it had saved the final state and exited in between, and answered `unknown`
+/// ("supervisor is gone"). Seen once in CI as a flaky shell-scenario test. Polls tasks as they end,
+/// from several sessions at once; no snapshot may be `unknown`.
+#[test]
+fn a_task_ending_while_it_is_read_is_never_unknown() {
+    let home = Home::new("endrace");
+    // Created by `sandbox-mcp call`, so that no session's end kills it.
+    let (code, v, err) = home.call_cli("create_sandbox", json!({}));
+    assert_eq!(code, 0, "{err}");
+    let sb = v["sandbox_id"].as_str().unwrap().to_string();
+    let pollers: Vec<_> = (0..3)
+        .map(|k| {
+            let mut m = home.stdio();
+            let sb = sb.clone();
+            std::thread::spawn(move || {
+                let mut polls = 0;
+                for i in 0..8 {
+                    let s = start(&mut m, &sb, &format!("sleep 0.{}", 1 + (i + k) % 3), json!({}));
+                    let task = id(&s);
+                    loop {
+                        let g = m.ok("get_task", json!({"sandbox_id": sb, "task_id": task}));
+                        polls += 1;
+                        assert_ne!(g["state"], "unknown", "after {polls} polls: {g}");
+                        if g["state"] != "running" {
+                            assert_eq!(g["state"], "succeeded", "{g}");
+                            break;
+                        }
+                    }
+                }
+                m.close();
+                polls
+            })
+        })
+        .collect();
+    let polls: usize = pollers.into_iter().map(|p| p.join().expect("a poller failed")).sum();
+    assert!(polls > 100, "only {polls} polls");
+}
+
 /// Regression: the start snippet's saved stderr (fd 3) leaked into the supervisor, so the call
 /// returned only when the task ended (or after 5 s). Found by make bench.
 #[test]

@@ -38,10 +38,6 @@ const MAX_DRAIN_BYTES: usize = 64 * 1024 * 1024;
 /// age of busy connections bounds that wait.
 pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(5);
 
-/// Above this many connections active within a second, every answer closes its connection, so
-/// that tiny_http's threads keep turning over while a burst of clients connects.
-pub const CROWDED_CONNECTIONS: usize = 8;
-
 /// Binds a listening socket with `TCP_NODELAY` set, which Linux copies to every accepted
 /// connection (tiny_http does not set it, and a reply written in pieces would otherwise wait for
 /// the client's delayed ACK). std only offers the setter on streams; the descriptor is briefly
@@ -74,18 +70,21 @@ impl Listener {
     }
 
     /// Whether this connection should be asked to reconnect: it is older than
-    /// [`MAX_CONNECTION_AGE`], or more than [`CROWDED_CONNECTIONS`] connections were active in the
-    /// last second (then no connection may keep a tiny_http thread while others wait for one).
+    /// [`MAX_CONNECTION_AGE`], or another connection was used within that time. Keep-alive is
+    /// for a client alone: an idle kept-alive connection holds a tiny_http thread, and when a
+    /// burst of connections is queued behind the pool's race (see [`MAX_CONNECTION_AGE`]) only
+    /// threads that end their connection serve the queue. With at most one connection kept at a
+    /// time, at least three of the pool's four resident threads keep turning over.
     fn should_close(&self, peer: Option<&SocketAddr>) -> bool {
         let Some(peer) = peer else { return false };
         let mut conns = self.connections.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         if conns.len() > 64 {
-            conns.retain(|_, (_, last)| now.duration_since(*last) < Duration::from_secs(10));
+            conns.retain(|_, (_, last)| now.duration_since(*last) < MAX_CONNECTION_AGE);
         }
         let first = conns.entry(*peer).or_insert((now, now)).0;
-        let active = conns.values().filter(|(_, last)| now.duration_since(*last) < Duration::from_secs(1)).count();
-        if now.duration_since(first) >= MAX_CONNECTION_AGE || active > CROWDED_CONNECTIONS {
+        let shared = conns.iter().any(|(p, (_, last))| p != peer && now.duration_since(*last) < MAX_CONNECTION_AGE);
+        if now.duration_since(first) >= MAX_CONNECTION_AGE || shared {
             conns.remove(peer);
             return true;
         }

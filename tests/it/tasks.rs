@@ -190,12 +190,15 @@ fn an_unconfirmed_start_reports_unknown_with_the_handle_and_never_resubmits() {
     assert_eq!(std::fs::read_to_string(&marker).unwrap(), "ran\n");
 }
 
+/// start_task watches a task for about 25 ms, so a quick one usually comes back finished (make
+/// bench measures how often); on a loaded machine it may still be running, which is no error.
 #[test]
 fn quick_tasks_come_back_finished_with_their_output() {
     let home = Home::new("quick");
     let mut m = home.stdio();
     let sb = m.create();
     let s = start(&mut m, &sb, "echo hello", json!({}));
+    let s = if s["state"] == "running" { finish(&mut m, &sb, &id(&s)) } else { s };
     assert_eq!((s["state"].as_str(), s["stdout"].as_str(), s["exit_code"].as_i64()), (Some("succeeded"), Some("hello\n"), Some(0)), "{s}");
     assert_eq!(m.ok("cancel_task", json!({"sandbox_id": sb, "task_id": id(&s)})), s, "cancel of a finished task returns the saved result");
     assert_eq!(m.ok("delete_task", json!({"sandbox_id": sb, "task_id": id(&s)})), json!({"task_id": id(&s), "deleted": true}));

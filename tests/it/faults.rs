@@ -19,7 +19,7 @@ use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 /// Fault points per family for the SIGKILL families.
 const CASES: usize = 10;
@@ -33,14 +33,6 @@ const KILLED_CALL: u64 = 1000;
 // ---------------------------------------------------------------------------------------------
 // Seeded randomness and tallies
 
-/// `FAULT_SEED` when set, else the clock.
-fn seed() -> u64 {
-    match std::env::var("FAULT_SEED") {
-        Ok(s) => s.trim().parse().unwrap_or_else(|_| panic!("FAULT_SEED={s:?} is not an unsigned integer")),
-        Err(_) => SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1),
-    }
-}
-
 /// One fault family: its seed, generator and tally.
 struct Run {
     family: &'static str,
@@ -52,7 +44,7 @@ struct Run {
 
 impl Run {
     fn new(family: &'static str) -> Run {
-        let seed = seed();
+        let seed = seed("FAULT_SEED");
         println!("faults: {family} seed={seed} (replay with FAULT_SEED={seed})");
         // Each family draws its own sequence from the one seed.
         let salt = family.bytes().fold(0xCBF2_9CE4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01B3));
@@ -269,11 +261,13 @@ fn state_field(dir: &Path, key: &str) -> Option<String> {
     text.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix('=')).map(str::to_string)
 }
 
-/// A sandbox created by `sandbox-mcp call`, which no session will kill.
-fn detached_sandbox(home: &Home, args: Value) -> String {
-    let (code, v, err) = home.call_cli("create_sandbox", args);
-    assert_eq!(code, 0, "create_sandbox: {err}");
-    v["sandbox_id"].as_str().unwrap().to_string()
+/// The keeper of sandbox `sb`: its pid and start time, from its pid file (waited for).
+fn keeper_of(home: &Home, sb: &str) -> (u32, u64) {
+    wait_for(Duration::from_secs(5), "the keeper's pid file", || {
+        let text = std::fs::read_to_string(home.sandbox_dir(sb).join("keeper.pid")).ok()?;
+        let mut it = text.split_whitespace().map(|s| s.parse::<u64>().ok());
+        Some((it.next()?? as u32, it.next()??))
+    })
 }
 
 /// The tasks (among `ids`) whose command file holds `command`, read from the sandbox directory.
@@ -293,7 +287,7 @@ fn list_ids(m: &mut Mcp, at: &str, sb: &str) -> Vec<String> {
 fn server_sigkill_during_start_task() {
     let mut run = Run::new("start_task");
     let home = Home::new("fault-start");
-    let sb = detached_sandbox(&home, json!({"timeout": 600}));
+    let sb = home.create_detached(json!({"timeout": 600}));
     let mut cases: Vec<(Expect, Option<Value>)> = Vec::new();
     for k in 0..CASES {
         let expect = Expect::quick(&format!("s{k}"), &mut run.rng);
@@ -352,7 +346,7 @@ fn server_sigkill_during_start_task() {
 fn server_sigkill_during_cancel_task() {
     let mut run = Run::new("cancel_task");
     let home = Home::new("fault-cancel");
-    let sb = detached_sandbox(&home, json!({"timeout": 600}));
+    let sb = home.create_detached(json!({"timeout": 600}));
     let mut after = BTreeMap::new();
     for k in 0..CASES {
         let stubborn = run.rng.one_in(4);
@@ -408,11 +402,7 @@ fn server_sigkill_during_kill_sandbox() {
         }
         // A process outside every task, found only by the sandbox's tag.
         ok(&mut a, &at, "run_command", json!({"sandbox_id": sb, "command": "setsid sleep 300 </dev/null >/dev/null 2>&1 &"}));
-        let keeper = wait_for(Duration::from_secs(5), "the keeper's pid file", || {
-            let text = std::fs::read_to_string(home.sandbox_dir(&sb).join("keeper.pid")).ok()?;
-            let mut it = text.split_whitespace().map(|s| s.parse::<u64>().ok());
-            Some((it.next()?? as u32, it.next()??))
-        });
+        let keeper = keeper_of(&home, &sb);
         // kill_sandbox takes a few ms: before (at once), during and after it.
         let delay = if run.rng.one_in(4) { Duration::ZERO } else { run.rng.ms(0, 20) };
         let at = run.at(format!("{k}: SIGKILL {delay:?} into kill_sandbox"));
@@ -483,11 +473,7 @@ fn kill_sandbox_finishes_an_interrupted_kill_and_says_so() {
     ok(&mut m, &at, "run_command", json!({"sandbox_id": sb, "command": "setsid sleep 300 </dev/null >/dev/null 2>&1 &"}));
     let dir = home.sandbox_dir(&sb);
     // The keeper would finish the kill itself within a second: stop it first (verified by start time).
-    let (pid, start) = wait_for(Duration::from_secs(5), "the keeper's pid file", || {
-        let text = std::fs::read_to_string(dir.join("keeper.pid")).ok()?;
-        let mut it = text.split_whitespace().map(|s| s.parse::<u64>().ok());
-        Some((it.next()?? as u32, it.next()??))
-    });
+    let (pid, start) = keeper_of(&home, &sb);
     assert!(proc_stat(pid).is_some_and(|st| st.start == start), "{at}: the keeper {pid} is not running");
     Killer::arm(pid).fire();
     wait_for(Duration::from_secs(5), "the keeper to die", || {
@@ -679,8 +665,8 @@ fn full_disk_under_the_task_logs() {
     let mut run = Run::new("full_disk");
     let home = Home::new("fault-disk");
     // One sandbox whose logs are copied as they are, one whose logs go through the masker.
-    let plain = detached_sandbox(&home, json!({"timeout": 600}));
-    let masked = detached_sandbox(&home, json!({"timeout": 600, "envs": {"SERVICE_TOKEN": "tok-full-disk-123"}}));
+    let plain = home.create_detached(json!({"timeout": 600}));
+    let masked = home.create_detached(json!({"timeout": 600, "envs": {"SERVICE_TOKEN": "tok-full-disk-123"}}));
     let dirs: Vec<PathBuf> = [&plain, &masked].iter().map(|sb| tasks_dir(&home, sb)).collect();
     for d in &dirs {
         std::fs::DirBuilder::new().recursive(true).mode(0o700).create(d).unwrap();

@@ -76,12 +76,11 @@ fn bodies_over_4_mib_get_413_and_bad_hosts_403() {
 fn the_bearer_token_is_required_when_configured() {
     let home = Home::new("httptoken");
     let h = Http::start(&home, &[], &[("SANDBOX_MCP_HTTP_TOKEN", "s3cret-token-value")]);
-    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
-    let r = h.post(&[], init);
+    let r = h.post(&[], INITIALIZE);
     assert_eq!(r.status, 401);
     assert_eq!(r.header("www-authenticate"), Some("Bearer"));
-    assert_eq!(h.post(&[("Authorization", "Bearer wrong")], init).status, 401);
-    let r = h.post(&[("Authorization", "Bearer s3cret-token-value")], init);
+    assert_eq!(h.post(&[("Authorization", "Bearer wrong")], INITIALIZE).status, 401);
+    let r = h.post(&[("Authorization", "Bearer s3cret-token-value")], INITIALIZE);
     assert_eq!(r.status, 200);
     let sid = r.header("mcp-session-id").unwrap().to_string();
     // The token is a host secret: it is masked in anything returned.
@@ -183,9 +182,8 @@ fn busy_connections_are_asked_to_reconnect_after_their_max_age() {
     let h = Http::start(&home, &[], &[]);
     // The client's only connection, from initialize on.
     let mut conn = Conn::open(h.addr);
-    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
     let t0 = std::time::Instant::now();
-    conn.send("POST", "/mcp", &[], init.as_bytes());
+    conn.send("POST", "/mcp", &[], INITIALIZE.as_bytes());
     let r = conn.read();
     assert_eq!((r.status, r.header("connection")), (200, None), "a client alone keeps its connection");
     let sid = r.header("mcp-session-id").expect("session id").to_string();
@@ -224,7 +222,6 @@ fn a_burst_of_connections_is_answered() {
     use std::sync::{Arc, Barrier};
     let home = Home::new("httpburst");
     let h = Http::start(&home, &[], &[]);
-    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
     for _round in 0..3 {
         let n = 64;
         let start = Arc::new(Barrier::new(n));
@@ -238,7 +235,7 @@ fn a_burst_of_connections_is_answered() {
                     let mut conn = Conn::from_stream(stream);
                     start.wait();
                     let t0 = std::time::Instant::now();
-                    conn.send("POST", "/mcp", &[], init.as_bytes());
+                    conn.send("POST", "/mcp", &[], INITIALIZE.as_bytes());
                     let answered = conn.try_read().map(|r| (r.status, r.header("connection").map(str::to_string)));
                     let took = t0.elapsed();
                     let keep = matches!(&answered, Some((_, c)) if c.as_deref() != Some("close"));

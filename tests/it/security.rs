@@ -13,7 +13,6 @@ use std::collections::HashSet;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-const INIT: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
 const PING: &str = r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#;
 
 /// A distinct secret-looking value (long enough to be masked).
@@ -23,7 +22,7 @@ fn secret(label: &str) -> String {
 
 /// initialize with these extra headers; the new session id.
 fn init(h: &Http, headers: &[(&str, &str)]) -> String {
-    let r = h.post(headers, INIT);
+    let r = h.post(headers, INITIALIZE);
     assert_eq!(r.status, 200, "{}", r.body);
     r.header("mcp-session-id").expect("a session id").to_string()
 }
@@ -83,7 +82,7 @@ fn the_bearer_token_is_compared_whole_on_every_route() {
             headers.push(("Authorization", auth.as_str()));
         }
         for (method, path, body) in
-            [("POST", "/mcp", INIT), ("POST", "/mcp", PING), ("DELETE", "/mcp", ""), ("GET", "/mcp", ""), ("GET", "/healthz", "")]
+            [("POST", "/mcp", INITIALIZE), ("POST", "/mcp", PING), ("DELETE", "/mcp", ""), ("GET", "/mcp", ""), ("GET", "/healthz", "")]
         {
             let mut conn = Conn::open(h.addr);
             conn.send(method, path, &headers, body.as_bytes());
@@ -122,7 +121,7 @@ fn origin_and_host_checks_stop_browsers_and_dns_rebinding() {
         "localhost",
     ] {
         // With a valid token too: the Origin check comes first.
-        let r = h.post(&[("Authorization", &auth), ("Origin", origin)], INIT);
+        let r = h.post(&[("Authorization", &auth), ("Origin", origin)], INITIALIZE);
         assert_eq!(r.status, 403, "{origin}");
         assert!(r.header("mcp-session-id").is_none(), "{origin}: no session minted");
         let mut conn = Conn::open(h.addr);
@@ -180,7 +179,7 @@ fn session_ids_are_random_server_minted_and_dead_after_delete() {
     assert_eq!(conn.read().status, 404, "a dead session cannot call tools");
     // Presenting the dead id (or one of the client's choosing) with initialize mints a new one.
     for presented in [dead.as_str(), "0123456789abcdef0123456789abcdef"] {
-        let r = h.post(&[("Mcp-Session-Id", presented)], INIT);
+        let r = h.post(&[("Mcp-Session-Id", presented)], INITIALIZE);
         let fresh = r.header("mcp-session-id").unwrap().to_string();
         assert_ne!(fresh, presented);
         assert!(!seen.contains(&fresh));

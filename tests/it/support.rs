@@ -13,6 +13,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// An `initialize` request (protocol 2025-11-25), as the HTTP tests send it.
+pub const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+
 /// Default wait for anything in tests.
 pub const TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -75,6 +78,13 @@ impl Home {
         let mut all: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         all.extend_from_slice(extra);
         StdioClient::spawn(&bin(), &["stdio"], &all, false).expect("spawn server")
+    }
+
+    /// A sandbox created by `sandbox-mcp call`, which no session will kill.
+    pub fn create_detached(&self, args: Value) -> String {
+        let (code, v, err) = self.call_cli("create_sandbox", args);
+        assert_eq!(code, 0, "create_sandbox: {err}");
+        v["sandbox_id"].as_str().unwrap().to_string()
     }
 
     /// Runs `sandbox-mcp call TOOL JSON`.
@@ -213,7 +223,7 @@ impl Http {
 
     /// initialize; returns the session id.
     pub fn initialize(&self) -> String {
-        let r = self.post(&[], r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#);
+        let r = self.post(&[], INITIALIZE);
         assert_eq!(r.status, 200, "{}", r.body);
         r.header("mcp-session-id").expect("session id").to_string()
     }
@@ -491,5 +501,13 @@ impl Rng {
 
     pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
         &items[self.below(items.len() as u64) as usize]
+    }
+}
+
+/// A seed from the environment variable `var` (to replay a run), else from the clock.
+pub fn seed(var: &str) -> u64 {
+    match std::env::var(var) {
+        Ok(s) => s.trim().parse().unwrap_or_else(|_| panic!("{var}={s:?} is not an unsigned integer")),
+        Err(_) => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1),
     }
 }

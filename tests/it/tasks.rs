@@ -490,11 +490,8 @@ fn mask_awk_agrees_with_the_rust_masker() {
 /// per line, so each batch is one awk run over many lines. `MASK_SEED` replays a run.
 #[test]
 fn mask_awk_agrees_with_the_rust_masker_on_random_inputs() {
-    let seed = match std::env::var("MASK_SEED") {
-        Ok(s) => s.trim().parse().expect("MASK_SEED is an unsigned integer"),
-        Err(_) => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1) | 1,
-    };
-    let mut rng = Rng(seed);
+    let seed = seed("MASK_SEED");
+    let mut rng = Rng(seed | 1);
     let alphabet = [b'a', b'b', b'*', b' ', b'\t', b'&', b'\\'];
     let word = |rng: &mut Rng, len: u64| -> String { (0..len).map(|_| char::from(*rng.pick(&alphabet))).collect() };
     let awks: [&[&str]; 3] = [&["mawk"], &["mawk", "-W", "interactive"], &["busybox", "awk"]];
@@ -559,10 +556,7 @@ fn mask_awk_agrees_with_the_rust_masker_on_random_inputs() {
 #[test]
 fn a_task_ending_while_it_is_read_is_never_unknown() {
     let home = Home::new("endrace");
-    // Created by `sandbox-mcp call`, so that no session's end kills it.
-    let (code, v, err) = home.call_cli("create_sandbox", json!({}));
-    assert_eq!(code, 0, "{err}");
-    let sb = v["sandbox_id"].as_str().unwrap().to_string();
+    let sb = home.create_detached(json!({}));
     let pollers: Vec<_> = (0..3)
         .map(|k| {
             let mut m = home.stdio();

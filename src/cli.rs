@@ -1,5 +1,5 @@
 //! The non-server subcommands: `call` (one tool call from a shell), `demo` (the walkthrough of
-//! SPEC §7.9 against real server processes) and the hidden `keeper` of the local provider.
+//! docs/contract.md, "The walkthrough", against real server processes) and the `--help` text.
 
 use crate::app::App;
 use crate::client::StdioClient;
@@ -106,7 +106,8 @@ impl Demo {
     }
 }
 
-/// `sandbox-mcp demo`: SPEC §7.9 with two real server processes.
+/// `sandbox-mcp demo`: a task started by one server process is read to its end by a second one,
+/// which then cancels another task and kills the sandbox (docs/contract.md, "The walkthrough").
 pub fn demo(config: &Config) -> Result<i32> {
     let exe = std::env::current_exe().context("finding this program")?;
     let provider = config.provider.name();

@@ -1,12 +1,15 @@
 //! Configuration: command-line flags and environment variables turned into one validated `Config`.
 //!
-//! Every default lives here (limits live in `limits.rs`). The README's configuration table mirrors
-//! [`OPTIONS`]; `tests/it/tidy.rs` checks that every option appears there.
+//! [`OPTIONS`] declares every option once: its flag, environment variable, default and help text.
+//! The flag parser ([`Args`]), [`Config::load`] and `--help` read that table, and
+//! `tests/it/tidy.rs` checks that the README's configuration table matches it row for row.
+//! Limits that are not configurable live in `limits.rs`.
 
 use anyhow::{bail, Context, Result};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
+use DefaultValue::{Derived, Text, Unset};
 
 /// Which sandbox provider serves the tools.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,7 +31,7 @@ impl ProviderKind {
 }
 
 /// Settings of the E2B provider.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct E2bConfig {
     /// `E2B_API_KEY`; required for the e2b provider.
     pub api_key: Option<String>,
@@ -45,7 +48,7 @@ pub struct E2bConfig {
 }
 
 /// The validated configuration of one server process.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// The sandbox provider.
     pub provider: ProviderKind,
@@ -67,88 +70,192 @@ pub struct Config {
     pub e2b: E2bConfig,
 }
 
-/// One configuration option, for parsing and for the README table.
+/// One configuration option: a row of [`OPTIONS`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OptionSpec {
     /// Command-line flag, if any (`--workers`).
     pub flag: Option<&'static str>,
+    /// Whether the flag is followed by a value (`--workers 3`, `--workers=3`). A flag without
+    /// one is a switch: giving it reads as the text `true`.
+    pub takes_value: bool,
     /// Environment variable, if any.
     pub env: Option<&'static str>,
-    /// Default, as shown to users.
-    pub default: &'static str,
-    /// What it does.
+    /// What applies when neither the flag nor the environment variable is given.
+    pub default: DefaultValue,
+    /// What it does, for `--help` and the README.
     pub help: &'static str,
 }
 
-/// Every option, in README order.
-pub const OPTIONS: &[OptionSpec] = &[
-    OptionSpec {
-        flag: Some("--provider"),
-        env: Some("SANDBOX_MCP_PROVIDER"),
-        default: "e2b if E2B_API_KEY is set, else local",
-        help: "sandbox provider: local or e2b",
-    },
-    OptionSpec {
-        flag: Some("--listen"),
-        env: Some("SANDBOX_MCP_LISTEN"),
-        default: "127.0.0.1:8765",
-        help: "HTTP listen address (http mode)",
-    },
-    OptionSpec { flag: Some("--workers"), env: Some("SANDBOX_MCP_WORKERS"), default: "8", help: "worker threads running tool calls" },
-    OptionSpec {
-        flag: Some("--queue"),
-        env: Some("SANDBOX_MCP_QUEUE"),
-        default: "64",
-        help: "capacity of the work queue; HTTP answers 503 when it is full",
-    },
-    OptionSpec {
-        flag: Some("--session-idle"),
-        env: Some("SANDBOX_MCP_SESSION_IDLE"),
-        default: "3600",
-        help: "seconds after which an idle HTTP session ends (its sandboxes are killed)",
-    },
-    OptionSpec {
-        flag: None,
-        env: Some("SANDBOX_MCP_HTTP_TOKEN"),
-        default: "none",
-        help: "bearer token required on every HTTP request (environment only, never a flag)",
-    },
-    OptionSpec {
-        flag: Some("--home"),
-        env: Some("SANDBOX_MCP_HOME"),
-        default: "$XDG_STATE_HOME/sandbox-mcp or ~/.local/state/sandbox-mcp",
-        help: "state root of the local provider",
-    },
-    OptionSpec {
-        flag: Some("--local-shell"),
-        env: Some("SANDBOX_MCP_LOCAL_SH"),
-        default: "/bin/sh",
-        help: "POSIX shell the local provider runs commands and supervisor snippets with",
-    },
-    OptionSpec { flag: None, env: Some("E2B_API_KEY"), default: "none", help: "E2B API key; selects the e2b provider by default" },
-    OptionSpec { flag: None, env: Some("E2B_DOMAIN"), default: "e2b.app", help: "E2B region domain" },
-    OptionSpec {
-        flag: None,
-        env: Some("E2B_API_URL"),
-        default: "https://api.$E2B_DOMAIN",
-        help: "control-plane URL override (self-hosting, tests)",
-    },
-    OptionSpec {
-        flag: None,
-        env: Some("E2B_SANDBOX_URL"),
-        default: "https://<port>-<sandbox>.$E2B_DOMAIN",
-        help: "envd URL override (self-hosting, tests)",
-    },
-    OptionSpec {
-        flag: None,
-        env: Some("SANDBOX_MCP_E2B_TIMEOUT"),
-        default: "30",
-        help: "seconds allowed for one E2B control-plane request",
-    },
-    OptionSpec { flag: None, env: Some("RUST_LOG"), default: "info", help: "log filter; logs go to stderr only" },
-];
+/// The default of an option.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DefaultValue {
+    /// A value written as a user would write it; `Config::load` parses it with the same parser
+    /// as the flag's or the environment variable's text.
+    Text(&'static str),
+    /// Worked out from other settings when the option is not given; the text says how.
+    Derived(&'static str),
+    /// Not set unless given (shown as `none`).
+    Unset,
+}
 
-/// Flags that take a value.
-const VALUE_FLAGS: &[&str] = &["--provider", "--listen", "--workers", "--queue", "--session-idle", "--home", "--local-shell"];
+impl DefaultValue {
+    /// The default as text to parse, for `Text` defaults only.
+    pub fn text(self) -> Option<&'static str> {
+        match self {
+            DefaultValue::Text(text) => Some(text),
+            DefaultValue::Derived(_) | DefaultValue::Unset => None,
+        }
+    }
+}
+
+impl std::fmt::Display for DefaultValue {
+    /// The default as shown in `--help` and in the README table.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DefaultValue::Text(text) | DefaultValue::Derived(text) => f.write_str(text),
+            DefaultValue::Unset => f.write_str("none"),
+        }
+    }
+}
+
+impl OptionSpec {
+    /// How messages name this option: its flag, else its environment variable.
+    pub fn name(&self) -> &'static str {
+        self.flag.or(self.env).unwrap_or("an option")
+    }
+}
+
+/// Declares each option as a `pub const` of its own (what `Config::load` reads) and lists them
+/// all, in the order written, as [`OPTIONS`].
+macro_rules! options {
+    ($($(#[$doc:meta])* $name:ident = $spec:expr;)*) => {
+        $($(#[$doc])* pub const $name: OptionSpec = $spec;)*
+
+        /// Every option, in README order: the one place options are declared.
+        ///
+        /// Adding an option is exactly one row below, one `Config` field, and the line in
+        /// [`Config::load`] that reads the row into that field with one of the readers of
+        /// `Source` (`given`, `text`, `number`, `seconds`, `address`, `choice`). The flag
+        /// parser and `--help` follow from the row; `tests/it/tidy.rs` then asks for the same
+        /// row in the README's configuration table.
+        pub const OPTIONS: &[OptionSpec] = &[$($name),*];
+    };
+}
+
+options! {
+    /// Which provider serves the tools.
+    PROVIDER = OptionSpec {
+        flag: Some("--provider"),
+        takes_value: true,
+        env: Some("SANDBOX_MCP_PROVIDER"),
+        default: Derived("e2b if E2B_API_KEY is set, else local"),
+        help: "sandbox provider: local or e2b",
+    };
+    /// HTTP listen address.
+    LISTEN = OptionSpec {
+        flag: Some("--listen"),
+        takes_value: true,
+        env: Some("SANDBOX_MCP_LISTEN"),
+        default: Text("127.0.0.1:8765"),
+        help: "HTTP listen address (http mode)",
+    };
+    /// Worker threads.
+    WORKERS = OptionSpec {
+        flag: Some("--workers"),
+        takes_value: true,
+        env: Some("SANDBOX_MCP_WORKERS"),
+        default: Text("8"),
+        help: "worker threads running tool calls",
+    };
+    /// Work-queue capacity.
+    QUEUE = OptionSpec {
+        flag: Some("--queue"),
+        takes_value: true,
+        env: Some("SANDBOX_MCP_QUEUE"),
+        default: Text("64"),
+        help: "capacity of the work queue; HTTP answers 503 when it is full",
+    };
+    /// Idle time after which an HTTP session ends, in seconds.
+    SESSION_IDLE = OptionSpec {
+        flag: Some("--session-idle"),
+        takes_value: true,
+        env: Some("SANDBOX_MCP_SESSION_IDLE"),
+        default: Text("3600"),
+        help: "seconds after which an idle HTTP session ends (its sandboxes are killed)",
+    };
+    /// HTTP bearer token; never a flag, so it stays out of process listings.
+    HTTP_TOKEN = OptionSpec {
+        flag: None,
+        takes_value: true,
+        env: Some("SANDBOX_MCP_HTTP_TOKEN"),
+        default: Unset,
+        help: "bearer token required on every HTTP request (environment only, never a flag)",
+    };
+    /// State root of the local provider.
+    STATE_ROOT = OptionSpec {
+        flag: Some("--home"),
+        takes_value: true,
+        env: Some("SANDBOX_MCP_HOME"),
+        default: Derived("$XDG_STATE_HOME/sandbox-mcp or ~/.local/state/sandbox-mcp"),
+        help: "state root of the local provider",
+    };
+    /// The local provider's POSIX shell.
+    LOCAL_SHELL = OptionSpec {
+        flag: Some("--local-shell"),
+        takes_value: true,
+        env: Some("SANDBOX_MCP_LOCAL_SH"),
+        default: Text("/bin/sh"),
+        help: "POSIX shell the local provider runs commands and supervisor snippets with",
+    };
+    /// E2B API key.
+    E2B_API_KEY = OptionSpec {
+        flag: None,
+        takes_value: true,
+        env: Some("E2B_API_KEY"),
+        default: Unset,
+        help: "E2B API key; selects the e2b provider by default",
+    };
+    /// E2B region domain.
+    E2B_DOMAIN = OptionSpec {
+        flag: None,
+        takes_value: true,
+        env: Some("E2B_DOMAIN"),
+        default: Text("e2b.app"),
+        help: "E2B region domain",
+    };
+    /// E2B control-plane URL override.
+    E2B_API_URL = OptionSpec {
+        flag: None,
+        takes_value: true,
+        env: Some("E2B_API_URL"),
+        default: Derived("https://api.$E2B_DOMAIN"),
+        help: "control-plane URL override (self-hosting, tests)",
+    };
+    /// E2B envd URL override.
+    E2B_SANDBOX_URL = OptionSpec {
+        flag: None,
+        takes_value: true,
+        env: Some("E2B_SANDBOX_URL"),
+        default: Derived("https://<port>-<sandbox>.$E2B_DOMAIN"),
+        help: "envd URL override (self-hosting, tests)",
+    };
+    /// Time allowed for one E2B control-plane request, in seconds.
+    E2B_TIMEOUT = OptionSpec {
+        flag: None,
+        takes_value: true,
+        env: Some("SANDBOX_MCP_E2B_TIMEOUT"),
+        default: Text("30"),
+        help: "seconds allowed for one E2B control-plane request",
+    };
+    /// The log filter; read by the binary's logger setup, not by `Config::load`.
+    RUST_LOG = OptionSpec {
+        flag: None,
+        takes_value: true,
+        env: Some("RUST_LOG"),
+        default: Text("info"),
+        help: "log filter; logs go to stderr only",
+    };
+}
 
 /// The command line split into a subcommand's positional words and flag values.
 #[derive(Debug, Default)]
@@ -159,8 +266,14 @@ pub struct Args {
 }
 
 impl Args {
-    /// Splits `args` (without the program name) into flags and positional words.
+    /// Splits `args` (without the program name) into flags and positional words; the flags are
+    /// those of [`OPTIONS`].
     pub fn parse(args: &[String]) -> Result<Args> {
+        Args::parse_with(args, OPTIONS)
+    }
+
+    /// [`Args::parse`] against the flags of `options`.
+    fn parse_with(args: &[String], options: &[OptionSpec]) -> Result<Args> {
         let mut out = Args::default();
         let mut it = args.iter();
         while let Some(arg) = it.next() {
@@ -168,26 +281,28 @@ impl Args {
                 out.positional.extend(it.by_ref().cloned());
                 break;
             }
-            if let Some(flag) = arg.strip_prefix("--").map(|_| arg.as_str()) {
-                let (name, value) = match flag.split_once('=') {
-                    Some((n, v)) => (n.to_string(), Some(v.to_string())),
-                    None => (flag.to_string(), None),
-                };
-                if name == "--help" || name == "--version" {
-                    out.positional.insert(0, name);
-                    continue;
-                }
-                if !VALUE_FLAGS.contains(&name.as_str()) {
-                    bail!("unknown flag {name}; run `sandbox-mcp --help` for the list");
-                }
-                let value = match value {
-                    Some(v) => v,
-                    None => it.next().cloned().with_context(|| format!("flag {name} needs a value"))?,
-                };
-                out.flags.push((name, value));
-            } else {
+            if !arg.starts_with("--") {
                 out.positional.push(arg.clone());
+                continue;
             }
+            let (name, value) = match arg.split_once('=') {
+                Some((n, v)) => (n.to_string(), Some(v.to_string())),
+                None => (arg.clone(), None),
+            };
+            if name == "--help" || name == "--version" {
+                out.positional.insert(0, name);
+                continue;
+            }
+            let Some(spec) = options.iter().find(|o| o.flag == Some(name.as_str())) else {
+                bail!("unknown flag {name}; run `sandbox-mcp --help` for the list");
+            };
+            let value = match (spec.takes_value, value) {
+                (true, Some(v)) => v,
+                (true, None) => it.next().cloned().with_context(|| format!("flag {name} needs a value"))?,
+                (false, Some(_)) => bail!("flag {name} takes no value; write it alone"),
+                (false, None) => "true".to_string(),
+            };
+            out.flags.push((name, value));
         }
         Ok(out)
     }
@@ -197,56 +312,106 @@ impl Args {
     }
 }
 
-impl Config {
-    /// Builds the configuration from parsed flags and an environment lookup.
-    pub fn load(args: &Args, env: &dyn Fn(&str) -> Option<String>) -> Result<Config> {
-        let get = |flag: &str, var: &str| -> Option<String> {
-            args.flag(flag).map(str::to_string).or_else(|| env(var).filter(|v| !v.is_empty()))
+/// Where `Config::load` reads options from: a flag wins over its environment variable, which
+/// wins over the default; an empty environment variable counts as not set.
+struct Source<'a> {
+    args: &'a Args,
+    env: &'a dyn Fn(&str) -> Option<String>,
+}
+
+impl Source<'_> {
+    /// The text given for `spec` by flag or environment, if any.
+    fn given(&self, spec: &OptionSpec) -> Option<String> {
+        let flag = spec.flag.and_then(|f| self.args.flag(f)).map(str::to_string);
+        flag.or_else(|| spec.env.and_then(|var| (self.env)(var)).filter(|v| !v.is_empty()))
+    }
+
+    /// The text given for `spec`, else its written default.
+    fn text(&self, spec: &OptionSpec) -> Result<String> {
+        match self.given(spec).or_else(|| spec.default.text().map(str::to_string)) {
+            Some(text) => Ok(text),
+            None => bail!("{} is not set and has no default; set it", spec.name()),
+        }
+    }
+
+    /// A whole number from `min` to `max`.
+    fn number(&self, spec: &OptionSpec, min: usize, max: usize) -> Result<usize> {
+        let text = self.text(spec)?;
+        let what = spec.name();
+        let n: usize = text.trim().parse().with_context(|| format!("{what} {text:?} is not a whole number"))?;
+        if n < min || n > max {
+            bail!("{what} {n} is out of range; use {min} to {max}");
+        }
+        Ok(n)
+    }
+
+    /// A number of seconds from `min` to `max`.
+    fn seconds(&self, spec: &OptionSpec, min: usize, max: usize) -> Result<Duration> {
+        Ok(Duration::from_secs(self.number(spec, min, max)? as u64))
+    }
+
+    /// A socket address such as the default of [`LISTEN`].
+    fn address(&self, spec: &OptionSpec) -> Result<SocketAddr> {
+        let text = self.text(spec)?;
+        let example = LISTEN.default;
+        text.parse().with_context(|| format!("{} {text:?} is not an address like {example}", spec.name()))
+    }
+
+    /// One of the named `choices`; `what` names the kind of value in the error message.
+    fn choice<T: Copy>(&self, spec: &OptionSpec, what: &str, choices: &[(&str, T)]) -> Result<T> {
+        let text = self.text(spec)?;
+        if let Some((_, value)) = choices.iter().find(|(name, _)| *name == text) {
+            return Ok(*value);
+        }
+        let names: Vec<&str> = choices.iter().map(|(name, _)| *name).collect();
+        let list = match names.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+            _ => names.join(""),
         };
-        let api_key = env("E2B_API_KEY").filter(|v| !v.is_empty());
-        let provider = match get("--provider", "SANDBOX_MCP_PROVIDER").as_deref() {
-            Some("local") => ProviderKind::Local,
-            Some("e2b") => ProviderKind::E2b,
-            Some(other) => bail!("unknown provider {other:?}; use local or e2b"),
+        bail!("unknown {what} {text:?}; use {list}")
+    }
+}
+
+impl Config {
+    /// Builds the configuration from parsed flags and an environment lookup, one line per
+    /// option of [`OPTIONS`] (`RUST_LOG` excepted: the binary's logger reads it).
+    pub fn load(args: &Args, env: &dyn Fn(&str) -> Option<String>) -> Result<Config> {
+        let src = Source { args, env };
+        let api_key = src.given(&E2B_API_KEY);
+        let providers = [ProviderKind::Local, ProviderKind::E2b].map(|kind| (kind.name(), kind));
+        let provider = match src.given(&PROVIDER) {
+            Some(_) => src.choice(&PROVIDER, "provider", &providers)?,
             None if api_key.is_some() => ProviderKind::E2b,
             None => ProviderKind::Local,
         };
         if provider == ProviderKind::E2b && api_key.is_none() {
-            bail!("the e2b provider needs E2B_API_KEY; set it, or use --provider local");
+            let (key, flag) = (E2B_API_KEY.name(), PROVIDER.name());
+            bail!("the e2b provider needs {key}; set it, or use {flag} local");
         }
-        let workers = parse_num(get("--workers", "SANDBOX_MCP_WORKERS"), 8, 1, 1024, "--workers")?;
-        let queue_capacity = parse_num(get("--queue", "SANDBOX_MCP_QUEUE"), 64, 1, 65_536, "--queue")?;
-        let idle = parse_num(get("--session-idle", "SANDBOX_MCP_SESSION_IDLE"), 3600, 1, 30 * 86_400, "--session-idle")?;
-        let listen_text = get("--listen", "SANDBOX_MCP_LISTEN").unwrap_or_else(|| "127.0.0.1:8765".into());
-        let listen: SocketAddr =
-            listen_text.parse().with_context(|| format!("--listen {listen_text:?} is not an address like 127.0.0.1:8765"))?;
-        let home = match get("--home", "SANDBOX_MCP_HOME") {
-            Some(h) => PathBuf::from(h),
-            None => default_home(env)?,
-        };
-        let local_shell = PathBuf::from(get("--local-shell", "SANDBOX_MCP_LOCAL_SH").unwrap_or_else(|| "/bin/sh".into()));
-        let e2b_timeout = parse_num(env("SANDBOX_MCP_E2B_TIMEOUT"), 30, 1, 3600, "SANDBOX_MCP_E2B_TIMEOUT")?;
         Ok(Config {
             provider,
-            workers,
-            queue_capacity,
-            listen,
-            http_token: env("SANDBOX_MCP_HTTP_TOKEN").filter(|t| !t.is_empty()),
-            session_idle: Duration::from_secs(idle as u64),
-            home,
-            local_shell,
+            workers: src.number(&WORKERS, 1, 1024)?,
+            queue_capacity: src.number(&QUEUE, 1, 65_536)?,
+            session_idle: src.seconds(&SESSION_IDLE, 1, 30 * 86_400)?,
+            listen: src.address(&LISTEN)?,
+            http_token: src.given(&HTTP_TOKEN),
+            home: match src.given(&STATE_ROOT) {
+                Some(dir) => PathBuf::from(dir),
+                None => default_home(env)?,
+            },
+            local_shell: PathBuf::from(src.text(&LOCAL_SHELL)?),
             e2b: E2bConfig {
                 api_key,
-                domain: env("E2B_DOMAIN").filter(|v| !v.is_empty()).unwrap_or_else(|| "e2b.app".into()),
-                api_url: env("E2B_API_URL").filter(|v| !v.is_empty()),
-                sandbox_url: env("E2B_SANDBOX_URL").filter(|v| !v.is_empty()),
+                domain: src.text(&E2B_DOMAIN)?,
+                api_url: src.given(&E2B_API_URL),
+                sandbox_url: src.given(&E2B_SANDBOX_URL),
                 connect_timeout: Duration::from_secs(10),
-                request_timeout: Duration::from_secs(e2b_timeout as u64),
+                request_timeout: src.seconds(&E2B_TIMEOUT, 1, 3600)?,
             },
         })
     }
 
-    /// Values of this configuration that must never appear in output or logs (SPEC §8).
+    /// Values of this configuration that must never appear in output or logs.
     pub fn secrets(&self) -> Vec<String> {
         let mut out = Vec::new();
         out.extend(self.http_token.clone());
@@ -255,22 +420,14 @@ impl Config {
     }
 }
 
-fn parse_num(value: Option<String>, default: usize, min: usize, max: usize, what: &str) -> Result<usize> {
-    let Some(text) = value else {
-        return Ok(default);
-    };
-    let n: usize = text.trim().parse().with_context(|| format!("{what} {text:?} is not a whole number"))?;
-    if n < min || n > max {
-        bail!("{what} {n} is out of range; use {min} to {max}");
-    }
-    Ok(n)
-}
-
+/// The derived default of [`STATE_ROOT`]: under `$XDG_STATE_HOME` when that is an absolute path, else
+/// under `$HOME/.local/state`.
 fn default_home(env: &dyn Fn(&str) -> Option<String>) -> Result<PathBuf> {
     if let Some(state) = env("XDG_STATE_HOME").filter(|v| v.starts_with('/')) {
         return Ok(PathBuf::from(state).join("sandbox-mcp"));
     }
-    let home = env("HOME").filter(|v| !v.is_empty()).context("neither SANDBOX_MCP_HOME nor HOME is set; set SANDBOX_MCP_HOME")?;
+    let var = STATE_ROOT.env.unwrap_or(STATE_ROOT.name());
+    let home = env("HOME").filter(|v| !v.is_empty()).with_context(|| format!("neither {var} nor HOME is set; set {var}"))?;
     Ok(PathBuf::from(home).join(".local/state/sandbox-mcp"))
 }
 
@@ -320,5 +477,97 @@ mod tests {
     fn positional_words_are_kept_in_order() {
         let a = Args::parse(&["call".into(), "--home".into(), "/x".into(), "run_command".into(), "{}".into()]).unwrap();
         assert_eq!(a.positional, vec!["call", "run_command", "{}"]);
+    }
+
+    #[test]
+    fn every_option_has_a_unique_flag_and_environment_variable() {
+        let mut names = std::collections::HashSet::new();
+        for o in OPTIONS {
+            assert!(o.flag.is_some() || o.env.is_some(), "{} has neither a flag nor a variable", o.help);
+            for name in o.flag.into_iter().chain(o.env) {
+                assert!(names.insert(name), "{name} is declared twice");
+            }
+            if let Some(flag) = o.flag {
+                assert!(flag.starts_with("--") && flag.len() > 2 && !flag.contains('='), "{flag}");
+                assert!(!["--help", "--version"].contains(&flag), "{flag} is taken");
+            }
+            assert!(!o.help.is_empty(), "{} has no help text", o.name());
+        }
+    }
+
+    #[test]
+    fn every_written_default_parses_to_the_default_config() {
+        let home = [("HOME", "/h")];
+        let mut given: Vec<(&str, &str)> = home.to_vec();
+        for o in OPTIONS {
+            if let (Some(var), Some(text)) = (o.env, o.default.text()) {
+                given.push((var, text));
+            }
+        }
+        assert!(given.len() > 5, "{given:?}");
+        assert_eq!(load(&[], &given).unwrap(), load(&[], &home).unwrap());
+        let flags: Vec<String> = OPTIONS.iter().filter_map(|o| Some(format!("{}={}", o.flag?, o.default.text()?))).collect();
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        assert!(flags.len() > 3, "{flags:?}");
+        assert_eq!(load(&flags, &home).unwrap(), load(&[], &home).unwrap());
+    }
+
+    #[test]
+    fn flags_win_over_environment_over_default() {
+        let env = [("HOME", "/h"), ("SANDBOX_MCP_QUEUE", "7"), ("SANDBOX_MCP_HOME", "/env"), ("E2B_DOMAIN", "")];
+        let c = load(&["--queue", "9", "--home=/flag"], &env).unwrap();
+        assert_eq!((c.queue_capacity, c.home.clone()), (9, PathBuf::from("/flag")));
+        let c = load(&[], &env).unwrap();
+        assert_eq!((c.queue_capacity, c.home.clone()), (7, PathBuf::from("/env")));
+        assert_eq!(c.e2b.domain, "e2b.app", "an empty variable counts as not set");
+        let c = load(&["--queue", "1", "--queue", "2"], &env).unwrap();
+        assert_eq!(c.queue_capacity, 2, "the last flag wins");
+    }
+
+    #[test]
+    fn messages_name_the_option_and_the_fix() {
+        let err = |args: &[&str], env: &[(&str, &str)]| load(args, env).unwrap_err().to_string();
+        let h = ("HOME", "/h");
+        assert_eq!(err(&["--bogus"], &[]), "unknown flag --bogus; run `sandbox-mcp --help` for the list");
+        assert_eq!(err(&["--workers"], &[]), "flag --workers needs a value");
+        assert_eq!(err(&["--workers=0"], &[h]), "--workers 0 is out of range; use 1 to 1024");
+        assert_eq!(err(&[], &[h, ("SANDBOX_MCP_WORKERS", "x")]), "--workers \"x\" is not a whole number");
+        assert_eq!(err(&["--session-idle", "99999999"], &[h]), "--session-idle 99999999 is out of range; use 1 to 2592000");
+        assert_eq!(err(&[], &[h, ("SANDBOX_MCP_E2B_TIMEOUT", "0")]), "SANDBOX_MCP_E2B_TIMEOUT 0 is out of range; use 1 to 3600");
+        assert_eq!(err(&["--listen", "nope"], &[h]), "--listen \"nope\" is not an address like 127.0.0.1:8765");
+        assert_eq!(err(&["--provider", "foo"], &[h]), "unknown provider \"foo\"; use local or e2b");
+        assert_eq!(err(&["--provider", "e2b"], &[h]), "the e2b provider needs E2B_API_KEY; set it, or use --provider local");
+        assert_eq!(err(&[], &[]), "neither SANDBOX_MCP_HOME nor HOME is set; set SANDBOX_MCP_HOME");
+    }
+
+    #[test]
+    fn switches_take_no_value() {
+        let table = [OptionSpec { flag: Some("--quiet"), takes_value: false, env: None, default: Unset, help: "less output" }];
+        let words: Vec<String> = ["--quiet", "run"].iter().map(|s| s.to_string()).collect();
+        let a = Args::parse_with(&words, &table).unwrap();
+        assert_eq!((a.flag("--quiet"), a.positional.as_slice()), (Some("true"), ["run".to_string()].as_slice()));
+        let err = Args::parse_with(&["--quiet=yes".to_string()], &table).unwrap_err().to_string();
+        assert!(err.contains("takes no value"), "{err}");
+    }
+
+    #[test]
+    fn choices_are_listed_when_none_matches() {
+        let spec = OptionSpec { flag: None, takes_value: true, env: Some("X"), default: Text("b"), help: "x" };
+        let args = Args::default();
+        let pick = |value: &'static str| {
+            let src = Source { args: &args, env: &move |_: &str| Some(value.to_string()) };
+            src.choice(&spec, "mode", &[("a", 1), ("b", 2), ("c", 3)]).map_err(|e| e.to_string())
+        };
+        assert_eq!(pick("c"), Ok(3));
+        assert_eq!(pick(""), Ok(2), "an empty variable means the default");
+        assert_eq!(pick("d"), Err("unknown mode \"d\"; use a, b or c".to_string()));
+    }
+
+    #[test]
+    fn defaults_are_shown_as_written() {
+        assert_eq!(WORKERS.default.to_string(), "8");
+        assert_eq!(HTTP_TOKEN.default.to_string(), "none");
+        assert_eq!(PROVIDER.default.to_string(), "e2b if E2B_API_KEY is set, else local");
+        assert_eq!((E2B_TIMEOUT.name(), WORKERS.name()), ("SANDBOX_MCP_E2B_TIMEOUT", "--workers"));
     }
 }

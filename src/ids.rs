@@ -12,7 +12,7 @@ pub fn random_hex(n: usize) -> String {
     hex(&buf)
 }
 
-/// A task id: 32 lowercase hex characters from 128 random bits (SPEC §7.1).
+/// A task id: 32 lowercase hex characters from 128 random bits.
 pub fn task_id() -> String {
     random_hex(16)
 }

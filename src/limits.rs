@@ -1,4 +1,5 @@
-//! Every limit of SPEC §9 (and the few this implementation adds) in one place.
+//! Every limit of the tool contract (docs/contract.md, "Limits"), and the few this implementation
+//! adds, in one place.
 //!
 //! The README quotes this table; `tests/it/tidy.rs` checks that the two agree.
 

@@ -68,9 +68,10 @@ fn main() -> ExitCode {
 
 /// The stderr logger minus the HTTP client's trace level: there ureq-proto hex-dumps every
 /// exchange with E2B (`X-API-KEY` and `X-Access-Token` headers, token-bearing bodies) and ureq
-/// prints whole URLs (file paths a caller chose), and SPEC §8 says the server never logs its
-/// secrets, whatever `RUST_LOG` asks for. Refusing `Trace` for `ureq*` targets also makes ureq's
-/// own "is trace on?" checks answer no, so its debug lines keep URLs redacted.
+/// prints whole URLs (file paths a caller chose), and the server never logs its secrets
+/// (docs/contract.md, "Secrets"), whatever `RUST_LOG` asks for. Refusing `Trace` for `ureq*`
+/// targets also makes ureq's own "is trace on?" checks answer no, so its debug lines keep URLs
+/// redacted.
 struct NoWireDumps(env_logger::Logger);
 
 impl NoWireDumps {

@@ -1,6 +1,7 @@
-//! Exact-value secret masking (SPEC §8), with the same rules as the sandbox-side awk masker
-//! (`supervisor/mask.awk`): every occurrence of every value is found (overlaps included),
-//! overlapping or touching ranges are merged, and each merged range becomes `***`.
+//! Exact-value secret masking (docs/contract.md, "Secrets"), with the same rules as the
+//! sandbox-side awk masker (`supervisor/mask.awk`): every occurrence of every value is found
+//! (overlaps included), overlapping or touching ranges are merged, and each merged range becomes
+//! `***`.
 //!
 //! Used on the host for the server's own configuration values (every page it returns) and for
 //! `run_command` output on the local provider, where the sandbox environment is known here.

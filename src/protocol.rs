@@ -1,13 +1,21 @@
-//! MCP methods (SPEC §3): initialize, ping, tools/list, tools/call, logging/setLevel and the
+//! MCP methods: initialize, ping, tools/list, tools/call, logging/setLevel and the
 //! notifications. Everything except `tools/call` is answered at once, on the transport thread;
-//! `tools/call` becomes a [`ToolCall`] for a worker. No method here blocks or touches a provider.
+//! `tools/call` becomes [`Work`] for a worker, which runs it with [`execute`]. No method here
+//! blocks or touches a provider except through `execute`.
+//!
+//! A request's lifecycle: [`route`] registers the call's id with its session (the [`InFlight`]
+//! guard inside the [`ToolCall`]), the transport queues it as a [`Job`], a worker runs
+//! [`execute`], which consumes the work and so drops the guard (unregistering the id) before the
+//! worker sends the reply. A call refused by a full queue, or one whose job unwinds from a panic,
+//! drops its guard the same way.
 
 use crate::app::App;
 use crate::jsonrpc::{self, code, Incoming, RpcError};
-use crate::session::Session;
+use crate::queue::{Job, Outcome};
+use crate::session::{InFlight, Session};
 use crate::tools::{self, Ctx, Tool};
+use crossbeam_channel::Sender;
 use serde_json::{json, Map, Value};
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 /// Protocol versions this server speaks, newest first.
@@ -24,9 +32,29 @@ pub struct ToolCall {
     pub tool: &'static Tool,
     /// Its arguments (not yet validated).
     pub arguments: Map<String, Value>,
-    /// Set by `notifications/cancelled`.
-    pub cancel: Arc<AtomicBool>,
+    /// Keeps the id registered with its session until the call is answered; carries the flag
+    /// set by `notifications/cancelled`.
+    pub in_flight: InFlight,
 }
+
+/// What the work queue carries: a tool call and its session.
+pub struct Work {
+    /// The session the call belongs to.
+    pub session: Arc<Session>,
+    /// The call.
+    pub call: ToolCall,
+}
+
+impl Work {
+    /// The job for this work, answered on `reply`.
+    pub fn into_job<R>(self, reply: Sender<R>) -> Job<Work, R> {
+        Job { id: self.call.id.clone(), work: self, reply }
+    }
+}
+
+/// The work queue, whose workers answer with replies of type `R` (`Out` for stdio, an
+/// [`Outcome`] for HTTP).
+pub type WorkQueue<R> = Sender<Job<Work, R>>;
 
 /// What to do with one incoming message.
 pub enum Route {
@@ -35,11 +63,11 @@ pub enum Route {
     /// Nothing to send (notifications, responses).
     Silent,
     /// Hand to a worker.
-    Call(ToolCall),
+    Call(Work),
 }
 
 /// Decides what `msg` needs.
-pub fn route(app: &App, session: &Session, msg: Incoming) -> Route {
+pub fn route(app: &App, session: &Arc<Session>, msg: Incoming) -> Route {
     match msg {
         Incoming::Invalid { id, error } => Route::Reply(jsonrpc::error(&id, &error).to_string()),
         Incoming::Response => Route::Silent,
@@ -51,7 +79,7 @@ pub fn route(app: &App, session: &Session, msg: Incoming) -> Route {
             Ok(Handled::Done(result)) => Route::Reply(jsonrpc::result(&id, result).to_string()),
             // The tool list is serialized once; only the id changes.
             Ok(Handled::ToolList) => Route::Reply(format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{}}}"#, app.tools_list)),
-            Ok(Handled::Call(call)) => Route::Call(call),
+            Ok(Handled::Call(call)) => Route::Call(Work { session: session.clone(), call }),
             Err(err) => Route::Reply(jsonrpc::error(&id, &err).to_string()),
         },
     }
@@ -127,10 +155,10 @@ fn tool_call(session: &Session, id: &Value, params: Option<Value>) -> Result<Too
         Some(Value::Object(m)) => m,
         Some(_) => return Err(RpcError::new(code::INVALID_PARAMS, "tools/call \"arguments\" must be an object")),
     };
-    let cancel = session
+    let in_flight = session
         .begin(id)
         .ok_or_else(|| RpcError::new(code::INVALID_REQUEST, format!("request id {id} is already in flight; use a new id per request")))?;
-    Ok(ToolCall { id: id.clone(), tool, arguments, cancel })
+    Ok(ToolCall { id: id.clone(), tool, arguments, in_flight })
 }
 
 fn notify(session: &Session, method: &str, params: Option<&Value>) {
@@ -142,28 +170,278 @@ fn notify(session: &Session, method: &str, params: Option<&Value>) {
     // notifications/initialized and unknown notifications need nothing.
 }
 
-/// Runs a tool call (on a worker) and returns the JSON-RPC response and whether it was cancelled
-/// by the client (then stdio sends nothing). Once shutdown has begun, a call that has not started
-/// is refused, and one stopped by the shutdown is answered, never dropped as cancelled.
-pub fn execute(app: &App, session: &Session, call: &ToolCall) -> (Value, bool) {
+/// Runs a tool call (on a worker). Once shutdown has begun, a call that has not started is
+/// refused, and one stopped by the shutdown is answered, never dropped as cancelled. A call the
+/// client cancelled while it waited in the queue never starts. The work is consumed: its guard
+/// unregisters the request id when this returns, before the reply is sent.
+pub fn execute(app: &App, work: Work) -> Outcome {
+    let Work { session, call } = work;
     if app.is_draining() {
-        session.finish(&call.id);
         let err = RpcError::new(code::SERVER_BUSY, SHUTTING_DOWN);
-        return (jsonrpc::error(&call.id, &err), false);
+        return Outcome::Answer(jsonrpc::error(&call.id, &err));
     }
-    if call.cancel.load(std::sync::atomic::Ordering::Relaxed) {
-        // Cancelled while it waited in the queue: never start it.
-        session.finish(&call.id);
+    if call.in_flight.is_cancelled() {
         let err = RpcError::new(code::REQUEST_CANCELLED, "the request was cancelled before it started");
-        return (jsonrpc::error(&call.id, &err), true);
+        return Outcome::Cancelled(jsonrpc::error(&call.id, &err));
     }
-    let ctx = Ctx { app, session, cancel: &call.cancel };
+    let ctx = Ctx { app, session: &session, cancel: call.in_flight.flag() };
     let result = tools::call(&ctx, call.tool, &call.arguments);
-    session.finish(&call.id);
-    let cancelled = call.cancel.load(std::sync::atomic::Ordering::Relaxed) && !app.is_draining();
-    (jsonrpc::result(&call.id, result), cancelled)
+    let response = jsonrpc::result(&call.id, result);
+    if call.in_flight.is_cancelled() && !app.is_draining() {
+        Outcome::Cancelled(response)
+    } else {
+        Outcome::Answer(response)
+    }
 }
 
 /// The answer to a request that arrives or waits in the queue while the server shuts down.
 pub const SHUTTING_DOWN: &str =
     "the server is shutting down and did not run this request; retry against the restarted server (task handles stay valid)";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Args, Config};
+    use crate::provider::local::LocalProvider;
+    use std::path::{Path, PathBuf};
+
+    /// An app on a local provider under a fresh temporary directory (removed on drop). Routing
+    /// never reaches the provider; `execute` here only takes paths that do not either.
+    struct TestApp {
+        app: App,
+        dir: PathBuf,
+    }
+
+    impl Drop for TestApp {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    fn test_app() -> TestApp {
+        let dir = std::env::temp_dir().join(format!("smcp-protocol-{}", crate::ids::random_hex(8)));
+        let home = dir.to_string_lossy().into_owned();
+        let env = move |k: &str| match k {
+            "SANDBOX_MCP_HOME" => Some(home.clone()),
+            "SANDBOX_MCP_PROVIDER" => Some("local".to_string()),
+            _ => None,
+        };
+        let config = Config::load(&Args::default(), &env).unwrap();
+        let provider = LocalProvider::new(&dir, Path::new("/bin/sh")).unwrap();
+        TestApp { app: App::with_provider(config, Arc::new(provider)), dir }
+    }
+
+    fn msg(line: &str) -> Incoming {
+        jsonrpc::parse(line.as_bytes())
+    }
+
+    /// Routes a request that must be answered at once and returns the parsed answer.
+    fn answer(app: &App, session: &Arc<Session>, line: &str) -> Value {
+        match route(app, session, msg(line)) {
+            Route::Reply(reply) => serde_json::from_str(&reply).unwrap(),
+            Route::Silent => panic!("no answer to {line}"),
+            Route::Call(_) => panic!("{line} was queued"),
+        }
+    }
+
+    fn error_code(v: &Value) -> i64 {
+        v["error"]["code"].as_i64().unwrap_or_else(|| panic!("not an error: {v}"))
+    }
+
+    fn initialized(app: &App) -> Arc<Session> {
+        let session = Arc::new(Session::new("t", false));
+        let init = answer(app, &session, r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18"}}"#);
+        assert!(init["result"].is_object(), "{init}");
+        session
+    }
+
+    fn call_line(id: &str, params: &str) -> String {
+        format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{params}}}"#)
+    }
+
+    #[test]
+    fn initialize_negotiates_the_version() {
+        let t = test_app();
+        for (asked, got) in [("2025-06-18", "2025-06-18"), ("2024-11-05", "2024-11-05"), ("1999-01-01", SUPPORTED_VERSIONS[0])] {
+            let session = Arc::new(Session::new("t", false));
+            let line = format!(r#"{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{{"protocolVersion":"{asked}"}}}}"#);
+            let v = answer(&t.app, &session, &line);
+            assert_eq!(v["id"], 1);
+            assert_eq!(v["result"]["protocolVersion"], got, "{asked}");
+            assert_eq!(v["result"]["serverInfo"]["name"], "sandbox-mcp");
+            assert!(v["result"]["capabilities"]["tools"].is_object());
+            assert!(session.is_initialized());
+        }
+        let session = Arc::new(Session::new("t", false));
+        let v = answer(&t.app, &session, r#"{"jsonrpc":"2.0","id":"i","method":"initialize"}"#);
+        assert_eq!(v["result"]["protocolVersion"], SUPPORTED_VERSIONS[0], "no version asked: the newest");
+        assert_eq!(v["id"], "i");
+    }
+
+    #[test]
+    fn only_ping_and_initialize_work_before_initialize() {
+        let t = test_app();
+        let session = Arc::new(Session::new("t", false));
+        let pong = answer(&t.app, &session, r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#);
+        assert_eq!(pong["result"], json!({}));
+        for method in ["tools/list", "tools/call", "logging/setLevel"] {
+            let v = answer(&t.app, &session, &format!(r#"{{"jsonrpc":"2.0","id":2,"method":"{method}","params":{{}}}}"#));
+            assert_eq!(error_code(&v), code::INVALID_REQUEST, "{method}");
+            assert!(v["error"]["message"].as_str().unwrap().contains("send initialize first"), "{v}");
+            assert_eq!(v["id"], 2);
+        }
+        assert!(!session.is_initialized());
+        assert_eq!(session.inflight_count(), 0, "a refused call is not registered");
+    }
+
+    #[test]
+    fn unknown_methods_and_invalid_messages() {
+        let t = test_app();
+        let session = Arc::new(Session::new("t", false));
+        let v = answer(&t.app, &session, r#"{"jsonrpc":"2.0","id":1,"method":"resources/list"}"#);
+        assert_eq!(error_code(&v), code::METHOD_NOT_FOUND, "unknown methods are -32601 even before initialize");
+        let session = initialized(&t.app);
+        let v = answer(&t.app, &session, r#"{"jsonrpc":"2.0","id":1,"method":"tools/frobnicate"}"#);
+        assert_eq!(error_code(&v), code::METHOD_NOT_FOUND);
+        let v = answer(&t.app, &session, "{not json");
+        assert_eq!(error_code(&v), code::PARSE_ERROR);
+        assert!(matches!(route(&t.app, &session, msg(r#"{"jsonrpc":"2.0","id":9,"result":{}}"#)), Route::Silent));
+        assert!(matches!(route(&t.app, &session, msg(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#)), Route::Silent));
+        assert!(matches!(route(&t.app, &session, msg(r#"{"jsonrpc":"2.0","method":"notifications/whatever"}"#)), Route::Silent));
+    }
+
+    #[test]
+    fn tools_list_is_the_cached_list_with_the_request_id() {
+        let t = test_app();
+        let session = initialized(&t.app);
+        for id in ["7", r#""seven""#] {
+            let v = answer(&t.app, &session, &format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/list"}}"#));
+            assert_eq!(v["id"], serde_json::from_str::<Value>(id).unwrap());
+            assert_eq!(v["result"], tools::list());
+            assert_eq!(v["jsonrpc"], "2.0");
+        }
+    }
+
+    #[test]
+    fn logging_set_level_accepts_only_known_levels() {
+        let t = test_app();
+        let session = initialized(&t.app);
+        for level in LOG_LEVELS {
+            let v = answer(
+                &t.app,
+                &session,
+                &format!(r#"{{"jsonrpc":"2.0","id":1,"method":"logging/setLevel","params":{{"level":"{level}"}}}}"#),
+            );
+            assert_eq!(v["result"], json!({}), "{level}");
+        }
+        for params in [r#"{"level":"verbose"}"#, r#"{"level":3}"#, "{}"] {
+            let v = answer(&t.app, &session, &format!(r#"{{"jsonrpc":"2.0","id":1,"method":"logging/setLevel","params":{params}}}"#));
+            assert_eq!(error_code(&v), code::INVALID_PARAMS, "{params}");
+        }
+        let v = answer(&t.app, &session, r#"{"jsonrpc":"2.0","id":1,"method":"logging/setLevel"}"#);
+        assert_eq!(error_code(&v), code::INVALID_PARAMS);
+    }
+
+    #[test]
+    fn tools_call_parameter_errors_and_unknown_tools() {
+        let t = test_app();
+        let session = initialized(&t.app);
+        let cases = [
+            ("[]", "needs params"),
+            (r#"{"arguments":{}}"#, "string \"name\""),
+            (r#"{"name":5}"#, "string \"name\""),
+            (r#"{"name":"run_command","arguments":[1]}"#, "must be an object"),
+            (r#"{"name":"run_command","arguments":"x"}"#, "must be an object"),
+            (r#"{"name":"no_such_tool"}"#, "unknown tool \"no_such_tool\"; tools are: "),
+        ];
+        for (params, says) in cases {
+            let v = answer(&t.app, &session, &call_line("3", params));
+            assert_eq!(error_code(&v), code::INVALID_PARAMS, "{params}");
+            assert!(v["error"]["message"].as_str().unwrap().contains(says), "{params}: {v}");
+            assert_eq!(v["id"], 3);
+        }
+        let v = answer(&t.app, &session, &call_line("3", r#"{"name":"no_such_tool"}"#));
+        assert!(v["error"]["message"].as_str().unwrap().contains("run_command"), "the message lists the tools: {v}");
+        assert_eq!(session.inflight_count(), 0, "no refused call stays registered");
+    }
+
+    #[test]
+    fn tools_call_becomes_work_and_a_duplicate_id_waits_for_the_guard() {
+        let t = test_app();
+        let session = initialized(&t.app);
+        let line = call_line(r#""a""#, r#"{"name":"run_command","arguments":{"command":"true"}}"#);
+        let Route::Call(work) = route(&t.app, &session, msg(&line)) else { panic!("a valid call is queued") };
+        assert_eq!(work.call.id, "a");
+        assert_eq!(work.call.tool.name, "run_command");
+        assert_eq!(work.call.arguments["command"], "true");
+        assert!(Arc::ptr_eq(&work.session, &session));
+        assert_eq!(session.inflight_count(), 1);
+        let v = answer(&t.app, &session, &line);
+        assert_eq!(error_code(&v), code::INVALID_REQUEST);
+        assert!(v["error"]["message"].as_str().unwrap().contains("already in flight"), "{v}");
+        // Missing or null arguments are an empty object.
+        let Route::Call(other) = route(&t.app, &session, msg(&call_line("1", r#"{"name":"create_sandbox","arguments":null}"#))) else {
+            panic!("a call without arguments is queued")
+        };
+        assert!(other.call.arguments.is_empty());
+        let Route::Call(bare) = route(&t.app, &session, msg(&call_line("2", r#"{"name":"create_sandbox"}"#))) else {
+            panic!("a call without arguments is queued")
+        };
+        assert!(bare.call.arguments.is_empty());
+        assert_eq!(session.inflight_count(), 3);
+        drop((other, bare));
+        assert_eq!(session.inflight_count(), 1);
+        drop(work);
+        assert_eq!(session.inflight_count(), 0);
+        let Route::Call(again) = route(&t.app, &session, msg(&line)) else { panic!("the id is free once its guard dropped") };
+        assert_eq!(session.inflight_count(), 1);
+        drop(again);
+        assert_eq!(session.inflight_count(), 0);
+    }
+
+    #[test]
+    fn notifications_cancelled_flags_the_call() {
+        let t = test_app();
+        let session = initialized(&t.app);
+        let Route::Call(work) = route(&t.app, &session, msg(&call_line("5", r#"{"name":"run_command","arguments":{"command":"true"}}"#)))
+        else {
+            panic!("queued")
+        };
+        assert!(!work.call.in_flight.is_cancelled());
+        let other_id = r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"5"}}"#;
+        assert!(matches!(route(&t.app, &session, msg(other_id)), Route::Silent));
+        assert!(!work.call.in_flight.is_cancelled(), "the string \"5\" is not the request 5");
+        let cancel = r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":5,"reason":"user"}}"#;
+        assert!(matches!(route(&t.app, &session, msg(cancel)), Route::Silent));
+        assert!(work.call.in_flight.is_cancelled());
+    }
+
+    #[test]
+    fn execute_never_starts_a_cancelled_or_drained_call_and_unregisters_it() {
+        let t = test_app();
+        let session = initialized(&t.app);
+        let call = |id: &str| match route(&t.app, &session, msg(&call_line(id, r#"{"name":"run_command","arguments":{"command":"true"}}"#)))
+        {
+            Route::Call(work) => work,
+            _ => panic!("queued"),
+        };
+        let work = call("1");
+        session.cancel(&json!(1));
+        match execute(&t.app, work) {
+            Outcome::Cancelled(v) => assert_eq!(error_code(&v), code::REQUEST_CANCELLED),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(session.inflight_count(), 0);
+        let work = call("2");
+        session.cancel(&json!(2));
+        t.app.begin_draining();
+        match execute(&t.app, work) {
+            Outcome::Answer(v) => {
+                assert_eq!(error_code(&v), code::SERVER_BUSY, "shutdown answers, never drops as cancelled");
+                assert_eq!(v["error"]["message"], SHUTTING_DOWN);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(session.inflight_count(), 0);
+    }
+}

@@ -1,82 +1,79 @@
 //! The bounded work queue and the worker pool.
 //!
 //! Every tool call becomes a [`Job`] carrying its own reply channel; workers never see which
-//! transport a job came from. A panicking job is answered with -32603 and the worker goes on.
+//! transport a job came from. A handler's result is an [`Outcome`], which the worker turns into
+//! the transport's reply type on the worker thread. A panicking job is answered with -32603 and
+//! the worker goes on; the job's work is moved into the handler, so whatever it owns (the
+//! request's in-flight guard) is dropped while the panic unwinds.
 
 use crate::jsonrpc::{self, code, RpcError};
 use crossbeam_channel::{Receiver, Sender};
 use serde_json::Value;
 use std::panic::{self, AssertUnwindSafe};
+use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 
-/// A finished request, ready for its transport.
-#[derive(Debug)]
-pub struct Reply {
-    /// The serialized JSON-RPC response (one line, no newline).
-    pub line: String,
-    /// Whether the client cancelled the request (stdio then sends nothing).
-    pub cancelled: bool,
-    /// Signalled by the stdio writer once this reply (and all before it) is flushed.
-    pub flushed: Option<Sender<()>>,
+/// How a job ended: the JSON-RPC response, and whether the client had cancelled the request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// A response to send.
+    Answer(Value),
+    /// The response to a request the client cancelled: stdio sends nothing for it, HTTP still
+    /// answers with it (the HTTP request is still waiting for a body).
+    Cancelled(Value),
 }
 
-impl Reply {
-    /// A reply to send.
-    pub fn new(line: String, cancelled: bool) -> Reply {
-        Reply { line, cancelled, flushed: None }
+impl Outcome {
+    /// The JSON-RPC response, cancelled or not.
+    pub fn into_response(self) -> Value {
+        match self {
+            Outcome::Answer(v) | Outcome::Cancelled(v) => v,
+        }
     }
 }
 
 /// One unit of work: what to run and where to send the answer.
-pub struct Job<T> {
+pub struct Job<T, R> {
     /// The request id, for the -32603 answer if the work panics.
     pub id: Value,
     /// The work itself.
     pub work: T,
     /// Where the reply goes.
-    pub reply: Sender<Reply>,
+    pub reply: Sender<R>,
 }
 
-/// Starts `n` named workers that run `handler` on each job from a queue of `capacity`.
-/// The handler returns the response and whether it was cancelled; `on_panic` cleans up after a
-/// handler that panicked. Workers exit when every sender of the queue is dropped.
-pub fn spawn_workers<T, H, P>(n: usize, capacity: usize, handler: H, on_panic: P) -> (Sender<Job<T>>, Vec<JoinHandle<()>>)
+/// Starts `n` named workers that run `handler` on each job from a queue of `capacity` and send
+/// `R::from(outcome)` on the job's reply channel. Workers exit when every sender of the queue is
+/// dropped.
+pub fn spawn_workers<T, R, H>(n: usize, capacity: usize, handler: H) -> (Sender<Job<T, R>>, Vec<JoinHandle<()>>)
 where
     T: Send + 'static,
-    H: Fn(&T) -> (Value, bool) + Send + Sync + 'static,
-    P: Fn(&T) + Send + Sync + 'static,
+    R: From<Outcome> + Send + 'static,
+    H: Fn(T) -> Outcome + Send + Sync + 'static,
 {
-    let (tx, rx) = crossbeam_channel::bounded::<Job<T>>(capacity);
-    let handler = std::sync::Arc::new(handler);
-    let on_panic = std::sync::Arc::new(on_panic);
+    let (tx, rx) = crossbeam_channel::bounded::<Job<T, R>>(capacity);
+    let handler = Arc::new(handler);
     let mut handles = Vec::with_capacity(n);
     for i in 0..n {
-        let rx: Receiver<Job<T>> = rx.clone();
+        let rx: Receiver<Job<T, R>> = rx.clone();
         let handler = handler.clone();
-        let on_panic = on_panic.clone();
         let spawned = thread::Builder::new().name(format!("sandbox-mcp-worker-{i}")).spawn(move || {
-            for job in rx {
-                let outcome = panic::catch_unwind(AssertUnwindSafe(|| handler(&job.work)));
-                let (response, cancelled) = match outcome {
-                    Ok(done) => done,
-                    Err(payload) => {
-                        let what = payload
-                            .downcast_ref::<&str>()
-                            .map(|s| s.to_string())
-                            .or_else(|| payload.downcast_ref::<String>().cloned())
-                            .unwrap_or_else(|| "unknown panic".into());
-                        log::error!("a tool call panicked: {what}");
-                        on_panic(&job.work);
-                        let err = RpcError::new(
-                            code::INTERNAL_ERROR,
-                            "internal error while running the tool; the server is still running, retry or report this",
-                        );
-                        (jsonrpc::error(&job.id, &err), false)
-                    }
-                };
-                let line = response.to_string();
+            for Job { id, work, reply } in rx {
+                let outcome = panic::catch_unwind(AssertUnwindSafe(|| handler(work))).unwrap_or_else(|payload| {
+                    let what = payload
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| payload.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "unknown panic".into());
+                    log::error!("a tool call panicked: {what}");
+                    let err = RpcError::new(
+                        code::INTERNAL_ERROR,
+                        "internal error while running the tool; the server is still running, retry or report this",
+                    );
+                    Outcome::Answer(jsonrpc::error(&id, &err))
+                });
                 // The receiver is gone when the client went away; nothing left to do then.
-                let _ = job.reply.send(Reply::new(line, cancelled));
+                let _ = reply.send(R::from(outcome));
             }
         });
         match spawned {
@@ -90,36 +87,42 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::session::{InFlight, Session};
     use serde_json::json;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
 
     #[test]
     fn a_panicking_job_answers_internal_error_and_the_worker_keeps_serving() {
-        let cleaned = Arc::new(AtomicUsize::new(0));
-        let c2 = cleaned.clone();
-        let (tx, handles) = spawn_workers(
-            1,
-            4,
-            |work: &&str| {
-                if *work == "boom" {
-                    panic!("boom");
-                }
-                (json!({"jsonrpc": "2.0", "id": 2, "result": {}}), false)
-            },
-            move |_| {
-                c2.fetch_add(1, Ordering::SeqCst);
-            },
-        );
-        let (rtx, rrx) = crossbeam_channel::unbounded();
+        let (tx, handles) = spawn_workers(1, 4, |work: &str| {
+            if work == "boom" {
+                panic!("boom");
+            }
+            Outcome::Answer(json!({"jsonrpc": "2.0", "id": 2, "result": {}}))
+        });
+        let (rtx, rrx) = crossbeam_channel::unbounded::<Outcome>();
         tx.send(Job { id: json!(1), work: "boom", reply: rtx.clone() }).unwrap();
         tx.send(Job { id: json!(2), work: "fine", reply: rtx }).unwrap();
-        let first: Value = serde_json::from_str(&rrx.recv().unwrap().line).unwrap();
+        let first = rrx.recv().unwrap().into_response();
         assert_eq!(first["id"], 1);
         assert_eq!(first["error"]["code"], -32603);
-        let second: Value = serde_json::from_str(&rrx.recv().unwrap().line).unwrap();
+        let second = rrx.recv().unwrap().into_response();
         assert_eq!(second["id"], 2);
-        assert_eq!(cleaned.load(Ordering::SeqCst), 1);
+        drop(tx);
+        for h in handles {
+            h.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn a_panicking_job_unregisters_its_request_before_the_answer() {
+        let session = Arc::new(Session::new("t", false));
+        let (tx, handles) = spawn_workers(1, 4, |_guard: InFlight| -> Outcome { panic!("boom") });
+        let (rtx, rrx) = crossbeam_channel::unbounded::<Outcome>();
+        let guard = session.begin(&json!("p")).unwrap();
+        tx.send(Job { id: json!("p"), work: guard, reply: rtx }).unwrap();
+        let answer = rrx.recv().unwrap();
+        assert!(matches!(&answer, Outcome::Answer(v) if v["error"]["code"] == -32603), "{answer:?}");
+        assert_eq!(session.inflight_count(), 0, "the guard was dropped while the panic unwound");
+        assert!(session.begin(&json!("p")).is_some(), "the id is free again");
         drop(tx);
         for h in handles {
             h.join().unwrap();

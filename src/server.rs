@@ -10,18 +10,16 @@
 use crate::app::App;
 use crate::config::Config;
 use crate::limits::MAX_BODY_BYTES;
-use crate::protocol::{self, ToolCall};
-use crate::queue::{self, Job, Reply};
+use crate::protocol::{self, Work, WorkQueue};
+use crate::queue::{self, Outcome};
 use crate::session::{self, Session, Sessions};
 use crate::transport::http::{HttpServer, Listener};
-use crate::transport::stdio;
+use crate::transport::stdio::{self, Out};
 use anyhow::{Context, Result};
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
-
-type WorkQueue = Sender<Job<(Arc<Session>, ToolCall)>>;
 
 /// Why the server stops.
 enum Stop {
@@ -40,14 +38,11 @@ impl std::fmt::Display for Stop {
     }
 }
 
-fn start_workers(app: &Arc<App>) -> WorkQueue {
+/// Starts the worker pool; each worker runs [`protocol::execute`] and answers with `R`.
+fn start_workers<R: From<Outcome> + Send + 'static>(app: &Arc<App>) -> WorkQueue<R> {
     let handler_app = app.clone();
-    let (queue, _handles) = queue::spawn_workers(
-        app.config.workers,
-        app.config.queue_capacity,
-        move |(session, call): &(Arc<Session>, ToolCall)| protocol::execute(&handler_app, session, call),
-        |(session, call): &(Arc<Session>, ToolCall)| session.finish(&call.id),
-    );
+    let (queue, _handles) =
+        queue::spawn_workers(app.config.workers, app.config.queue_capacity, move |work: Work| protocol::execute(&handler_app, work));
     // Workers are not joined: they exit with the process, after shutdown has ended the sessions
     // and killed the commands they wait for.
     queue
@@ -76,15 +71,20 @@ fn watch_signals(stop: Sender<Stop>) -> Result<()> {
 /// Serves MCP over stdin/stdout until stdin ends or a signal arrives, then ends the session.
 pub fn run_stdio(config: Config) -> Result<()> {
     let app = Arc::new(App::new(config)?);
-    let queue = start_workers(&app);
-    let (reply_tx, reply_rx) = crossbeam_channel::unbounded::<Reply>();
+    let queue = start_workers::<Out>(&app);
+    let (reply_tx, reply_rx) = crossbeam_channel::unbounded::<Out>();
     stdio::spawn_writer(reply_rx).context("starting the stdout writer")?;
     let session = Arc::new(Session::new("stdio", false));
     let (stop_tx, stop_rx) = crossbeam_channel::unbounded();
     watch_signals(stop_tx.clone())?;
-    // The reader hands tool calls to a feeder thread, which waits when the queue is full: the
-    // reader itself never blocks, so pings and cancellations are read even then.
-    let (feed_tx, feed_rx) = crossbeam_channel::unbounded::<Job<(Arc<Session>, ToolCall)>>();
+    // The reader hands tool calls to a feeder thread, which waits when the work queue is full:
+    // the reader itself never blocks on the queue, so with every worker busy it still answers
+    // pings and reads cancellations (a call cancelled while it waits never starts). The feeder's
+    // channel is unbounded: what bounds it is the client, since every call waiting in it is one
+    // the client sent (at most MAX_BODY_BYTES each) and has not had answered yet, and a stdio
+    // client is the one process that launched this server. stdio never refuses a call for a
+    // full queue (HTTP answers 503 instead).
+    let (feed_tx, feed_rx): (WorkQueue<Out>, _) = crossbeam_channel::unbounded();
     thread::Builder::new().name("sandbox-mcp-feeder".into()).spawn(move || {
         for job in feed_rx {
             if queue.send(job).is_err() {
@@ -102,7 +102,7 @@ pub fn run_stdio(config: Config) -> Result<()> {
     let why = stop_rx.recv().unwrap_or(Stop::Eof);
     let began = Instant::now();
     log::info!("stdio session ending: {why}");
-    // Shutdown order (SPEC §3: exit within 2 s of stdin EOF; issue 6: within 5 s of SIGTERM):
+    // Shutdown order (the server exits within 2 s of stdin EOF and within 5 s of SIGTERM):
     // 1. let requests already read finish (bounded), so piped scripts get their answers;
     let settle = began + Duration::from_millis(900);
     wait_idle(std::slice::from_ref(&session), settle);
@@ -124,10 +124,10 @@ fn wait_idle(sessions: &[Arc<Session>], deadline: Instant) {
     }
 }
 
-fn flush(replies: &Sender<Reply>, wait: Duration) {
+/// Waits (at most `wait`) until the stdout writer has written everything sent to it so far.
+fn flush(replies: &Sender<Out>, wait: Duration) {
     let (done_tx, done_rx) = crossbeam_channel::bounded(1);
-    let barrier = Reply { line: String::new(), cancelled: true, flushed: Some(done_tx) };
-    if replies.send(barrier).is_ok() {
+    if replies.send(Out::Flush(done_tx)).is_ok() {
         let _ = done_rx.recv_timeout(wait);
     }
 }
@@ -135,7 +135,7 @@ fn flush(replies: &Sender<Reply>, wait: Duration) {
 /// Serves MCP over HTTP until SIGTERM/SIGINT, then ends every session.
 pub fn run_http(config: Config) -> Result<()> {
     let app = Arc::new(App::new(config)?);
-    let queue = start_workers(&app);
+    let queue = start_workers::<Outcome>(&app);
     let sessions = Arc::new(Sessions::default());
     let listen = app.config.listen;
     // One listener per job that can be in flight (queued or running) plus spare ones, so a cheap
@@ -155,7 +155,7 @@ pub fn run_http(config: Config) -> Result<()> {
     let began = Instant::now();
     log::info!("shutting down: {why}");
     drop(reaper_stop);
-    // Shutdown order (issue 6: every in-flight request gets an answer; exit within 5 s):
+    // Shutdown order (every accepted request gets an answer; the server exits within 5 s):
     // 1. new requests are answered 503 "shutting down", queued calls get the same error;
     app.begin_draining();
     // 2. calls already running get a moment to finish on their own;

@@ -1,12 +1,18 @@
-//! MCP sessions (SPEC §4): the default sandbox, the destroy set, in-flight requests, and ending.
+//! MCP sessions: the default sandbox, the destroy set, in-flight requests, and ending.
 //!
 //! A stdio connection is one session; each HTTP `Mcp-Session-Id` is one. Ending a session kills
-//! every sandbox still in its destroy set; `start_task` takes its sandbox out of that set.
+//! every sandbox still in its destroy set; `start_task` takes its sandbox out of that set (see
+//! docs/contract.md, "Sessions and sandbox lifetime").
+//!
+//! A request is in flight from the moment [`Session::begin`] accepts its id until the
+//! [`InFlight`] guard it returns is dropped, on whatever path: answered, refused, or unwound by a
+//! panic. While in flight its id cannot be reused, `notifications/cancelled` can flag it, and the
+//! session is not expired as idle.
 
 use crate::provider::Provider;
 use serde_json::Value;
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -30,7 +36,48 @@ pub struct Session {
     /// When true (the `call` subcommand), sandboxes outlive the session.
     keep_sandboxes: bool,
     state: Mutex<State>,
-    inflight: Mutex<HashMap<String, Arc<AtomicBool>>>,
+    inflight: Arc<Requests>,
+}
+
+/// The in-flight requests of one session: the serialized request id and its cancel flag.
+type Requests = Mutex<HashMap<String, Arc<AtomicBool>>>;
+
+fn lock(requests: &Requests) -> MutexGuard<'_, HashMap<String, Arc<AtomicBool>>> {
+    // Every update is a single insert or remove, so a lock poisoned by a panic elsewhere still
+    // guards a consistent map.
+    requests.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One request in flight, from [`Session::begin`] until this guard is dropped, which
+/// unregisters its id (also when a panic unwinds past it).
+#[derive(Debug)]
+pub struct InFlight {
+    requests: Arc<Requests>,
+    /// The request id, serialized (the map key).
+    key: String,
+    cancel: Arc<AtomicBool>,
+}
+
+impl InFlight {
+    /// The flag set by `notifications/cancelled` and by the end of the session.
+    pub fn flag(&self) -> &Arc<AtomicBool> {
+        &self.cancel
+    }
+
+    /// Whether the request was cancelled.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut map = lock(&self.requests);
+        // Only this guard's own entry: the id is never registered twice while it lives.
+        if map.get(&self.key).is_some_and(|flag| Arc::ptr_eq(flag, &self.cancel)) {
+            map.remove(&self.key);
+        }
+    }
 }
 
 impl Session {
@@ -47,7 +94,7 @@ impl Session {
                 ended: false,
                 last_active: Instant::now(),
             }),
-            inflight: Mutex::new(HashMap::new()),
+            inflight: Arc::new(Mutex::new(HashMap::new())),
         }
     }
 
@@ -98,7 +145,7 @@ impl Session {
         true
     }
 
-    /// Takes a sandbox out of the destroy set (SPEC §4: `start_task` retains its sandbox).
+    /// Takes a sandbox out of the destroy set (`start_task` retains its sandbox).
     pub fn retain(&self, sandbox_id: &str) {
         self.state().destroy.remove(sandbox_id);
     }
@@ -117,33 +164,29 @@ impl Session {
         self.state().destroy.contains(sandbox_id)
     }
 
-    /// Registers an in-flight request; `None` when a request with the same id is still running.
-    pub fn begin(&self, id: &Value) -> Option<Arc<AtomicBool>> {
+    /// Registers an in-flight request; `None` when a request with the same id is still in flight.
+    /// The request stays registered until the returned guard is dropped.
+    pub fn begin(&self, id: &Value) -> Option<InFlight> {
         let key = id.to_string();
-        let mut map = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = lock(&self.inflight);
         if map.contains_key(&key) {
             return None;
         }
-        let flag = Arc::new(AtomicBool::new(false));
-        map.insert(key, flag.clone());
-        Some(flag)
+        let cancel = Arc::new(AtomicBool::new(false));
+        map.insert(key.clone(), cancel.clone());
+        Some(InFlight { requests: self.inflight.clone(), key, cancel })
     }
 
-    /// Unregisters a finished request.
-    pub fn finish(&self, id: &Value) {
-        self.inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(&id.to_string());
-    }
-
-    /// Flags an in-flight request as cancelled (`notifications/cancelled`).
+    /// Flags an in-flight request as cancelled (`notifications/cancelled`); unknown ids are ignored.
     pub fn cancel(&self, id: &Value) {
-        if let Some(flag) = self.inflight.lock().unwrap_or_else(|p| p.into_inner()).get(&id.to_string()) {
-            flag.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(flag) = lock(&self.inflight).get(&id.to_string()) {
+            flag.store(true, Ordering::Relaxed);
         }
     }
 
-    /// Number of requests still running.
+    /// Number of requests in flight (queued or running).
     pub fn inflight_count(&self) -> usize {
-        self.inflight.lock().unwrap_or_else(|p| p.into_inner()).len()
+        lock(&self.inflight).len()
     }
 
     /// Ends the session: kills every sandbox in the destroy set (in parallel, within `deadline`).
@@ -165,8 +208,8 @@ impl Session {
             s.default_sandbox = None;
             std::mem::take(&mut s.destroy).into_iter().collect()
         };
-        for flag in self.inflight.lock().unwrap_or_else(|p| p.into_inner()).values() {
-            flag.store(true, std::sync::atomic::Ordering::Relaxed);
+        for flag in lock(&self.inflight).values() {
+            flag.store(true, Ordering::Relaxed);
         }
         doomed
     }
@@ -252,5 +295,107 @@ impl Sessions {
 
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Arc<Session>>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn adopt_retain_forget_and_the_destroy_set() {
+        let s = Session::new("t", false);
+        assert!(s.adopt("a"));
+        assert!(s.adopt("b"));
+        assert_eq!(s.default_sandbox().as_deref(), Some("b"), "the newest sandbox is the default");
+        assert!(s.will_destroy("a") && s.will_destroy("b"));
+        s.retain("a");
+        assert!(!s.will_destroy("a"), "a retained sandbox leaves the destroy set");
+        assert!(s.will_destroy("b"));
+        s.forget("b");
+        assert!(!s.will_destroy("b"));
+        assert_eq!(s.default_sandbox(), None, "forgetting the default sandbox clears the default");
+        assert!(s.adopt("c"));
+        s.forget("a");
+        assert_eq!(s.default_sandbox().as_deref(), Some("c"), "forgetting another sandbox keeps the default");
+        assert_eq!(s.close(), vec!["c".to_string()], "ending kills only what is left in the destroy set");
+        assert_eq!(s.close(), Vec::<String>::new(), "a second end does nothing");
+    }
+
+    #[test]
+    fn an_ended_session_refuses_to_adopt() {
+        let s = Session::new("t", false);
+        s.close();
+        assert!(!s.adopt("late"), "the caller must kill a sandbox created after the end");
+        assert!(!s.will_destroy("late"));
+        assert_eq!(s.default_sandbox(), None);
+        // With keep_sandboxes (the `call` subcommand) nothing is ever destroyed, ended or not.
+        let keep = Session::new("call", true);
+        assert!(keep.adopt("x"));
+        assert!(!keep.will_destroy("x"));
+        keep.close();
+        assert!(keep.adopt("y"));
+        assert_eq!(keep.default_sandbox().as_deref(), Some("y"));
+    }
+
+    #[test]
+    fn begin_refuses_a_duplicate_until_the_guard_drops() {
+        let s = Session::new("t", false);
+        let guard = s.begin(&json!(1)).expect("a new id is accepted");
+        assert_eq!(s.inflight_count(), 1);
+        assert!(s.begin(&json!(1)).is_none(), "the same id while in flight is refused");
+        let other = s.begin(&json!("1")).expect("the string \"1\" is another id than the number 1");
+        assert_eq!(s.inflight_count(), 2);
+        drop(guard);
+        assert_eq!(s.inflight_count(), 1);
+        let again = s.begin(&json!(1)).expect("the id is free once its guard dropped");
+        drop((again, other));
+        assert_eq!(s.inflight_count(), 0);
+    }
+
+    #[test]
+    fn cancel_flags_only_the_named_request_and_ending_flags_all() {
+        let s = Session::new("t", false);
+        let a = s.begin(&json!("a")).unwrap();
+        let b = s.begin(&json!("b")).unwrap();
+        s.cancel(&json!("a"));
+        s.cancel(&json!("unknown"));
+        assert!(a.is_cancelled());
+        assert!(!b.is_cancelled());
+        assert!(a.flag().load(Ordering::Relaxed), "the flag handed to tools is the same flag");
+        s.close();
+        assert!(b.is_cancelled(), "ending the session stops its running calls");
+    }
+
+    #[test]
+    fn a_guard_dropped_during_a_panic_unregisters_its_id() {
+        let s = Arc::new(Session::new("t", false));
+        let guard = s.begin(&json!(7)).unwrap();
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            let _held = guard;
+            panic!("a tool panicked");
+        }));
+        assert!(unwound.is_err());
+        assert_eq!(s.inflight_count(), 0);
+        assert!(s.begin(&json!(7)).is_some());
+    }
+
+    #[test]
+    fn take_idle_skips_sessions_with_requests_in_flight() {
+        let sessions = Sessions::default();
+        let busy = Arc::new(Session::new("busy", false));
+        let idle = Arc::new(Session::new("idle", false));
+        sessions.insert(busy.clone());
+        sessions.insert(idle.clone());
+        let guard = busy.begin(&json!(1)).unwrap();
+        let taken = sessions.take_idle(Duration::ZERO);
+        assert_eq!(taken.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), ["idle"]);
+        assert!(sessions.get("idle").is_none(), "a taken session leaves the table");
+        assert!(sessions.take_idle(Duration::from_secs(3600)).is_empty(), "a session used just now is not idle");
+        drop(guard);
+        let taken = sessions.take_idle(Duration::ZERO);
+        assert_eq!(taken.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), ["busy"]);
+        assert!(sessions.take_all().is_empty());
     }
 }

@@ -1,4 +1,4 @@
-//! The HTTP transport (SPEC §3): `POST /mcp` answering `application/json`, sessions by
+//! The HTTP transport: `POST /mcp` answering `application/json`, sessions by
 //! `Mcp-Session-Id`, `DELETE /mcp`, and `GET /healthz`.
 //!
 //! tiny_http's rough edges are wrapped here and nowhere else: its headers, its unbounded body
@@ -9,10 +9,10 @@ use crate::app::App;
 use crate::ids;
 use crate::jsonrpc::{self, code, Incoming, RpcError};
 use crate::limits::MAX_BODY_BYTES;
-use crate::protocol::{self, Route, ToolCall, SUPPORTED_VERSIONS};
-use crate::queue::{Job, Reply};
+use crate::protocol::{self, Route, Work, WorkQueue, SUPPORTED_VERSIONS};
+use crate::queue::Outcome;
 use crate::session::{Session, Sessions};
-use crossbeam_channel::{Sender, TrySendError};
+use crossbeam_channel::TrySendError;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -54,7 +54,8 @@ pub fn bind_nodelay(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> 
 pub struct Listener {
     app: Arc<App>,
     sessions: Arc<Sessions>,
-    queue: Sender<Job<(Arc<Session>, ToolCall)>>,
+    /// Workers answer an HTTP job with its [`Outcome`]; a cancelled call is still answered.
+    queue: WorkQueue<Outcome>,
     /// Whether the listen address is loopback (then `Host` is checked too).
     loopback: bool,
     /// First and last request time of each connection seen recently (by peer address).
@@ -65,7 +66,7 @@ pub struct Listener {
 
 impl Listener {
     /// The listener of `app`'s HTTP transport.
-    pub fn new(app: Arc<App>, sessions: Arc<Sessions>, queue: Sender<Job<(Arc<Session>, ToolCall)>>, loopback: bool) -> Listener {
+    pub fn new(app: Arc<App>, sessions: Arc<Sessions>, queue: WorkQueue<Outcome>, loopback: bool) -> Listener {
         Listener { app, sessions, queue, loopback, connections: Mutex::new(HashMap::new()), busy: AtomicUsize::new(0) }
     }
 
@@ -413,25 +414,25 @@ impl Listener {
         match protocol::route(&self.app, &session, msg) {
             Route::Silent => Answer::empty(202),
             Route::Reply(reply) => Answer::text(200, reply),
-            Route::Call(call) => self.dispatch(session, call),
+            Route::Call(work) => self.dispatch(work),
         }
     }
 
-    fn dispatch(&self, session: Arc<Session>, call: ToolCall) -> Answer {
-        let (tx, rx) = crossbeam_channel::bounded::<Reply>(1);
-        let id = call.id.clone();
-        let job = Job { id: id.clone(), work: (session.clone(), call), reply: tx };
-        match self.queue.try_send(job) {
+    /// Queues a tool call and waits for its answer; a full queue is answered 503 at once.
+    fn dispatch(&self, work: Work) -> Answer {
+        let (tx, rx) = crossbeam_channel::bounded::<Outcome>(1);
+        let id = work.call.id.clone();
+        match self.queue.try_send(work.into_job(tx)) {
             Ok(()) => {}
+            // The refused job is dropped here, and with it the call's in-flight registration.
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                session.finish(&id);
                 let err = RpcError::new(code::SERVER_BUSY, "server busy: the work queue is full; retry after a second");
                 return Answer::json(503, jsonrpc::error(&id, &err)).with("Retry-After", "1");
             }
         }
         let started = Instant::now();
         match rx.recv_timeout(REPLY_WAIT) {
-            Ok(reply) => Answer::text(200, reply.line),
+            Ok(outcome) => Answer::json(200, outcome.into_response()),
             Err(_) => {
                 log::error!("no reply for request {id} after {:?}", started.elapsed());
                 let err = RpcError::new(code::INTERNAL_ERROR, "internal error: the tool call produced no reply in time");

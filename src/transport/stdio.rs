@@ -1,13 +1,13 @@
 //! The stdio transport: a reader thread turns stdin lines into routed messages and answers cheap
-//! ones itself; a writer thread sends the workers' replies.
+//! ones itself; a writer thread sends the workers' replies ([`Out`] messages).
 //!
 //! Architecture invariant: [`write_lines`] is the only code that writes to stdout. Each call
 //! holds the stdout lock for whole lines, so messages never interleave.
 
 use crate::app::App;
 use crate::jsonrpc::{self, code, RpcError};
-use crate::protocol::{self, Route, ToolCall};
-use crate::queue::{Job, Reply};
+use crate::protocol::{self, Route, WorkQueue};
+use crate::queue::Outcome;
 use crate::session::Session;
 use crossbeam_channel::{Receiver, Sender};
 use serde_json::Value;
@@ -28,15 +28,41 @@ pub fn write_lines<'a>(lines: impl IntoIterator<Item = &'a str>) {
     }
 }
 
+/// A message for the stdout writer thread.
+#[derive(Debug)]
+pub enum Out {
+    /// A serialized response to write.
+    Line(String),
+    /// A request the client cancelled: nothing is written for it.
+    Cancelled,
+    /// A barrier: signalled once every message sent before it is written and flushed.
+    Flush(Sender<()>),
+}
+
+impl From<Outcome> for Out {
+    /// Serializes an answer (on the worker thread that produced it).
+    fn from(outcome: Outcome) -> Out {
+        match outcome {
+            Outcome::Answer(response) => Out::Line(response.to_string()),
+            Outcome::Cancelled(_) => Out::Cancelled,
+        }
+    }
+}
+
 /// Starts the thread that writes the workers' replies, flushing after each batch.
-pub fn spawn_writer(replies: Receiver<Reply>) -> io::Result<JoinHandle<()>> {
+pub fn spawn_writer(replies: Receiver<Out>) -> io::Result<JoinHandle<()>> {
     thread::Builder::new().name("sandbox-mcp-stdout".into()).spawn(move || {
         while let Ok(first) = replies.recv() {
             let mut batch = vec![first];
             batch.extend(replies.try_iter());
-            write_lines(batch.iter().filter(|r| !r.cancelled).map(|r| r.line.as_str()));
-            for done in batch.iter().filter_map(|r| r.flushed.as_ref()) {
-                let _ = done.send(());
+            write_lines(batch.iter().filter_map(|out| match out {
+                Out::Line(line) => Some(line.as_str()),
+                Out::Cancelled | Out::Flush(_) => None,
+            }));
+            for out in &batch {
+                if let Out::Flush(done) = out {
+                    let _ = done.send(());
+                }
             }
         }
     })
@@ -97,15 +123,13 @@ pub fn read_line(input: &mut impl BufRead, buf: &mut Vec<u8>, max: usize) -> io:
     }
 }
 
-/// Reads stdin until EOF, answering cheap requests at once and queueing tool calls.
-/// Returns when stdin ends or the queue is gone.
-pub fn run_reader(
-    app: &App,
-    session: &Arc<Session>,
-    queue: &Sender<Job<(Arc<Session>, ToolCall)>>,
-    replies: &Sender<Reply>,
-    max_line: usize,
-) {
+/// Reads stdin until EOF, answering cheap requests at once and handing tool calls to `queue`,
+/// answered on `replies`. Returns when stdin ends or the queue is gone.
+///
+/// `queue` must not block (the server passes the unbounded channel of a feeder thread, see
+/// `server::run_stdio`): this thread also reads the pings and cancellations that must be
+/// answered and honoured while tool calls wait for a worker.
+pub fn run_reader(app: &App, session: &Arc<Session>, queue: &WorkQueue<Out>, replies: &Sender<Out>, max_line: usize) {
     let stdin = io::stdin();
     let mut input = io::BufReader::with_capacity(256 * 1024, stdin.lock());
     let mut buf = Vec::new();
@@ -127,10 +151,8 @@ pub fn run_reader(
             Route::Silent => {}
             // Answered on this thread: no hand-off to the writer for cheap requests.
             Route::Reply(line) => write_lines([line.as_str()]),
-            Route::Call(call) => {
-                let job = Job { id: call.id.clone(), work: (session.clone(), call), reply: replies.clone() };
-                // Blocking send: stdio applies back-pressure instead of refusing work.
-                if queue.send(job).is_err() {
+            Route::Call(work) => {
+                if queue.send(work.into_job(replies.clone())).is_err() {
                     return;
                 }
             }

@@ -1,4 +1,5 @@
-//! The `Provider` trait: the sandbox operations of SPEC §5, implemented by `local` and `e2b`.
+//! The `Provider` trait: the sandbox operations, implemented by `local` and `e2b` (see
+//! docs/contract.md, "Providers").
 //!
 //! Tools and the task supervisor are written once on top of this trait. Every method takes a
 //! deadline; an implementation must return (with [`ProviderError::Timeout`] or
@@ -15,7 +16,7 @@ pub mod e2b;
 pub mod local;
 pub mod process;
 
-/// What a tool asks of a sandbox's lifetime when it reaches it (SPEC §4, TTL policy).
+/// What a tool asks of a sandbox's lifetime when it reaches it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Touch {
     /// Ordinary tools: resume the sandbox if the provider pauses them, and renew its TTL.

@@ -1,7 +1,8 @@
 //! E2B wire details that need no network: Connect-protocol envelopes, envd process events,
 //! signal names, and RFC 3339 timestamps.
 
-use serde_json::Value;
+use super::loose;
+use serde::Deserialize;
 use std::io::{self, Read};
 
 /// Envelope flag of the end-stream message.
@@ -58,26 +59,73 @@ pub enum ProcessEvent {
     Other,
 }
 
-/// Parses the JSON payload of one Start/Connect response message.
+/// A Start/Connect response message: `{"event": {...}}`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct EventMessage {
+    #[serde(deserialize_with = "loose::present")]
+    event: Option<EventBody>,
+}
+
+/// The event, one of `start`, `data`, `end` or `keepalive` (the first present one counts, in
+/// that order; a present key counts whatever its value).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct EventBody {
+    #[serde(deserialize_with = "loose::present")]
+    start: Option<StartEvent>,
+    #[serde(deserialize_with = "loose::present")]
+    data: Option<DataEvent>,
+    #[serde(deserialize_with = "loose::present")]
+    end: Option<EndEvent>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct StartEvent {
+    #[serde(deserialize_with = "loose::unsigned")]
+    pid: Option<u64>,
+}
+
+/// Output, base64-encoded; stdout wins when both are there.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct DataEvent {
+    #[serde(deserialize_with = "loose::string")]
+    stdout: Option<String>,
+    #[serde(deserialize_with = "loose::string")]
+    stderr: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct EndEvent {
+    #[serde(rename = "exitCode", deserialize_with = "loose::signed")]
+    exit_code: Option<i64>,
+    #[serde(deserialize_with = "loose::string")]
+    status: Option<String>,
+}
+
+/// Parses the JSON payload of one Start/Connect response message: `None` when it is not a JSON
+/// object with an `event`, or its output is not valid base64. Missing or mistyped fields read
+/// as absent (pid 0, exit code 0, empty status); an event of no known kind is `Other`.
 pub fn process_event(payload: &[u8]) -> Option<ProcessEvent> {
-    let v: Value = serde_json::from_slice(payload).ok()?;
-    let event = v.get("event")?;
-    if let Some(start) = event.get("start") {
-        return Some(ProcessEvent::Start(start.get("pid").and_then(Value::as_u64).unwrap_or(0) as u32));
+    let event = loose::parse_object::<EventMessage>(payload)?.event?;
+    if let Some(start) = event.start {
+        return Some(ProcessEvent::Start(start.pid.unwrap_or(0) as u32));
     }
-    if let Some(data) = event.get("data") {
-        if let Some(s) = data.get("stdout").and_then(Value::as_str) {
-            return Some(ProcessEvent::Stdout(crate::base64::decode(s)?));
+    if let Some(data) = event.data {
+        if let Some(s) = data.stdout {
+            return Some(ProcessEvent::Stdout(crate::base64::decode(&s)?));
         }
-        if let Some(s) = data.get("stderr").and_then(Value::as_str) {
-            return Some(ProcessEvent::Stderr(crate::base64::decode(s)?));
+        if let Some(s) = data.stderr {
+            return Some(ProcessEvent::Stderr(crate::base64::decode(&s)?));
         }
         return Some(ProcessEvent::Other);
     }
-    if let Some(end) = event.get("end") {
-        let exit_code = end.get("exitCode").and_then(Value::as_i64).unwrap_or(0) as i32;
-        let status = end.get("status").and_then(Value::as_str).unwrap_or("").to_string();
-        return Some(ProcessEvent::End { exit_code, status });
+    if let Some(end) = event.end {
+        let exit_code = end.exit_code.unwrap_or(0) as i32;
+        return Some(ProcessEvent::End { exit_code, status: end.status.unwrap_or_default() });
     }
     Some(ProcessEvent::Other)
 }
@@ -188,6 +236,26 @@ mod tests {
         );
         assert_eq!(process_event(br#"{"event":{"keepalive":{}}}"#), Some(ProcessEvent::Other));
         assert_eq!(process_event(b"nope"), None);
+    }
+
+    #[test]
+    fn process_events_with_extra_or_odd_fields() {
+        assert_eq!(process_event(br#"{"event":{"start":{"pid":42,"cmdId":"x"},"extra":1},"other":[1,2]}"#), Some(ProcessEvent::Start(42)));
+        assert_eq!(
+            process_event(br#"{"event":{"end":{"exitCode":-1,"exited":false,"status":"signal: killed","error":"x"}}}"#),
+            Some(ProcessEvent::End { exit_code: -1, status: "signal: killed".into() })
+        );
+        assert_eq!(
+            process_event(br#"{"event":{"data":{"stdout":5,"stderr":"eA==","pty":"eQ=="}}}"#),
+            Some(ProcessEvent::Stderr(b"x".to_vec()))
+        );
+        assert_eq!(process_event(br#"{"event":{"data":{"pty":"eQ=="}}}"#), Some(ProcessEvent::Other));
+        assert_eq!(process_event(br#"{"event":{"start":null}}"#), Some(ProcessEvent::Start(0)));
+        assert_eq!(process_event(br#"{"event":{"start":{"pid":"7"}}}"#), Some(ProcessEvent::Start(0)));
+        assert_eq!(process_event(br#"{"event":null}"#), Some(ProcessEvent::Other));
+        assert_eq!(process_event(br#"{"event":{"data":{"stdout":"%%%"}}}"#), None);
+        assert_eq!(process_event(br#"{"noevent":{}}"#), None);
+        assert_eq!(process_event(br#"[{"event":{}}]"#), None);
     }
 
     #[test]

@@ -18,7 +18,8 @@ setup:
 # with the official Python SDK, the MCP Inspector and the MCP conformance suite, then a
 # 10-second run of each fuzz target, and a 20-second load and soak run (tests/soak/driver.rs).
 test: build setup
-	$(PIDNS) $(CARGO) test --all-targets
+	$(CARGO) build --workspace
+	$(PIDNS) $(CARGO) test --workspace --all-targets
 	tests/fuzz/run.sh
 	tests/interop/run.sh
 	$(CARGO) build --release --example soak
@@ -28,7 +29,7 @@ fmt:
 	$(CARGO) fmt --all -- --check
 
 clippy:
-	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 # What CI runs: formatting, lints, then every test.
 check: fmt clippy test

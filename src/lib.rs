@@ -26,9 +26,6 @@ pub mod tools;
 pub mod provider;
 pub mod supervisor;
 
-/// The E2B-compatible emulator used to test the e2b provider (binary `e2b-emulator`).
-pub mod emulator;
-
 pub mod base64;
 pub mod ids;
 pub mod mask;

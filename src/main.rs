@@ -28,13 +28,13 @@ fn main() -> ExitCode {
         env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).target(env_logger::Target::Stderr).build();
     log::set_max_level(logger.filter());
     let _ = log::set_boxed_logger(Box::new(NoWireDumps(logger)));
-    if command == "keeper" && words.len() == 4 {
-        // Started detached by the local provider with an empty environment: needs no config.
-        let (root, id, shell) = (std::path::Path::new(&words[1]), &words[2], std::path::Path::new(&words[3]));
-        return match sandbox_mcp::provider::local::run_keeper(root, id, shell) {
+    // The local provider's internal subcommands (its keeper), started detached with an empty
+    // environment: they need no config.
+    if let Some(result) = sandbox_mcp::provider::local::run_internal(words) {
+        return match result {
             Ok(()) => ExitCode::SUCCESS,
             Err(err) => {
-                eprintln!("sandbox-mcp keeper: {err:#}");
+                eprintln!("sandbox-mcp {command}: {err:#}");
                 ExitCode::from(1)
             }
         };

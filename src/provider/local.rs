@@ -32,6 +32,9 @@ pub const TAG_VAR: &str = "SANDBOX_MCP_SANDBOX";
 /// Host variables passed through to sandbox commands (SPEC §5); nothing else is inherited.
 const ALLOWED_ENV: &[&str] = &["PATH", "LANG", "TERM", "TZ"];
 
+/// The internal subcommand that runs a sandbox's keeper (see [`run_internal`]).
+const KEEPER_COMMAND: &str = "keeper";
+
 /// Templates the local provider knows.
 const TEMPLATES: &[&str] = &["base"];
 
@@ -204,7 +207,7 @@ impl LocalProvider {
         let res = Command::new(&self.shell)
             .args(["-c", r#""$@" </dev/null >/dev/null 2>&1 &"#, "sh"])
             .arg(&self.exe)
-            .arg("keeper")
+            .arg(KEEPER_COMMAND)
             .arg(&self.root)
             .arg(id)
             .arg(&self.shell)
@@ -236,10 +239,9 @@ impl LocalProvider {
 
     /// Ends every process tagged with `id` (repeating until a scan finds none, within `budget`).
     fn kill_tagged(&self, id: &str, deadline: Instant) -> usize {
-        let needle = format!("{TAG_VAR}={id}");
         let mut killed = 0;
         loop {
-            let pids = tagged_pids(needle.as_bytes());
+            let pids = tagged_pids(id);
             if pids.is_empty() {
                 return killed;
             }
@@ -255,60 +257,41 @@ impl LocalProvider {
         }
     }
 
-    /// The home directory (`HOME` and default cwd) of sandbox `id`; checks only the id's form.
-    pub fn sandbox_home(&self, id: &str) -> Result<PathBuf, ProviderError> {
-        check_local_id(id)?;
-        Ok(self.home(id))
-    }
-
-    /// Starts `argv` in sandbox `id` and returns at once, for callers that stream its output
-    /// (the E2B emulator). The environment is the one `exec` gives (allow-list, `HOME`, the
-    /// sandbox's envs, then `envs`, then the tag); the working directory is `cwd`; stdin is a
-    /// pipe when `stdin` is true, else `/dev/null`; stdout and stderr are pipes; the child leads a
-    /// process group of its own. It neither renews the TTL nor tracks the child: the caller reaps
-    /// it and drains its pipes.
-    pub fn spawn_streaming(
+    /// Builds the command that runs `argv` in live sandbox `id`, as `exec` runs it: the environment
+    /// is cleared and rebuilt from the host allow-list (`PATH`, `LANG`, `TERM`, `TZ`), `HOME` (the
+    /// sandbox home), the sandbox's envs, then `envs`, then the sandbox tag ([`TAG_VAR`]); the
+    /// working directory is `cwd` (absolute, or relative to the sandbox home; the home when
+    /// `None`), which must be an existing directory; the child will lead a process group of its
+    /// own. Stdio is left to the caller, who also reaps the child. Renews the TTL when `touch` is
+    /// [`Touch::Renew`]; an expired sandbox is killed and reported as not found.
+    pub fn command(
         &self,
         id: &str,
         argv: &[String],
         envs: &BTreeMap<String, String>,
-        cwd: &Path,
-        stdin: bool,
-    ) -> Result<std::process::Child, ProviderError> {
-        let meta = self.reach(id, Touch::Observe)?;
+        cwd: Option<&Path>,
+        touch: Touch,
+    ) -> Result<Command, ProviderError> {
+        let meta = self.reach(id, touch)?;
+        let home = self.home(id);
+        let cwd = match cwd {
+            None => home,
+            Some(c) => {
+                let p = home.join(c);
+                if !p.is_dir() {
+                    return Err(ProviderError::Rejected(format!("cwd {c:?} is not an existing directory in the sandbox")));
+                }
+                p
+            }
+        };
         if let Some(bad) = envs.keys().find(|k| k.is_empty() || k.contains('=') || k.contains('\0')) {
             return Err(ProviderError::Rejected(format!("environment variable name {bad:?} is not valid")));
         }
-        let (program, args) = argv.split_first().ok_or_else(|| ProviderError::Rejected("empty argv".into()))?;
-        let env = self.env_for(id, &meta, envs);
-        Command::new(program)
-            .args(args)
-            .env_clear()
-            .envs(env)
-            .current_dir(cwd)
-            .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .spawn()
-            .map_err(|err| ProviderError::Unavailable(format!("could not start {program:?} in sandbox {id}: {err}")))
-    }
-
-    /// Sends `signal` (a name such as `STOP` or `CONT`) to every process tagged with sandbox
-    /// `id`, one pid at a time through the shell builtin `kill`; returns how many it found. Used
-    /// to freeze and thaw a sandbox.
-    pub fn signal_tagged(&self, id: &str, signal: &str) -> Result<usize, ProviderError> {
-        check_local_id(id)?;
-        if signal.is_empty() || !signal.bytes().all(|b| b.is_ascii_uppercase()) {
-            return Err(ProviderError::Rejected(format!("signal name {signal:?} is not valid")));
-        }
-        let pids = tagged_pids(format!("{TAG_VAR}={id}").as_bytes());
-        if pids.is_empty() {
-            return Ok(0);
-        }
-        process::signal_pids(&self.shell, signal, &pids)
-            .map_err(|err| ProviderError::Unavailable(format!("could not run {} to signal sandbox {id}: {err}", self.shell.display())))?;
-        Ok(pids.len())
+        let (program, args) =
+            argv.split_first().ok_or_else(|| ProviderError::Rejected("the command is empty; give at least the program to run".into()))?;
+        let mut cmd = Command::new(program);
+        cmd.args(args).env_clear().envs(self.env_for(id, &meta, envs)).current_dir(cwd).process_group(0);
+        Ok(cmd)
     }
 }
 
@@ -380,8 +363,12 @@ pub fn resolve_inside(home: &Path, path: &str) -> Result<PathBuf, ProviderError>
     Ok(out)
 }
 
-/// Pids of live processes whose environment contains `needle` as a whole entry.
-fn tagged_pids(needle: &[u8]) -> Vec<u32> {
+/// Pids of the live processes of local sandbox `id`: those whose environment holds the entry
+/// `TAG_VAR=id` (every process a sandbox command starts inherits it). This process and pids 0 and
+/// 1 are never listed. Signal them with [`process::signal_pids`].
+pub fn tagged_pids(id: &str) -> Vec<u32> {
+    let needle = format!("{TAG_VAR}={id}");
+    let needle = needle.as_bytes();
     let me = std::process::id();
     let Ok(proc_dir) = fs::read_dir("/proc") else {
         return Vec::new();
@@ -420,9 +407,22 @@ fn keeper_alive(dir: &Path) -> bool {
     matches!(process::proc_stat(pid as u32), Some(st) if st.start == start && st.state != 'Z')
 }
 
+/// Runs the local provider's internal subcommand that `args` (the program's arguments, without
+/// the program name) names, if any: today `keeper ROOT ID SHELL`, which the provider starts
+/// detached from its own executable (`std::env::current_exe()`). Every program that runs a
+/// `LocalProvider` (the server, and test tools that embed the provider) calls this first and
+/// exits with its result when it is `Some`; `None` means the arguments are not an internal
+/// subcommand. Internal subcommands need no configuration: they start with an empty environment.
+pub fn run_internal(args: &[String]) -> Option<anyhow::Result<()>> {
+    match args {
+        [command, root, id, shell] if command == KEEPER_COMMAND => Some(run_keeper(Path::new(root), id, Path::new(shell))),
+        _ => None,
+    }
+}
+
 /// The body of `sandbox-mcp keeper ROOT ID SHELL`: waits for the sandbox's expiry (honouring renewals)
 /// and kills it; exits early when the sandbox is gone or another keeper owns it.
-pub fn run_keeper(root: &Path, id: &str, shell: &Path) -> anyhow::Result<()> {
+fn run_keeper(root: &Path, id: &str, shell: &Path) -> anyhow::Result<()> {
     check_local_id(id)?;
     let provider = LocalProvider::new(root, shell)?;
     let dir = provider.dir(id);
@@ -573,31 +573,9 @@ impl Provider for LocalProvider {
     }
 
     fn exec(&self, sandbox_id: &str, req: &ExecRequest, touch: Touch) -> Result<ExecOutput, ProviderError> {
-        let meta = self.reach(sandbox_id, touch)?;
-        let home = self.home(sandbox_id);
-        let cwd = match &req.cwd {
-            None => home,
-            Some(c) => {
-                let p = if Path::new(c).is_absolute() { PathBuf::from(c) } else { home.join(c) };
-                if !p.is_dir() {
-                    return Err(ProviderError::Rejected(format!("cwd {c:?} is not an existing directory in the sandbox")));
-                }
-                p
-            }
-        };
-        if let Some(bad) = req.envs.keys().find(|k| k.is_empty() || k.contains('=') || k.contains('\0')) {
-            return Err(ProviderError::Rejected(format!("environment variable name {bad:?} is not valid")));
-        }
-        let env = self.env_for(sandbox_id, &meta, &req.envs);
-        let spawn = Spawn {
-            argv: &req.argv,
-            env: &env,
-            cwd: &cwd,
-            output_cap: req.output_cap,
-            deadline: req.deadline,
-            cancel: req.cancel.as_deref(),
-        };
-        process::run(&spawn, &self.shell, &self.running).map_err(|err| {
+        let cmd = self.command(sandbox_id, &req.argv, &req.envs, req.cwd.as_deref().map(Path::new), touch)?;
+        let spawn = Spawn { output_cap: req.output_cap, deadline: req.deadline, cancel: req.cancel.as_deref() };
+        process::run(cmd, &spawn, &self.shell, &self.running).map_err(|err| {
             if !self.dir(sandbox_id).exists() {
                 // Killed or expired between the check above and the start.
                 return ProviderError::NotFound { id: sandbox_id.to_string() };
@@ -722,6 +700,49 @@ mod tests {
         }
         let ProviderError::InvalidId { reason, .. } = check_local_id("i3xkq8n2m1p0zj7w5v4ty").unwrap_err() else { panic!() };
         assert!(reason.contains("another provider"), "{reason}");
+    }
+
+    #[test]
+    fn command_runs_in_the_sandbox_environment_and_group() {
+        let root = std::env::temp_dir().join(format!("smcp-command-{}", ids::random_hex(4)));
+        let p = LocalProvider::new(&root, Path::new("/bin/sh")).unwrap();
+        let id = format!("{ID_PREFIX}{}", ids::random_hex(12));
+        let home = p.home(&id);
+        fs::create_dir_all(home.join("sub")).unwrap();
+        let now = unix_now();
+        let envs = BTreeMap::from([("A".to_string(), "sandbox".to_string()), ("B".to_string(), "sandbox".to_string())]);
+        let meta = Meta {
+            sandbox_id: id.clone(),
+            template: "base".into(),
+            created_at: now,
+            timeout: 60,
+            expires_at: now + 60,
+            envs,
+            metadata: BTreeMap::new(),
+        };
+        p.store(&meta).unwrap();
+        let argv: Vec<String> =
+            ["/bin/sh", "-c", r#"pwd; echo "group $$ $(cut -d' ' -f5 /proc/$$/stat)"; env"#].iter().map(|a| a.to_string()).collect();
+        let extra = BTreeMap::from([("B".to_string(), "call".to_string())]);
+        let out = p.command(&id, &argv, &extra, Some(Path::new("sub")), Touch::Observe).unwrap().output().unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], home.join("sub").to_str().unwrap(), "{text}");
+        let group: Vec<&str> = lines[1].split(' ').collect();
+        assert_eq!(group[1], group[2], "the command leads its own process group: {text}");
+        for want in ["A=sandbox".to_string(), "B=call".into(), format!("{TAG_VAR}={id}"), format!("HOME={}", home.display())] {
+            assert!(lines.contains(&want.as_str()), "{want} missing from {text}");
+        }
+        assert!(!text.contains("CARGO"), "the host environment leaked: {text}");
+        let out = p.command(&id, &argv, &BTreeMap::new(), None, Touch::Observe).unwrap().output().unwrap();
+        assert!(String::from_utf8(out.stdout).unwrap().starts_with(&format!("{}\n", home.display())), "the home is the default cwd");
+        let rejected = |r: Result<Command, ProviderError>| matches!(r, Err(ProviderError::Rejected(_)));
+        assert!(rejected(p.command(&id, &argv, &BTreeMap::new(), Some(Path::new("missing")), Touch::Observe)));
+        assert!(rejected(p.command(&id, &argv, &BTreeMap::from([("X=Y".to_string(), String::new())]), None, Touch::Observe)));
+        assert!(rejected(p.command(&id, &[], &BTreeMap::new(), None, Touch::Observe)));
+        let gone = format!("{ID_PREFIX}{}", ids::random_hex(12));
+        assert!(matches!(p.command(&gone, &argv, &BTreeMap::new(), None, Touch::Observe), Err(ProviderError::NotFound { .. })));
+        fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

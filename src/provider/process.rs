@@ -49,14 +49,8 @@ pub fn group_has_live_members(pgid: u32) -> bool {
         .any(|st| st.pgrp == pgid && st.state != 'Z')
 }
 
-/// One child to run.
+/// How one child runs: what is kept of its output, and when it is stopped.
 pub struct Spawn<'a> {
-    /// Program and arguments.
-    pub argv: &'a [String],
-    /// The complete environment (nothing is inherited).
-    pub env: &'a [(String, String)],
-    /// Working directory.
-    pub cwd: &'a Path,
     /// Bytes kept per stream.
     pub output_cap: usize,
     /// When the group is killed.
@@ -149,19 +143,12 @@ exit $rc"#;
     Ok(status.success() && list.len() == pids.len())
 }
 
-/// Runs `spawn` to completion or deadline. `Err` only when the child could not be started.
-pub fn run(spawn: &Spawn<'_>, shell: &Path, running: &Running) -> io::Result<ExecOutput> {
+/// Runs `cmd` (program, arguments, environment and working directory already set) to completion
+/// or deadline, with stdin `/dev/null`, stdout and stderr captured, in a process group of its own.
+/// `Err` only when the child could not be started.
+pub fn run(mut cmd: Command, spawn: &Spawn<'_>, shell: &Path, running: &Running) -> io::Result<ExecOutput> {
     let started = Instant::now();
-    let (program, args) = spawn.argv.split_first().ok_or_else(|| io::Error::other("empty argv"))?;
-    let mut cmd = Command::new(program);
-    cmd.args(args)
-        .env_clear()
-        .envs(spawn.env.iter().map(|(k, v)| (k, v)))
-        .current_dir(spawn.cwd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
     let mut child = cmd.spawn()?;
     running.insert(child.id());
     wait_with_output(&mut child, spawn, shell, running, started)
@@ -333,11 +320,10 @@ mod tests {
     use std::sync::atomic::AtomicBool;
 
     fn run_sh(script: &str, deadline: Duration) -> ExecOutput {
-        let argv = vec!["/bin/sh".to_string(), "-c".to_string(), script.to_string()];
-        let env = vec![("PATH".to_string(), "/usr/bin:/bin".to_string())];
-        let spawn =
-            Spawn { argv: &argv, env: &env, cwd: Path::new("/"), output_cap: 1 << 20, deadline: Instant::now() + deadline, cancel: None };
-        run(&spawn, Path::new("/bin/sh"), &Running::default()).unwrap()
+        let mut cmd = Command::new("/bin/sh");
+        cmd.args(["-c", script]).env_clear().env("PATH", "/usr/bin:/bin").current_dir("/");
+        let spawn = Spawn { output_cap: 1 << 20, deadline: Instant::now() + deadline, cancel: None };
+        run(cmd, &spawn, Path::new("/bin/sh"), &Running::default()).unwrap()
     }
 
     /// Regression: on a saturated machine the pipe readers can lag the child's exit by more than

@@ -80,7 +80,7 @@ if [ -n "$pueue_build" ]; then
 fi
 
 cargo build --quiet --release --example bench-driver
-cargo build --quiet --release --bin e2b-emulator
+cargo build --quiet --release -p e2b-emulator
 driver=$root/target/release/examples/bench-driver
 emulator=$root/target/release/e2b-emulator
 installed=$(date +%s)

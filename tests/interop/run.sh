@@ -27,7 +27,7 @@ echo "== Python MCP SDK"
 SANDBOX_MCP_BIN=$bin "$tools/venv/bin/python" "$root/tests/interop/test_python_sdk.py"
 
 echo "== E2B Python SDK against e2b-emulator"
-(cd "$root" && "${CARGO:-cargo}" build --release --quiet --bin e2b-emulator)
+(cd "$root" && "${CARGO:-cargo}" build --release --quiet -p e2b-emulator)
 emulator_log=$home/emulator.log
 "$root/target/release/e2b-emulator" --listen 127.0.0.1:0 --home "$home/emulator" 2>"$emulator_log" &
 emulator_pid=$!

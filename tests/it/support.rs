@@ -366,6 +366,35 @@ impl Conn {
     }
 }
 
+/// The `e2b-emulator` binary, built at most once per test run. It is a package of its own in this
+/// workspace, so Cargo does not build it for these tests: this runs `cargo build -p
+/// e2b-emulator` (a quick no-op when it is up to date, as under `make test`, which builds the
+/// workspace first) in the profile of this test binary, then finds it next to the test binary's
+/// directory, `target/<profile>/e2b-emulator`.
+pub fn emulator_bin() -> PathBuf {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        let exe = std::env::current_exe().expect("the test binary's own path");
+        // The test binary is target/<profile>/deps/it-<hash>.
+        let profile_dir = exe.parent().and_then(Path::parent).expect("the test binary lives in target/<profile>/deps").to_path_buf();
+        let mut build = Command::new(env!("CARGO"));
+        build.args(["build", "--quiet", "-p", "e2b-emulator"]).current_dir(env!("CARGO_MANIFEST_DIR"));
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            build.arg("--release");
+        }
+        let status = build.status().expect("running cargo to build e2b-emulator");
+        assert!(status.success(), "cargo build -p e2b-emulator failed ({status}); fix the build error above");
+        let bin = profile_dir.join("e2b-emulator");
+        assert!(
+            bin.is_file(),
+            "{} is missing; the e2b tests start it: run `cargo build -p e2b-emulator` (with --release for release tests)",
+            bin.display()
+        );
+        bin
+    })
+    .clone()
+}
+
 /// The E2B emulator (`e2b-emulator`) on a free loopback port, with a private state root.
 pub struct Emulator {
     pub child: Child,
@@ -378,7 +407,7 @@ pub const E2B_TEST_KEY: &str = "e2b_0000000000000000000000000000000000000000";
 impl Emulator {
     pub fn start() -> Emulator {
         let home = std::env::temp_dir().join(format!("smcp-emulator-{}", sandbox_mcp::ids::random_hex(4)));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_e2b-emulator"))
+        let mut child = Command::new(emulator_bin())
             .args(["--listen", "127.0.0.1:0", "--home", home.to_str().unwrap()])
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
@@ -414,7 +443,7 @@ impl Emulator {
         (r.status, serde_json::from_str(&r.body).unwrap_or(Value::Null))
     }
 
-    /// Arms a fault (see `sandbox_mcp::emulator`).
+    /// Arms a fault (see the `e2b_emulator` crate, tests/emulator).
     pub fn fault(&self, fault: Value) {
         let (status, body) = self.request("POST", "/_emulator/faults", fault);
         assert_eq!(status, 200, "{body}");

@@ -6,12 +6,12 @@
 //! paused sandbox gets a long local TTL so that it does not expire, and its processes are
 //! stopped with SIGSTOP until it is resumed.
 
-use super::http::{self, Incoming, Reply};
+use super::freezer::{self, Freeze};
+use super::http::{self, HttpReply, HttpRequest};
 use super::process::ProcessTable;
 use super::State;
-use crate::ids;
-use crate::provider::local::Meta;
-use crate::provider::{unix_now, CreateRequest, Provider, ProviderError};
+use sandbox_mcp::ids;
+use sandbox_mcp::provider::{unix_now, CreateRequest, Provider, ProviderError, SandboxInfo, Touch};
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -72,8 +72,8 @@ impl Sandbox {
 
 /// What a lookup found.
 pub enum Found {
-    /// Running, with its local metadata.
-    Running(Arc<Sandbox>, Meta),
+    /// Running, with what the local provider reports of it (its end time).
+    Running(Arc<Sandbox>, SandboxInfo),
     /// Paused; the end time it had when paused.
     Paused(Arc<Sandbox>, i64),
     /// Never existed, killed, or expired.
@@ -111,13 +111,14 @@ impl State {
     /// Finds a sandbox and its state; an expired or vanished one is cleaned up and reported missing.
     pub fn lookup(&self, id: &str) -> Found {
         let Some(sb) = self.sandboxes.get(id) else { return Found::Missing };
-        match self.provider.load(&sb.local_id) {
-            Ok(meta) => {
+        // The local provider reports an expired sandbox as not found (and kills it).
+        match self.provider.info(&sb.local_id, Touch::Observe, Instant::now() + KILL_BUDGET) {
+            Ok(info) => {
                 if let Some(end_at) = sb.paused() {
                     return Found::Paused(sb, end_at);
                 }
-                if meta.expires_at > unix_now() {
-                    return Found::Running(sb, meta);
+                if info.expires_at > unix_now() {
+                    return Found::Running(sb, info);
                 }
                 self.end_sandbox(&sb);
                 Found::Missing
@@ -153,16 +154,16 @@ impl State {
 }
 
 /// An E2B error body: `{"code": status, "message": ...}`.
-pub fn error(status: u16, message: impl Into<String>) -> Reply {
-    Reply::json(status, &json!({ "code": status, "message": message.into() }))
+pub fn error(status: u16, message: impl Into<String>) -> HttpReply {
+    HttpReply::json(status, &json!({ "code": status, "message": message.into() }))
 }
 
-fn not_found(id: &str) -> Reply {
+fn not_found(id: &str) -> HttpReply {
     error(404, format!("Sandbox \"{id}\" doesn't exist or you don't have access to it"))
 }
 
 /// Answers one control-plane request (the API key was already checked).
-pub fn handle(state: &State, req: &Incoming) -> Reply {
+pub fn handle(state: &State, req: &HttpRequest) -> HttpReply {
     let segs: Vec<&str> = req.path.trim_start_matches('/').split('/').collect();
     let m = req.method.as_str();
     match (m, segs.as_slice()) {
@@ -186,7 +187,7 @@ pub fn is_control_path(path: &str) -> bool {
     path == "/sandboxes" || path.starts_with("/sandboxes/") || path == "/v2/sandboxes" || path.starts_with("/v2/sandboxes/")
 }
 
-fn body_object(req: &Incoming) -> Result<Map<String, Value>, Reply> {
+fn body_object(req: &HttpRequest) -> Result<Map<String, Value>, HttpReply> {
     if req.body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Map::new());
     }
@@ -198,14 +199,14 @@ fn body_object(req: &Incoming) -> Result<Map<String, Value>, Reply> {
 }
 
 /// Reads an optional integer field.
-fn int_field(body: &Map<String, Value>, name: &str) -> Result<Option<i64>, Reply> {
+fn int_field(body: &Map<String, Value>, name: &str) -> Result<Option<i64>, HttpReply> {
     match body.get(name) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => v.as_i64().map(Some).ok_or_else(|| error(400, format!("{name} must be an integer"))),
     }
 }
 
-fn string_map(body: &Map<String, Value>, name: &str) -> Result<BTreeMap<String, String>, Reply> {
+fn string_map(body: &Map<String, Value>, name: &str) -> Result<BTreeMap<String, String>, HttpReply> {
     match body.get(name) {
         None | Some(Value::Null) => Ok(BTreeMap::new()),
         Some(Value::Object(m)) => m
@@ -229,7 +230,7 @@ pub fn new_sandbox_id() -> String {
     id
 }
 
-fn create(state: &State, req: &Incoming, v2: bool) -> Reply {
+fn create(state: &State, req: &HttpRequest, v2: bool) -> HttpReply {
     let body = match body_object(req) {
         Ok(b) => b,
         Err(r) => return r,
@@ -282,7 +283,7 @@ fn create(state: &State, req: &Incoming, v2: bool) -> Reply {
         paused: Mutex::new(None),
     });
     state.sandboxes.insert(sb.clone());
-    Reply::json(201, &sandbox_json(&sb))
+    HttpReply::json(201, &sandbox_json(&sb))
 }
 
 /// The `Sandbox` object of create and connect.
@@ -316,19 +317,19 @@ fn listed_json(sb: &Sandbox, end_at: i64, paused: bool) -> Value {
     })
 }
 
-fn get(state: &State, id: &str) -> Reply {
+fn get(state: &State, id: &str) -> HttpReply {
     let (sb, end_at, paused) = match state.lookup(id) {
-        Found::Running(sb, meta) => (sb, meta.expires_at, false),
+        Found::Running(sb, info) => (sb, info.expires_at, false),
         Found::Paused(sb, end_at) => (sb, end_at, true),
         Found::Missing => return not_found(id),
     };
     let mut v = listed_json(&sb, end_at, paused);
     v["envdAccessToken"] = json!(sb.token);
     v["domain"] = Value::Null;
-    Reply::json(200, &v)
+    HttpReply::json(200, &v)
 }
 
-fn list(state: &State, req: &Incoming, v2: bool) -> Reply {
+fn list(state: &State, req: &HttpRequest, v2: bool) -> HttpReply {
     let mut want_running = !v2;
     let mut want_paused = false;
     let states: Vec<&str> = req.query.iter().filter(|(k, _)| k == "state").flat_map(|(_, v)| v.split(',')).collect();
@@ -348,7 +349,7 @@ fn list(state: &State, req: &Incoming, v2: bool) -> Reply {
     let mut rows: Vec<(i64, String, Value)> = Vec::new();
     for id in state.sandboxes.ids() {
         let (sb, end_at, paused) = match state.lookup(&id) {
-            Found::Running(sb, meta) => (sb, meta.expires_at, false),
+            Found::Running(sb, info) => (sb, info.expires_at, false),
             Found::Paused(sb, end_at) => (sb, end_at, true),
             Found::Missing => continue,
         };
@@ -370,20 +371,20 @@ fn list(state: &State, req: &Incoming, v2: bool) -> Reply {
     let limit = req.query("limit").and_then(|l| l.parse::<usize>().ok()).unwrap_or(usize::MAX);
     let running = rows.iter().filter(|r| r.2["state"] == "running").count();
     let out: Vec<Value> = rows.into_iter().take(limit).map(|r| r.2).collect();
-    Reply::json(200, &Value::Array(out)).with_header("X-Total-Running", &running.to_string())
+    HttpReply::json(200, &Value::Array(out)).with_header("X-Total-Running", &running.to_string())
 }
 
-fn kill(state: &State, id: &str) -> Reply {
+fn kill(state: &State, id: &str) -> HttpReply {
     match state.lookup(id) {
         Found::Running(sb, _) | Found::Paused(sb, _) => {
             state.end_sandbox(&sb);
-            Reply::empty(204)
+            HttpReply::empty(204)
         }
         Found::Missing => not_found(id),
     }
 }
 
-fn timeout_arg(req: &Incoming, default: Option<i64>) -> Result<i64, Reply> {
+fn timeout_arg(req: &HttpRequest, default: Option<i64>) -> Result<i64, HttpReply> {
     let body = body_object(req)?;
     let t = int_field(&body, "timeout")?;
     let t = t.or(default).ok_or_else(|| error(400, "timeout is required"))?;
@@ -393,14 +394,14 @@ fn timeout_arg(req: &Incoming, default: Option<i64>) -> Result<i64, Reply> {
     Ok(t.min(MAX_TIMEOUT_S))
 }
 
-fn set_timeout(state: &State, id: &str, req: &Incoming) -> Reply {
+fn set_timeout(state: &State, id: &str, req: &HttpRequest) -> HttpReply {
     let timeout = match timeout_arg(req, None) {
         Ok(t) => t,
         Err(r) => return r,
     };
     match state.lookup(id) {
         Found::Running(sb, _) => match state.provider.set_timeout(&sb.local_id, timeout as u64, Instant::now() + KILL_BUDGET) {
-            Ok(_) => Reply::empty(204),
+            Ok(_) => HttpReply::empty(204),
             Err(ProviderError::NotFound { .. }) => not_found(id),
             Err(err) => error(500, err.to_string()),
         },
@@ -409,65 +410,65 @@ fn set_timeout(state: &State, id: &str, req: &Incoming) -> Reply {
     }
 }
 
-fn connect(state: &State, id: &str, req: &Incoming) -> Reply {
+fn connect(state: &State, id: &str, req: &HttpRequest) -> HttpReply {
     let timeout = match timeout_arg(req, Some(300)) {
         Ok(t) => t,
         Err(r) => return r,
     };
     match state.lookup(id) {
-        Found::Running(sb, meta) => {
+        Found::Running(sb, info) => {
             // Connect only ever extends the TTL.
-            if unix_now() + timeout > meta.expires_at {
+            if unix_now() + timeout > info.expires_at {
                 if let Err(err) = state.provider.set_timeout(&sb.local_id, timeout as u64, Instant::now() + KILL_BUDGET) {
                     return error(500, err.to_string());
                 }
             }
-            Reply::json(200, &sandbox_json(&sb))
+            HttpReply::json(200, &sandbox_json(&sb))
         }
         Found::Paused(sb, _) => match resume_paused(state, &sb, timeout) {
-            Ok(()) => Reply::json(201, &sandbox_json(&sb)),
+            Ok(()) => HttpReply::json(201, &sandbox_json(&sb)),
             Err(r) => r,
         },
         Found::Missing => not_found(id),
     }
 }
 
-fn resume_paused(state: &State, sb: &Sandbox, timeout: i64) -> Result<(), Reply> {
+fn resume_paused(state: &State, sb: &Sandbox, timeout: i64) -> Result<(), HttpReply> {
     state.provider.set_timeout(&sb.local_id, timeout as u64, Instant::now() + KILL_BUDGET).map_err(|e| error(500, e.to_string()))?;
-    if let Err(err) = state.provider.signal_tagged(&sb.local_id, "CONT") {
+    if let Err(err) = freezer::freeze(&state.shell, &sb.local_id, Freeze::Continue) {
         log::warn!("resuming the processes of {}: {err}", sb.id);
     }
     sb.set_paused(None);
     Ok(())
 }
 
-fn pause(state: &State, id: &str) -> Reply {
+fn pause(state: &State, id: &str) -> HttpReply {
     match state.lookup(id) {
-        Found::Running(sb, meta) => {
-            sb.set_paused(Some(meta.expires_at));
+        Found::Running(sb, info) => {
+            sb.set_paused(Some(info.expires_at));
             sb.procs.disconnect_all(&sb.gone_message());
             if let Err(err) = state.provider.set_timeout(&sb.local_id, PAUSED_TTL_S, Instant::now() + KILL_BUDGET) {
                 sb.set_paused(None);
                 return error(500, err.to_string());
             }
-            if let Err(err) = state.provider.signal_tagged(&sb.local_id, "STOP") {
+            if let Err(err) = freezer::freeze(&state.shell, &sb.local_id, Freeze::Stop) {
                 log::warn!("stopping the processes of {id}: {err}");
             }
-            Reply::empty(204)
+            HttpReply::empty(204)
         }
         Found::Paused(..) => error(409, format!("Sandbox \"{id}\" is already paused")),
         Found::Missing => not_found(id),
     }
 }
 
-fn resume(state: &State, id: &str, req: &Incoming) -> Reply {
+fn resume(state: &State, id: &str, req: &HttpRequest) -> HttpReply {
     let timeout = match timeout_arg(req, Some(15)) {
         Ok(t) => t,
         Err(r) => return r,
     };
     match state.lookup(id) {
         Found::Paused(sb, _) => match resume_paused(state, &sb, timeout) {
-            Ok(()) => Reply::json(201, &sandbox_json(&sb)),
+            Ok(()) => HttpReply::json(201, &sandbox_json(&sb)),
             Err(r) => r,
         },
         Found::Running(..) => error(409, format!("Sandbox \"{id}\" is already running")),
@@ -532,7 +533,7 @@ mod tests {
             assert_eq!(id.len(), 20, "{id}");
             assert!(id.starts_with('i'));
             assert!(id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()), "{id}");
-            assert!(crate::provider::local::check_local_id(&id).is_err());
+            assert!(sandbox_mcp::provider::local::check_local_id(&id).is_err());
         }
         assert_ne!(new_sandbox_id(), new_sandbox_id());
     }

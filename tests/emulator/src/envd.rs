@@ -3,18 +3,20 @@
 //! `process.Process` and `filesystem.Filesystem` Connect services, including the `Start` and
 //! `Connect` server streams.
 
-use super::connect::{self, Code, RpcError};
+use super::connect::{self, Code, ConnectError};
 use super::control::{Found, Sandbox};
 use super::files;
-use super::http::{ChunkedWriter, Incoming, Reply};
+use super::http::{ChunkedWriter, HttpReply, HttpRequest};
 use super::process::{self, Event, Selector, Subscription};
 use super::State;
-use crate::base64;
+use sandbox_mcp::base64;
+use sandbox_mcp::provider::Touch;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::path::Path;
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,7 +29,7 @@ const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(90);
 /// What an envd request is answered with.
 pub enum Outcome {
     /// A complete response.
-    Reply(Reply),
+    Reply(HttpReply),
     /// A Connect server stream.
     Stream(StreamPlan),
 }
@@ -35,7 +37,7 @@ pub enum Outcome {
 /// What a server stream will send.
 pub enum StreamPlan {
     /// Only an end-stream error.
-    Error(RpcError),
+    Error(ConnectError),
     /// `start`, the kept `end`, then end-stream (a `Connect` to a process that already exited).
     Ended {
         /// The pid.
@@ -68,7 +70,7 @@ pub fn is_envd_path(path: &str) -> bool {
 }
 
 /// The sandbox a request is for: the `E2b-Sandbox-Id` header, else a `49983-<id>.<domain>` Host.
-pub fn target(req: &Incoming) -> (Option<String>, Option<u16>) {
+pub fn target(req: &HttpRequest) -> (Option<String>, Option<u16>) {
     if let Some(id) = req.header("E2b-Sandbox-Id") {
         let port = req.header("E2b-Sandbox-Port").and_then(|p| p.trim().parse().ok());
         return (Some(id.trim().to_string()), port);
@@ -81,16 +83,16 @@ pub fn target(req: &Incoming) -> (Option<String>, Option<u16>) {
     }
 }
 
-fn proxy_not_found(id: &str) -> Reply {
-    Reply::json(502, &json!({ "sandboxId": id, "message": "The sandbox was not found", "code": 502 }))
+fn proxy_not_found(id: &str) -> HttpReply {
+    HttpReply::json(502, &json!({ "sandboxId": id, "message": "The sandbox was not found", "code": 502 }))
 }
 
-fn unauthorized() -> Reply {
+fn unauthorized() -> HttpReply {
     files::error(401, "unauthorized access, please provide a valid access token or method signing if supported")
 }
 
 /// Answers one envd request.
-pub fn handle(state: &Arc<State>, req: &Incoming) -> Outcome {
+pub fn handle(state: &Arc<State>, req: &HttpRequest) -> Outcome {
     let (id, port) = target(req);
     let id = id.unwrap_or_default();
     let sb = match state.lookup(&id) {
@@ -98,13 +100,13 @@ pub fn handle(state: &Arc<State>, req: &Incoming) -> Outcome {
         Found::Paused(..) | Found::Missing => return Outcome::Reply(proxy_not_found(&id)),
     };
     if let Some(port) = port.filter(|p| *p != ENVD_PORT) {
-        return Outcome::Reply(Reply::json(
+        return Outcome::Reply(HttpReply::json(
             502,
             &json!({ "sandboxId": id, "message": "The sandbox is running but port is not open", "port": port, "code": 502 }),
         ));
     }
     if req.path == "/health" {
-        return Outcome::Reply(Reply::empty(204));
+        return Outcome::Reply(HttpReply::empty(204));
     }
     let token_ok = req.header("X-Access-Token") == Some(sb.token.as_str());
     // /files is outside envd's token middleware but still needs the token or a signature.
@@ -112,10 +114,7 @@ pub fn handle(state: &Arc<State>, req: &Incoming) -> Outcome {
     if !token_ok && !signed {
         return Outcome::Reply(unauthorized());
     }
-    let home = match state.provider.sandbox_home(&sb.local_id) {
-        Ok(h) => h,
-        Err(err) => return Outcome::Reply(files::error(500, err.to_string())),
-    };
+    let home = state.sandbox_home(&sb.local_id);
     match (req.method.as_str(), req.path.as_str()) {
         ("GET", "/files") => return Outcome::Reply(files::download(&home, req)),
         ("POST", "/files") => return Outcome::Reply(files::upload(&home, req)),
@@ -123,17 +122,17 @@ pub fn handle(state: &Arc<State>, req: &Incoming) -> Outcome {
         _ => {}
     }
     let Some(method) = req.path.strip_prefix("/process.Process/").or_else(|| req.path.strip_prefix("/filesystem.Filesystem/")) else {
-        return Outcome::Reply(Reply::bytes(404, "text/plain; charset=utf-8", b"404 page not found\n".to_vec()));
+        return Outcome::Reply(HttpReply::bytes(404, "text/plain; charset=utf-8", b"404 page not found\n".to_vec()));
     };
     if req.method != "POST" {
-        return Outcome::Reply(Reply::empty(405).with_header("Allow", "POST"));
+        return Outcome::Reply(HttpReply::empty(405).with_header("Allow", "POST"));
     }
     let process = req.path.starts_with("/process.");
     let streaming = matches!((process, method), (true, "Start") | (true, "Connect") | (false, "WatchDir"));
     let media = req.media_type();
     let expected = if streaming { "application/connect+json" } else { "application/json" };
     if media != expected {
-        return Outcome::Reply(Reply::empty(415).with_header("Accept-Post", expected));
+        return Outcome::Reply(HttpReply::empty(415).with_header("Accept-Post", expected));
     }
     if streaming {
         let msg = match connect::decode_request(&req.body).and_then(parse_message) {
@@ -143,7 +142,7 @@ pub fn handle(state: &Arc<State>, req: &Incoming) -> Outcome {
         let plan = match method {
             "Start" => start(state, &sb, &home, req, &msg),
             "Connect" => attach(&sb, req, &msg),
-            _ => Err(RpcError::new(Code::Unimplemented, "filesystem.Filesystem/WatchDir is not implemented by the emulator")),
+            _ => Err(ConnectError::new(Code::Unimplemented, "filesystem.Filesystem/WatchDir is not implemented by the emulator")),
         };
         return Outcome::Stream(plan.unwrap_or_else(StreamPlan::Error));
     }
@@ -157,44 +156,44 @@ pub fn handle(state: &Arc<State>, req: &Incoming) -> Outcome {
         }),
         (true, "Update") => selector(&msg)
             .and_then(|s| sb.procs.find_running(&s).map_err(not_found))
-            .and_then(|_| Err(RpcError::new(Code::Internal, "error resizing tty: tty not assigned to process"))),
+            .and_then(|_| Err(ConnectError::new(Code::Internal, "error resizing tty: tty not assigned to process"))),
         (false, "Stat") => stat(&home, &msg),
         (false, "ListDir") => list_dir(&home, &msg),
         (false, "MakeDir") => make_dir(&home, &msg),
         (false, "Remove") => remove(&home, &msg),
         (false, "Move") => rename(&home, &msg),
         (true, "StreamInput") | (false, "CreateWatcher") | (false, "GetWatcherEvents") | (false, "RemoveWatcher") => {
-            Err(RpcError::new(Code::Unimplemented, format!("{} is not implemented by the emulator", req.path)))
+            Err(ConnectError::new(Code::Unimplemented, format!("{} is not implemented by the emulator", req.path)))
         }
-        _ => Err(RpcError::new(Code::Unimplemented, format!("{} is not implemented", req.path.trim_start_matches('/')))),
+        _ => Err(ConnectError::new(Code::Unimplemented, format!("{} is not implemented", req.path.trim_start_matches('/')))),
     });
     Outcome::Reply(match result {
-        Ok(v) => Reply::json(200, &v),
-        Err(err) => Reply::json(err.code.http_status(), &err.to_json()),
+        Ok(v) => HttpReply::json(200, &v),
+        Err(err) => HttpReply::json(err.code.http_status(), &err.to_json()),
     })
 }
 
-fn not_found(message: String) -> RpcError {
-    RpcError::new(Code::NotFound, message)
+fn not_found(message: String) -> ConnectError {
+    ConnectError::new(Code::NotFound, message)
 }
 
 /// Parses a request message: a JSON object (unknown fields are ignored, like connect-go).
-fn parse_message(body: &[u8]) -> Result<Map<String, Value>, RpcError> {
+fn parse_message(body: &[u8]) -> Result<Map<String, Value>, ConnectError> {
     if body.is_empty() {
-        return Err(RpcError::new(Code::InvalidArgument, "unmarshal message: zero-length payload is not a valid JSON object"));
+        return Err(ConnectError::new(Code::InvalidArgument, "unmarshal message: zero-length payload is not a valid JSON object"));
     }
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(m)) => Ok(m),
-        Ok(_) => Err(RpcError::new(Code::InvalidArgument, "unmarshal message: the payload is not a JSON object")),
-        Err(e) => Err(RpcError::new(Code::InvalidArgument, format!("unmarshal message: {e}"))),
+        Ok(_) => Err(ConnectError::new(Code::InvalidArgument, "unmarshal message: the payload is not a JSON object")),
+        Err(e) => Err(ConnectError::new(Code::InvalidArgument, format!("unmarshal message: {e}"))),
     }
 }
 
-fn bad(msg: impl Into<String>) -> RpcError {
-    RpcError::new(Code::InvalidArgument, msg)
+fn bad(msg: impl Into<String>) -> ConnectError {
+    ConnectError::new(Code::InvalidArgument, msg)
 }
 
-fn get_str<'a>(m: &'a Map<String, Value>, name: &str) -> Result<Option<&'a str>, RpcError> {
+fn get_str<'a>(m: &'a Map<String, Value>, name: &str) -> Result<Option<&'a str>, ConnectError> {
     match m.get(name) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s)),
@@ -203,7 +202,7 @@ fn get_str<'a>(m: &'a Map<String, Value>, name: &str) -> Result<Option<&'a str>,
 }
 
 /// A proto3 JSON integer: a number or a decimal string.
-fn get_u64(m: &Map<String, Value>, name: &str) -> Result<Option<u64>, RpcError> {
+fn get_u64(m: &Map<String, Value>, name: &str) -> Result<Option<u64>, ConnectError> {
     match m.get(name) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Number(n)) => n.as_u64().map(Some).ok_or_else(|| bad(format!("field {name} must be an unsigned integer"))),
@@ -212,7 +211,7 @@ fn get_u64(m: &Map<String, Value>, name: &str) -> Result<Option<u64>, RpcError> 
     }
 }
 
-fn get_obj<'a>(m: &'a Map<String, Value>, name: &str) -> Result<Option<&'a Map<String, Value>>, RpcError> {
+fn get_obj<'a>(m: &'a Map<String, Value>, name: &str) -> Result<Option<&'a Map<String, Value>>, ConnectError> {
     match m.get(name) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Object(o)) => Ok(Some(o)),
@@ -220,7 +219,7 @@ fn get_obj<'a>(m: &'a Map<String, Value>, name: &str) -> Result<Option<&'a Map<S
     }
 }
 
-fn selector(msg: &Map<String, Value>) -> Result<Selector, RpcError> {
+fn selector(msg: &Map<String, Value>) -> Result<Selector, ConnectError> {
     let sel = get_obj(msg, "process")?.cloned().unwrap_or_default();
     if let Some(pid) = get_u64(&sel, "pid")? {
         return u32::try_from(pid).map(Selector::Pid).map_err(|_| bad("pid is out of range"));
@@ -228,11 +227,11 @@ fn selector(msg: &Map<String, Value>) -> Result<Selector, RpcError> {
     if let Some(tag) = get_str(&sel, "tag")? {
         return Ok(Selector::Tag(tag.to_string()));
     }
-    Err(RpcError::new(Code::Unimplemented, "invalid input type <nil>"))
+    Err(ConnectError::new(Code::Unimplemented, "invalid input type <nil>"))
 }
 
 /// `Connect-Timeout-Ms` (absent or 0: none).
-fn timeout_header(req: &Incoming) -> Result<Option<Duration>, RpcError> {
+fn timeout_header(req: &HttpRequest) -> Result<Option<Duration>, ConnectError> {
     match req.header("Connect-Timeout-Ms").map(str::trim) {
         None | Some("") => Ok(None),
         Some(v) if v.len() <= 10 && v.bytes().all(|b| b.is_ascii_digit()) => {
@@ -244,18 +243,24 @@ fn timeout_header(req: &Incoming) -> Result<Option<Duration>, RpcError> {
 }
 
 /// `Keepalive-Ping-Interval` in seconds (envd's 90 s when absent or invalid).
-fn keepalive_header(req: &Incoming) -> Duration {
+fn keepalive_header(req: &HttpRequest) -> Duration {
     req.header("Keepalive-Ping-Interval")
         .and_then(|v| v.trim().parse::<u64>().ok())
         .filter(|s| *s > 0)
         .map_or(DEFAULT_KEEPALIVE, Duration::from_secs)
 }
 
-fn start(state: &Arc<State>, sb: &Arc<Sandbox>, home: &Path, req: &Incoming, msg: &Map<String, Value>) -> Result<StreamPlan, RpcError> {
+fn start(
+    state: &Arc<State>,
+    sb: &Arc<Sandbox>,
+    home: &Path,
+    req: &HttpRequest,
+    msg: &Map<String, Value>,
+) -> Result<StreamPlan, ConnectError> {
     let timeout = timeout_header(req)?;
     let keepalive = keepalive_header(req);
     if get_obj(msg, "pty")?.is_some() {
-        return Err(RpcError::new(Code::Unimplemented, "PTY processes are not supported by the emulator"));
+        return Err(ConnectError::new(Code::Unimplemented, "PTY processes are not supported by the emulator"));
     }
     let config = get_obj(msg, "process")?.cloned().unwrap_or_default();
     let cmd = get_str(&config, "cmd")?.unwrap_or("").to_string();
@@ -288,12 +293,17 @@ fn start(state: &Arc<State>, sb: &Arc<Sandbox>, home: &Path, req: &Incoming, msg
     // missing program is exit status 127 with the shell's message, not a start error.
     let mut argv = vec![state.shell.to_string_lossy().into_owned(), "-c".into(), r#"exec "$@""#.into(), "--".into(), cmd.clone()];
     argv.extend(args.iter().cloned());
-    let child = state.provider.spawn_streaming(&sb.local_id, &argv, &envs, &cwd, stdin).map_err(|e| {
-        RpcError::new(
+    let start_error = |e: &dyn std::fmt::Display| {
+        ConnectError::new(
             Code::InvalidArgument,
             format!("error starting process '{}': {e}", [cmd.clone()].iter().chain(&args).cloned().collect::<Vec<_>>().join(" ")),
         )
-    })?;
+    };
+    let mut command = state.provider.command(&sb.local_id, &argv, &envs, Some(&cwd), Touch::Observe).map_err(|e| start_error(&e))?;
+    command.stdin(if stdin { Stdio::piped() } else { Stdio::null() }).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = command
+        .spawn()
+        .map_err(|e| start_error(&format!("could not start {:?} in sandbox {}: {e}", state.shell.to_string_lossy(), sb.local_id)))?;
     let mut cfg = json!({ "cmd": cmd });
     if !args.is_empty() {
         cfg["args"] = json!(args);
@@ -313,12 +323,12 @@ fn start(state: &Arc<State>, sb: &Arc<Sandbox>, home: &Path, req: &Incoming, msg
         Found::Running(..) | Found::Paused(..) => None,
     });
     let (proc, sub) = process::launch(child, cfg, tag, deadline, state.shell.clone(), gone_check)
-        .map_err(|e| RpcError::new(Code::Internal, format!("error starting process threads: {e}")))?;
+        .map_err(|e| ConnectError::new(Code::Internal, format!("error starting process threads: {e}")))?;
     sb.procs.insert(proc.clone());
     Ok(StreamPlan::Live { pid: proc.pid, sub, keepalive, deadline })
 }
 
-fn attach(sb: &Sandbox, req: &Incoming, msg: &Map<String, Value>) -> Result<StreamPlan, RpcError> {
+fn attach(sb: &Sandbox, req: &HttpRequest, msg: &Map<String, Value>) -> Result<StreamPlan, ConnectError> {
     let timeout = timeout_header(req)?;
     let keepalive = keepalive_header(req);
     let sel = selector(msg)?;
@@ -349,7 +359,7 @@ fn list(sb: &Sandbox) -> Value {
     }
 }
 
-fn send_signal(state: &State, sb: &Sandbox, msg: &Map<String, Value>) -> Result<Value, RpcError> {
+fn send_signal(state: &State, sb: &Sandbox, msg: &Map<String, Value>) -> Result<Value, ConnectError> {
     let proc = sb.procs.find_running(&selector(msg)?).map_err(not_found)?;
     let signal = match msg.get("signal") {
         Some(Value::String(s)) if s == "SIGNAL_SIGKILL" => "KILL",
@@ -362,52 +372,52 @@ fn send_signal(state: &State, sb: &Sandbox, msg: &Map<String, Value>) -> Result<
                 Some(v) => v.to_string(),
                 None => "SIGNAL_UNSPECIFIED".into(),
             };
-            return Err(RpcError::new(Code::Unimplemented, format!("invalid signal: {name}")));
+            return Err(ConnectError::new(Code::Unimplemented, format!("invalid signal: {name}")));
         }
     };
     proc.signal(&state.shell, signal).map_err(not_found)?;
     Ok(json!({}))
 }
 
-fn send_input(sb: &Sandbox, msg: &Map<String, Value>) -> Result<Value, RpcError> {
+fn send_input(sb: &Sandbox, msg: &Map<String, Value>) -> Result<Value, ConnectError> {
     let proc = sb.procs.find_running(&selector(msg)?).map_err(not_found)?;
     let input = get_obj(msg, "input")?.cloned().unwrap_or_default();
     if let Some(data) = get_str(&input, "stdin")? {
         let bytes = base64::decode(data).ok_or_else(|| bad("stdin is not valid base64"))?;
-        proc.write_stdin(&bytes).map_err(|e| RpcError::new(Code::Internal, format!("error writing to stdin: {e}")))?;
+        proc.write_stdin(&bytes).map_err(|e| ConnectError::new(Code::Internal, format!("error writing to stdin: {e}")))?;
         return Ok(json!({}));
     }
     if get_str(&input, "pty")?.is_some() {
-        return Err(RpcError::new(
+        return Err(ConnectError::new(
             Code::Internal,
             "error writing to tty: tty not assigned to process — input should be written to the stdin, not the tty",
         ));
     }
-    Err(RpcError::new(Code::Unimplemented, "invalid input type <nil>"))
+    Err(ConnectError::new(Code::Unimplemented, "invalid input type <nil>"))
 }
 
-fn path_arg(home: &Path, msg: &Map<String, Value>, name: &str) -> Result<std::path::PathBuf, RpcError> {
+fn path_arg(home: &Path, msg: &Map<String, Value>, name: &str) -> Result<std::path::PathBuf, ConnectError> {
     Ok(files::resolve(home, get_str(msg, name)?.unwrap_or("")))
 }
 
-fn entry(path: &Path) -> Result<Value, RpcError> {
+fn entry(path: &Path) -> Result<Value, ConnectError> {
     files::entry_info(path, path).map_err(|e| fs_error(path, &e, "file not found"))
 }
 
-fn fs_error(path: &Path, err: &io::Error, what: &str) -> RpcError {
+fn fs_error(path: &Path, err: &io::Error, what: &str) -> ConnectError {
     if err.kind() == io::ErrorKind::NotFound {
-        RpcError::new(Code::NotFound, format!("{what}: stat {}: no such file or directory", path.display()))
+        ConnectError::new(Code::NotFound, format!("{what}: stat {}: no such file or directory", path.display()))
     } else {
-        RpcError::new(Code::Internal, format!("error statting file: {}: {err}", path.display()))
+        ConnectError::new(Code::Internal, format!("error statting file: {}: {err}", path.display()))
     }
 }
 
-fn stat(home: &Path, msg: &Map<String, Value>) -> Result<Value, RpcError> {
+fn stat(home: &Path, msg: &Map<String, Value>) -> Result<Value, ConnectError> {
     let path = path_arg(home, msg, "path")?;
     Ok(json!({ "entry": entry(&path)? }))
 }
 
-fn list_dir(home: &Path, msg: &Map<String, Value>) -> Result<Value, RpcError> {
+fn list_dir(home: &Path, msg: &Map<String, Value>) -> Result<Value, ConnectError> {
     let path = path_arg(home, msg, "path")?;
     let depth = get_u64(msg, "depth")?.unwrap_or(0).clamp(1, u64::from(u32::MAX)) as u32;
     let real = fs::canonicalize(&path).map_err(|e| fs_error(&path, &e, "path not found"))?;
@@ -416,23 +426,25 @@ fn list_dir(home: &Path, msg: &Map<String, Value>) -> Result<Value, RpcError> {
     }
     let mut entries = Vec::new();
     files::walk(&real, &path, depth, &mut entries)
-        .map_err(|e| RpcError::new(Code::Internal, format!("error reading directory {}: {e}", path.display())))?;
+        .map_err(|e| ConnectError::new(Code::Internal, format!("error reading directory {}: {e}", path.display())))?;
     Ok(if entries.is_empty() { json!({}) } else { json!({ "entries": entries }) })
 }
 
-fn make_dir(home: &Path, msg: &Map<String, Value>) -> Result<Value, RpcError> {
+fn make_dir(home: &Path, msg: &Map<String, Value>) -> Result<Value, ConnectError> {
     let path = path_arg(home, msg, "path")?;
     match fs::metadata(&path) {
-        Ok(md) if md.is_dir() => return Err(RpcError::new(Code::AlreadyExists, format!("directory already exists: {}", path.display()))),
+        Ok(md) if md.is_dir() => {
+            return Err(ConnectError::new(Code::AlreadyExists, format!("directory already exists: {}", path.display())))
+        }
         Ok(_) => return Err(bad(format!("path already exists but it is not a directory: {}", path.display()))),
         Err(_) => {}
     }
-    fs::create_dir_all(&path).map_err(|e| RpcError::new(Code::Internal, format!("error creating directory: {e}")))?;
+    fs::create_dir_all(&path).map_err(|e| ConnectError::new(Code::Internal, format!("error creating directory: {e}")))?;
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     Ok(json!({ "entry": { "name": name, "type": "FILE_TYPE_DIRECTORY", "path": path.to_string_lossy() } }))
 }
 
-fn remove(home: &Path, msg: &Map<String, Value>) -> Result<Value, RpcError> {
+fn remove(home: &Path, msg: &Map<String, Value>) -> Result<Value, ConnectError> {
     let path = path_arg(home, msg, "path")?;
     let res = match fs::symlink_metadata(&path) {
         Ok(md) if md.is_dir() => fs::remove_dir_all(&path),
@@ -440,21 +452,21 @@ fn remove(home: &Path, msg: &Map<String, Value>) -> Result<Value, RpcError> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e),
     };
-    res.map_err(|e| RpcError::new(Code::Internal, format!("error removing file or directory: {e}")))?;
+    res.map_err(|e| ConnectError::new(Code::Internal, format!("error removing file or directory: {e}")))?;
     Ok(json!({}))
 }
 
-fn rename(home: &Path, msg: &Map<String, Value>) -> Result<Value, RpcError> {
+fn rename(home: &Path, msg: &Map<String, Value>) -> Result<Value, ConnectError> {
     let source = path_arg(home, msg, "source")?;
     let destination = path_arg(home, msg, "destination")?;
     if let Some(parent) = destination.parent() {
-        fs::create_dir_all(parent).map_err(|e| RpcError::new(Code::Internal, format!("error ensuring directories: {e}")))?;
+        fs::create_dir_all(parent).map_err(|e| ConnectError::new(Code::Internal, format!("error ensuring directories: {e}")))?;
     }
     fs::rename(&source, &destination).map_err(|e| {
         if e.kind() == io::ErrorKind::NotFound {
-            RpcError::new(Code::NotFound, format!("source file not found: rename {} {}: {e}", source.display(), destination.display()))
+            ConnectError::new(Code::NotFound, format!("source file not found: rename {} {}: {e}", source.display(), destination.display()))
         } else {
-            RpcError::new(Code::Internal, format!("error renaming: {e}"))
+            ConnectError::new(Code::Internal, format!("error renaming: {e}"))
         }
     })?;
     Ok(json!({ "entry": entry(&destination)? }))
@@ -522,7 +534,7 @@ pub fn run_stream(mut w: ChunkedWriter<'_>, plan: StreamPlan) -> io::Result<()> 
 }
 
 fn end_with(mut w: ChunkedWriter<'_>, code: Code, message: String) -> io::Result<()> {
-    w.send(&connect::end_stream(Some(&RpcError::new(code, message))))?;
+    w.send(&connect::end_stream(Some(&ConnectError::new(code, message))))?;
     w.finish()
 }
 
@@ -530,8 +542,8 @@ fn end_with(mut w: ChunkedWriter<'_>, code: Code, message: String) -> io::Result
 mod tests {
     use super::*;
 
-    fn req(headers: &[(&str, &str)]) -> Incoming {
-        Incoming { headers: headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), ..Incoming::default() }
+    fn req(headers: &[(&str, &str)]) -> HttpRequest {
+        HttpRequest { headers: headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), ..HttpRequest::default() }
     }
 
     #[test]

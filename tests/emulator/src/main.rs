@@ -1,11 +1,13 @@
-//! The `e2b-emulator` binary: parses the command line, runs the emulator of
-//! `sandbox_mcp::emulator` until SIGTERM/SIGINT, then kills its sandboxes and removes a
-//! temporary state root. Also runs the local provider's keeper (`e2b-emulator keeper …`), which
-//! the provider starts from the current executable.
+//! The `e2b-emulator` binary: parses the command line, runs the emulator of the `e2b_emulator`
+//! library until SIGTERM/SIGINT, then kills its sandboxes and removes a temporary state root.
+//! Also runs the local provider's internal subcommands (its keeper, `e2b-emulator keeper …`),
+//! which the provider starts from the current executable.
 
-use sandbox_mcp::emulator::{Emulator, Options};
+#![forbid(unsafe_code)]
+
+use e2b_emulator::{Emulator, Options};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: e2b-emulator [--listen ADDR] [--home DIR] [--shell PATH] [--api-key KEY] [--threads N]
@@ -54,13 +56,12 @@ fn parse(args: &[String]) -> Result<Cli, String> {
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).target(env_logger::Target::Stderr).init();
-    if args.first().map(String::as_str) == Some("keeper") && args.len() == 4 {
-        // Started detached by the local provider (this program is its current executable).
-        let (root, id, shell) = (Path::new(&args[1]), &args[2], Path::new(&args[3]));
-        return match sandbox_mcp::provider::local::run_keeper(root, id, shell) {
+    // Started detached by the local provider (this program is its current executable).
+    if let Some(result) = sandbox_mcp::provider::local::run_internal(&args) {
+        return match result {
             Ok(()) => ExitCode::SUCCESS,
             Err(err) => {
-                eprintln!("e2b-emulator keeper: {err:#}");
+                eprintln!("e2b-emulator {}: {err:#}", args.first().map(String::as_str).unwrap_or(""));
                 ExitCode::from(1)
             }
         };

@@ -1,8 +1,16 @@
 //! An E2B-compatible emulator for tests: the control plane, the edge proxy and envd on one
 //! loopback HTTP/1.1 port, with sandboxes that are local-provider sandboxes (a directory, tagged
-//! processes, a keeper that ends them at expiry). It isolates nothing; it exists so that the
-//! E2B client can be tested without the network, and it is itself checked against E2B's
-//! official Python SDK (`tests/interop/test_e2b_sdk.py`).
+//! processes, a keeper that ends them at expiry). It isolates nothing; it exists so that
+//! sandbox-mcp's e2b provider can be tested offline (`tests/it/e2b.rs` and the fault tests start
+//! the `e2b-emulator` binary), and it is itself checked against E2B's official Python SDK
+//! (`tests/interop/test_e2b_sdk.py`). It is a crate of its own, outside the product: sandbox-mcp
+//! contains no emulator code, and this crate uses only the product's public API.
+//!
+//! Modules: [`http`] (requests and raw responses over tiny_http), [`faults`] (injected faults
+//! and request counts), [`control`] (the control plane and the sandbox registry), [`envd`] (the
+//! edge proxy and envd), [`connect`] (the Connect envelope and errors), [`process`] (processes
+//! started through envd and their streams), [`files`] (envd's file endpoints), and [`freezer`]
+//! (pausing a sandbox's processes).
 //!
 //! Routing is by path: `/sandboxes…` and `/v2/sandboxes…` are the control plane (they need an
 //! `X-API-KEY`); `/health`, `/files`, `/process.Process/…` and `/filesystem.Filesystem/…` are envd,
@@ -39,20 +47,25 @@
 //!   start or the last `DELETE /_emulator/requests`. Test API requests are not counted.
 //! * `GET /_emulator/sandboxes`: `[{"sandboxID","localID","state"}]`.
 
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 pub mod connect;
 pub mod control;
 pub mod envd;
 pub mod faults;
 pub mod files;
+pub mod freezer;
 pub mod http;
 pub mod process;
 
-use crate::provider::local::{self, LocalProvider};
-use crate::provider::Provider;
 use anyhow::{bail, Context};
 use control::{Found, Registry};
 use faults::{Faults, RequestCounts};
-use http::{ChunkedWriter, Incoming, ReadOutcome, Reply};
+use http::{ChunkedWriter, HttpReply, HttpRequest, ReadOutcome};
+use sandbox_mcp::provider::local::{self, LocalProvider};
+use sandbox_mcp::provider::Provider;
 use serde_json::{json, Value};
 use std::fs;
 use std::net::SocketAddr;
@@ -84,6 +97,8 @@ pub struct Options {
 pub struct State {
     /// The local provider whose sandboxes back the emulated ones.
     pub provider: LocalProvider,
+    /// The local provider's state root.
+    pub root: PathBuf,
     /// POSIX shell for wrappers and signals.
     pub shell: PathBuf,
     /// The emulated sandboxes.
@@ -98,6 +113,14 @@ pub struct State {
     pub user: String,
 }
 
+impl State {
+    /// The home directory (`HOME` and default cwd) of local sandbox `local_id`, from the local
+    /// provider's documented layout: `<root>/sandboxes/<id>/home/`.
+    pub fn sandbox_home(&self, local_id: &str) -> PathBuf {
+        self.root.join("sandboxes").join(local_id).join("home")
+    }
+}
+
 /// A running emulator.
 pub struct Emulator {
     state: Arc<State>,
@@ -108,9 +131,9 @@ pub struct Emulator {
 
 impl Emulator {
     /// Prepares the state root (killing sandboxes left by an earlier run), binds and starts the
-    /// request threads. The local provider starts each sandbox's keeper as `<current executable>
-    /// keeper ROOT ID SHELL`, so the program embedding the emulator must run
-    /// `provider::local::run_keeper` for that command line (`e2b-emulator` and `sandbox-mcp` do).
+    /// request threads. The local provider starts each sandbox's keeper from the current
+    /// executable, so the program embedding the emulator must first hand its arguments to
+    /// `sandbox_mcp::provider::local::run_internal` (`e2b-emulator` and `sandbox-mcp` do).
     pub fn start(opts: Options) -> anyhow::Result<Emulator> {
         if !opts.listen.ip().is_loopback() {
             bail!("the emulator listens on loopback only; {} is not a loopback address", opts.listen);
@@ -126,6 +149,7 @@ impl Emulator {
             .unwrap_or_else(|| "user".into());
         let state = Arc::new(State {
             provider,
+            root: opts.home.clone(),
             shell: opts.shell.clone(),
             sandboxes: Registry::default(),
             faults: Faults::default(),
@@ -133,7 +157,7 @@ impl Emulator {
             api_key: opts.api_key.clone(),
             user,
         });
-        let socket = crate::transport::http::bind_nodelay(opts.listen).with_context(|| format!("binding {}", opts.listen))?;
+        let socket = http::bind_nodelay(opts.listen).with_context(|| format!("binding {}", opts.listen))?;
         let server = tiny_http::Server::from_listener(socket, None).map_err(|e| anyhow::anyhow!("serving on {}: {e}", opts.listen))?;
         let server = Arc::new(server);
         let addr = server.server_addr().to_ip().unwrap_or(opts.listen);
@@ -214,7 +238,7 @@ fn serve(state: &Arc<State>, mut req: tiny_http::Request) {
     if let Some(f) = fault.as_ref().filter(|f| f.status.is_some()) {
         let status = f.status.unwrap_or(500);
         let body = f.body.clone().unwrap_or_else(|| json!({ "code": status, "message": "fault injected by the emulator" }));
-        let _ = http::write_reply(&mut *req.into_writer(), &Reply::json(status, &body), close, None);
+        let _ = http::write_reply(&mut *req.into_writer(), &HttpReply::json(status, &body), close, None);
         return;
     }
     let cut = fault.and_then(|f| f.drop_after_bytes);
@@ -240,7 +264,7 @@ fn serve(state: &Arc<State>, mut req: tiny_http::Request) {
     }
 }
 
-fn route(state: &Arc<State>, req: &Incoming) -> envd::Outcome {
+fn route(state: &Arc<State>, req: &HttpRequest) -> envd::Outcome {
     if control::is_control_path(&req.path) {
         let key = req.header("X-API-KEY").unwrap_or("");
         let ok = match &state.api_key {
@@ -258,24 +282,24 @@ fn route(state: &Arc<State>, req: &Incoming) -> envd::Outcome {
     envd::Outcome::Reply(control::error(404, format!("no route for {} {}", req.method, req.path)))
 }
 
-fn test_api(state: &State, rest: &str, req: &Incoming) -> Reply {
+fn test_api(state: &State, rest: &str, req: &HttpRequest) -> HttpReply {
     match (req.method.as_str(), rest) {
-        ("GET", "requests") => Reply::json(200, &state.counts.snapshot()),
+        ("GET", "requests") => HttpReply::json(200, &state.counts.snapshot()),
         ("DELETE", "requests") => {
             state.counts.reset();
-            Reply::empty(204)
+            HttpReply::empty(204)
         }
-        ("GET", "faults") => Reply::json(200, &state.faults.list()),
+        ("GET", "faults") => HttpReply::json(200, &state.faults.list()),
         ("POST", "faults") => match faults::parse_faults(&req.body) {
             Ok(list) => {
                 state.faults.add(list);
-                Reply::json(200, &state.faults.list())
+                HttpReply::json(200, &state.faults.list())
             }
             Err(e) => control::error(400, e),
         },
         ("DELETE", "faults") => {
             state.faults.clear();
-            Reply::empty(204)
+            HttpReply::empty(204)
         }
         ("GET", "sandboxes") => {
             let rows: Vec<Value> = state
@@ -288,7 +312,7 @@ fn test_api(state: &State, rest: &str, req: &Incoming) -> Reply {
                     Found::Missing => None,
                 })
                 .collect();
-            Reply::json(200, &Value::Array(rows))
+            HttpReply::json(200, &Value::Array(rows))
         }
         _ => control::error(404, format!("no test API route {} /_emulator/{rest}", req.method)),
     }

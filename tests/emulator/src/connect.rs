@@ -11,13 +11,13 @@ use serde_json::{json, Value};
 pub const FLAG_COMPRESSED: u8 = 0x01;
 
 /// Flag bit of the end-stream envelope.
-pub const FLAG_END_STREAM: u8 = crate::provider::e2b::wire::END_STREAM;
+pub const FLAG_END_STREAM: u8 = sandbox_mcp::provider::e2b::wire::END_STREAM;
 
 /// Bytes before an envelope's payload.
 pub const HEADER_LEN: usize = 5;
 
 /// Framing is shared with the e2b client.
-pub use crate::provider::e2b::wire::envelope;
+pub use sandbox_mcp::provider::e2b::wire::envelope;
 
 /// One ordinary stream message.
 pub fn message(value: &Value) -> Vec<u8> {
@@ -25,7 +25,7 @@ pub fn message(value: &Value) -> Vec<u8> {
 }
 
 /// The end-stream envelope: `{}` on success, `{"error":{...}}` otherwise.
-pub fn end_stream(error: Option<&RpcError>) -> Vec<u8> {
+pub fn end_stream(error: Option<&ConnectError>) -> Vec<u8> {
     let body = match error {
         None => json!({}),
         Some(err) => json!({ "error": err.to_json() }),
@@ -54,18 +54,18 @@ pub fn decode_all(buf: &[u8]) -> Result<Vec<(u8, &[u8])>, String> {
 }
 
 /// The single request message of a server-streaming call: exactly one uncompressed envelope.
-pub fn decode_request(body: &[u8]) -> Result<&[u8], RpcError> {
-    let frames = decode_all(body).map_err(|e| RpcError::new(Code::InvalidArgument, format!("protocol error: {e}")))?;
+pub fn decode_request(body: &[u8]) -> Result<&[u8], ConnectError> {
+    let frames = decode_all(body).map_err(|e| ConnectError::new(Code::InvalidArgument, format!("protocol error: {e}")))?;
     match frames.as_slice() {
         [(flags, _)] if flags & FLAG_COMPRESSED != 0 => {
-            Err(RpcError::new(Code::Internal, "protocol error: received compressed message without a Connect-Content-Encoding"))
+            Err(ConnectError::new(Code::Internal, "protocol error: received compressed message without a Connect-Content-Encoding"))
         }
         [(flags, _)] if flags & FLAG_END_STREAM != 0 => {
-            Err(RpcError::new(Code::InvalidArgument, "protocol error: request message has the end-stream flag"))
+            Err(ConnectError::new(Code::InvalidArgument, "protocol error: request message has the end-stream flag"))
         }
         [(_, payload)] => Ok(payload),
-        [] => Err(RpcError::new(Code::Unimplemented, "unary stream has no messages")),
-        _ => Err(RpcError::new(Code::Unimplemented, "unary stream has multiple messages")),
+        [] => Err(ConnectError::new(Code::Unimplemented, "unary stream has no messages")),
+        _ => Err(ConnectError::new(Code::Unimplemented, "unary stream has multiple messages")),
     }
 }
 
@@ -149,17 +149,17 @@ impl Code {
 
 /// A Connect error: a code and a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RpcError {
+pub struct ConnectError {
     /// The code.
     pub code: Code,
     /// The message.
     pub message: String,
 }
 
-impl RpcError {
+impl ConnectError {
     /// Builds an error.
-    pub fn new(code: Code, message: impl Into<String>) -> RpcError {
-        RpcError { code, message: message.into() }
+    pub fn new(code: Code, message: impl Into<String>) -> ConnectError {
+        ConnectError { code, message: message.into() }
     }
 
     /// `{"code":"<name>","message":...}`, the body of a unary error and of an end-stream error.
@@ -207,7 +207,7 @@ mod tests {
 
     #[test]
     fn end_stream_error_shape() {
-        let err = RpcError::new(Code::NotFound, "process with pid 7 not found");
+        let err = ConnectError::new(Code::NotFound, "process with pid 7 not found");
         let frame = end_stream(Some(&err));
         assert_eq!(frame[0], FLAG_END_STREAM);
         let v: Value = serde_json::from_slice(&frame[5..]).unwrap();

@@ -6,7 +6,7 @@
 //! emulator runs sandboxes as host directories and isolates nothing).
 
 use super::control::rfc3339;
-use super::http::{Incoming, Reply};
+use super::http::{HttpReply, HttpRequest};
 use serde_json::{json, Value};
 use std::fs;
 use std::io;
@@ -17,8 +17,8 @@ use std::path::{Component, Path, PathBuf};
 pub const MAX_DOWNLOAD_BYTES: u64 = 256 * 1024 * 1024;
 
 /// envd's JSON error body for `/files`: `{"code": status, "message": ...}`.
-pub fn error(status: u16, message: impl Into<String>) -> Reply {
-    Reply::json(status, &json!({ "code": status, "message": message.into() }))
+pub fn error(status: u16, message: impl Into<String>) -> HttpReply {
+    HttpReply::json(status, &json!({ "code": status, "message": message.into() }))
 }
 
 /// Resolves a path as envd does: empty or `~` is the home, `~/x` and relative paths are under
@@ -51,7 +51,7 @@ fn show(path: &Path) -> String {
 }
 
 /// `GET /files?path=…`: the file's bytes, or 404 / 400 with envd's messages.
-pub fn download(home: &Path, req: &Incoming) -> Reply {
+pub fn download(home: &Path, req: &HttpRequest) -> HttpReply {
     let path = resolve(home, req.query("path").unwrap_or(""));
     let md = match fs::metadata(&path) {
         Ok(md) => md,
@@ -73,7 +73,7 @@ pub fn download(home: &Path, req: &Incoming) -> Reply {
     };
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let content_type = sniff(&data);
-    Reply::bytes(200, content_type, data)
+    HttpReply::bytes(200, content_type, data)
         .with_header("Content-Disposition", &format!("inline; filename=\"{}\"", name.replace('"', "")))
         .with_header("Vary", "Accept-Encoding")
 }
@@ -95,7 +95,7 @@ fn sniff(data: &[u8]) -> &'static str {
 
 /// `POST /files`: multipart parts named `file` (destination: the `path` parameter, else the
 /// part's file name) or a raw `application/octet-stream` body (destination: `path`).
-pub fn upload(home: &Path, req: &Incoming) -> Reply {
+pub fn upload(home: &Path, req: &HttpRequest) -> HttpReply {
     if req.header("Content-Encoding").is_some_and(|e| !e.eq_ignore_ascii_case("identity")) {
         return error(400, "error decompressing request body: the emulator does not support Content-Encoding on uploads");
     }
@@ -153,10 +153,10 @@ pub fn upload(home: &Path, req: &Incoming) -> Reply {
         .iter()
         .map(|p| json!({ "path": show(p), "name": p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(), "type": "file" }))
         .collect();
-    Reply::json(200, &Value::Array(entries))
+    HttpReply::json(200, &Value::Array(entries))
 }
 
-fn write_file(path: &Path, data: &[u8]) -> Result<(), Reply> {
+fn write_file(path: &Path, data: &[u8]) -> Result<(), HttpReply> {
     if let Some(parent) = path.parent() {
         fs::create_dir_all(parent).map_err(|e| error(500, format!("error ensuring directories: {e}")))?;
     }

@@ -10,16 +10,18 @@
 
 use serde_json::Value;
 use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::OwnedFd;
 
 /// Largest request body read; larger requests get 413 and their connection is abandoned.
-pub const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
+pub const EMULATOR_MAX_BODY: usize = 64 * 1024 * 1024;
 
 /// What follows the allowed bytes of a cut response (never a valid chunk-size line).
 const POISON: &[u8] = b"!connection dropped by an e2b-emulator fault\r\n\r\n";
 
 /// One request, read whole.
 #[derive(Debug, Clone, Default)]
-pub struct Incoming {
+pub struct HttpRequest {
     /// `GET`, `POST`, ...
     pub method: String,
     /// The path, without the query.
@@ -32,7 +34,7 @@ pub struct Incoming {
     pub body: Vec<u8>,
 }
 
-impl Incoming {
+impl HttpRequest {
     /// The first header named `name` (case-insensitive).
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
@@ -54,11 +56,22 @@ impl Incoming {
     }
 }
 
+/// Binds a listening socket with `TCP_NODELAY` set, which Linux copies to every accepted
+/// connection (tiny_http does not set it, and a stream frame written alone would otherwise wait
+/// for the client's delayed ACK). std only offers the setter on streams, so the descriptor is
+/// briefly viewed as one: the call is a plain `setsockopt` on the same socket.
+pub fn bind_nodelay(addr: SocketAddr) -> io::Result<TcpListener> {
+    let listener = TcpListener::bind(addr)?;
+    let as_stream = TcpStream::from(OwnedFd::from(listener));
+    as_stream.set_nodelay(true)?;
+    Ok(TcpListener::from(OwnedFd::from(as_stream)))
+}
+
 /// What reading a request gave.
 pub enum ReadOutcome {
     /// The request, read whole.
-    Ok(Incoming),
-    /// The body is over [`MAX_BODY_BYTES`].
+    Ok(HttpRequest),
+    /// The body is over [`EMULATOR_MAX_BODY`].
     TooLarge,
 }
 
@@ -71,18 +84,18 @@ pub fn read_request(req: &mut tiny_http::Request) -> ReadOutcome {
     };
     let headers = req.headers().iter().map(|h| (h.field.as_str().as_str().to_string(), h.value.as_str().to_string())).collect();
     let method = req.method().as_str().to_ascii_uppercase();
-    if req.body_length().is_some_and(|n| n > MAX_BODY_BYTES) {
+    if req.body_length().is_some_and(|n| n > EMULATOR_MAX_BODY) {
         return ReadOutcome::TooLarge;
     }
     let mut body = Vec::new();
     let reader = req.as_reader();
-    if reader.take(MAX_BODY_BYTES as u64 + 1).read_to_end(&mut body).is_err() {
+    if reader.take(EMULATOR_MAX_BODY as u64 + 1).read_to_end(&mut body).is_err() {
         body.clear();
     }
-    if body.len() > MAX_BODY_BYTES {
+    if body.len() > EMULATOR_MAX_BODY {
         return ReadOutcome::TooLarge;
     }
-    ReadOutcome::Ok(Incoming { method, path, query, headers, body })
+    ReadOutcome::Ok(HttpRequest { method, path, query, headers, body })
 }
 
 /// Decodes an `application/x-www-form-urlencoded` query string (`+` is a space).
@@ -131,7 +144,7 @@ fn hex_val(b: u8) -> Option<u8> {
 
 /// A complete (non-streamed) response.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reply {
+pub struct HttpReply {
     /// HTTP status.
     pub status: u16,
     /// Extra headers (`Content-Length` is added when writing).
@@ -140,31 +153,31 @@ pub struct Reply {
     pub body: Vec<u8>,
 }
 
-impl Reply {
+impl HttpReply {
     /// A JSON body.
-    pub fn json(status: u16, body: &Value) -> Reply {
-        Reply { status, headers: vec![("Content-Type".into(), "application/json".into())], body: body.to_string().into_bytes() }
+    pub fn json(status: u16, body: &Value) -> HttpReply {
+        HttpReply { status, headers: vec![("Content-Type".into(), "application/json".into())], body: body.to_string().into_bytes() }
     }
 
     /// No body.
-    pub fn empty(status: u16) -> Reply {
-        Reply { status, headers: Vec::new(), body: Vec::new() }
+    pub fn empty(status: u16) -> HttpReply {
+        HttpReply { status, headers: Vec::new(), body: Vec::new() }
     }
 
     /// A body of any type.
-    pub fn bytes(status: u16, content_type: &str, body: Vec<u8>) -> Reply {
-        Reply { status, headers: vec![("Content-Type".into(), content_type.into())], body }
+    pub fn bytes(status: u16, content_type: &str, body: Vec<u8>) -> HttpReply {
+        HttpReply { status, headers: vec![("Content-Type".into(), content_type.into())], body }
     }
 
     /// Adds a header.
-    pub fn with_header(mut self, name: &str, value: &str) -> Reply {
+    pub fn with_header(mut self, name: &str, value: &str) -> HttpReply {
         self.headers.push((name.into(), value.into()));
         self
     }
 }
 
 /// The reason phrase of a status.
-pub fn reason(status: u16) -> &'static str {
+pub fn reason_phrase(status: u16) -> &'static str {
     match status {
         200 => "OK",
         201 => "Created",
@@ -190,7 +203,7 @@ pub fn reason(status: u16) -> &'static str {
 }
 
 fn head(status: u16, headers: &[(String, String)], framing: &str, close: bool) -> Vec<u8> {
-    let mut out = format!("HTTP/1.1 {status} {}\r\n", reason(status));
+    let mut out = format!("HTTP/1.1 {status} {}\r\n", reason_phrase(status));
     for (k, v) in headers {
         // Header values come from this program; CR and LF are dropped so none can split a line.
         let clean = |s: &str| s.chars().filter(|c| *c != '\r' && *c != '\n').collect::<String>();
@@ -206,7 +219,7 @@ fn head(status: u16, headers: &[(String, String)], framing: &str, close: bool) -
 
 /// Writes `reply` in full, or, with `cut`, its headers, the first `cut` body bytes and a broken
 /// chunk.
-pub fn write_reply(writer: &mut dyn Write, reply: &Reply, close: bool, cut: Option<usize>) -> io::Result<()> {
+pub fn write_reply(writer: &mut dyn Write, reply: &HttpReply, close: bool, cut: Option<usize>) -> io::Result<()> {
     let no_body = reply.status == 204 || reply.status == 304 || (100..200).contains(&reply.status);
     if let Some(cut) = cut {
         let mut stream = ChunkedWriter::start(writer, reply.status, &reply.headers, close, Some(cut))?;
@@ -303,13 +316,13 @@ mod tests {
     #[test]
     fn fixed_reply() {
         let mut out = Vec::new();
-        write_reply(&mut out, &Reply::json(404, &serde_json::json!({"code": 404})), false, None).unwrap();
+        write_reply(&mut out, &HttpReply::json(404, &serde_json::json!({"code": 404})), false, None).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(text.starts_with("HTTP/1.1 404 Not Found\r\n"), "{text}");
         assert!(text.contains("Content-Length: 12\r\n"), "{text}");
         assert!(text.ends_with("\r\n\r\n{\"code\":404}"), "{text}");
         let mut out = Vec::new();
-        write_reply(&mut out, &Reply::empty(204), true, None).unwrap();
+        write_reply(&mut out, &HttpReply::empty(204), true, None).unwrap();
         assert_eq!(String::from_utf8(out).unwrap(), "HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n");
     }
 
@@ -332,7 +345,7 @@ mod tests {
         assert!(text.ends_with("5\r\nhello\r\n2\r\nwo\r\n!connection dropped by an e2b-emulator fault\r\n\r\n"), "{text}");
 
         let mut out = Vec::new();
-        write_reply(&mut out, &Reply::json(201, &serde_json::json!({"a": 1})), false, Some(0)).unwrap();
+        write_reply(&mut out, &HttpReply::json(201, &serde_json::json!({"a": 1})), false, Some(0)).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(
             text.starts_with("HTTP/1.1 201 Created\r\n") && text.ends_with("\r\n\r\n!connection dropped by an e2b-emulator fault\r\n\r\n"),

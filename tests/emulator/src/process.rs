@@ -8,8 +8,8 @@
 //! behind is cut off (its stream ends with `resource_exhausted`) while the child and the other
 //! subscribers go on. (envd instead blocks the child on a stalled attached reader.)
 
-use crate::base64;
 use crossbeam_channel::{Receiver, Sender};
+use sandbox_mcp::base64;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -349,7 +349,7 @@ fn monitor(proc: &Proc, deadline: Option<Instant>, shell: &Path, readers: usize,
     if !stopped {
         // Late readers on a busy machine are waited for while nothing else can hold the pipes
         // (the child led its own group and the group is empty), as the provider does.
-        crate::provider::process::drain_readers(done, readers, proc.pid, DRAIN_GRACE, DRAIN_GRACE);
+        sandbox_mcp::provider::process::drain_readers(done, readers, proc.pid, DRAIN_GRACE, DRAIN_GRACE);
     }
     let end = match status {
         Some(status) => end_event(&status),
@@ -376,7 +376,7 @@ pub fn signal_pid(shell: &Path, pid: u32, signal: &str) -> Result<(), String> {
     if pid <= 1 || pid == std::process::id() || signal.is_empty() || !signal.bytes().all(|b| b.is_ascii_uppercase()) {
         return Err(format!("refusing to send {signal:?} to pid {pid}"));
     }
-    match crate::provider::process::signal_pids(shell, signal, &[pid]) {
+    match sandbox_mcp::provider::process::signal_pids(shell, signal, &[pid]) {
         Ok(true) => Ok(()),
         Ok(false) => Err(format!("kill -s {signal} {pid} failed")),
         Err(e) => Err(format!("could not run {}: {e}", shell.display())),

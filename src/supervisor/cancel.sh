@@ -1,6 +1,6 @@
-# cancel.sh: asks a running task to stop (TERM to its own group, KILL after 1.5 s), waits at most
-# 3 s for the supervisor's final state, then prints the snapshot. common.sh is prepended.
-#   SH -c SCRIPT sh ID OUT_OFFSET ERR_OFFSET LIMIT
+# cancel.sh: asks a running task to stop (TERM to its own group, KILL after CANCEL_KILL_CS), waits
+# at most CANCEL_WAIT_CS for the supervisor's final state, then prints the snapshot. Arguments and
+# preamble: see the table in src/supervisor/mod.rs.
 
 exec 3>&2 2>/dev/null
 # The cancel marker is task state like any other: private to the sandbox user.
@@ -15,7 +15,7 @@ if read_state "$D" && ! is_final; then
     : >"$D/cancel"
     # Time from /proc/uptime in hundredths of a second: a busy machine slows the loop, not the clock.
     uptime_cs
-    _end=$((CS + 290)) _kill=$((CS + 150)) _sent= _killed=
+    _end=$((CS + CANCEL_WAIT_CS)) _kill=$((CS + CANCEL_KILL_CS)) _sent='' _killed=''
     while [ "$CS" -lt "$_end" ]; do
         read_state "$D" && is_final && break
         if [ -z "$_sent" ] && [ -n "$S_pgid" ]; then

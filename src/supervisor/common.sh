@@ -1,12 +1,20 @@
 # common.sh: helpers shared by every supervisor snippet (POSIX sh: dash, bash, busybox ash).
 # Reads /proc with the builtin `read` (no fork); signals only through the builtin `kill`.
+# The server sends each snippet as a preamble of constants, this file, then the snippet. The
+# snippets' arguments, the state file's keys and the answers' keys are described in one place:
+# the module doc of src/supervisor/mod.rs.
+# Helpers return their results in global variables (ST_*, S_*, E_*, NOW, CS, BOOT, ROOT) that
+# only some snippets read, hence the SC2034 (unused variable) exceptions below.
 
 # proc_stat PID: sets ST_STATE ST_PPID ST_PGID ST_START (fields 3, 4, 5, 22 of /proc/PID/stat).
+# shellcheck disable=SC2034 # ST_PPID is read by supervise.sh only
 proc_stat() {
-    _s=
+    _s=''
     read -r _s 2>/dev/null <"/proc/$1/stat" || return 1
     _s=${_s##*) }
     set -f
+    # Split into fields on purpose (globbing is off).
+    # shellcheck disable=SC2086
     set -- $_s
     set +f
     ST_STATE=$1 ST_PPID=$2 ST_PGID=$3 ST_START=${20}
@@ -20,8 +28,9 @@ alive() {
 }
 
 # now: sets NOW to the Unix time in seconds, from the boot time and the uptime (no fork).
+# shellcheck disable=SC2034 # NOW is read by supervise.sh only
 now() {
-    _bt=
+    _bt=''
     while read -r _k _v; do
         if [ "$_k" = btime ]; then
             _bt=$_v
@@ -50,7 +59,7 @@ uptime_cs() {
 }
 
 boot_id() {
-    BOOT=
+    BOOT=''
     read -r BOOT 2>/dev/null </proc/sys/kernel/random/boot_id
 }
 
@@ -91,10 +100,11 @@ sig_task() {
 }
 
 # read_state DIR: loads DIR/state (key=value lines) into S_* variables. Never sourced.
+# shellcheck disable=SC2034 # each snippet reads the keys it needs
 read_state() {
-    S_status= S_boot_id= S_sup_pid= S_sup_start= S_pgid= S_task_start= S_timeout= S_started_at=
-    S_finished_at= S_exit_code= S_error= S_escaped= S_out_bytes= S_err_bytes= S_claimed_cs=
-    S_out_truncated= S_err_truncated=
+    S_status='' S_boot_id='' S_sup_pid='' S_sup_start='' S_pgid='' S_task_start='' S_timeout=''
+    S_started_at='' S_finished_at='' S_exit_code='' S_error='' S_escaped='' S_out_bytes=''
+    S_err_bytes='' S_claimed_cs='' S_out_truncated='' S_err_truncated=''
     [ -r "$1/state" ] || return 1
     while IFS= read -r _l || [ -n "$_l" ]; do
         case $_l in
@@ -179,6 +189,8 @@ emit() {
         E_os=$S_out_bytes E_es=$S_err_bytes
     elif [ -e stdout.log ] && [ -e stderr.log ]; then
         set -f
+        # wc's counts and names, split into fields on purpose (globbing is off).
+        # shellcheck disable=SC2046
         set -- "$1" "$2" "$3" "$4" $(wc -c stdout.log stderr.log 2>/dev/null)
         set +f
         E_os=${5:-0} E_es=${7:-0}
@@ -193,6 +205,8 @@ emit() {
     page stderr.log "$E_es" "$3" "$4" >&3
 }
 
+# task_root: sets ROOT, the directory of this user's tasks; answers @error nohome without HOME.
+# shellcheck disable=SC2034 # ROOT is read by every snippet but supervise.sh
 task_root() {
     [ -n "$HOME" ] || {
         printf '@error nohome HOME is not set in the sandbox\n'

@@ -1,5 +1,5 @@
-# delete.sh: removes a finished task's directory; refuses one that may still run.
-# common.sh is prepended.   SH -c SCRIPT sh ID
+# delete.sh: removes a finished task's directory; refuses one that may still run. Arguments and
+# preamble (CLAIM_FRESH_CS): see the table in src/supervisor/mod.rs.
 
 exec 3>&2 2>/dev/null
 task_root
@@ -22,7 +22,7 @@ claimed)
     uptime_cs
     case $S_claimed_cs in '' | *[!0-9]*) S_claimed_cs=$CS ;; esac
     # (An uptime below the claim means the sandbox rebooted: the start is long dead.)
-    if [ "$CS" -ge "$S_claimed_cs" ] && [ $((CS - S_claimed_cs)) -lt 6000 ]; then
+    if [ "$CS" -ge "$S_claimed_cs" ] && [ $((CS - S_claimed_cs)) -lt "$CLAIM_FRESH_CS" ]; then
         printf '@refused\n'
         exit 0
     fi

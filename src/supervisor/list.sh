@@ -1,4 +1,4 @@
-# list.sh: prints the state of every task of this OS user. common.sh is prepended.
+# list.sh: prints the state of every task of this OS user. No arguments.
 
 exec 3>&2 2>/dev/null
 task_root

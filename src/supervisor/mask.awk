@@ -1,6 +1,7 @@
-# mask.awk: exact-value secret masking and byte capping of one output stream (SPEC 7.6, 8).
-# Run with LC_ALL=C (byte semantics). This file must contain no single quote: the supervisor
-# embeds it in a single-quoted shell string.
+# mask.awk: exact-value secret masking and byte capping of one output stream, by the rules of
+# the masker of the server (src/mask.rs). Run with LC_ALL=C (byte semantics). This file must
+# contain no single quote: the supervisor embeds it in a single-quoted shell string. The server
+# puts a generated BEGIN before it that sets min_len, the shortest value masked.
 #   -v check=1      exit 0 when the environment holds a secret to mask, 1 otherwise
 #   -v cap=N        bytes to keep; the rest is counted in the meta file
 #   -v meta=FILE    receives "written dropped" at the end
@@ -17,7 +18,7 @@ function load(   k, n, i, parts, line) {
             line = parts[i]
             sub(/^[ \t\r]+/, "", line)
             sub(/[ \t\r]+$/, "", line)
-            if (length(line) >= 6 && !(line in seen)) {
+            if (length(line) >= min_len && !(line in seen)) {
                 seen[line] = 1
                 sec[++ns] = line
                 if (index(line, "*")) starred = 1

@@ -1,65 +1,131 @@
 //! The task supervisor: POSIX-shell snippets embedded in the binary (`*.sh`, `mask.awk`) that run
-//! inside the sandbox through the provider's `exec`, and the Rust side that builds their argv and
-//! parses what they print.
+//! inside the sandbox through the provider's `exec`, and the Rust side that builds their argv
+//! ([`snippet`]) and parses what they print (this file).
 //!
-//! Snippet output: one block per task, `@task ID`, `key=value` lines, `@end`; `start`, `status`
-//! and `cancel` then print the stdout page on stdout and the stderr page on stderr. Other words:
-//! `@none` (no such task), `@error KIND MESSAGE`, `@refused`, `@deleted`, `@done`.
+//! # Arguments
+//!
+//! Each snippet runs as `SH -c PROGRAM sh ARG...`; [`Call::argv`] is the one place that orders
+//! the arguments. `start` and `supervise` share theirs in the same order (task, timeout, task
+//! shell, cwd, command).
+//!
+//! | Snippet     | `$1`, `$2`, ...                                                          |
+//! |-------------|---------------------------------------------------------------------------|
+//! | `start`     | ID TIMEOUT TASK_SHELL CWD COMMAND SUPERVISE_PROGRAM SH PAGE_LIMIT          |
+//! | `supervise` | `supervise` DIR TIMEOUT TASK_SHELL CWD COMMAND (passed on by `start.sh`)   |
+//! | `status`    | ID OUT_OFFSET ERR_OFFSET LIMIT                                             |
+//! | `cancel`    | ID OUT_OFFSET ERR_OFFSET LIMIT                                             |
+//! | `list`      | (none)                                                                     |
+//! | `delete`    | ID                                                                         |
+//!
+//! CWD is empty for the sandbox user's home. Constants shared with the Rust side arrive as a
+//! generated preamble of `NAME=value` lines ([`Snippet::constants`]): `MAX_TASKS` (start),
+//! `LOG_CAP` and `TERM_GRACE_CS` (supervise), `CANCEL_KILL_CS` and `CANCEL_WAIT_CS` (cancel),
+//! `CLAIM_FRESH_CS` (delete); the masker gets `min_len` from a generated `BEGIN`.
+//!
+//! # Task directory
+//!
+//! `$HOME/.sandbox-mcp/tasks/ID/` holds `state`, `cmd`, `stdout.log`, `stderr.log`,
+//! `supervisor.err`, and markers: `cancel` (cancel_task asked), `timed_out`, `done` (the task
+//! exited), `out.*`/`err.*` (the output pumps: `.fifo`, `.meta`, `.done`, `.trunc`, `.wfail`).
+//!
+//! # The state file
+//!
+//! `state` holds `key=value` lines, one value per line. `start.sh` writes the claim; after that
+//! only the supervisor writes it, whole (temp file and rename). `read_state` in `common.sh` loads
+//! each key into `S_<key>`.
+//!
+//! | Key             | Meaning                                                              |
+//! |-----------------|-----------------------------------------------------------------------|
+//! | `status`        | `claimed`, `running`, or final: `exited`, `failed_to_start`, `timed_out`, `cancelled` |
+//! | `claimed_cs`    | uptime in 1/100 s when start.sh claimed the directory (claim only)    |
+//! | `boot_id`       | the kernel's boot id when the supervisor started                      |
+//! | `sup_pid`, `sup_start` | the supervisor's pid and its start time (field 22 of `/proc/PID/stat`) |
+//! | `pgid`, `task_start`   | the task's process group (its leader's pid) and the leader's start time |
+//! | `timeout`       | seconds                                                               |
+//! | `started_at`, `finished_at` | Unix seconds                                              |
+//! | `exit_code`     | the task's exit status once it ended                                  |
+//! | `error`         | why the outcome is incomplete (one line)                              |
+//! | `escaped`       | processes outside the task's group killed by the tag scan             |
+//! | `out_bytes`, `err_bytes` | bytes saved per log (final states only)                      |
+//! | `out_truncated`, `err_truncated` | `1` when a log went over the cap (final states only) |
+//!
+//! # Answers
+//!
+//! `start`, `status`, `cancel`, `list` and `delete` print one block per task: `@task ID`, then
+//! the keys of [`key`], then `@end`. `start`, `status` and `cancel` then print the stdout page on
+//! stdout and the stderr page on stderr. Other words: `@none` (no such task), `@error KIND
+//! MESSAGE` (start refused), `@refused` and `@deleted` (delete), `@done` (end of the list).
+//!
+//! | Key in `@task` | From                                                                  |
+//! |----------------|------------------------------------------------------------------------|
+//! | `status`, `exit_code`, `started_at`, `finished_at`, `timeout`, `error`, `escaped` | the state file |
+//! | `live`         | `1`: the supervisor is alive; `0`: it is gone; `-`: not asked (final) |
+//! | `group`        | when `live` is `0`: `1` if the task's processes still run             |
+//! | `out_size`, `err_size` | bytes saved per log (not in `list` and `delete`)               |
+//! | `out_truncated`, `err_truncated` | as in the state file (not in `list` and `delete`)    |
 
 use crate::limits;
 use crate::provider::{ExecOutput, ExecRequest, Provider, ProviderError, Touch};
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-const COMMON: &str = include_str!("common.sh");
-const START: &str = include_str!("start.sh");
-const SUPERVISE: &str = include_str!("supervise.sh");
-const STATUS: &str = include_str!("status.sh");
-const CANCEL: &str = include_str!("cancel.sh");
-const LIST: &str = include_str!("list.sh");
-const DELETE: &str = include_str!("delete.sh");
-const MASK_AWK: &str = include_str!("mask.awk");
+pub mod snippet;
+
+pub use snippet::{mask_awk, Call, Launch, Snippet};
+
+/// The keys of an `@task` block that [`parse_answer`] and [`parse_list`] read (the table in the
+/// module doc says what each means).
+pub mod key {
+    /// The recorded status (see [`super::status_values`]).
+    pub const STATUS: &str = "status";
+    /// Exit status.
+    pub const EXIT_CODE: &str = "exit_code";
+    /// Unix seconds.
+    pub const STARTED_AT: &str = "started_at";
+    /// Unix seconds.
+    pub const FINISHED_AT: &str = "finished_at";
+    /// Seconds.
+    pub const TIMEOUT: &str = "timeout";
+    /// Why the outcome is incomplete.
+    pub const ERROR: &str = "error";
+    /// Processes killed by the tag scan.
+    pub const ESCAPED: &str = "escaped";
+    /// Whether the supervisor is alive.
+    pub const LIVE: &str = "live";
+    /// Whether the task's processes still run without it.
+    pub const GROUP: &str = "group";
+    /// Bytes of stdout saved.
+    pub const OUT_SIZE: &str = "out_size";
+    /// Bytes of stderr saved.
+    pub const ERR_SIZE: &str = "err_size";
+    /// Whether stdout went over the cap.
+    pub const OUT_TRUNCATED: &str = "out_truncated";
+    /// Whether stderr went over the cap.
+    pub const ERR_TRUNCATED: &str = "err_truncated";
+}
+
+/// The values of the `status` key.
+pub mod status_values {
+    /// start.sh claimed the directory; the supervisor has not reported yet.
+    pub const CLAIMED: &str = "claimed";
+    /// Read like `running`; the current snippets never write it.
+    pub const STARTING: &str = "starting";
+    /// The task runs.
+    pub const RUNNING: &str = "running";
+    /// The task exited (with `exit_code`).
+    pub const EXITED: &str = "exited";
+    /// The command could not be started.
+    pub const FAILED_TO_START: &str = "failed_to_start";
+    /// Stopped by its timeout.
+    pub const TIMED_OUT: &str = "timed_out";
+    /// Stopped by cancel_task.
+    pub const CANCELLED: &str = "cancelled";
+}
 
 /// How long one snippet may run (start and cancel wait inside the sandbox for a few seconds).
 const SNIPPET_BUDGET: Duration = Duration::from_secs(30);
 
-/// Drops comment lines, blank lines and indentation: the scripts travel in every request.
-fn compact(script: &str) -> String {
-    let mut out = String::with_capacity(script.len());
-    for line in script.lines() {
-        let line = line.trim_start();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        out.push_str(line);
-        out.push('\n');
-    }
-    out
-}
-
-fn script(which: &'static str) -> &'static str {
-    static SCRIPTS: OnceLock<BTreeMap<&'static str, String>> = OnceLock::new();
-    let all = SCRIPTS.get_or_init(|| {
-        let common = compact(COMMON);
-        let mut m = BTreeMap::new();
-        m.insert("start", format!("{common}{}", compact(START)));
-        m.insert("supervise", format!("MASK_AWK='{}'\n{common}{}", compact(MASK_AWK), compact(SUPERVISE)));
-        m.insert("status", format!("{common}{}", compact(STATUS)));
-        m.insert("cancel", format!("{common}{}", compact(CANCEL)));
-        m.insert("list", format!("{common}{}", compact(LIST)));
-        m.insert("delete", format!("{common}{}", compact(DELETE)));
-        m
-    });
-    all.get(which).map(String::as_str).unwrap_or("")
-}
-
-/// The masker program alone (for tests that compare it with the Rust masker).
-pub fn mask_awk() -> String {
-    compact(MASK_AWK)
-}
-
-/// States of SPEC §7.3.
+/// The state of a task as tools report it (docs/contract.md, "States").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TaskState {
     /// Still running, supervisor alive.
@@ -95,7 +161,7 @@ impl TaskState {
     }
 }
 
-/// One task as reported to tools (SPEC §7.5, without the sandbox id).
+/// One task as reported to tools, without the sandbox id (docs/contract.md, "The task snapshot").
 #[derive(Debug, Clone, PartialEq)]
 pub struct Snapshot {
     /// The task id.
@@ -176,8 +242,8 @@ pub struct Target<'a> {
 }
 
 impl Target<'_> {
-    fn argv(&self, which: &'static str, args: &[&str]) -> Vec<String> {
-        self.provider.posix_sh(script(which), args)
+    fn call(&self, call: Call<'_>) -> Result<ExecOutput, ProviderError> {
+        self.run(call.argv(self.provider))
     }
 
     fn run(&self, argv: Vec<String>) -> Result<ExecOutput, ProviderError> {
@@ -206,24 +272,8 @@ pub enum Started {
 }
 
 /// The argv of a start request, for the size check that must happen before any connection.
-pub fn start_argv(provider: &dyn Provider, task_id: &str, command: &str, cwd: Option<&str>, timeout: i64, limit: u64) -> Vec<String> {
-    let sh = provider.posix_sh("", &[]).into_iter().next().unwrap_or_else(|| "/bin/sh".into());
-    let timeout = timeout.to_string();
-    let limit = limit.to_string();
-    let max = limits::MAX_TASKS.to_string();
-    let task_shell = provider.task_shell();
-    let args = [
-        task_id,
-        timeout.as_str(),
-        task_shell.as_str(),
-        cwd.unwrap_or(""),
-        command,
-        script("supervise"),
-        sh.as_str(),
-        limit.as_str(),
-        max.as_str(),
-    ];
-    provider.posix_sh(script("start"), &args)
+pub fn start_argv(provider: &dyn Provider, launch: Launch<'_>) -> Vec<String> {
+    Call::Start(launch).argv(provider)
 }
 
 /// Starts a task. `Err` when the request failed; [`ProviderError::maybe_applied`] tells whether
@@ -255,15 +305,13 @@ pub fn start(target: &Target<'_>, task_id: &str, argv: Vec<String>) -> Result<St
 
 /// Reads one task; `Ok(None)` when it does not exist.
 pub fn status(target: &Target<'_>, task_id: &str, window: Window) -> Result<Option<Snapshot>, ProviderError> {
-    let (o, e, l) = (window.stdout_offset.to_string(), window.stderr_offset.to_string(), window.limit.to_string());
-    let out = target.run(target.argv("status", &[task_id, &o, &e, &l]))?;
+    let out = target.call(Call::Status { task_id, window })?;
     page_result(&out, task_id, window)
 }
 
 /// Cancels one task and reads it; `Ok(None)` when it does not exist.
 pub fn cancel(target: &Target<'_>, task_id: &str, window: Window) -> Result<Option<Snapshot>, ProviderError> {
-    let (o, e, l) = (window.stdout_offset.to_string(), window.stderr_offset.to_string(), window.limit.to_string());
-    let out = target.run(target.argv("cancel", &[task_id, &o, &e, &l]))?;
+    let out = target.call(Call::Cancel { task_id, window })?;
     page_result(&out, task_id, window)
 }
 
@@ -278,7 +326,7 @@ fn page_result(out: &ExecOutput, task_id: &str, window: Window) -> Result<Option
 
 /// Lists the tasks of the sandbox's user.
 pub fn list(target: &Target<'_>) -> Result<Vec<Snapshot>, ProviderError> {
-    let out = target.run(target.argv("list", &[]))?;
+    let out = target.call(Call::List)?;
     parse_list(&out.stdout).ok_or_else(|| ProviderError::Unavailable(format!("the task list was unreadable: {}", excerpt(&out))))
 }
 
@@ -311,7 +359,7 @@ pub enum Deleted {
 
 /// Deletes a finished task.
 pub fn delete(target: &Target<'_>, task_id: &str) -> Result<Deleted, ProviderError> {
-    let out = target.run(target.argv("delete", &[task_id]))?;
+    let out = target.call(Call::Delete { task_id })?;
     let text = String::from_utf8_lossy(&out.stdout);
     if text.starts_with("@none") {
         return Ok(Deleted::Missing);
@@ -373,11 +421,11 @@ fn num(fields: &BTreeMap<&str, &str>, key: &str) -> Option<i64> {
 
 /// Turns supervisor fields into a snapshot. Never reports a success it did not observe.
 fn derive(task_id: &str, f: &BTreeMap<&str, &str>, out_page: Vec<u8>, err_page: Vec<u8>, window: Window) -> Snapshot {
-    let status = f.get("status").copied().unwrap_or("unreadable");
-    let exit_code = num(f, "exit_code");
-    let mut error = f.get("error").map(|s| s.to_string()).filter(|s| !s.is_empty());
-    let state = match status {
-        "exited" => match exit_code {
+    let recorded = f.get(key::STATUS).copied().unwrap_or("unreadable");
+    let exit_code = num(f, key::EXIT_CODE);
+    let mut error = f.get(key::ERROR).map(|s| s.to_string()).filter(|s| !s.is_empty());
+    let state = match recorded {
+        status_values::EXITED => match exit_code {
             Some(0) => TaskState::Succeeded,
             Some(_) => TaskState::Failed,
             None => {
@@ -385,13 +433,13 @@ fn derive(task_id: &str, f: &BTreeMap<&str, &str>, out_page: Vec<u8>, err_page: 
                 TaskState::Unknown
             }
         },
-        "failed_to_start" => TaskState::Failed,
-        "timed_out" => TaskState::TimedOut,
-        "cancelled" => TaskState::Cancelled,
-        "running" | "starting" => match f.get("live").copied() {
+        status_values::FAILED_TO_START => TaskState::Failed,
+        status_values::TIMED_OUT => TaskState::TimedOut,
+        status_values::CANCELLED => TaskState::Cancelled,
+        status_values::RUNNING | status_values::STARTING => match f.get(key::LIVE).copied() {
             Some("1") => TaskState::Running,
             _ => {
-                let still = if f.get("group").copied() == Some("1") {
+                let still = if f.get(key::GROUP).copied() == Some("1") {
                     "its processes are still running; kill_sandbox stops them"
                 } else {
                     "no process of the task is left"
@@ -402,36 +450,36 @@ fn derive(task_id: &str, f: &BTreeMap<&str, &str>, out_page: Vec<u8>, err_page: 
                 TaskState::Unknown
             }
         },
-        "claimed" => {
+        status_values::CLAIMED => {
             error = Some("the supervisor never reported (the start was interrupted); kill_sandbox cleans up".into());
             TaskState::Unknown
         }
         _ => {
-            error = Some(format!("the task's state file is unreadable (status {status:?})"));
+            error = Some(format!("the task's state file is unreadable (status {recorded:?})"));
             TaskState::Unknown
         }
     };
-    let out_size = num(f, "out_size").unwrap_or(0).max(0) as u64;
-    let err_size = num(f, "err_size").unwrap_or(0).max(0) as u64;
+    let out_size = num(f, key::OUT_SIZE).unwrap_or(0).max(0) as u64;
+    let err_size = num(f, key::ERR_SIZE).unwrap_or(0).max(0) as u64;
     let (stdout, stdout_next) = cut(out_page, out_size, window.stdout_offset, window.limit);
     let (stderr, stderr_next) = cut(err_page, err_size, window.stderr_offset, window.limit);
     Snapshot {
         task_id: task_id.to_string(),
         state,
         exit_code: if matches!(state, TaskState::Running) { None } else { exit_code },
-        started_at: num(f, "started_at"),
-        finished_at: if state.is_final() { num(f, "finished_at") } else { None },
-        timeout: num(f, "timeout"),
+        started_at: num(f, key::STARTED_AT),
+        finished_at: if state.is_final() { num(f, key::FINISHED_AT) } else { None },
+        timeout: num(f, key::TIMEOUT),
         stdout,
         stderr,
         stdout_next_offset: stdout_next,
         stderr_next_offset: stderr_next,
         stdout_bytes: out_size,
         stderr_bytes: err_size,
-        stdout_truncated: f.get("out_truncated").copied() == Some("1"),
-        stderr_truncated: f.get("err_truncated").copied() == Some("1"),
+        stdout_truncated: f.get(key::OUT_TRUNCATED).copied() == Some("1"),
+        stderr_truncated: f.get(key::ERR_TRUNCATED).copied() == Some("1"),
         error,
-        escaped: num(f, "escaped").unwrap_or(0).max(0) as u64,
+        escaped: num(f, key::ESCAPED).unwrap_or(0).max(0) as u64,
     }
 }
 
@@ -454,17 +502,6 @@ mod tests {
 
     const ID: &str = "0123456789abcdef0123456789abcdef";
     const W: Window = Window { stdout_offset: 0, stderr_offset: 0, limit: 16384 };
-
-    #[test]
-    fn scripts_are_embeddable() {
-        assert!(!MASK_AWK.contains('\''), "mask.awk must not contain a single quote");
-        for which in ["start", "supervise", "status", "cancel", "list", "delete"] {
-            assert!(script(which).len() > 100, "{which}");
-        }
-        // The start request must leave room for a 65,536-character command within 96 KiB.
-        let overhead = script("start").len() + script("supervise").len();
-        assert!(overhead < 24 * 1024, "snippets are {overhead} bytes");
-    }
 
     #[test]
     fn derives_states_honestly() {
@@ -492,10 +529,5 @@ mod tests {
         assert_eq!(cut(b"abcdef".to_vec(), 10, 4, 3), (b"abc".to_vec(), 7));
         assert_eq!(cut(Vec::new(), 10, 20, 3), (Vec::new(), 20));
         assert_eq!(cut(b"ab".to_vec(), 2, 0, 16), (b"ab".to_vec(), 2));
-    }
-
-    #[test]
-    fn compact_keeps_code_only() {
-        assert_eq!(compact("# c\n\n  a=1 # keep\n\tb\n"), "a=1 # keep\nb\n");
     }
 }

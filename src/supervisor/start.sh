@@ -1,9 +1,9 @@
 # start.sh: claims a task directory, starts the supervisor fully detached, waits for its first
-# state and prints the observed snapshot. common.sh is prepended by the server.
-#   SH -c SCRIPT sh ID TIMEOUT TASK_SHELL CWD COMMAND SUPERVISOR_SCRIPT SH LIMIT MAX_TASKS
+# state and prints the observed snapshot. Arguments and preamble (MAX_TASKS): see the table in
+# src/supervisor/mod.rs.
 
 start() {
-    ID=$1 T=$2 TSH=$3 CWD=$4 CMD=$5 SUP=$6 SH=$7 LIMIT=$8 MAX=$9
+    ID=$1 T=$2 TSH=$3 CWD=$4 CMD=$5 SUP=$6 SH=$7 LIMIT=$8
     exec 3>&2 2>/dev/null
     umask 077
     task_root
@@ -26,7 +26,7 @@ start() {
     # Count, claim, count again: two racing starts at the limit may both refuse, never both pass.
     _n=0
     for _t in "$ROOT"/*/; do [ -d "$_t" ] && _n=$((_n + 1)); done
-    [ "$_n" -lt "$MAX" ] || {
+    [ "$_n" -lt "$MAX_TASKS" ] || {
         printf '@error limit %s\n' "$_n"
         return
     }
@@ -47,16 +47,17 @@ start() {
     fi
     _n=0
     for _t in "$ROOT"/*/; do [ -d "$_t" ] && _n=$((_n + 1)); done
-    if [ "$_n" -gt "$MAX" ]; then
+    if [ "$_n" -gt "$MAX_TASKS" ]; then
         rm -rf "$D"
-        printf '@error limit %s\n' "$MAX"
+        printf '@error limit %s\n' "$MAX_TASKS"
         return
     fi
     : >"$D/stdout.log"
     : >"$D/stderr.log"
     # Every descriptor of this call is closed for the supervisor (fd 3 is our stderr): anything
     # it kept open would hold the caller's exec until the task ends.
-    setsid "$SH" -c "$SUP" sh supervise "$D" "$T" "$TSH" "$CMD" "$CWD" </dev/null >/dev/null 2>>"$D/supervisor.err" 3>&- &
+    # The supervisor's arguments follow this snippet's own order (timeout, task shell, cwd, command).
+    setsid "$SH" -c "$SUP" sh supervise "$D" "$T" "$TSH" "$CWD" "$CMD" </dev/null >/dev/null 2>>"$D/supervisor.err" 3>&- &
     # Wait for the supervisor's first word; a task that ends at once is reported finished.
     _i=0 _r=0
     while :; do

@@ -1,5 +1,5 @@
-# status.sh: prints one task's snapshot with a page of each log. common.sh is prepended.
-#   SH -c SCRIPT sh ID OUT_OFFSET ERR_OFFSET LIMIT
+# status.sh: prints one task's snapshot with a page of each log. Arguments: see the table in
+# src/supervisor/mod.rs.
 
 exec 3>&2 2>/dev/null
 task_root

@@ -1,11 +1,9 @@
 # supervise.sh: the detached supervisor of one task, and its output pumps.
-# The server prepends MASK_AWK='...' and common.sh. start.sh runs it fully detached:
-#   setsid SH -c SCRIPT sh supervise DIR TIMEOUT TASK_SHELL COMMAND CWD
+# The server prepends MASK_AWK='...' (the masker program), the preamble (LOG_CAP,
+# TERM_GRACE_CS) and common.sh; start.sh runs it fully detached. Arguments: see the table in
+# src/supervisor/mod.rs.
 # It writes DIR/state only through `save` (temp file + rename). Every fork on the way to
 # `running` delays the task, so that path uses builtins wherever it can.
-
-CAP=1048576
-GRACE=2
 
 save() {
     # One line per value: an error that quotes user input (a cwd) must not forge other keys.
@@ -30,7 +28,7 @@ state_lines() {
         fi
 }
 
-# pump NAME FIFO LOG: copies the task's stream into LOG, at most CAP bytes, draining and counting
+# pump NAME FIFO LOG: copies the task's stream into LOG, at most LOG_CAP bytes, draining and counting
 # the rest; writes NAME.meta ("written dropped"), then NAME.done, at the end, and NAME.trunc at
 # the first dropped byte. When writing LOG fails (a full disk) it still drains the stream, so
 # that the task is neither blocked nor killed by SIGPIPE, and marks NAME.trunc and NAME.wfail.
@@ -39,11 +37,11 @@ state_lines() {
 pump() {
     exec 5<"$2"
     if LC_ALL=C awk -v check=1 "$MASK_AWK" </dev/null 2>/dev/null; then
-        _awk=awk
+        _awk='awk'
         case $(awk -W version </dev/null 2>&1) in *mawk*) _awk="awk -W interactive" ;; esac
         # The appended newline and mask.awk's leading-newline output keep the log byte-exact.
         # mawk stops at a failed write, busybox awk goes on; either way the meta file is missing.
-        if ! { cat <&5; echo; } | LC_ALL=C $_awk -v cap="$CAP" -v meta="$1.meta" -v trunc="$1.trunc" "$MASK_AWK" >>"$3" ||
+        if ! { cat <&5; echo; } | LC_ALL=C $_awk -v cap="$LOG_CAP" -v meta="$1.meta" -v trunc="$1.trunc" "$MASK_AWK" >>"$3" ||
             [ ! -s "$1.meta" ]; then
             : >"$1.trunc"
             : >"$1.wfail"
@@ -67,7 +65,7 @@ pump() {
         : >"../.dd-$_dd"
     fi
     _w=0
-    _left=$CAP
+    _left=$LOG_CAP
     _wfail=
     if [ "$_dd" = gnu ]; then
         _small=0
@@ -108,7 +106,7 @@ pump() {
     fi
     exec 6>&-
     _d=0
-    if [ "$_w" -ge "$CAP" ] || [ -n "$_wfail" ]; then
+    if [ "$_w" -ge "$LOG_CAP" ] || [ -n "$_wfail" ]; then
         _one=$(dd bs=1 count=1 <&5 2>/dev/null | wc -c)
         if [ "$_one" -gt 0 ] || [ -n "$_wfail" ]; then
             : >"$1.trunc"
@@ -127,23 +125,24 @@ pump() {
     : >"$1.done"
 }
 
-# timer: TERM at the deadline, KILL after the grace period; exits once `done` exists.
+# timer: TERM at the deadline, KILL after TERM_GRACE_CS; exits once `done` exists.
+# (The marker file `done` is quoted where shellcheck would take it for the keyword.)
 timer() {
     read -r _up _x </proc/uptime
     _end=$((${_up%.*} + T))
     while :; do
-        [ -e done ] && return 0
+        [ -e 'done' ] && return 0
         read -r _up _x </proc/uptime
         [ "${_up%.*}" -ge "$_end" ] && break
         sleep 1
     done
-    [ -e done ] && return 0
+    [ -e 'done' ] && return 0
     : >timed_out
     sig_task TERM "$TPID" "$TSTART" "$ID"
     _g=0
-    while [ "$_g" -lt $((GRACE * 10)) ]; do
+    while [ "$_g" -lt $((TERM_GRACE_CS / 10)) ]; do
         sleep 0.1
-        [ -e done ] && return 0
+        [ -e 'done' ] && return 0
         _g=$((_g + 1))
     done
     sig_task KILL "$TPID" "$TSTART" "$ID"
@@ -152,6 +151,8 @@ timer() {
 # kill_escaped: descendants that left the group but kept the task's environment tag.
 kill_escaped() {
     command -v grep >/dev/null 2>&1 || return 0
+    # The names are /proc/PID/environ: no spaces, so a word list is exact.
+    # shellcheck disable=SC2013
     for _f in $(grep -l -a -F "SANDBOX_MCP_TASK=$ID" /proc/[0-9]*/environ 2>/dev/null); do
         _p=${_f#/proc/}
         _p=${_p%/environ}
@@ -181,7 +182,7 @@ kill_pumps() {
 
 # pump_meta NAME: sets _pw _pd _pt from NAME.meta, falling back to the log size.
 pump_meta() {
-    _pw= _pd=0 _pt=0
+    _pw='' _pd=0 _pt=0
     [ -e "$1.done" ] && read -r _pw _pd <"$1.meta"
     [ -e "$1.trunc" ] && _pt=1
     if [ -z "$_pw" ]; then
@@ -200,7 +201,7 @@ give_up() {
 }
 
 supervise() {
-    D=$1 T=$2 TSH=$3 CMD=$4 CWD=$5
+    D=$1 T=$2 TSH=$3 CWD=$4 CMD=$5
     ID=${D##*/}
     cd "$D" || exit 1
     umask 077
@@ -209,9 +210,11 @@ supervise() {
     boot_id
     now
     STARTED=$NOW
-    TPID= TSTART= RC= ERR= FINISHED= OUT_BYTES= ESCAPED=0
+    TPID='' TSTART='' RC='' ERR='' FINISHED='' OUT_BYTES='' ESCAPED=0
     # The task shell (for example /bin/bash -l) falls back to /bin/sh where it does not exist.
     set -f
+    # The task shell is a program and its flags: split on purpose (globbing is off).
+    # shellcheck disable=SC2086
     set -- $TSH
     set +f
     [ -x "$1" ] || TSH=/bin/sh
@@ -229,6 +232,7 @@ supervise() {
     [ -e cancel ] && give_up cancelled
     cd "$CWD" 2>/dev/null || give_up failed_to_start "cwd $CWD no longer exists"
     set -f
+    # shellcheck disable=SC2086 # the task shell and its flags, split as above
     SANDBOX_MCP_TASK=$ID setsid $TSH -c "$CMD" </dev/null >&7 2>&8 7>&- 8>&- &
     TPID=$!
     set +f
@@ -247,7 +251,7 @@ supervise() {
     timer </dev/null >/dev/null 2>&1 &
     wait "$TPID"
     RC=$?
-    : >done
+    : >'done'
     # Leftover members of the task's group, also after a normal exit. Signal 0 to the group is a
     # one-syscall test; only when it finds someone does the /proc scan tell zombies from the living.
     if sig_group 0 "$TPID" && group_tagged "$TPID" "$ID"; then

@@ -1,8 +1,17 @@
 //! Tool argument specifications: one table per tool gives both its `inputSchema` and the strict
-//! validation of its arguments (unknown names, wrong types, out-of-range values).
+//! validation of its arguments (unknown names, wrong types, out-of-range values), and [`Args`],
+//! the validated arguments, whose lookups are checked against that table.
+//!
+//! Handlers read arguments through the [`Param`] constants of their table ([`Args::text`],
+//! [`Args::required_text`], [`Args::integer`], [`Args::map`]), never by a string name. A lookup
+//! of a parameter the tool does not declare, or with the accessor of another kind, is a bug in
+//! the handler: it panics in debug builds (so every test that reaches it fails) and is a tool
+//! error in release builds, never a silent default.
 
+use super::ToolError;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
+use std::mem::discriminant;
 
 /// The type of one argument.
 #[derive(Debug, Clone, Copy)]
@@ -70,26 +79,115 @@ pub fn input_schema(params: &[Param]) -> Value {
 /// Validated arguments with typed getters. Defaults are already applied.
 #[derive(Debug, Default)]
 pub struct Args {
+    /// The tool, for messages.
+    tool: String,
+    /// The tool's parameter table: the only names that may be looked up.
+    declared: Vec<Param>,
     values: BTreeMap<&'static str, Value>,
 }
 
+/// The accessor a lookup used, to match against the parameter's [`Kind`].
+#[derive(Debug, Clone, Copy)]
+enum Access {
+    Text,
+    Integer,
+    Map,
+}
+
+impl Access {
+    fn fits(self, kind: Kind) -> bool {
+        matches!(
+            (self, kind),
+            (Access::Text, Kind::Str { .. } | Kind::Enum(_)) | (Access::Integer, Kind::Int { .. }) | (Access::Map, Kind::StrMap)
+        )
+    }
+}
+
 impl Args {
-    /// A string argument, if given.
-    pub fn str(&self, name: &str) -> Option<&str> {
-        self.values.get(name).and_then(Value::as_str)
+    /// Checks that `p` is one of the tool's parameters (same name and kind) and that `access`
+    /// reads its kind.
+    fn lookup(&self, p: &Param, access: Access) -> Result<Option<&Value>, ToolError> {
+        let declared = self.declared.iter().any(|d| d.name == p.name && discriminant(&d.kind) == discriminant(&p.kind));
+        if !declared {
+            return Err(self.misuse(p.name, "which it does not declare"));
+        }
+        if !access.fits(p.kind) {
+            return Err(self.misuse(p.name, &format!("with the accessor for another kind ({access:?}, declared {:?})", p.kind)));
+        }
+        Ok(self.values.get(p.name))
     }
 
-    /// An integer argument (or its default).
-    pub fn int(&self, name: &str) -> Option<i64> {
-        self.values.get(name).and_then(Value::as_i64)
+    /// A handler bug: a panic in debug builds, a tool error in release builds.
+    fn misuse(&self, name: &str, how: &str) -> ToolError {
+        let msg = format!(
+            "internal error: the {} handler read argument {name:?} {how}; this is a bug in sandbox-mcp, not in the call, please report it",
+            self.tool
+        );
+        if cfg!(debug_assertions) {
+            panic!("{msg}");
+        }
+        ToolError::new(msg)
+    }
+
+    /// A string (or enum) argument, if given.
+    pub fn text(&self, p: &Param) -> Result<Option<&str>, ToolError> {
+        Ok(self.lookup(p, Access::Text)?.and_then(Value::as_str))
+    }
+
+    /// A required string (or enum) argument.
+    pub fn required_text(&self, p: &Param) -> Result<&str, ToolError> {
+        if !p.required {
+            return Err(self.misuse(p.name, "as required, but it is optional"));
+        }
+        self.text(p)?.ok_or_else(|| self.misuse(p.name, "as given, but validation let it be missing"))
+    }
+
+    /// An integer argument, or its declared default; the parameter must be required or have one.
+    pub fn integer(&self, p: &Param) -> Result<i64, ToolError> {
+        if !p.required && !matches!(p.kind, Kind::Int { default: Some(_), .. }) {
+            return Err(self.misuse(p.name, "as always present, but it is optional without a default"));
+        }
+        self.lookup(p, Access::Integer)?.and_then(Value::as_i64).ok_or_else(|| self.misuse(p.name, "but no value was kept"))
     }
 
     /// A string-map argument (empty when not given).
-    pub fn str_map(&self, name: &str) -> BTreeMap<String, String> {
-        match self.values.get(name) {
-            Some(Value::Object(m)) => m.iter().filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string()))).collect(),
-            _ => BTreeMap::new(),
+    pub fn map(&self, p: &Param) -> Result<BTreeMap<String, String>, ToolError> {
+        Ok(string_map(self.lookup(p, Access::Map)?))
+    }
+
+    /// Whether `name` is declared; a lookup of any other name is a bug in the caller (a panic in
+    /// debug builds).
+    fn by_name(&self, name: &str) -> Option<&Value> {
+        if !self.declared.iter().any(|d| d.name == name) {
+            // The value is absent either way; in release builds this is the whole answer.
+            let _ = self.misuse(name, "which it does not declare");
         }
+        self.values.get(name)
+    }
+
+    /// A string argument by wire name, for code that walks the parameter table (tests, the fuzz
+    /// harness). Handlers use [`Args::text`].
+    pub fn str(&self, name: &str) -> Option<&str> {
+        self.by_name(name).and_then(Value::as_str)
+    }
+
+    /// An integer argument (or its default) by wire name, for code that walks the parameter
+    /// table. Handlers use [`Args::integer`].
+    pub fn int(&self, name: &str) -> Option<i64> {
+        self.by_name(name).and_then(Value::as_i64)
+    }
+
+    /// A string-map argument (empty when not given) by wire name, for code that walks the
+    /// parameter table. Handlers use [`Args::map`].
+    pub fn str_map(&self, name: &str) -> BTreeMap<String, String> {
+        string_map(self.by_name(name))
+    }
+}
+
+fn string_map(value: Option<&Value>) -> BTreeMap<String, String> {
+    match value {
+        Some(Value::Object(m)) => m.iter().filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string()))).collect(),
+        _ => BTreeMap::new(),
     }
 }
 
@@ -106,7 +204,7 @@ pub fn validate(tool: &str, params: &[Param], arguments: &Map<String, Value>) ->
             known.join(", ")
         ));
     }
-    let mut args = Args::default();
+    let mut args = Args { tool: tool.to_string(), declared: params.to_vec(), values: BTreeMap::new() };
     for p in params {
         // JSON null counts as "not given": several clients send null for omitted optionals.
         let value = arguments.get(p.name).filter(|v| !v.is_null());
@@ -184,6 +282,21 @@ fn truncate(s: &str, max: usize) -> String {
     }
 }
 
+/// Validated arguments for `params` as handlers may meet them: every parameter given, then only
+/// the required ones. For tests that run each handler's argument reading against its table.
+#[cfg(test)]
+pub(crate) fn samples(tool: &str, params: &[Param]) -> Vec<Args> {
+    let value = |p: &Param| match p.kind {
+        Kind::Str { .. } => json!("a"),
+        Kind::Enum(values) => json!(values.first().copied().unwrap_or_default()),
+        Kind::Int { min, .. } => json!(min),
+        Kind::StrMap => json!({"K": "v"}),
+    };
+    let all: Map<String, Value> = params.iter().map(|p| (p.name.to_string(), value(p))).collect();
+    let required: Map<String, Value> = params.iter().filter(|p| p.required).map(|p| (p.name.to_string(), value(p))).collect();
+    [all, required].iter().map(|a| validate(tool, params, a).expect("sample arguments are valid")).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -227,6 +340,42 @@ mod tests {
             let err = run(input.clone()).unwrap_err();
             assert!(err.contains(want), "{input}: {err}");
         }
+    }
+
+    #[test]
+    fn checked_lookups_read_declared_parameters() {
+        let a = run(json!({"command": "ls", "envs": {"A": "b"}, "encoding": "base64"})).unwrap();
+        assert_eq!(a.required_text(&PARAMS[0]).unwrap(), "ls");
+        assert_eq!(a.integer(&PARAMS[1]).unwrap(), 3);
+        assert_eq!(a.map(&PARAMS[2]).unwrap().get("A").map(String::as_str), Some("b"));
+        assert_eq!(a.text(&PARAMS[3]).unwrap(), Some("base64"));
+    }
+
+    #[test]
+    #[should_panic(expected = "read argument \"cwd\" which it does not declare")]
+    fn an_undeclared_lookup_is_a_bug() {
+        let cwd = Param { name: "cwd", kind: Kind::Str { max_chars: 5 }, required: false, description: "d" };
+        let _ = run(json!({"command": "ls"})).unwrap().text(&cwd);
+    }
+
+    #[test]
+    #[should_panic(expected = "with the accessor for another kind")]
+    fn a_lookup_of_the_wrong_kind_is_a_bug() {
+        let _ = run(json!({"command": "ls"})).unwrap().text(&PARAMS[1]);
+    }
+
+    #[test]
+    #[should_panic(expected = "read argument \"comand\" which it does not declare")]
+    fn a_misspelt_name_is_a_bug() {
+        let _ = run(json!({"command": "ls"})).unwrap().str("comand");
+    }
+
+    #[test]
+    fn samples_are_valid() {
+        let [all, required] = <[Args; 2]>::try_from(samples("t", PARAMS)).unwrap();
+        assert_eq!(all.values.len(), PARAMS.len());
+        assert_eq!(required.str("command"), Some("a"));
+        assert_eq!(required.str_map("envs").len(), 0);
     }
 
     #[test]

@@ -16,6 +16,20 @@ const PATH: Param = Param {
     description: "File path in the sandbox; relative paths start at the sandbox user's home.",
 };
 
+const CONTENT: Param = Param {
+    name: "content",
+    kind: Kind::Str { max_chars: limits::MAX_WRITE_CHARS },
+    required: true,
+    description: "File content (at most 3 MiB of text; base64 up to about 2.25 MiB of bytes).",
+};
+
+const ENCODING: Param = Param {
+    name: "encoding",
+    kind: Kind::Enum(&["utf8", "base64"]),
+    required: false,
+    description: "How content is encoded; default utf8.",
+};
+
 pub const READ: Tool = Tool {
     name: "read_file",
     description: "Read a file from a sandbox (at most 4 MiB). Valid UTF-8 comes back as content; anything else as content_base64.",
@@ -29,6 +43,7 @@ pub const READ: Tool = Tool {
         }, "required": ["path", "size"]})
     },
     read_only: true,
+    destructive: false,
     run: read,
 };
 
@@ -36,22 +51,7 @@ pub const WRITE: Tool = Tool {
     name: "write_file",
     description: "Write (create or replace) a file in a sandbox, creating missing parent directories. \
 content is text, or base64 when encoding is \"base64\". Larger files: write them in parts with run_command.",
-    params: &[
-        PATH,
-        Param {
-            name: "content",
-            kind: Kind::Str { max_chars: limits::MAX_WRITE_CHARS },
-            required: true,
-            description: "File content (at most 3 MiB of text; base64 up to about 2.25 MiB of bytes).",
-        },
-        SANDBOX_ID,
-        Param {
-            name: "encoding",
-            kind: Kind::Enum(&["utf8", "base64"]),
-            required: false,
-            description: "How content is encoded; default utf8.",
-        },
-    ],
+    params: &[PATH, CONTENT, SANDBOX_ID, ENCODING],
     output_schema: || {
         json!({"type": "object", "properties": {
             "path": {"type": "string"},
@@ -59,6 +59,7 @@ content is text, or base64 when encoding is \"base64\". Larger files: write them
         }, "required": ["path", "bytes_written"]})
     },
     read_only: false,
+    destructive: true,
     run: write,
 };
 
@@ -78,12 +79,35 @@ pub const LIST: Tool = Tool {
         }, "required": ["path", "entries", "truncated"]})
     },
     read_only: true,
+    destructive: false,
     run: list,
 };
 
+/// The sandbox and path of `read_file` and `list_files`.
+fn located(args: &Args) -> Result<(Option<&str>, &str), ToolError> {
+    Ok((args.text(&SANDBOX_ID)?, args.required_text(&PATH)?))
+}
+
+/// The arguments of `write_file`.
+struct Write<'a> {
+    sandbox_id: Option<&'a str>,
+    path: &'a str,
+    content: &'a str,
+    /// Whether `content` is base64 (`encoding` is `base64`).
+    encoded: bool,
+}
+
+impl<'a> Write<'a> {
+    fn read(args: &'a Args) -> Result<Write<'a>, ToolError> {
+        let (sandbox_id, path) = located(args)?;
+        let encoded = args.text(&ENCODING)? == Some("base64");
+        Ok(Write { sandbox_id, path, content: args.required_text(&CONTENT)?, encoded })
+    }
+}
+
 fn read(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
-    let id = super::target_sandbox(ctx, args)?;
-    let path = args.str("path").unwrap_or_default();
+    let (sandbox_id, path) = located(args)?;
+    let id = super::target_sandbox(ctx, sandbox_id)?;
     let data = ctx.app.provider.read_file(&id, path, limits::MAX_FILE_BYTES, Instant::now() + FILE_CALL_BUDGET)?;
     let mut out = json!({"path": path, "size": data.len()});
     match String::from_utf8(data) {
@@ -94,14 +118,12 @@ fn read(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
 }
 
 fn write(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
-    let id = super::target_sandbox(ctx, args)?;
-    let path = args.str("path").unwrap_or_default();
-    let content = args.str("content").unwrap_or_default();
-    let data = match args.str("encoding").unwrap_or("utf8") {
-        "base64" => {
-            base64::decode(content).ok_or_else(|| ToolError::new("content is not valid base64; encode the bytes with standard base64"))?
-        }
-        _ => content.as_bytes().to_vec(),
+    let Write { sandbox_id, path, content, encoded } = Write::read(args)?;
+    let id = super::target_sandbox(ctx, sandbox_id)?;
+    let data = if encoded {
+        base64::decode(content).ok_or_else(|| ToolError::new("content is not valid base64; encode the bytes with standard base64"))?
+    } else {
+        content.as_bytes().to_vec()
     };
     if data.len() > limits::MAX_FILE_BYTES {
         return Err(ToolError::new(format!("content is {} bytes, over write_file's limit of {}", data.len(), limits::MAX_FILE_BYTES)));
@@ -111,9 +133,28 @@ fn write(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
 }
 
 fn list(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
-    let id = super::target_sandbox(ctx, args)?;
-    let path = args.str("path").unwrap_or_default();
+    let (sandbox_id, path) = located(args)?;
+    let id = super::target_sandbox(ctx, sandbox_id)?;
     let (entries, truncated) = ctx.app.provider.list_dir(&id, path, limits::MAX_DIR_ENTRIES, Instant::now() + FILE_CALL_BUDGET)?;
     let entries: Vec<Value> = entries.iter().map(|e| json!({"name": e.name, "type": e.kind.name(), "size": e.size})).collect();
     Ok(json!({"path": path, "entries": entries, "truncated": truncated}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::args::samples;
+
+    #[test]
+    fn reads_only_declared_arguments() {
+        for tool in [READ, LIST] {
+            for args in samples(tool.name, tool.params) {
+                assert_eq!(located(&args).unwrap().1, "a", "{}", tool.name);
+            }
+        }
+        for args in samples(WRITE.name, WRITE.params) {
+            let w = Write::read(&args).unwrap();
+            assert_eq!((w.path, w.content, w.encoded), ("a", "a", false));
+        }
+    }
 }

@@ -2,7 +2,8 @@
 //!
 //! One file per tool family: `sandbox` (create, kill), `command` (run_command), `files`
 //! (read, write, list) and `tasks` (start, get, cancel, list, delete). Every handler gets validated
-//! arguments and returns the structured result or a [`ToolError`]; this module turns either into a
+//! arguments, reads them through the `Param` constants of its own table (see [`args`]), and
+//! returns the structured result or a [`ToolError`]; this module turns either into a
 //! `CallToolResult`, masking the server's own secrets on the way out.
 
 use crate::app::App;
@@ -63,8 +64,10 @@ pub struct Tool {
     pub params: &'static [Param],
     /// The schema of `structuredContent`.
     pub output_schema: fn() -> Value,
-    /// Whether the tool only reads.
+    /// Whether the tool only reads (`readOnlyHint`).
     pub read_only: bool,
+    /// Whether the tool may destroy or overwrite something (`destructiveHint`).
+    pub destructive: bool,
     /// The handler.
     pub run: fn(&Ctx<'_>, &Args) -> Result<Value, ToolError>,
 }
@@ -105,7 +108,7 @@ pub fn list() -> Value {
                 "outputSchema": (t.output_schema)(),
                 "annotations": {
                     "readOnlyHint": t.read_only,
-                    "destructiveHint": matches!(t.name, "kill_sandbox" | "cancel_task" | "delete_task" | "write_file"),
+                    "destructiveHint": t.destructive,
                     "openWorldHint": false,
                 },
             })
@@ -160,9 +163,10 @@ pub fn failure(err: &ToolError) -> Value {
     json!({"content": [{"type": "text", "text": text}], "isError": true})
 }
 
-/// The sandbox a call targets: its `sandbox_id` argument, else the session's default sandbox.
-pub fn target_sandbox(ctx: &Ctx<'_>, args: &Args) -> Result<String, ToolError> {
-    let id = match args.str("sandbox_id") {
+/// The sandbox a call targets: its `sandbox_id` argument (`given`), else the session's default
+/// sandbox.
+pub fn target_sandbox(ctx: &Ctx<'_>, given: Option<&str>) -> Result<String, ToolError> {
+    let id = match given {
         Some(id) => id.to_string(),
         None => ctx.session.default_sandbox().ok_or_else(|| {
             ToolError::new("no sandbox_id was given and this session has no default sandbox; call create_sandbox first, or pass sandbox_id")
@@ -206,7 +210,11 @@ mod tests {
                 assert!(!text.contains("$schema") && !text.contains("$ref"), "{name}");
             }
             assert_eq!(tool["inputSchema"]["additionalProperties"], false, "{name}");
+            let hints = &tool["annotations"];
+            assert!(!(hints["readOnlyHint"] == true && hints["destructiveHint"] == true), "{name}");
         }
+        let destructive: Vec<&str> = all().iter().filter(|t| t.destructive).map(|t| t.name).collect();
+        assert_eq!(destructive, ["kill_sandbox", "write_file", "cancel_task", "delete_task"]);
         assert_eq!(title("run_command"), "Run command");
     }
 }

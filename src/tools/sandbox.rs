@@ -10,22 +10,40 @@ use std::time::{Duration, Instant};
 /// How long creating or killing a sandbox may take.
 const SANDBOX_CALL_BUDGET: Duration = Duration::from_secs(60);
 
+const TEMPLATE: Param = Param {
+    name: "template",
+    kind: Kind::Str { max_chars: 128 },
+    required: false,
+    description: "Template (image) name; default \"base\".",
+};
+
+const TIMEOUT: Param = Param {
+    name: "timeout",
+    kind: Kind::Int {
+        min: limits::SANDBOX_TIMEOUT_MIN_S,
+        max: limits::SANDBOX_TIMEOUT_MAX_S,
+        default: Some(limits::SANDBOX_TIMEOUT_DEFAULT_S),
+    },
+    required: false,
+    description: "Seconds the sandbox lives without use; run_command and the file tools renew it, task tools do not.",
+};
+
+const ENVS: Param = Param {
+    name: "envs",
+    kind: Kind::StrMap,
+    required: false,
+    description: "Environment variables of every command in the sandbox. Values of names containing KEY, TOKEN, SECRET or PASSWORD are masked in output.",
+};
+
+const METADATA: Param =
+    Param { name: "metadata", kind: Kind::StrMap, required: false, description: "Free-form string labels stored with the sandbox." };
+
 pub const CREATE: Tool = Tool {
     name: "create_sandbox",
     description: "Create a Linux sandbox and make it this session's default sandbox. \
 It lives until kill_sandbox, until its timeout passes without use (ordinary tools renew it), or until this session ends \
 (unless a background task was started in it with start_task, which keeps it alive for later sessions).",
-    params: &[
-        Param { name: "template", kind: Kind::Str { max_chars: 128 }, required: false, description: "Template (image) name; default \"base\"." },
-        Param {
-            name: "timeout",
-            kind: Kind::Int { min: limits::SANDBOX_TIMEOUT_MIN_S, max: limits::SANDBOX_TIMEOUT_MAX_S, default: Some(limits::SANDBOX_TIMEOUT_DEFAULT_S) },
-            required: false,
-            description: "Seconds the sandbox lives without use; run_command and the file tools renew it, task tools do not.",
-        },
-        Param { name: "envs", kind: Kind::StrMap, required: false, description: "Environment variables of every command in the sandbox. Values of names containing KEY, TOKEN, SECRET or PASSWORD are masked in output." },
-        Param { name: "metadata", kind: Kind::StrMap, required: false, description: "Free-form string labels stored with the sandbox." },
-    ],
+    params: &[TEMPLATE, TIMEOUT, ENVS, METADATA],
     output_schema: || {
         json!({"type": "object", "properties": {
             "sandbox_id": {"type": "string"},
@@ -35,6 +53,7 @@ It lives until kill_sandbox, until its timeout passes without use (ordinary tool
         }, "required": ["sandbox_id", "provider", "template", "expires_at"]})
     },
     read_only: false,
+    destructive: false,
     run: create,
 };
 
@@ -49,16 +68,22 @@ pub const KILL: Tool = Tool {
         }, "required": ["sandbox_id", "killed"]})
     },
     read_only: false,
+    destructive: true,
     run: kill,
 };
 
+/// The arguments of `create_sandbox`.
+fn create_request(args: &Args) -> Result<CreateRequest, ToolError> {
+    Ok(CreateRequest {
+        template: args.text(&TEMPLATE)?.unwrap_or("base").to_string(),
+        timeout_s: args.integer(&TIMEOUT)?.max(0) as u64,
+        envs: args.map(&ENVS)?,
+        metadata: args.map(&METADATA)?,
+    })
+}
+
 fn create(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
-    let req = CreateRequest {
-        template: args.str("template").unwrap_or("base").to_string(),
-        timeout_s: args.int("timeout").unwrap_or(limits::SANDBOX_TIMEOUT_DEFAULT_S) as u64,
-        envs: args.str_map("envs"),
-        metadata: args.str_map("metadata"),
-    };
+    let req = create_request(args)?;
     let provider = &ctx.app.provider;
     let info = provider.create(&req, Instant::now() + SANDBOX_CALL_BUDGET)?;
     if !ctx.session.adopt(&info.sandbox_id) {
@@ -74,9 +99,32 @@ fn create(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
     }))
 }
 
+/// The argument of `kill_sandbox`.
+fn kill_target(args: &Args) -> Result<&str, ToolError> {
+    args.required_text(&SANDBOX_ID_REQUIRED)
+}
+
 fn kill(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
-    let id = super::target_sandbox(ctx, args)?;
+    let id = super::target_sandbox(ctx, Some(kill_target(args)?))?;
     let killed = ctx.app.provider.kill(&id, Instant::now() + SANDBOX_CALL_BUDGET)?;
     ctx.session.forget(&id);
     Ok(json!({"sandbox_id": id, "killed": killed}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::args::samples;
+
+    #[test]
+    fn reads_only_declared_arguments() {
+        let [all, required] = <[Args; 2]>::try_from(samples(CREATE.name, CREATE.params)).unwrap();
+        let req = create_request(&all).unwrap();
+        assert_eq!((req.template.as_str(), req.timeout_s, req.envs.len()), ("a", limits::SANDBOX_TIMEOUT_MIN_S as u64, 1));
+        let req = create_request(&required).unwrap();
+        assert_eq!((req.template.as_str(), req.timeout_s, req.metadata.len()), ("base", limits::SANDBOX_TIMEOUT_DEFAULT_S as u64, 0));
+        for args in samples(KILL.name, KILL.params) {
+            assert_eq!(kill_target(&args).unwrap(), "a");
+        }
+    }
 }

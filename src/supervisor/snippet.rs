@@ -1,0 +1,293 @@
+//! The supervisor snippets: which POSIX-shell programs exist, the text each is sent as, the
+//! constants they get from the Rust side, and the argv of every call.
+//!
+//! The positional arguments of each snippet are ordered here and only here ([`Call::argv`]); the
+//! table in the module doc of `supervisor` describes them. Values the Rust side also uses (the
+//! log cap, the task limit, the minimum secret length, the cancel timings) are never written in
+//! the shell files: each snippet starts with a generated preamble of `NAME=value` lines built
+//! from the Rust constants ([`Snippet::constants`]).
+
+use super::Window;
+use crate::limits;
+use crate::provider::Provider;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+const COMMON: &str = include_str!("common.sh");
+const MASK_AWK: &str = include_str!("mask.awk");
+
+/// After a task's timeout: how long its group has between TERM and KILL.
+pub const TIMEOUT_KILL_GRACE: Duration = Duration::from_secs(2);
+
+/// `cancel_task`: how long the task's group has between TERM and KILL.
+pub const CANCEL_KILL_GRACE: Duration = Duration::from_millis(1500);
+
+/// `cancel_task`: how long the snippet waits for the supervisor's final state; the tool's
+/// confirmation budget less a margin for the round trip.
+pub const CANCEL_WAIT: Duration = limits::CANCEL_CONFIRM.saturating_sub(Duration::from_millis(100));
+
+/// `delete_task`: a claimed task directory younger than this belongs to a start in progress.
+pub const CLAIM_FRESH: Duration = Duration::from_secs(60);
+
+/// One supervisor snippet. Each is sent as its preamble, `common.sh`, then its own file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Snippet {
+    /// `start.sh`: claims a task directory and launches the supervisor.
+    Start,
+    /// `supervise.sh`: the detached supervisor of one task (launched by `start.sh`).
+    Supervise,
+    /// `status.sh`: one task's snapshot and log pages.
+    Status,
+    /// `cancel.sh`: stops a task, then its snapshot and log pages.
+    Cancel,
+    /// `list.sh`: the state of every task.
+    List,
+    /// `delete.sh`: removes a finished task.
+    Delete,
+}
+
+impl Snippet {
+    /// Every snippet, in declaration order.
+    pub const ALL: [Snippet; 6] = [Snippet::Start, Snippet::Supervise, Snippet::Status, Snippet::Cancel, Snippet::List, Snippet::Delete];
+
+    /// The snippet's own file, without `common.sh`.
+    fn file(self) -> &'static str {
+        match self {
+            Snippet::Start => include_str!("start.sh"),
+            Snippet::Supervise => include_str!("supervise.sh"),
+            Snippet::Status => include_str!("status.sh"),
+            Snippet::Cancel => include_str!("cancel.sh"),
+            Snippet::List => include_str!("list.sh"),
+            Snippet::Delete => include_str!("delete.sh"),
+        }
+    }
+
+    /// The shell variables of the snippet's preamble, each with its value from the Rust side.
+    pub fn constants(self) -> Vec<(&'static str, u128)> {
+        match self {
+            Snippet::Start => vec![("MAX_TASKS", limits::MAX_TASKS as u128)],
+            Snippet::Supervise => vec![("LOG_CAP", limits::MAX_LOG_BYTES as u128), ("TERM_GRACE_CS", centis(TIMEOUT_KILL_GRACE))],
+            Snippet::Cancel => vec![("CANCEL_KILL_CS", centis(CANCEL_KILL_GRACE)), ("CANCEL_WAIT_CS", centis(CANCEL_WAIT))],
+            Snippet::Delete => vec![("CLAIM_FRESH_CS", centis(CLAIM_FRESH))],
+            Snippet::Status | Snippet::List => Vec::new(),
+        }
+    }
+
+    /// The whole program: the supervisor's masker, the preamble, `common.sh` and the snippet's
+    /// file, each passed through `shape` (compaction for the wire, nothing for the linter).
+    fn assemble(self, shape: fn(&str) -> String) -> String {
+        let mut out = String::new();
+        if self == Snippet::Supervise {
+            // (A comment: kept for the linter, dropped from what is sent.)
+            out.push_str(&shape("# shellcheck disable=SC2016 # an awk program: its $ fields are awk's, not the shell's\n"));
+            out.push_str(&format!("MASK_AWK='{}'\n", mask_program(shape)));
+        }
+        for (name, value) in self.constants() {
+            out.push_str(&format!("{name}={value}\n"));
+        }
+        out.push_str(&shape(COMMON));
+        out.push_str(&shape(self.file()));
+        out
+    }
+
+    /// The program as sent to the sandbox (comments and indentation dropped).
+    pub fn source(self) -> &'static str {
+        static SOURCES: OnceLock<[String; 6]> = OnceLock::new();
+        let all = SOURCES.get_or_init(|| Snippet::ALL.map(|s| s.assemble(compact)));
+        &all[self as usize]
+    }
+}
+
+/// Whole hundredths of a second, the unit the snippets count time in.
+fn centis(d: Duration) -> u128 {
+    d.as_millis() / 10
+}
+
+/// The masker program: a generated `BEGIN` that sets the minimum secret length, then
+/// `mask.awk`.
+fn mask_program(shape: fn(&str) -> String) -> String {
+    format!("BEGIN {{ min_len = {} }}\n{}", limits::MIN_SECRET_BYTES, shape(MASK_AWK))
+}
+
+/// The masker program as the supervisor runs it (for tests that compare it with the Rust masker).
+pub fn mask_awk() -> String {
+    mask_program(compact)
+}
+
+/// Drops comment lines, blank lines and indentation: the scripts travel in every request.
+fn compact(script: &str) -> String {
+    let mut out = String::with_capacity(script.len());
+    for line in script.lines() {
+        let line = line.trim_start();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+/// What `start_task` asks for.
+#[derive(Debug, Clone, Copy)]
+pub struct Launch<'a> {
+    /// The new task's id.
+    pub task_id: &'a str,
+    /// Seconds before the task is stopped.
+    pub timeout: i64,
+    /// Working directory; the sandbox user's home when `None`.
+    pub cwd: Option<&'a str>,
+    /// The shell command line.
+    pub command: &'a str,
+    /// Bytes of each log returned with the first snapshot.
+    pub page_limit: u64,
+}
+
+/// One call of a snippet with its arguments.
+#[derive(Debug, Clone, Copy)]
+pub enum Call<'a> {
+    /// Start a task.
+    Start(Launch<'a>),
+    /// Read one task.
+    Status {
+        /// The task.
+        task_id: &'a str,
+        /// The log pages to return.
+        window: Window,
+    },
+    /// Cancel one task, then read it.
+    Cancel {
+        /// The task.
+        task_id: &'a str,
+        /// The log pages to return.
+        window: Window,
+    },
+    /// List every task.
+    List,
+    /// Delete one finished task.
+    Delete {
+        /// The task.
+        task_id: &'a str,
+    },
+}
+
+impl Call<'_> {
+    /// The snippet this call runs.
+    pub fn snippet(&self) -> Snippet {
+        match self {
+            Call::Start(_) => Snippet::Start,
+            Call::Status { .. } => Snippet::Status,
+            Call::Cancel { .. } => Snippet::Cancel,
+            Call::List => Snippet::List,
+            Call::Delete { .. } => Snippet::Delete,
+        }
+    }
+
+    /// The positional arguments (`$1`, `$2`, ...), in the order the table in the `supervisor`
+    /// module doc gives.
+    fn args(&self, provider: &dyn Provider) -> Vec<String> {
+        match *self {
+            Call::Start(l) => {
+                // The shell that runs snippets, which start.sh uses to run the supervisor.
+                let sh = provider.posix_sh("", &[]).into_iter().next().unwrap_or_else(|| "/bin/sh".into());
+                vec![
+                    l.task_id.to_string(),
+                    l.timeout.to_string(),
+                    provider.task_shell(),
+                    l.cwd.unwrap_or("").to_string(),
+                    l.command.to_string(),
+                    Snippet::Supervise.source().to_string(),
+                    sh,
+                    l.page_limit.to_string(),
+                ]
+            }
+            Call::Status { task_id, window } | Call::Cancel { task_id, window } => {
+                vec![task_id.to_string(), window.stdout_offset.to_string(), window.stderr_offset.to_string(), window.limit.to_string()]
+            }
+            Call::List => Vec::new(),
+            Call::Delete { task_id } => vec![task_id.to_string()],
+        }
+    }
+
+    /// The argv that runs this call in a sandbox of `provider`.
+    pub fn argv(&self, provider: &dyn Provider) -> Vec<String> {
+        let args = self.args(provider);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        provider.posix_sh(self.snippet().source(), &args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+
+    #[test]
+    fn scripts_are_embeddable() {
+        assert!(!MASK_AWK.contains('\''), "mask.awk must not contain a single quote");
+        for (i, snippet) in Snippet::ALL.into_iter().enumerate() {
+            assert_eq!(snippet as usize, i, "Snippet::ALL must list the snippets in declaration order");
+            assert!(snippet.source().len() > 100, "{snippet:?}");
+        }
+        // The start request must leave room for a 65,536-character command within 96 KiB.
+        let overhead = Snippet::Start.source().len() + Snippet::Supervise.source().len();
+        assert!(overhead < 24 * 1024, "snippets are {overhead} bytes");
+    }
+
+    #[test]
+    fn constants_come_from_rust() {
+        assert_eq!(Snippet::Supervise.constants(), vec![("LOG_CAP", 1_048_576), ("TERM_GRACE_CS", 200)]);
+        assert_eq!(Snippet::Cancel.constants(), vec![("CANCEL_KILL_CS", 150), ("CANCEL_WAIT_CS", 290)]);
+        assert!(CANCEL_KILL_GRACE < CANCEL_WAIT && CANCEL_WAIT < limits::CANCEL_CONFIRM);
+        assert!(mask_awk().starts_with(&format!("BEGIN {{ min_len = {} }}\n", limits::MIN_SECRET_BYTES)));
+        // Every preamble variable is read by its snippet, and no snippet sets one itself.
+        for snippet in Snippet::ALL {
+            for (name, _) in snippet.constants() {
+                assert!(snippet.file().contains(name), "{snippet:?} never reads {name}");
+                assert!(!snippet.file().contains(&format!("{name}=")), "{snippet:?} sets {name} itself");
+            }
+        }
+    }
+
+    #[test]
+    fn compact_keeps_code_only() {
+        assert_eq!(compact("# c\n\n  a=1 # keep\n\tb\n"), "a=1 # keep\nb\n");
+    }
+
+    /// `shellcheck -s sh` over every snippet exactly as assembled (preamble, `common.sh`, the
+    /// snippet), with comments kept so that its `disable` directives apply.
+    #[test]
+    fn snippets_pass_shellcheck() {
+        let probe = Command::new("shellcheck").arg("--version").output();
+        assert!(
+            probe.is_ok_and(|o| o.status.success()),
+            "shellcheck is not installed; `make setup` (tests/interop/setup.sh) installs it, or run `apt-get install -y shellcheck`"
+        );
+        let mut failures = String::new();
+        for snippet in Snippet::ALL {
+            let text = snippet.assemble(str::to_string);
+            let mut child = Command::new("shellcheck")
+                .args(["-s", "sh", "-f", "gcc", "-"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("shellcheck starts");
+            child.stdin.take().expect("stdin is piped").write_all(text.as_bytes()).expect("shellcheck reads the script");
+            let out = child.wait_with_output().expect("shellcheck finishes");
+            if !out.status.success() {
+                let report = String::from_utf8_lossy(&out.stdout);
+                failures.push_str(&format!("{snippet:?}:\n"));
+                for line in report.lines() {
+                    // `-:LINE:COL: ...`: show the offending line of the assembled script.
+                    let at = line.split(':').nth(1).and_then(|n| n.parse::<usize>().ok());
+                    let source = at.and_then(|n| text.lines().nth(n - 1)).unwrap_or("");
+                    failures.push_str(&format!("  {line}\n      {}\n", source.trim()));
+                }
+                failures.push_str(&String::from_utf8_lossy(&out.stderr));
+            }
+        }
+        assert!(failures.is_empty(), "shellcheck findings (fix them, or disable one check with a comment saying why):\n{failures}");
+    }
+}

@@ -3,6 +3,7 @@
 use crate::config::{Config, ProviderKind};
 use crate::mask::Masker;
 use crate::provider::e2b::E2bProvider;
+use crate::provider::isolation;
 use crate::provider::local::LocalProvider;
 use crate::provider::Provider;
 use anyhow::{Context, Result};
@@ -28,7 +29,10 @@ impl App {
     pub fn new(config: Config) -> Result<App> {
         let provider: Arc<dyn Provider> = match config.provider {
             ProviderKind::Local => {
-                let local = LocalProvider::new(&config.home, &config.local_shell).context("starting the local provider")?;
+                let isolation = isolation::resolve(config.isolation).map_err(anyhow::Error::msg).context("starting the local provider")?;
+                let local = LocalProvider::new(&config.home, &config.local_shell)
+                    .and_then(|p| p.with_isolation(isolation))
+                    .context("starting the local provider")?;
                 let local = Arc::new(local);
                 let sweeper = local.clone();
                 std::thread::Builder::new()

@@ -30,6 +30,31 @@ impl ProviderKind {
     }
 }
 
+/// The `--isolation` setting of the local provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IsolationMode {
+    /// Namespaces when this host allows them, otherwise none (with one warning at startup).
+    Auto,
+    /// Namespaces, or refuse to start.
+    Namespaces,
+    /// No isolation: commands run as the server's user on the host.
+    None,
+}
+
+impl IsolationMode {
+    /// Every mode, in the order `--help` lists them.
+    pub const ALL: [IsolationMode; 3] = [IsolationMode::Auto, IsolationMode::Namespaces, IsolationMode::None];
+
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            IsolationMode::Auto => "auto",
+            IsolationMode::Namespaces => "namespaces",
+            IsolationMode::None => "none",
+        }
+    }
+}
+
 /// Settings of the E2B provider.
 #[derive(Debug, Clone, PartialEq)]
 pub struct E2bConfig {
@@ -66,6 +91,8 @@ pub struct Config {
     pub home: PathBuf,
     /// The POSIX shell the local provider runs snippets and commands with.
     pub local_shell: PathBuf,
+    /// How local sandboxes are isolated (resolved against the host when the provider starts).
+    pub isolation: IsolationMode,
     /// E2B settings.
     pub e2b: E2bConfig,
 }
@@ -206,6 +233,14 @@ options! {
         env: Some("SANDBOX_MCP_LOCAL_SH"),
         default: Text("/bin/sh"),
         help: "POSIX shell the local provider runs commands and supervisor snippets with",
+    };
+    /// Namespace isolation of local sandboxes.
+    ISOLATION = OptionSpec {
+        flag: Some("--isolation"),
+        takes_value: true,
+        env: Some("SANDBOX_MCP_ISOLATION"),
+        default: Text("auto"),
+        help: "isolation of local sandboxes: auto (namespaces when the host allows them), namespaces, or none",
     };
     /// E2B API key.
     E2B_API_KEY = OptionSpec {
@@ -400,6 +435,7 @@ impl Config {
                 None => default_home(env)?,
             },
             local_shell: PathBuf::from(src.text(&LOCAL_SHELL)?),
+            isolation: src.choice(&ISOLATION, "isolation", &IsolationMode::ALL.map(|m| (m.name(), m)))?,
             e2b: E2bConfig {
                 api_key,
                 domain: src.text(&E2B_DOMAIN)?,

@@ -65,3 +65,12 @@ pub const MAX_DIR_ENTRIES: usize = 10_000;
 
 /// Secrets shorter than this many bytes are never masked (they would garble output).
 pub const MIN_SECRET_BYTES: usize = 6;
+
+/// `create_sandbox` `limits.memory_mb`, in MiB.
+pub const SANDBOX_MEMORY_MB_MIN: i64 = 16;
+/// See [`SANDBOX_MEMORY_MB_MIN`].
+pub const SANDBOX_MEMORY_MB_MAX: i64 = 1_048_576;
+/// `create_sandbox` `limits.processes`.
+pub const SANDBOX_PROCESSES_MIN: i64 = 8;
+/// See [`SANDBOX_PROCESSES_MIN`].
+pub const SANDBOX_PROCESSES_MAX: i64 = 65_536;

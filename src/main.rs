@@ -1,11 +1,23 @@
 //! The `sandbox-mcp` binary: parses the command line, sets up stderr logging, and runs one
 //! subcommand. Exit codes: 0 success, 1 failure (or a failed tool for `call`), 2 usage error.
 
-use sandbox_mcp::config::{Args, Config};
+use sandbox_mcp::config::{Args, Config, IsolationMode, ProviderKind};
+use sandbox_mcp::provider::isolation::{self, Isolation};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
+    // The local provider's internal subcommands (its keeper, a sandbox's init), started detached
+    // with an empty environment: they need no config, and their arguments are their own.
+    if let Some(result) = sandbox_mcp::provider::local::run_internal(&argv) {
+        return match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("sandbox-mcp {}: {err:#}", argv.first().map(String::as_str).unwrap_or(""));
+                ExitCode::from(1)
+            }
+        };
+    }
     let args = match Args::parse(&argv) {
         Ok(a) => a,
         Err(err) => {
@@ -28,24 +40,32 @@ fn main() -> ExitCode {
         env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).target(env_logger::Target::Stderr).build();
     log::set_max_level(logger.filter());
     let _ = log::set_boxed_logger(Box::new(NoWireDumps(logger)));
-    // The local provider's internal subcommands (its keeper), started detached with an empty
-    // environment: they need no config.
-    if let Some(result) = sandbox_mcp::provider::local::run_internal(words) {
-        return match result {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(err) => {
-                eprintln!("sandbox-mcp {command}: {err:#}");
-                ExitCode::from(1)
-            }
-        };
-    }
-    let config = match Config::load(&args, &|k| std::env::var(k).ok()) {
+    let mut config = match Config::load(&args, &|k| std::env::var(k).ok()) {
         Ok(c) => c,
         Err(err) => {
             eprintln!("sandbox-mcp: {err:#}");
             return ExitCode::from(2);
         }
     };
+    if config.provider == ProviderKind::Local {
+        // Resolved once here, so that `auto` warns once and `namespaces` refuses to start.
+        match isolation::resolve(config.isolation) {
+            Ok(resolved) => {
+                if config.isolation == IsolationMode::Auto && resolved == Isolation::None {
+                    let why = isolation::probe().err().unwrap_or_default();
+                    log::warn!("local sandboxes run without isolation (--isolation auto): {why}");
+                }
+                config.isolation = match resolved {
+                    Isolation::Namespaces => IsolationMode::Namespaces,
+                    Isolation::None => IsolationMode::None,
+                };
+            }
+            Err(why) => {
+                eprintln!("sandbox-mcp: --isolation namespaces is not possible on this host: {why}");
+                return ExitCode::from(2);
+            }
+        }
+    }
     let rest = &words[words.len().min(1)..];
     let result = match command {
         "stdio" if rest.is_empty() => sandbox_mcp::server::run_stdio(config).map(|()| 0),

@@ -1,15 +1,29 @@
-//! The local provider: a sandbox is a directory under the state root plus every process tagged
-//! with its id. It needs nothing but the host, and isolates nothing but the environment and the
-//! file tools' view (the README says exactly what it does not isolate).
+//! The local provider: a sandbox is a directory under the state root plus its processes. It
+//! needs nothing but the host.
 //!
-//! Layout: `<root>/sandboxes/<id>/meta.json` (0600, written by temp file + rename) and
-//! `<root>/sandboxes/<id>/home/` (the sandbox's `HOME` and default cwd). A detached keeper process
-//! (`sandbox-mcp keeper`) ends the sandbox at expiry even when no server runs.
+//! Each sandbox is isolated one of two ways, fixed at creation and recorded in its metadata:
+//! - **namespaces** ([`super::isolation`]): its own user, mount, pid, ipc and uts namespaces
+//!   (network unless it asked for the host's), a read-only view of the host's system
+//!   directories, its home read-write, private `/tmp`, `/proc` and `/dev`, held by an init
+//!   process; every command and snippet enters them with `nsenter`, and file tools resolve paths
+//!   inside its root;
+//! - **none**: commands run on the host as the server's user, tagged with the sandbox id, and
+//!   file tools are confined to the sandbox home (the README says what this does not isolate).
+//!
+//! Layout: `<root>/sandboxes/<id>/meta.json` (0600, written by temp file + rename),
+//! `<root>/sandboxes/<id>/home/` (the sandbox's home: `HOME` and default cwd), `keeper.pid` and,
+//! with namespaces, `init.pid`. A detached keeper process (`sandbox-mcp keeper`) starts the init
+//! of an isolated sandbox and ends the sandbox at expiry even when no server runs.
 
 use crate::ids;
 use crate::mask::Masker;
+use crate::provider::isolation::enter::{self, Init};
+use crate::provider::isolation::files::{self as sandbox_files, SandboxFs};
+use crate::provider::isolation::{self, cgroup, init, rootfs, Isolation, Tools};
 use crate::provider::process::{self, Running, Spawn};
-use crate::provider::{unix_now, CreateRequest, DirEntry, EntryKind, ExecOutput, ExecRequest, Provider, ProviderError, SandboxInfo, Touch};
+use crate::provider::{
+    unix_now, CreateRequest, DirEntry, EntryKind, ExecOutput, ExecRequest, Limits, Provider, ProviderError, SandboxInfo, Touch,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs;
@@ -29,11 +43,18 @@ const CREATING_PREFIX: &str = ".creating-";
 /// Environment variable carried by every process of a sandbox (value: the sandbox id).
 pub const TAG_VAR: &str = "SANDBOX_MCP_SANDBOX";
 
-/// Host variables passed through to sandbox commands (SPEC §5); nothing else is inherited.
+/// Host variables passed through to sandbox commands; nothing else of the server's environment is.
 const ALLOWED_ENV: &[&str] = &["PATH", "LANG", "TERM", "TZ"];
 
 /// The internal subcommand that runs a sandbox's keeper (see [`run_internal`]).
 const KEEPER_COMMAND: &str = "keeper";
+
+/// The keeper's flag that makes it start the init of a new isolated sandbox (only `create` passes
+/// it: a keeper restarted by a sweep never starts an init).
+const START_INIT_FLAG: &str = "--start-init";
+
+/// A sweep leaves sandboxes younger than this to the server creating them.
+const SWEEP_GRACE_S: i64 = 60;
 
 /// Templates the local provider knows.
 const TEMPLATES: &[&str] = &["base"];
@@ -60,6 +81,36 @@ pub struct Meta {
     /// Labels.
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
+    /// How the sandbox is isolated.
+    #[serde(default)]
+    pub isolation: Isolation,
+    /// Whether an isolated sandbox shares the host's network namespace.
+    #[serde(default)]
+    pub host_network: bool,
+    /// Limits enforced with cgroups.
+    #[serde(default)]
+    pub limits: Limits,
+    /// The host uid and gid of an isolated sandbox's root.
+    #[serde(default)]
+    pub owner: Option<(u32, u32)>,
+}
+
+impl Meta {
+    /// Whether commands of this sandbox can reach the outside network.
+    pub fn network(&self) -> bool {
+        self.isolation == Isolation::None || self.host_network
+    }
+
+    fn info(&self) -> SandboxInfo {
+        SandboxInfo {
+            sandbox_id: self.sandbox_id.clone(),
+            template: self.template.clone(),
+            expires_at: self.expires_at,
+            isolation: self.isolation.name(),
+            network: self.network(),
+            limits: self.limits,
+        }
+    }
 }
 
 /// The local provider.
@@ -70,6 +121,10 @@ pub struct LocalProvider {
     exe: PathBuf,
     inherited_env: Vec<(String, String)>,
     running: Running,
+    /// How new sandboxes are isolated.
+    isolation: Isolation,
+    /// The util-linux programs isolated sandboxes need, when this host has them.
+    tools: Option<Tools>,
 }
 
 impl LocalProvider {
@@ -99,9 +154,50 @@ impl LocalProvider {
         let exe = std::env::current_exe()
             .map_err(|err| ProviderError::Unavailable(format!("cannot find this program's own path for the keeper: {err}")))?;
         let inherited_env = ALLOWED_ENV.iter().filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v))).collect::<Vec<_>>();
-        let provider =
-            LocalProvider { root: root.to_path_buf(), shell: shell.to_path_buf(), exe, inherited_env, running: Running::default() };
+        let provider = LocalProvider {
+            root: root.to_path_buf(),
+            shell: shell.to_path_buf(),
+            exe,
+            inherited_env,
+            running: Running::default(),
+            isolation: Isolation::None,
+            tools: isolation::tools().ok(),
+        };
         Ok(provider)
+    }
+
+    /// Makes new sandboxes isolated as `isolation` says (existing ones keep their own way).
+    pub fn with_isolation(mut self, isolation: Isolation) -> Result<LocalProvider, ProviderError> {
+        if isolation == Isolation::Namespaces {
+            let tools = isolation::tools().map_err(ProviderError::Unavailable)?;
+            self.tools = Some(tools);
+        }
+        self.isolation = isolation;
+        Ok(self)
+    }
+
+    /// How new sandboxes are isolated.
+    pub fn isolation(&self) -> Isolation {
+        self.isolation
+    }
+
+    fn tools(&self) -> Result<&Tools, ProviderError> {
+        self.tools.as_ref().ok_or_else(|| {
+            ProviderError::Unavailable("this sandbox is isolated with namespaces, and util-linux unshare and nsenter were not found on PATH; install util-linux".into())
+        })
+    }
+
+    /// The init of isolated sandbox `id`, checked to be still running.
+    fn live_init(&self, id: &str) -> Result<Init, ProviderError> {
+        match Init::load(&self.dir(id)) {
+            Some(init) if init.alive() => Ok(init),
+            _ => Err(sandbox_files::init_gone(id)),
+        }
+    }
+
+    fn sandbox_fs(&self, id: &str, meta: &Meta) -> Result<SandboxFs, ProviderError> {
+        let init = self.live_init(id)?;
+        SandboxFs::open(id, init, meta.owner.unwrap_or_else(isolation::sandbox_owner))
     }
 
     /// Ends expired sandboxes and restarts missing keepers (run once at server start).
@@ -128,6 +224,7 @@ impl LocalProvider {
                     log::info!("sweep: sandbox {id} expired, killing it");
                     let _ = self.kill(&id, Instant::now() + KILL_SCAN_BUDGET);
                 }
+                Ok(meta) if meta.created_at + SWEEP_GRACE_S > unix_now() => {}
                 Ok(_) if !keeper_alive(&self.dir(&id)) => {
                     log::info!("sweep: restarting the keeper of sandbox {id}");
                     self.spawn_keeper(&id);
@@ -190,6 +287,9 @@ impl LocalProvider {
             let _ = self.kill(id, Instant::now() + KILL_SCAN_BUDGET);
             return Err(ProviderError::NotFound { id: id.into() });
         }
+        if meta.isolation == Isolation::Namespaces {
+            self.live_init(id)?;
+        }
         if touch == Touch::Renew {
             let renewed = now + meta.timeout as i64;
             if renewed > meta.expires_at {
@@ -201,31 +301,56 @@ impl LocalProvider {
     }
 
     fn spawn_keeper(&self, id: &str) {
-        // The intermediate shell exits at once, so the keeper is re-parented to init (no zombie
-        // under a long-running server) and sits in its own process group, out of reach of group
-        // signals aimed at the server (the Python SDK signals the server's whole group).
-        let res = Command::new(&self.shell)
-            .args(["-c", r#""$@" </dev/null >/dev/null 2>&1 &"#, "sh"])
+        if let Err(err) = self.keeper_command(id, false).status() {
+            log::warn!("could not start the keeper of sandbox {id}: {err}; it ends at the next server start after expiry");
+        }
+    }
+
+    /// The command that starts the keeper of `id` detached. The intermediate shell exits at once,
+    /// so the keeper is re-parented to init (no zombie under a long-running server) and sits in
+    /// its own process group, out of reach of group signals aimed at the server (the Python SDK
+    /// signals the server's whole group). With `answer`, the keeper's stdout is a pipe to the
+    /// caller, on which it says whether the sandbox's init started (`ready` or `error ...`).
+    fn keeper_command(&self, id: &str, answer: bool) -> Command {
+        let script = if answer { r#""$@" </dev/null 2>/dev/null &"# } else { r#""$@" </dev/null >/dev/null 2>&1 &"# };
+        let mut cmd = Command::new(&self.shell);
+        cmd.args(["-c", script, "sh"])
             .arg(&self.exe)
             .arg(KEEPER_COMMAND)
             .arg(&self.root)
             .arg(id)
             .arg(&self.shell)
+            .args(answer.then_some(START_INIT_FLAG))
             .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into()))
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(if answer { Stdio::piped() } else { Stdio::null() })
             .stderr(Stdio::null())
-            .process_group(0)
-            .status();
-        if let Err(err) = res {
-            log::warn!("could not start the keeper of sandbox {id}: {err}; it ends at the next server start after expiry");
+            .process_group(0);
+        cmd
+    }
+
+    /// Starts the keeper of isolated sandbox `id` and waits for its init to be ready.
+    fn start_isolated(&self, id: &str) -> Result<Init, ProviderError> {
+        let unavailable = |why: String| ProviderError::Unavailable(format!("could not start the isolated sandbox: {why}"));
+        let mut child = self.keeper_command(id, true).spawn().map_err(|e| unavailable(format!("could not start its keeper: {e}")))?;
+        let answer = child.stdout.take().map(|out| read_line_within(out, init::START_BUDGET + Duration::from_secs(1)));
+        let _ = child.wait();
+        match answer.flatten() {
+            Some(line) if line == "ready" => Init::load(&self.dir(id)).ok_or_else(|| unavailable("its keeper did not record the init".into())),
+            Some(line) => Err(unavailable(line.strip_prefix("error ").unwrap_or(&line).to_string())),
+            None => Err(unavailable("its keeper did not answer".into())),
         }
     }
 
     fn env_for(&self, id: &str, meta: &Meta, extra: &BTreeMap<String, String>) -> Vec<(String, String)> {
         let mut env: BTreeMap<String, String> = self.inherited_env.iter().cloned().collect();
         env.entry("PATH".into()).or_insert_with(|| "/usr/local/bin:/usr/bin:/bin".into());
-        env.insert("HOME".into(), self.home(id).to_string_lossy().into_owned());
+        let home = match meta.isolation {
+            Isolation::Namespaces => rootfs::HOME.to_string(),
+            Isolation::None => self.home(id).to_string_lossy().into_owned(),
+        };
+        env.insert("HOME".into(), home);
         env.extend(meta.envs.iter().map(|(k, v)| (k.clone(), v.clone())));
         env.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
         env.insert(TAG_VAR.into(), id.into());
@@ -257,6 +382,22 @@ impl LocalProvider {
         }
     }
 
+    /// Ends isolated sandbox `id` by sending SIGKILL to its init (the kernel then ends every
+    /// process of its pid namespace) and waits, within `deadline`, until the init is gone.
+    /// Returns 1 when it was running, else 0.
+    fn kill_init(&self, id: &str, init: Init, deadline: Instant) -> usize {
+        if !init.alive() {
+            return 0;
+        }
+        if let Err(err) = process::signal_pids(&self.shell, "KILL", &[init.pid]) {
+            log::warn!("could not run {} to kill the init of sandbox {id}: {err}", self.shell.display());
+        }
+        while init.alive() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        1
+    }
+
     /// Builds the command that runs `argv` in live sandbox `id`, as `exec` runs it: the environment
     /// is cleared and rebuilt from the host allow-list (`PATH`, `LANG`, `TERM`, `TZ`), `HOME` (the
     /// sandbox home), the sandbox's envs, then `envs`, then the sandbox tag ([`TAG_VAR`]); the
@@ -273,26 +414,52 @@ impl LocalProvider {
         touch: Touch,
     ) -> Result<Command, ProviderError> {
         let meta = self.reach(id, touch)?;
-        let home = self.home(id);
-        let cwd = match cwd {
-            None => home,
-            Some(c) => {
-                let p = home.join(c);
-                if !p.is_dir() {
-                    return Err(ProviderError::Rejected(format!("cwd {c:?} is not an existing directory in the sandbox")));
-                }
-                p
-            }
-        };
         if let Some(bad) = envs.keys().find(|k| k.is_empty() || k.contains('=') || k.contains('\0')) {
             return Err(ProviderError::Rejected(format!("environment variable name {bad:?} is not valid")));
         }
         let (program, args) =
             argv.split_first().ok_or_else(|| ProviderError::Rejected("the command is empty; give at least the program to run".into()))?;
-        let mut cmd = Command::new(program);
-        cmd.args(args).env_clear().envs(self.env_for(id, &meta, envs)).current_dir(cwd).process_group(0);
+        let not_a_dir = |c: &Path| ProviderError::Rejected(format!("cwd {c:?} is not an existing directory in the sandbox"));
+        let cgroups = if meta.limits.any() { cgroup::procs_files(id) } else { Vec::new() };
+        let mut cmd = match meta.isolation {
+            Isolation::Namespaces => {
+                let init = self.live_init(id)?;
+                let cwd = match cwd {
+                    Some(c) => {
+                        let c = c.to_str().ok_or_else(|| not_a_dir(c))?;
+                        if !self.sandbox_fs(id, &meta)?.is_dir(c) {
+                            return Err(not_a_dir(Path::new(c)));
+                        }
+                        Some(c)
+                    }
+                    None => None,
+                };
+                enter::command(self.tools()?, init, !meta.host_network, argv, cwd, &cgroups)
+            }
+            Isolation::None => {
+                let home = self.home(id);
+                let dir = match cwd {
+                    None => home,
+                    Some(c) if home.join(c).is_dir() => home.join(c),
+                    Some(c) => return Err(not_a_dir(c)),
+                };
+                let mut cmd = enter::joined(&cgroups, Path::new(program));
+                cmd.args(args).current_dir(dir);
+                cmd
+            }
+        };
+        cmd.env_clear().envs(self.env_for(id, &meta, envs)).process_group(0);
         Ok(cmd)
     }
+}
+
+/// The limits of a create request, as a tool error names them.
+fn describe_limits(limits: &Limits) -> String {
+    let parts: Vec<String> = [("memory_mb", limits.memory_mb), ("processes", limits.processes)]
+        .iter()
+        .filter_map(|(name, v)| v.map(|v| format!("{name}: {v}")))
+        .collect();
+    format!("limits {{{}}}", parts.join(", "))
 }
 
 /// Checks the form of a local sandbox id.
@@ -415,14 +582,32 @@ fn keeper_alive(dir: &Path) -> bool {
 /// subcommand. Internal subcommands need no configuration: they start with an empty environment.
 pub fn run_internal(args: &[String]) -> Option<anyhow::Result<()>> {
     match args {
-        [command, root, id, shell] if command == KEEPER_COMMAND => Some(run_keeper(Path::new(root), id, Path::new(shell))),
+        [command, root, id, shell] if command == KEEPER_COMMAND => Some(run_keeper(Path::new(root), id, Path::new(shell), false)),
+        [command, root, id, shell, flag] if command == KEEPER_COMMAND && flag == START_INIT_FLAG => {
+            Some(run_keeper(Path::new(root), id, Path::new(shell), true))
+        }
+        [command, rest @ ..] if command == init::SUBCOMMAND => Some(init::run(rest)),
+        [command, rest @ ..] if command == init::STAGE_SUBCOMMAND => Some(init::run_stage(rest)),
         _ => None,
     }
 }
 
-/// The body of `sandbox-mcp keeper ROOT ID SHELL`: waits for the sandbox's expiry (honouring renewals)
-/// and kills it; exits early when the sandbox is gone or another keeper owns it.
-fn run_keeper(root: &Path, id: &str, shell: &Path) -> anyhow::Result<()> {
+/// Reads one line from `pipe`, or `None` at end of file or when `budget` passes.
+fn read_line_within(pipe: impl Read + Send + 'static, budget: Duration) -> Option<String> {
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let spawned = std::thread::Builder::new().name("sandbox-mcp-keeper-answer".into()).spawn(move || {
+        let mut line = String::new();
+        let ok = io::BufRead::read_line(&mut io::BufReader::new(pipe), &mut line).is_ok_and(|n| n > 0);
+        let _ = tx.send(ok.then(|| line.trim_end().to_string()));
+    });
+    spawned.ok()?;
+    rx.recv_timeout(budget).ok().flatten()
+}
+
+/// The body of `sandbox-mcp keeper ROOT ID SHELL [--start-init]`: starts the init of a new
+/// isolated sandbox when asked, then waits for the sandbox's expiry (honouring renewals) and
+/// kills it; exits early when the sandbox is gone or another keeper owns it.
+fn run_keeper(root: &Path, id: &str, shell: &Path, start_init: bool) -> anyhow::Result<()> {
     check_local_id(id)?;
     let provider = LocalProvider::new(root, shell)?;
     let dir = provider.dir(id);
@@ -431,10 +616,50 @@ fn run_keeper(root: &Path, id: &str, shell: &Path) -> anyhow::Result<()> {
     if keeper_alive(&dir) || !dir.join("meta.json").exists() {
         return Ok(());
     }
-    let mut pid_file = fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(dir.join("keeper.pid"))?;
+    // A stale record goes; of two keepers starting at once only the one that creates it stays.
+    let _ = fs::remove_file(dir.join("keeper.pid"));
+    let claimed = fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(dir.join("keeper.pid"));
+    let mut pid_file = match claimed {
+        Ok(f) => f,
+        Err(err) if err.kind() == io::ErrorKind::AlreadyExists => return Ok(()),
+        Err(err) => return Err(err.into()),
+    };
     pid_file.write_all(format!("{me} {start}\n").as_bytes())?;
     drop(pid_file);
+    // An isolated sandbox's init is started once, by its first keeper; a later keeper (restarted by
+    // a sweep) never starts another: a sandbox whose init died stays gone.
+    let mut holder = None;
+    let mut answer = io::stdout();
+    match provider.load(id) {
+        Ok(meta) if start_init && meta.isolation == Isolation::Namespaces && Init::load(&dir).is_none() => {
+            let started = provider.tools().map_err(|e| e.to_string()).and_then(|tools| {
+                let home = provider.home(id);
+                init::start(tools, &provider.exe, &home, meta.host_network, shell)
+            });
+            match started {
+                Ok(started) => {
+                    Init { pid: started.pid, start: started.start }.store(&dir)?;
+                    holder = Some(started.holder);
+                    let _ = writeln!(answer, "ready");
+                }
+                Err(why) => {
+                    let _ = writeln!(answer, "error {why}");
+                    anyhow::bail!("sandbox {id}: {why}");
+                }
+            }
+        }
+        _ => {
+            let _ = writeln!(answer, "ready");
+        }
+    }
+    let _ = answer.flush();
     loop {
+        if let Some(h) = holder.as_mut() {
+            // The `unshare` that forked the init exits with it; reap it.
+            if let Ok(Some(_)) = h.try_wait() {
+                holder = None;
+            }
+        }
         let meta = match provider.load(id) {
             Ok(m) => m,
             Err(ProviderError::NotFound { .. }) if dir.exists() => {
@@ -479,6 +704,19 @@ impl Provider for LocalProvider {
         if let Some(bad) = req.envs.keys().find(|k| k.is_empty() || k.contains('=') || k.contains('\0')) {
             return Err(ProviderError::Rejected(format!("environment variable name {bad:?} is not valid")));
         }
+        let isolation = self.isolation;
+        let host_network = match (isolation, req.network) {
+            (Isolation::None, Some(false)) => {
+                return Err(ProviderError::Rejected(
+                    "network: false needs namespace isolation, and this server creates local sandboxes without it \
+(--isolation none, or namespaces are unavailable on this host: see the server's startup warning); leave network out to get the host's network"
+                        .into(),
+                ))
+            }
+            (Isolation::None, _) => true,
+            (Isolation::Namespaces, network) => network.unwrap_or(false),
+        };
+        let owner = (isolation == Isolation::Namespaces).then(isolation::sandbox_owner);
         let id = format!("{ID_PREFIX}{}", ids::random_hex(12));
         // Built aside and renamed into place, so that a sandbox directory never exists without
         // its metadata: a sweep running meanwhile (another server starting) takes a directory
@@ -488,6 +726,11 @@ impl Provider for LocalProvider {
             .mode(0o700)
             .create(&building)
             .and_then(|()| fs::DirBuilder::new().mode(0o700).create(building.join("home")));
+        let mk = mk.and_then(|()| match owner {
+            // The home belongs to the sandbox's root, which is another uid when the server is root.
+            Some((uid, gid)) if uid != rustix::process::getuid().as_raw() => std::os::unix::fs::chown(building.join("home"), Some(uid), Some(gid)),
+            _ => Ok(()),
+        });
         mk.map_err(|err| ProviderError::Unavailable(format!("cannot create sandbox directory {}: {err}", building.display())))?;
         let now = unix_now();
         let meta = Meta {
@@ -498,6 +741,10 @@ impl Provider for LocalProvider {
             expires_at: now + req.timeout_s as i64,
             envs: req.envs.clone(),
             metadata: req.metadata.clone(),
+            isolation,
+            host_network,
+            limits: req.limits,
+            owner,
         };
         let placed = self.store_in(&building, &meta).and_then(|()| {
             fs::rename(&building, self.dir(&id))
@@ -507,8 +754,24 @@ impl Provider for LocalProvider {
             let _ = fs::remove_dir_all(&building);
             return Err(err);
         }
-        self.spawn_keeper(&id);
-        Ok(SandboxInfo { sandbox_id: id, template: meta.template, expires_at: meta.expires_at })
+        let fail = |err: ProviderError| {
+            let _ = self.kill(&id, Instant::now() + KILL_SCAN_BUDGET);
+            err
+        };
+        if req.limits.any() {
+            cgroup::create(&id, &req.limits)
+                .map_err(|why| fail(ProviderError::Rejected(format!("cannot enforce {}: {why}", describe_limits(&req.limits)))))?;
+        }
+        match isolation {
+            Isolation::None => self.spawn_keeper(&id),
+            Isolation::Namespaces => {
+                let init = self.start_isolated(&id).map_err(fail)?;
+                if req.limits.any() {
+                    cgroup::join(&cgroup::procs_files(&id), init.pid).map_err(|why| fail(ProviderError::Unavailable(why)))?;
+                }
+            }
+        }
+        Ok(meta.info())
     }
 
     fn kill(&self, sandbox_id: &str, deadline: Instant) -> Result<bool, ProviderError> {
@@ -520,9 +783,15 @@ impl Provider for LocalProvider {
         // Metadata goes first, so that no new command starts while the scan runs. Of two racing
         // kills only the one that removes it answers true, unless the other still finds processes
         // (an interrupted kill, say by a server killed mid-way: its rest is this call's work).
+        let init = Init::load(&dir);
         let existed = fs::remove_file(dir.join("meta.json")).is_ok();
         let budget = deadline.min(Instant::now() + KILL_SCAN_BUDGET);
-        let n = self.kill_tagged(sandbox_id, budget);
+        let n = match init {
+            // The kernel ends every process of the pid namespace with its init.
+            Some(init) => self.kill_init(sandbox_id, init, budget),
+            None => self.kill_tagged(sandbox_id, budget),
+        };
+        cgroup::remove(sandbox_id, budget);
         if n > 0 {
             log::debug!("sandbox {sandbox_id}: killed {n} processes");
         }
@@ -546,8 +815,7 @@ impl Provider for LocalProvider {
     }
 
     fn info(&self, sandbox_id: &str, touch: Touch, _deadline: Instant) -> Result<SandboxInfo, ProviderError> {
-        let meta = self.reach(sandbox_id, touch)?;
-        Ok(SandboxInfo { sandbox_id: meta.sandbox_id, template: meta.template, expires_at: meta.expires_at })
+        Ok(self.reach(sandbox_id, touch)?.info())
     }
 
     fn set_timeout(&self, sandbox_id: &str, timeout_s: u64, _deadline: Instant) -> Result<SandboxInfo, ProviderError> {
@@ -555,7 +823,7 @@ impl Provider for LocalProvider {
         meta.timeout = timeout_s;
         meta.expires_at = unix_now() + timeout_s as i64;
         self.store(&meta)?;
-        Ok(SandboxInfo { sandbox_id: meta.sandbox_id, template: meta.template, expires_at: meta.expires_at })
+        Ok(meta.info())
     }
 
     fn shell(&self, script: &str) -> Vec<String> {
@@ -585,7 +853,10 @@ impl Provider for LocalProvider {
     }
 
     fn read_file(&self, sandbox_id: &str, path: &str, max_bytes: usize, _deadline: Instant) -> Result<Vec<u8>, ProviderError> {
-        self.reach(sandbox_id, Touch::Renew)?;
+        let sandbox = self.reach(sandbox_id, Touch::Renew)?;
+        if sandbox.isolation == Isolation::Namespaces {
+            return self.sandbox_fs(sandbox_id, &sandbox)?.read(path, max_bytes);
+        }
         let full = self.resolve(sandbox_id, path)?;
         let meta = fs::metadata(&full).map_err(|err| file_error(path, err))?;
         if meta.is_dir() {
@@ -610,7 +881,10 @@ impl Provider for LocalProvider {
     }
 
     fn write_file(&self, sandbox_id: &str, path: &str, data: &[u8], _deadline: Instant) -> Result<u64, ProviderError> {
-        self.reach(sandbox_id, Touch::Renew)?;
+        let sandbox = self.reach(sandbox_id, Touch::Renew)?;
+        if sandbox.isolation == Isolation::Namespaces {
+            return self.sandbox_fs(sandbox_id, &sandbox)?.write(path, data);
+        }
         let full = self.resolve(sandbox_id, path)?;
         if let Some(parent) = full.parent() {
             fs::create_dir_all(parent).map_err(|err| file_error(path, err))?;
@@ -640,7 +914,10 @@ impl Provider for LocalProvider {
         max_entries: usize,
         _deadline: Instant,
     ) -> Result<(Vec<DirEntry>, bool), ProviderError> {
-        self.reach(sandbox_id, Touch::Renew)?;
+        let sandbox = self.reach(sandbox_id, Touch::Renew)?;
+        if sandbox.isolation == Isolation::Namespaces {
+            return self.sandbox_fs(sandbox_id, &sandbox)?.list(path, max_entries);
+        }
         let full = self.resolve(sandbox_id, path)?;
         let rd = fs::read_dir(&full).map_err(|err| file_error(path, err))?;
         let mut entries = Vec::new();

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub mod e2b;
+pub mod isolation;
 pub mod local;
 pub mod process;
 
@@ -36,6 +37,27 @@ pub struct CreateRequest {
     pub envs: BTreeMap<String, String>,
     /// Free-form labels.
     pub metadata: BTreeMap<String, String>,
+    /// Outside network access: `Some(false)` none, `Some(true)` the host's, `None` the
+    /// provider's default (local: none; E2B: its platform's).
+    pub network: Option<bool>,
+    /// Resource limits asked for.
+    pub limits: Limits,
+}
+
+/// Resource limits of one sandbox (`None`: not limited).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Limits {
+    /// Memory in MiB (swap included where the host accounts it).
+    pub memory_mb: Option<u64>,
+    /// Processes and threads at once.
+    pub processes: Option<u64>,
+}
+
+impl Limits {
+    /// Whether any limit is set.
+    pub fn any(&self) -> bool {
+        self.memory_mb.is_some() || self.processes.is_some()
+    }
 }
 
 /// What a provider knows about one sandbox.
@@ -47,6 +69,12 @@ pub struct SandboxInfo {
     pub template: String,
     /// When the provider will end it, in Unix seconds.
     pub expires_at: i64,
+    /// How it is isolated: `namespaces` or `none` (local), `e2b` (the platform's own).
+    pub isolation: &'static str,
+    /// Whether it can reach the outside network.
+    pub network: bool,
+    /// The limits enforced on it.
+    pub limits: Limits,
 }
 
 /// One command execution inside a sandbox.

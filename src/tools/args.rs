@@ -34,6 +34,21 @@ pub enum Kind {
     },
     /// An object whose values are all strings.
     StrMap,
+    /// `true` or `false`.
+    Bool,
+    /// An object of optional integer fields, each with its own range; no other field.
+    IntFields(&'static [IntField]),
+}
+
+/// One field of a [`Kind::IntFields`] object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IntField {
+    /// Field name.
+    pub name: &'static str,
+    /// Lower bound.
+    pub min: i64,
+    /// Upper bound.
+    pub max: i64,
 }
 
 /// One argument of a tool.
@@ -64,6 +79,12 @@ pub fn input_schema(params: &[Param]) -> Value {
                 s
             }
             Kind::StrMap => json!({"type": "object", "additionalProperties": {"type": "string"}}),
+            Kind::Bool => json!({"type": "boolean"}),
+            Kind::IntFields(fields) => {
+                let props: Map<String, Value> =
+                    fields.iter().map(|f| (f.name.to_string(), json!({"type": "integer", "minimum": f.min, "maximum": f.max}))).collect();
+                json!({"type": "object", "properties": props, "additionalProperties": false})
+            }
         };
         s["description"] = json!(p.description);
         props.insert(p.name.into(), s);
@@ -92,13 +113,19 @@ enum Access {
     Text,
     Integer,
     Map,
+    Flag,
+    Fields,
 }
 
 impl Access {
     fn fits(self, kind: Kind) -> bool {
         matches!(
             (self, kind),
-            (Access::Text, Kind::Str { .. } | Kind::Enum(_)) | (Access::Integer, Kind::Int { .. }) | (Access::Map, Kind::StrMap)
+            (Access::Text, Kind::Str { .. } | Kind::Enum(_))
+                | (Access::Integer, Kind::Int { .. })
+                | (Access::Map, Kind::StrMap)
+                | (Access::Flag, Kind::Bool)
+                | (Access::Fields, Kind::IntFields(_))
         )
     }
 }
@@ -155,6 +182,16 @@ impl Args {
         Ok(string_map(self.lookup(p, Access::Map)?))
     }
 
+    /// A boolean argument, if given.
+    pub fn flag(&self, p: &Param) -> Result<Option<bool>, ToolError> {
+        Ok(self.lookup(p, Access::Flag)?.and_then(Value::as_bool))
+    }
+
+    /// The integer fields given in an [`Kind::IntFields`] argument (none when it was not given).
+    pub fn int_fields(&self, p: &Param) -> Result<BTreeMap<String, i64>, ToolError> {
+        Ok(int_fields(self.lookup(p, Access::Fields)?))
+    }
+
     /// Whether `name` is declared; a lookup of any other name is a bug in the caller (a panic in
     /// debug builds).
     fn by_name(&self, name: &str) -> Option<&Value> {
@@ -181,6 +218,25 @@ impl Args {
     /// parameter table. Handlers use [`Args::map`].
     pub fn str_map(&self, name: &str) -> BTreeMap<String, String> {
         string_map(self.by_name(name))
+    }
+
+    /// A boolean argument by wire name, for code that walks the parameter table. Handlers use
+    /// [`Args::flag`].
+    pub fn bool(&self, name: &str) -> Option<bool> {
+        self.by_name(name).and_then(Value::as_bool)
+    }
+
+    /// An integer-fields argument by wire name, for code that walks the parameter table.
+    /// Handlers use [`Args::int_fields`].
+    pub fn fields(&self, name: &str) -> BTreeMap<String, i64> {
+        int_fields(self.by_name(name))
+    }
+}
+
+fn int_fields(value: Option<&Value>) -> BTreeMap<String, i64> {
+    match value {
+        Some(Value::Object(m)) => m.iter().filter_map(|(k, v)| Some((k.clone(), v.as_i64()?))).collect(),
+        _ => BTreeMap::new(),
     }
 }
 
@@ -251,6 +307,29 @@ fn check(p: &Param, value: &Value) -> Result<Value, String> {
             }
             Ok(value.clone())
         }
+        Kind::Bool => match value {
+            Value::Bool(_) => Ok(value.clone()),
+            _ => Err(format!("must be true or false, got {}", describe(value))),
+        },
+        Kind::IntFields(fields) => {
+            let names = || fields.iter().map(|f| f.name).collect::<Vec<_>>().join(", ");
+            let obj = value.as_object().ok_or_else(|| format!("must be an object with fields {}, got {}", names(), describe(value)))?;
+            let mut out = Map::new();
+            for (k, v) in obj {
+                let Some(f) = fields.iter().find(|f| f.name == k) else {
+                    return Err(format!("has an unknown field {:?}; its fields are {}", truncate(k, 60), names()));
+                };
+                if v.is_null() {
+                    continue;
+                }
+                let n = as_integer(v).ok_or_else(|| format!("field {:?} must be an integer from {} to {}, got {}", f.name, f.min, f.max, describe(v)))?;
+                if n < f.min || n > f.max {
+                    return Err(format!("field {:?} must be from {} to {}, got {n}", f.name, f.min, f.max));
+                }
+                out.insert(k.clone(), json!(n));
+            }
+            Ok(Value::Object(out))
+        }
     }
 }
 
@@ -291,6 +370,8 @@ pub(crate) fn samples(tool: &str, params: &[Param]) -> Vec<Args> {
         Kind::Enum(values) => json!(values.first().copied().unwrap_or_default()),
         Kind::Int { min, .. } => json!(min),
         Kind::StrMap => json!({"K": "v"}),
+        Kind::Bool => json!(true),
+        Kind::IntFields(fields) => Value::Object(fields.iter().map(|f| (f.name.to_string(), json!(f.min))).collect()),
     };
     let all: Map<String, Value> = params.iter().map(|p| (p.name.to_string(), value(p))).collect();
     let required: Map<String, Value> = params.iter().filter(|p| p.required).map(|p| (p.name.to_string(), value(p))).collect();

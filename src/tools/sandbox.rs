@@ -1,9 +1,9 @@
 //! `create_sandbox` and `kill_sandbox`.
 
-use super::args::{Args, Kind, Param};
+use super::args::{Args, IntField, Kind, Param};
 use super::{Ctx, Tool, ToolError, SANDBOX_ID_REQUIRED};
 use crate::limits;
-use crate::provider::CreateRequest;
+use crate::provider::{CreateRequest, Limits};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -38,19 +38,41 @@ const ENVS: Param = Param {
 const METADATA: Param =
     Param { name: "metadata", kind: Kind::StrMap, required: false, description: "Free-form string labels stored with the sandbox." };
 
+const NETWORK: Param = Param {
+    name: "network",
+    kind: Kind::Bool,
+    required: false,
+    description: "Outside network access. Local sandboxes isolated with namespaces: false (the default) gives only the sandbox's own loopback, true the host's network. E2B sandboxes have the network unless false.",
+};
+
+const LIMITS: Param = Param {
+    name: "limits",
+    kind: Kind::IntFields(&[
+        IntField { name: "memory_mb", min: limits::SANDBOX_MEMORY_MB_MIN, max: limits::SANDBOX_MEMORY_MB_MAX },
+        IntField { name: "processes", min: limits::SANDBOX_PROCESSES_MIN, max: limits::SANDBOX_PROCESSES_MAX },
+    ]),
+    required: false,
+    description: "Resource limits of a local sandbox, enforced with cgroups: memory_mb (memory in MiB) and processes (at once). A limit the host cannot enforce fails the call.",
+};
+
 pub const CREATE: Tool = Tool {
     name: "create_sandbox",
     description: "Create a Linux sandbox and make it this session's default sandbox. \
 It lives until kill_sandbox, until its timeout passes without use (ordinary tools renew it), or until this session ends \
 (unless a background task was started in it with start_task, which keeps it alive for later sessions).",
-    params: &[TEMPLATE, TIMEOUT, ENVS, METADATA],
+    params: &[TEMPLATE, TIMEOUT, ENVS, METADATA, NETWORK, LIMITS],
     output_schema: || {
+        let limit = json!({"type": ["integer", "null"]});
         json!({"type": "object", "properties": {
             "sandbox_id": {"type": "string"},
             "provider": {"type": "string"},
             "template": {"type": "string"},
-            "expires_at": {"type": "integer", "description": "Unix seconds"}
-        }, "required": ["sandbox_id", "provider", "template", "expires_at"]})
+            "expires_at": {"type": "integer", "description": "Unix seconds"},
+            "isolation": {"type": "string", "description": "namespaces or none (local provider), e2b (the platform's own)"},
+            "network": {"type": "boolean", "description": "Whether commands can reach the outside network"},
+            "limits": {"type": "object", "properties": {"memory_mb": limit, "processes": limit},
+                "required": ["memory_mb", "processes"], "description": "Enforced limits; null where none was asked for"}
+        }, "required": ["sandbox_id", "provider", "template", "expires_at", "isolation", "network", "limits"]})
     },
     read_only: false,
     destructive: false,
@@ -79,6 +101,12 @@ fn create_request(args: &Args) -> Result<CreateRequest, ToolError> {
         timeout_s: args.integer(&TIMEOUT)?.max(0) as u64,
         envs: args.map(&ENVS)?,
         metadata: args.map(&METADATA)?,
+        network: args.flag(&NETWORK)?,
+        limits: {
+            let given = args.int_fields(&LIMITS)?;
+            let field = |name: &str| given.get(name).map(|v| (*v).max(0) as u64);
+            Limits { memory_mb: field("memory_mb"), processes: field("processes") }
+        },
     })
 }
 
@@ -96,6 +124,9 @@ fn create(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
         "provider": provider.name(),
         "template": info.template,
         "expires_at": info.expires_at,
+        "isolation": info.isolation,
+        "network": info.network,
+        "limits": {"memory_mb": info.limits.memory_mb, "processes": info.limits.processes},
     }))
 }
 

@@ -166,6 +166,12 @@ fn model_accepts(kind: Kind, value: &Value) -> bool {
             None => value.as_f64().is_some_and(|f| f.fract() == 0.0 && f >= min as f64 && f <= max as f64),
         },
         Kind::StrMap => value.as_object().is_some_and(|m| m.values().all(Value::is_string)),
+        Kind::Bool => value.is_boolean(),
+        Kind::IntFields(fields) => value.as_object().is_some_and(|m| {
+            m.iter().all(|(k, v)| {
+                fields.iter().find(|f| f.name == k).is_some_and(|f| v.is_null() || model_accepts(Kind::Int { min: f.min, max: f.max, default: None }, v))
+            })
+        }),
     }
 }
 
@@ -210,6 +216,16 @@ fn check_tool_args(name: &str, params: &[Param], arguments: &Map<String, Value>)
                 expected.sort_unstable();
                 let map: Vec<(&str, &str)> = map.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
                 assert_eq!(map, expected, "{name}.{}", p.name);
+            }
+            Kind::Bool => assert_eq!(args.bool(p.name), given.and_then(Value::as_bool), "{name}.{}", p.name),
+            Kind::IntFields(_) => {
+                let kept = args.fields(p.name);
+                let expected: Vec<(&str, f64)> = match given.and_then(Value::as_object) {
+                    Some(m) => m.iter().filter_map(|(k, v)| Some((k.as_str(), v.as_f64()?))).collect(),
+                    None => Vec::new(),
+                };
+                let kept: Vec<(&str, f64)> = kept.iter().map(|(k, v)| (k.as_str(), *v as f64)).collect();
+                assert_eq!(kept, expected, "{name}.{}", p.name);
             }
         }
     }

@@ -11,13 +11,16 @@
 use super::loose;
 use super::reply::{self, Reply};
 use crate::mask::Masker;
-use crate::provider::{unix_now, CreateRequest, ProviderError, SandboxInfo, Touch};
+use crate::provider::{unix_now, CreateRequest, Limits, ProviderError, SandboxInfo, Touch};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::io::Read;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+/// What `create_sandbox` reports as an E2B sandbox's isolation: the platform's own.
+const ISOLATION: &str = "e2b";
 
 /// Metadata key under which the sandbox's TTL is stored, so any server process renews it alike.
 /// [`Metadata`] reads the same key.
@@ -285,7 +288,7 @@ impl ControlPlane {
             "envVars": req.envs,
             "metadata": metadata,
             "secure": true,
-            "allow_internet_access": true,
+            "allow_internet_access": req.network.unwrap_or(true),
         });
         let reply = self.api("POST", "/sandboxes", Some(&body), deadline)?;
         if reply.status != 201 {
@@ -308,7 +311,14 @@ impl ControlPlane {
             k.timeout_s = Some(req.timeout_s);
             k.renewed = Some(Instant::now());
         }
-        Ok(SandboxInfo { sandbox_id: id, template: req.template.clone(), expires_at: unix_now() + req.timeout_s as i64 })
+        Ok(SandboxInfo {
+            sandbox_id: id,
+            template: req.template.clone(),
+            expires_at: unix_now() + req.timeout_s as i64,
+            isolation: ISOLATION,
+            network: req.network.unwrap_or(true),
+            limits: Limits::default(),
+        })
     }
 
     /// `DELETE /sandboxes/{id}`: `Ok(false)` when it was already gone.
@@ -332,6 +342,9 @@ impl ControlPlane {
             sandbox_id: id.to_string(),
             template: sandbox.template_id.unwrap_or_default(),
             expires_at: sandbox.end_at.as_deref().and_then(super::wire::rfc3339).unwrap_or(0),
+            isolation: ISOLATION,
+            network: true,
+            limits: Limits::default(),
         })
     }
 
@@ -342,7 +355,14 @@ impl ControlPlane {
             return Err(self.api_error(Some(id), "set timeout", &reply));
         }
         self.known().entry(id.to_string()).or_default().timeout_s = Some(timeout_s);
-        Ok(SandboxInfo { sandbox_id: id.to_string(), template: String::new(), expires_at: unix_now() + timeout_s as i64 })
+        Ok(SandboxInfo {
+            sandbox_id: id.to_string(),
+            template: String::new(),
+            expires_at: unix_now() + timeout_s as i64,
+            isolation: ISOLATION,
+            network: true,
+            limits: Limits::default(),
+        })
     }
 }
 

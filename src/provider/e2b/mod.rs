@@ -79,6 +79,11 @@ impl Provider for E2bProvider {
     }
 
     fn create(&self, req: &CreateRequest, deadline: Instant) -> Result<SandboxInfo, ProviderError> {
+        if req.limits.any() {
+            return Err(ProviderError::Rejected(
+                "limits are enforced by the local provider only; an E2B sandbox's resources come from its template".into(),
+            ));
+        }
         self.control.create(req, deadline)
     }
 

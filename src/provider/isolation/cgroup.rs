@@ -1,0 +1,151 @@
+//! Memory and process limits of local sandboxes, enforced with cgroups.
+//!
+//! A sandbox with limits gets one cgroup per controller (cgroup v1: `memory` and `pids`
+//! hierarchies) or one cgroup with both controllers (cgroup v2), named after the sandbox under a
+//! `sandbox-mcp` directory nested in the server's own cgroup (v1) or beside it (v2, where a
+//! cgroup with processes cannot hand controllers to children). Every process of the sandbox is
+//! placed in it: the init when it starts, every later exec before it runs anything
+//! ([`super::enter`]). Swap is limited to zero where the kernel accounts it, so the memory limit
+//! is a limit. A limit the host cannot enforce (no writable cgroup) is refused with the reason.
+
+use crate::provider::Limits;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const ROOT: &str = "/sys/fs/cgroup";
+
+/// Where a sandbox's cgroups live on this host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Layout {
+    /// cgroup v2: one directory for both controllers.
+    V2 { base: PathBuf },
+    /// cgroup v1: one directory per controller.
+    V1 { memory: PathBuf, pids: PathBuf },
+}
+
+/// The server's own cgroup path in the hierarchy whose `/proc/self/cgroup` line ends in `:key:`
+/// (`""` for v2, `memory`, `pids`).
+fn own_path(controller: &str) -> Option<String> {
+    let text = fs::read_to_string("/proc/self/cgroup").ok()?;
+    text.lines().find_map(|l| {
+        let mut it = l.splitn(3, ':');
+        let (_, ctrls, path) = (it.next()?, it.next()?, it.next()?);
+        (ctrls.split(',').any(|c| c == controller)).then(|| path.to_string())
+    })
+}
+
+fn layout() -> Result<Layout, String> {
+    let root = Path::new(ROOT);
+    if root.join("cgroup.controllers").exists() {
+        let have = fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+        if !(have.split_whitespace().any(|c| c == "memory") && have.split_whitespace().any(|c| c == "pids")) {
+            return Err("cgroup v2 has no memory and pids controllers here".into());
+        }
+        let own = own_path("").unwrap_or_default();
+        let parent = Path::new(own.trim_start_matches('/')).parent().map(Path::to_path_buf).unwrap_or_default();
+        return Ok(Layout::V2 { base: root.join(parent).join("sandbox-mcp") });
+    }
+    let (memory, pids) = (root.join("memory"), root.join("pids"));
+    if !memory.is_dir() || !pids.is_dir() {
+        return Err(format!("neither cgroup v2 at {ROOT} nor the v1 memory and pids hierarchies are mounted"));
+    }
+    let nest = |dir: PathBuf, ctl: &str| {
+        let own = own_path(ctl).unwrap_or_default();
+        let own_dir = dir.join(own.trim_start_matches('/'));
+        // Inside a cgroup namespace the server's own path may not be visible: use the mount's root.
+        if own_dir.is_dir() { own_dir } else { dir }.join("sandbox-mcp")
+    };
+    Ok(Layout::V1 { memory: nest(memory, "memory"), pids: nest(pids, "pids") })
+}
+
+/// Why limits cannot be enforced on this host, or `Ok` (checks that a cgroup can be created).
+pub fn check() -> Result<(), String> {
+    let probe = format!("probe-{}", crate::ids::random_hex(4));
+    let made = create(&probe, &Limits { memory_mb: Some(1024), processes: Some(1024) });
+    remove(&probe, Instant::now() + Duration::from_secs(1));
+    made.map(|_| ())
+}
+
+/// Creates the cgroups of sandbox `id` with `limits`; returns the `cgroup.procs` files its
+/// processes must join.
+pub fn create(id: &str, limits: &Limits) -> Result<Vec<PathBuf>, String> {
+    let layout = layout()?;
+    let uid = rustix::process::getuid().as_raw();
+    let denied = |dir: &Path, e: io::Error| {
+        format!(
+            "cannot create the cgroup {} ({e}); limits need a writable cgroup: run the server as root, or where a cgroup v2 subtree is delegated to uid {uid} (a systemd user session)",
+            dir.display()
+        )
+    };
+    let write = |file: PathBuf, value: String| fs::write(&file, value).map_err(|e| format!("cannot write {}: {e}", file.display()));
+    match layout {
+        Layout::V2 { base } => {
+            fs::create_dir_all(&base).map_err(|e| denied(&base, e))?;
+            if let Some(parent) = base.parent() {
+                let _ = fs::write(parent.join("cgroup.subtree_control"), "+memory +pids");
+            }
+            write(base.join("cgroup.subtree_control"), "+memory +pids".into())?;
+            let dir = base.join(id);
+            fs::create_dir(&dir).map_err(|e| denied(&dir, e))?;
+            if let Some(mb) = limits.memory_mb {
+                write(dir.join("memory.max"), (mb * 1024 * 1024).to_string())?;
+                let _ = fs::write(dir.join("memory.swap.max"), "0");
+            }
+            if let Some(n) = limits.processes {
+                write(dir.join("pids.max"), n.to_string())?;
+            }
+            Ok(vec![dir.join("cgroup.procs")])
+        }
+        Layout::V1 { memory, pids } => {
+            let (mem_dir, pids_dir) = (memory.join(id), pids.join(id));
+            for dir in [&mem_dir, &pids_dir] {
+                fs::create_dir_all(dir).map_err(|e| denied(dir, e))?;
+            }
+            if let Some(mb) = limits.memory_mb {
+                let bytes = (mb * 1024 * 1024).to_string();
+                write(mem_dir.join("memory.limit_in_bytes"), bytes.clone())?;
+                // Memory plus swap, where swap accounting is on.
+                let _ = fs::write(mem_dir.join("memory.memsw.limit_in_bytes"), bytes);
+            }
+            if let Some(n) = limits.processes {
+                write(pids_dir.join("pids.max"), n.to_string())?;
+            }
+            Ok(vec![mem_dir.join("cgroup.procs"), pids_dir.join("cgroup.procs")])
+        }
+    }
+}
+
+/// The `cgroup.procs` files of sandbox `id` that exist (none when it has no limits).
+pub fn procs_files(id: &str) -> Vec<PathBuf> {
+    let dirs = match layout() {
+        Ok(Layout::V2 { base }) => vec![base.join(id)],
+        Ok(Layout::V1 { memory, pids }) => vec![memory.join(id), pids.join(id)],
+        Err(_) => vec![],
+    };
+    dirs.into_iter().map(|d| d.join("cgroup.procs")).filter(|p| p.exists()).collect()
+}
+
+/// Moves process `pid` into the cgroups whose `cgroup.procs` files are `procs`.
+pub fn join(procs: &[PathBuf], pid: u32) -> Result<(), String> {
+    for file in procs {
+        fs::write(file, pid.to_string()).map_err(|e| format!("cannot move process {pid} into {}: {e}", file.display()))?;
+    }
+    Ok(())
+}
+
+/// Removes the cgroups of sandbox `id` once they are empty (retrying until `deadline`).
+pub fn remove(id: &str, deadline: Instant) {
+    for procs in procs_files(id) {
+        let Some(dir) = procs.parent() else { continue };
+        loop {
+            match fs::remove_dir(dir) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                _ => break,
+            }
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! File tools inside an isolated sandbox, done from the server without entering it.
+//!
+//! Paths mean what they mean inside the sandbox: absolute paths from its root, relative ones
+//! from its home. Every lookup starts at the init's root (`/proc/<init>/root`) and is resolved
+//! by the kernel with `RESOLVE_IN_ROOT` (`openat2`), so `..` and symbolic links, absolute ones
+//! included, never leave the sandbox's tree. Files on `/proc` or `/sys` of the sandbox are
+//! refused (a server running as root would otherwise act on them with its own privileges), and
+//! so is anything that is not a regular file or directory. A file or directory the server
+//! creates is given to the sandbox's root.
+
+use super::enter::Init;
+use super::rootfs::HOME;
+use crate::provider::{DirEntry, EntryKind, ProviderError};
+use rustix::fs::{chownat, fstat, fstatfs, mkdirat, openat2, statat, AtFlags, FileType, Gid, Mode, OFlags, ResolveFlags, Uid, CWD};
+use rustix::io::Errno;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+
+/// `statfs` magic numbers of the file systems file tools refuse.
+const PROC_SUPER_MAGIC: i64 = 0x9fa0;
+const SYSFS_MAGIC: i64 = 0x6265_6572;
+
+/// One isolated sandbox's file system, opened at its root.
+pub struct SandboxFs {
+    root: OwnedFd,
+    owner: (u32, u32),
+}
+
+impl SandboxFs {
+    /// Opens the root of the sandbox whose init is `init`; `owner` is the host uid and gid of the
+    /// sandbox's root (what files the server creates are given to).
+    pub fn open(id: &str, init: Init, owner: (u32, u32)) -> Result<SandboxFs, ProviderError> {
+        let gone = || gone(id);
+        if !init.alive() {
+            return Err(gone());
+        }
+        let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        let root = openat2(CWD, init.root_path(), flags, Mode::empty(), ResolveFlags::empty()).map_err(|_| gone())?;
+        // The pid may have been reused between the check and the open: check again.
+        if !init.alive() {
+            return Err(gone());
+        }
+        Ok(SandboxFs { root, owner })
+    }
+
+    /// Reads a regular file of at most `max_bytes`.
+    pub fn read(&self, path: &str, max_bytes: usize) -> Result<Vec<u8>, ProviderError> {
+        let inside = inside(path)?;
+        let flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK;
+        let fd = self.open_at(&inside, flags, Mode::empty()).map_err(|e| errno_error(path, e))?;
+        let st = fstat(&fd).map_err(|e| errno_error(path, e))?;
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::RegularFile => {}
+            FileType::Directory => return Err(ProviderError::Rejected(format!("{path:?} is a directory; use list_files"))),
+            _ => return Err(ProviderError::Rejected(format!("{path:?} is not a regular file; read it with run_command"))),
+        }
+        refuse_kernel_fs(&fd, path)?;
+        if st.st_size as u64 > max_bytes as u64 {
+            return Err(ProviderError::Rejected(format!(
+                "{path:?} is {} bytes, over read_file's limit of {max_bytes}; read parts of it with run_command (head, tail, dd)",
+                st.st_size
+            )));
+        }
+        let mut data = Vec::with_capacity(st.st_size.max(0) as usize);
+        File::from(fd).take(max_bytes as u64 + 1).read_to_end(&mut data).map_err(|e| io_error(path, e))?;
+        if data.len() > max_bytes {
+            return Err(ProviderError::Rejected(format!("{path:?} grew over read_file's limit of {max_bytes} bytes while being read")));
+        }
+        Ok(data)
+    }
+
+    /// Writes a regular file, creating missing parent directories.
+    pub fn write(&self, path: &str, data: &[u8]) -> Result<u64, ProviderError> {
+        let inside = inside(path)?;
+        let (parent, name) = match inside.rsplit_once('/') {
+            Some((p, n)) if !n.is_empty() && n != "." && n != ".." => (if p.is_empty() { "/" } else { p }, n),
+            _ => return Err(ProviderError::Rejected(format!("{path:?} does not name a file; give a file path"))),
+        };
+        let dir = self.make_dirs(parent).map_err(|e| errno_error(path, e))?;
+        refuse_kernel_fs(&dir, path)?;
+        let beneath = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
+        let base = OFlags::WRONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY;
+        let (fd, created) = match openat2(&dir, name, base, Mode::empty(), beneath) {
+            Ok(fd) => (fd, false),
+            Err(Errno::NOENT) => {
+                let fd = openat2(&dir, name, base | OFlags::CREATE | OFlags::EXCL, Mode::from_raw_mode(0o644), beneath)
+                    .map_err(|e| errno_error(path, e))?;
+                (fd, true)
+            }
+            Err(e) => return Err(errno_error(path, e)),
+        };
+        let st = fstat(&fd).map_err(|e| errno_error(path, e))?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            return Err(ProviderError::Rejected(format!("{path:?} is not a regular file; write to it with run_command")));
+        }
+        refuse_kernel_fs(&fd, path)?;
+        if created {
+            self.give(&fd);
+        }
+        rustix::fs::ftruncate(&fd, 0).map_err(|e| errno_error(path, e))?;
+        File::from(fd).write_all(data).map_err(|e| io_error(path, e))?;
+        Ok(data.len() as u64)
+    }
+
+    /// Lists a directory (at most `max_entries`, sorted by name; `true` when more were left out).
+    pub fn list(&self, path: &str, max_entries: usize) -> Result<(Vec<DirEntry>, bool), ProviderError> {
+        let inside = inside(path)?;
+        let fd = self.open_at(&inside, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).map_err(|e| errno_error(path, e))?;
+        let dir = rustix::fs::Dir::read_from(&fd).map_err(|e| errno_error(path, e))?;
+        let mut entries = Vec::new();
+        let mut truncated = false;
+        for entry in dir {
+            let Ok(entry) = entry else { break };
+            let name = entry.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            if entries.len() >= max_entries {
+                truncated = true;
+                break;
+            }
+            let Ok(st) = statat(&fd, entry.file_name(), AtFlags::SYMLINK_NOFOLLOW) else { continue };
+            let kind = match FileType::from_raw_mode(st.st_mode) {
+                FileType::Symlink => EntryKind::Symlink,
+                FileType::Directory => EntryKind::Dir,
+                FileType::RegularFile => EntryKind::File,
+                _ => EntryKind::Other,
+            };
+            let size = if kind == EntryKind::File { st.st_size.max(0) as u64 } else { 0 };
+            entries.push(DirEntry { name: String::from_utf8_lossy(name).into_owned(), kind, size });
+        }
+        entries.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok((entries, truncated))
+    }
+
+    /// Whether `path` is an existing directory inside the sandbox.
+    pub fn is_dir(&self, path: &str) -> bool {
+        inside(path).is_ok_and(|p| self.open_at(&p, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).is_ok())
+    }
+
+    fn open_at(&self, inside: &str, flags: OFlags, mode: Mode) -> rustix::io::Result<OwnedFd> {
+        openat2(&self.root, inside, flags, mode, ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS)
+    }
+
+    /// Opens directory `dir` (a sandbox path), creating what is missing of it one level at a time.
+    fn make_dirs(&self, dir: &str) -> rustix::io::Result<OwnedFd> {
+        let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        match self.open_at(dir, flags, Mode::empty()) {
+            Err(Errno::NOENT) => {}
+            other => return other,
+        }
+        let mut prefix = String::new();
+        let mut at = self.open_at("/", flags, Mode::empty())?;
+        for part in dir.split('/').filter(|p| !p.is_empty()) {
+            prefix.push('/');
+            prefix.push_str(part);
+            match self.open_at(&prefix, flags, Mode::empty()) {
+                Ok(fd) => at = fd,
+                Err(Errno::NOENT) => {
+                    match mkdirat(&at, part, Mode::from_raw_mode(0o755)) {
+                        Ok(()) | Err(Errno::EXIST) => {}
+                        Err(e) => return Err(e),
+                    }
+                    let fd = self.open_at(&prefix, flags, Mode::empty())?;
+                    self.give(&fd);
+                    at = fd;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(at)
+    }
+
+    /// Hands what the server created to the sandbox's root (a no-op when they are one uid).
+    fn give(&self, fd: &impl AsFd) {
+        if rustix::process::getuid().as_raw() != self.owner.0 {
+            let (uid, gid) = (Some(Uid::from_raw(self.owner.0)), Some(Gid::from_raw(self.owner.1)));
+            let _ = chownat(fd, "", uid, gid, AtFlags::EMPTY_PATH);
+        }
+    }
+}
+
+/// The sandbox path of a tool path: absolute as given, relative under the home.
+fn inside(path: &str) -> Result<String, ProviderError> {
+    if path.is_empty() || path.contains('\0') {
+        return Err(ProviderError::Rejected("path must be a non-empty string without NUL bytes".into()));
+    }
+    Ok(if path.starts_with('/') { path.to_string() } else { format!("{HOME}/{path}") })
+}
+
+fn refuse_kernel_fs(fd: &impl AsFd, path: &str) -> Result<(), ProviderError> {
+    let kind = fstatfs(fd).map_err(|e| errno_error(path, e))?.f_type as i64;
+    if kind == PROC_SUPER_MAGIC || kind == SYSFS_MAGIC {
+        return Err(ProviderError::Rejected(format!("{path:?} is on /proc or /sys; file tools do not touch kernel files, use run_command")));
+    }
+    Ok(())
+}
+
+fn gone(id: &str) -> ProviderError {
+    ProviderError::Rejected(format!(
+        "sandbox {id} is gone: the init that held its namespaces is no longer running, so every process in it has ended. \
+Call kill_sandbox to remove what is left, and create_sandbox for a new sandbox"
+    ))
+}
+
+/// The error of a sandbox whose init died (the keeper was killed, or the host rebooted).
+pub fn init_gone(id: &str) -> ProviderError {
+    gone(id)
+}
+
+fn errno_error(path: &str, e: Errno) -> ProviderError {
+    io_error(path, std::io::Error::from(e))
+}
+
+fn io_error(path: &str, e: std::io::Error) -> ProviderError {
+    let msg = match e.raw_os_error().map(Errno::from_raw_os_error) {
+        Some(Errno::NOENT) => format!("{path:?} does not exist in the sandbox; check the path with list_files"),
+        Some(Errno::ROFS) => format!(
+            "{path:?} is on a read-only part of the sandbox (the system directories are read-only); write under {HOME} or /tmp"
+        ),
+        Some(Errno::ACCESS) | Some(Errno::PERM) => format!("permission denied on {path:?}"),
+        Some(Errno::LOOP) => format!("{path:?} is a symbolic link; write to its target's path instead"),
+        Some(Errno::NOTDIR) => format!("a part of {path:?} is not a directory"),
+        Some(Errno::ISDIR) => format!("{path:?} is a directory; give a file path"),
+        Some(Errno::NXIO) => format!("{path:?} is not a regular file; use run_command"),
+        Some(Errno::NOSPC) | Some(Errno::DQUOT) => format!("no space left for {path:?} in the sandbox"),
+        _ => format!("{path:?}: {e}"),
+    };
+    ProviderError::Rejected(msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_paths_map_to_sandbox_paths() {
+        assert_eq!(inside("a/b.txt").unwrap(), "/home/user/a/b.txt");
+        assert_eq!(inside("/etc/hosts").unwrap(), "/etc/hosts");
+        assert!(inside("").is_err());
+        assert!(inside("a\0b").is_err());
+    }
+}

@@ -1,0 +1,169 @@
+//! Namespace isolation of local sandboxes: whether this host allows it, and the pieces that build
+//! and enter an isolated sandbox.
+//!
+//! An isolated sandbox lives in its own user, mount, pid, ipc and uts namespaces (network too,
+//! unless it asked for the host's network; cgroup where the kernel has it). Their holder is the
+//! sandbox's **init**: pid 1 of its pid namespace, this binary's `sandbox-init` subcommand,
+//! started through util-linux `unshare` by the sandbox's keeper. The init assembles the root
+//! filesystem ([`rootfs`]), reports that it is ready, and then only reaps orphans. Every later
+//! exec enters the namespaces with `nsenter` ([`enter`]); file tools reach the sandbox's root
+//! through `/proc/<init>/root` without ever leaving it ([`files`]); limits are cgroups
+//! ([`cgroup`]). Ending the init makes the kernel end every process of the sandbox.
+//!
+//! Identity: sandbox code runs as root of its user namespace. That root is the server's own uid
+//! on the host, except when the server runs as root: then it is [`SANDBOX_UID`], an unprivileged
+//! uid, so that sandbox code is never root over host files.
+
+pub mod cgroup;
+pub mod enter;
+pub mod files;
+pub mod init;
+pub mod rootfs;
+
+use crate::config::IsolationMode;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+/// The host uid and gid of a sandbox's root when the server runs as root.
+pub const SANDBOX_UID: u32 = 100_000;
+
+/// How one local sandbox is isolated (recorded in its metadata; sandboxes from before isolation
+/// existed read as `None`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Isolation {
+    /// Own namespaces held by an init process.
+    Namespaces,
+    /// None: a directory plus processes tagged with the sandbox id, as the server's user.
+    #[default]
+    None,
+}
+
+impl Isolation {
+    /// The name used in tool results and metadata.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isolation::Namespaces => "namespaces",
+            Isolation::None => "none",
+        }
+    }
+}
+
+/// The host's answer to "can sandboxes get namespaces here?", found once per process.
+static PROBE: OnceLock<Result<(), String>> = OnceLock::new();
+
+/// Resolves the configured mode against this host. `Auto` becomes `Namespaces` or `None`; the
+/// error (for `Namespaces` only) explains which host setting blocks namespaces.
+pub fn resolve(mode: IsolationMode) -> Result<Isolation, String> {
+    match mode {
+        IsolationMode::None => Ok(Isolation::None),
+        IsolationMode::Namespaces => probe().map(|()| Isolation::Namespaces),
+        IsolationMode::Auto => Ok(if probe().is_ok() { Isolation::Namespaces } else { Isolation::None }),
+    }
+}
+
+/// Why namespaces are unavailable, or `Ok` when they work (the probe runs once per process).
+pub fn probe() -> Result<(), String> {
+    PROBE.get_or_init(run_probe).clone()
+}
+
+/// The host uid and gid a sandbox's root maps to: the server's own, or [`SANDBOX_UID`] for root.
+pub fn sandbox_owner() -> (u32, u32) {
+    let (uid, gid) = (rustix::process::getuid().as_raw(), rustix::process::getgid().as_raw());
+    if uid == 0 {
+        (SANDBOX_UID, SANDBOX_UID)
+    } else {
+        (uid, gid)
+    }
+}
+
+/// The util-linux programs isolation needs, found on the server's `PATH` (or the usual places).
+pub struct Tools {
+    /// `unshare`.
+    pub unshare: PathBuf,
+    /// `nsenter`.
+    pub nsenter: PathBuf,
+    /// `setpriv`, needed only when the server runs as root (to start the sandbox unprivileged).
+    pub setpriv: Option<PathBuf>,
+}
+
+/// Finds the programs of [`Tools`].
+pub fn tools() -> Result<Tools, String> {
+    let path = std::env::var("PATH").unwrap_or_default();
+    let path = format!("{path}:/usr/bin:/bin:/usr/sbin:/sbin");
+    let find = |name: &str| crate::provider::process::which(name, &path);
+    let (Some(unshare), Some(nsenter)) = (find("unshare"), find("nsenter")) else {
+        return Err("the util-linux programs unshare and nsenter were not found on PATH; install util-linux".into());
+    };
+    let setpriv = find("setpriv");
+    if rustix::process::getuid().is_root() && setpriv.is_none() {
+        return Err("running as root needs util-linux setpriv to start sandboxes as an unprivileged uid, and it was not found on PATH; install util-linux".into());
+    }
+    Ok(Tools { unshare, nsenter, setpriv })
+}
+
+/// Tries what an isolated sandbox needs: the programs, then a user namespace with the other
+/// namespaces inside it, created exactly as [`init`] does it.
+fn run_probe() -> Result<(), String> {
+    let tools = tools()?;
+    let mut cmd = sandbox_command(&tools, &tools.unshare);
+    cmd.args(init::UNSHARE_FLAGS).arg("--net").arg("--").arg("/bin/sh").arg("-c").arg(":");
+    let out = cmd.env_clear().stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).output();
+    match out {
+        Ok(out) if out.status.success() => Ok(()),
+        Ok(out) => Err(blocked_because(String::from_utf8_lossy(&out.stderr).trim())),
+        Err(err) => Err(format!("could not run {}: {err}", tools.unshare.display())),
+    }
+}
+
+/// A command that runs `program` with a sandbox's host identity: as it is for an ordinary user;
+/// for root, through `setpriv` as [`SANDBOX_UID`] with no supplementary groups and no
+/// inheritable capabilities.
+pub fn sandbox_command(tools: &Tools, program: &Path) -> Command {
+    match (&tools.setpriv, rustix::process::getuid().is_root()) {
+        (Some(setpriv), true) => {
+            let mut cmd = Command::new(setpriv);
+            let id = SANDBOX_UID.to_string();
+            cmd.args(["--reuid", &id, "--regid", &id, "--clear-groups", "--inh-caps=-all", "--"]).arg(program);
+            cmd
+        }
+        _ => Command::new(program),
+    }
+}
+
+/// Explains a failed user-namespace probe by the host settings known to block it.
+fn blocked_because(stderr: &str) -> String {
+    let read = |p: &str| std::fs::read_to_string(p).ok().map(|s| s.trim().to_string());
+    let setting = if read("/proc/sys/kernel/unprivileged_userns_clone").as_deref() == Some("0") {
+        Some("sysctl kernel.unprivileged_userns_clone is 0 (set it to 1)")
+    } else if read("/proc/sys/user/max_user_namespaces").as_deref() == Some("0") {
+        Some("sysctl user.max_user_namespaces is 0 (set it above 0)")
+    } else if read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").as_deref() == Some("1") {
+        Some("AppArmor restricts unprivileged user namespaces (sysctl kernel.apparmor_restrict_unprivileged_userns is 1; set it to 0 or give sandbox-mcp an AppArmor profile that allows userns)")
+    } else {
+        None
+    };
+    match setting {
+        Some(s) => format!("this host does not allow unprivileged user namespaces: {s}; unshare said: {stderr}"),
+        None => format!("creating a user namespace failed: {stderr}"),
+    }
+}
+
+/// Whether `path` lies under one of the host directories every isolated sandbox sees read-only.
+pub fn visible_inside(path: &Path) -> bool {
+    rootfs::SYSTEM_DIRS.iter().any(|d| path.starts_with(d))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn none_needs_no_probe_and_names_are_stable() {
+        assert_eq!(resolve(IsolationMode::None), Ok(Isolation::None));
+        assert_eq!((Isolation::Namespaces.name(), Isolation::None.name()), ("namespaces", "none"));
+        assert!(visible_inside(Path::new("/usr/bin/awk")));
+        assert!(!visible_inside(Path::new("/tmp/x/sh")));
+    }
+}

@@ -1,0 +1,240 @@
+//! The root filesystem of an isolated sandbox, assembled by its init inside the new mount
+//! namespace and then made the root with `pivot_root`.
+//!
+//! What the sandbox sees:
+//! - the host's system directories ([`SYSTEM_DIRS`]) and the parts of `/etc` programs need
+//!   ([`ETC_ENTRIES`]), bound read-only, plus a generated `/etc/passwd`, `/etc/group` and
+//!   `/etc/hostname`;
+//! - its home at [`HOME`], read-write: the host directory the keeper handed over as stdin;
+//! - a private `/tmp`, its own `/proc`, and a `/dev` holding only `null`, `zero`, `full`,
+//!   `random`, `urandom` and `tty` (bound from the host), `/dev/shm`, and `/dev/pts` where the
+//!   kernel allows a private instance;
+//! - when the server's shell lives elsewhere (tests use shells of their own), that one file,
+//!   read-only, at the same path.
+//!
+//! Nothing else of the host: not `/root`, `/home`, the server's state root, other sandboxes, or
+//! the host's `/tmp`. The new root itself is a tmpfs remounted read-only at the end.
+
+use rustix::fs::{Mode, OFlags, StatVfsMountFlags};
+use rustix::mount::{self, MountFlags, UnmountFlags};
+use std::fs;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+
+/// Host directories every isolated sandbox sees read-only (those that exist; symbolic links,
+/// as on merged-/usr systems, are recreated as links).
+pub const SYSTEM_DIRS: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt"];
+
+/// Entries of the host's `/etc` bound read-only into the sandbox's `/etc`: name resolution,
+/// the dynamic linker, time zones, certificates, Debian's alternatives (`awk` and friends) and
+/// shell start-up files. Host accounts are not among them: `passwd` and `group` are generated.
+pub const ETC_ENTRIES: &[&str] = &[
+    "alternatives",
+    "bash.bashrc",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "environment",
+    "gai.conf",
+    "host.conf",
+    "hosts",
+    "inputrc",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "locale.alias",
+    "localtime",
+    "mime.types",
+    "nsswitch.conf",
+    "os-release",
+    "profile",
+    "profile.d",
+    "protocols",
+    "resolv.conf",
+    "services",
+    "shells",
+    "ssl",
+    "terminfo",
+    "timezone",
+    "debian_version",
+];
+
+/// The sandbox's home inside it: `HOME` and the default working directory.
+pub const HOME: &str = "/home/user";
+
+/// Device nodes bound from the host.
+const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+
+/// What the init needs to know to assemble the root.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The home directory, as a path the init can open.
+    pub home: PathBuf,
+    /// An extra host file made visible read-only at the same path (the server's shell when it is
+    /// outside [`SYSTEM_DIRS`]).
+    pub extra_file: Option<PathBuf>,
+}
+
+/// A path naming an open file descriptor of this process (usable as a bind source once the
+/// original path is covered).
+fn fd_path(fd: &OwnedFd) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
+fn open_path(path: &Path) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::open(path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())?)
+}
+
+/// Builds the new root under a staging mount point, moves into it with `pivot_root`, detaches
+/// the host's tree and leaves the process in [`HOME`]. Each error says which step failed.
+pub fn assemble(plan: &Plan) -> Result<(), String> {
+    let step = |what: &str, res: io::Result<()>| res.map_err(|e| format!("{what}: {e}"));
+    // Held open before the staging mount can cover their paths (the home may lie under /tmp).
+    let home_fd = open_path(&plan.home).map_err(|e| format!("open the sandbox home {}: {e}", plan.home.display()))?;
+    let extra = match &plan.extra_file {
+        Some(f) => Some((f, open_path(f).map_err(|e| format!("open {}: {e}", f.display()))?)),
+        None => None,
+    };
+    let stage = staging_point()?;
+    let nosuid_nodev = MountFlags::NOSUID | MountFlags::NODEV;
+    step("mount the new root (tmpfs)", mount_tmpfs(&stage, nosuid_nodev, "mode=0755"))?;
+    for dir in SYSTEM_DIRS {
+        step(&format!("bind {dir} read-only"), bind_host_entry(Path::new(dir), &stage))?;
+    }
+    let etc = stage.join("etc");
+    step("create /etc", fs::create_dir(&etc))?;
+    for name in ETC_ENTRIES {
+        step(&format!("bind /etc/{name} read-only"), bind_host_entry(&Path::new("/etc").join(name), &stage))?;
+    }
+    step("write /etc/passwd", fs::write(etc.join("passwd"), PASSWD))?;
+    step("write /etc/group", fs::write(etc.join("group"), GROUP))?;
+    step("write /etc/hostname", fs::write(etc.join("hostname"), "sandbox\n"))?;
+    let home = stage.join(HOME.trim_start_matches('/'));
+    step("create /home/user", fs::create_dir_all(&home))?;
+    step("bind the sandbox home", mount::mount_bind(fd_path(&home_fd), &home).map_err(io::Error::from))?;
+    if let Some((file, fd)) = &extra {
+        step(&format!("bind {} read-only", file.display()), bind_file_ro(&fd_path(fd), &stage.join(strip_root(file))))?;
+    }
+    drop((home_fd, extra));
+    let tmp = stage.join("tmp");
+    step("create /tmp", fs::create_dir(&tmp))?;
+    step("mount /tmp", mount_tmpfs(&tmp, nosuid_nodev, "mode=1777"))?;
+    step("assemble /dev", populate_dev(&stage.join("dev")))?;
+    let proc = stage.join("proc");
+    step("create /proc", fs::create_dir(&proc))?;
+    let proc_flags = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
+    step("mount /proc", mount::mount("proc", &proc, "proc", proc_flags, None).map_err(io::Error::from))?;
+    // The uts namespace is private: the name is the sandbox's alone.
+    let _ = rustix::system::sethostname(b"sandbox");
+    step("pivot_root", pivot_into(&stage))?;
+    step("make the root read-only", mount::mount_remount("/", MountFlags::RDONLY | nosuid_nodev, "").map_err(io::Error::from))?;
+    step("enter the home", rustix::process::chdir(HOME).map_err(io::Error::from))?;
+    Ok(())
+}
+
+const PASSWD: &str = "root:x:0:0:root:/home/user:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n";
+const GROUP: &str = "root:x:0:\nnogroup:x:65534:\n";
+
+/// A directory of the host's tree to mount the new root on; it is covered only inside the
+/// sandbox's private mount namespace.
+fn staging_point() -> Result<PathBuf, String> {
+    ["/tmp", "/var/tmp", "/mnt"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_dir())
+        .ok_or_else(|| "no directory to assemble the root on (/mnt, /tmp and /var/tmp are all missing)".into())
+}
+
+fn mount_tmpfs(target: &Path, flags: MountFlags, options: &str) -> io::Result<()> {
+    let data = std::ffi::CString::new(options).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    mount::mount("tmpfs", target, "tmpfs", flags, Some(data.as_c_str())).map_err(io::Error::from)
+}
+
+fn strip_root(path: &Path) -> PathBuf {
+    path.components().filter(|c| matches!(c, std::path::Component::Normal(_))).collect()
+}
+
+/// Recreates a host entry under `stage`: a symbolic link as the same link, a directory as a
+/// read-only recursive bind, a file as a read-only bind. A missing entry is skipped.
+fn bind_host_entry(host: &Path, stage: &Path) -> io::Result<()> {
+    let Ok(meta) = fs::symlink_metadata(host) else { return Ok(()) };
+    let target = stage.join(strip_root(host));
+    if meta.file_type().is_symlink() {
+        return symlink(fs::read_link(host)?, &target);
+    }
+    if meta.is_dir() {
+        fs::create_dir_all(&target)?;
+        mount::mount_bind_recursive(host, &target)?;
+        return remount_ro(&target);
+    }
+    bind_file_ro(host, &target)
+}
+
+fn bind_file_ro(host: &Path, target: &Path) -> io::Result<()> {
+    if let Some(parent) = target.parent() {
+        fs::create_dir_all(parent)?;
+    }
+    fs::write(target, b"")?;
+    mount::mount_bind(host, target)?;
+    remount_ro(target)
+}
+
+/// Makes a bind mount read-only. Inside a user namespace the remount must keep the flags the
+/// host locked on the original mount (nosuid, nodev, noexec, atime), so they are read first.
+fn remount_ro(target: &Path) -> io::Result<()> {
+    let have = rustix::fs::statvfs(target)?.f_flag;
+    let mut flags = MountFlags::BIND | MountFlags::RDONLY;
+    for (st, ms) in [
+        (StatVfsMountFlags::NOSUID, MountFlags::NOSUID),
+        (StatVfsMountFlags::NODEV, MountFlags::NODEV),
+        (StatVfsMountFlags::NOEXEC, MountFlags::NOEXEC),
+        (StatVfsMountFlags::NOATIME, MountFlags::NOATIME),
+        (StatVfsMountFlags::NODIRATIME, MountFlags::NODIRATIME),
+        (StatVfsMountFlags::RELATIME, MountFlags::RELATIME),
+    ] {
+        if have.contains(st) {
+            flags |= ms;
+        }
+    }
+    mount::mount_remount(target, flags, "").map_err(io::Error::from)
+}
+
+/// A tmpfs `/dev` with the allowed device nodes bound from the host, the usual links,
+/// `/dev/shm` and, where the kernel allows one here, a private `/dev/pts`.
+fn populate_dev(dev: &Path) -> io::Result<()> {
+    fs::create_dir(dev)?;
+    mount_tmpfs(dev, MountFlags::NOSUID, "mode=0755")?;
+    for name in DEVICES {
+        let host = Path::new("/dev").join(name);
+        if fs::symlink_metadata(&host).is_ok() {
+            let node = dev.join(name);
+            fs::write(&node, b"")?;
+            mount::mount_bind(&host, &node)?;
+        }
+    }
+    for (link, to) in [("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")] {
+        symlink(to, dev.join(link))?;
+    }
+    let shm = dev.join("shm");
+    fs::create_dir(&shm)?;
+    mount_tmpfs(&shm, MountFlags::NOSUID | MountFlags::NODEV, "mode=1777")?;
+    let pts = dev.join("pts");
+    fs::create_dir(&pts)?;
+    let data = c"newinstance,ptmxmode=0666,mode=0620";
+    if mount::mount("devpts", &pts, "devpts", MountFlags::NOSUID | MountFlags::NOEXEC, Some(data)).is_ok() {
+        symlink("pts/ptmx", dev.join("ptmx"))?;
+    }
+    rustix::fs::chmod(dev, Mode::from_raw_mode(0o755))?;
+    Ok(())
+}
+
+/// `pivot_root` into `stage` without a put-old directory: the old root ends up stacked on the
+/// new one and is detached at once.
+fn pivot_into(stage: &Path) -> io::Result<()> {
+    rustix::process::chdir(stage)?;
+    rustix::process::pivot_root(".", ".")?;
+    mount::unmount(".", UnmountFlags::DETACH)?;
+    rustix::process::chdir("/")?;
+    Ok(())
+}

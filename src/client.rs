@@ -1,7 +1,7 @@
 //! A minimal MCP client over a child's stdio: used by `sandbox-mcp demo`, the benchmarks and
 //! the integration tests, so that all three drive the real server the way MCP hosts do.
 //!
-//! Each request goes out as one line in one `write` (the line is built in a buffer the client
+//! Each request goes out as one line, written at once (`write_all` of a buffer the client
 //! keeps). Answers are read in one of two ways, chosen when the server is started ([`Reads`]):
 //! by a reader thread, so that every read can time out (the tests and the demo), or in the
 //! caller's own thread, blocking, which spares a thread hand-off per message (the benchmarks,
@@ -112,7 +112,7 @@ impl StdioClient {
         self.flush_line()
     }
 
-    /// Writes the buffered line (plus a newline) in one `write`.
+    /// Writes the buffered line and a newline at once.
     fn flush_line(&mut self) -> Result<()> {
         self.out.push(b'\n');
         let stdin = self.stdin.as_mut().ok_or_else(|| anyhow!("the server's stdin is already closed"))?;
@@ -148,9 +148,9 @@ impl StdioClient {
 
     /// Waits for the response with id `id`, skipping notifications and other responses.
     pub fn recv_response(&self, id: &Value, timeout: Duration) -> Result<Value> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now().checked_add(timeout);
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.map_or(timeout, |d| d.saturating_duration_since(Instant::now()));
             let msg = self.with_line(left, |line| {
                 serde_json::from_str::<Value>(line).with_context(|| format!("the server wrote a non-JSON line: {line:?}"))
             })??;

@@ -13,7 +13,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 /// An API key of E2B's form (the emulator accepts any non-empty key).
-pub const E2B_KEY: &str = "e2b_0000000000000000000000000000000000000000";
+const E2B_KEY: &str = "e2b_0000000000000000000000000000000000000000";
 
 /// The E2B emulator (`e2b-emulator`) on a free loopback port with a new state root under the
 /// work directory, and a keep-alive client for its test API.

@@ -29,7 +29,7 @@ const CREATING_PREFIX: &str = ".creating-";
 /// Environment variable carried by every process of a sandbox (value: the sandbox id).
 pub const TAG_VAR: &str = "SANDBOX_MCP_SANDBOX";
 
-/// Host variables passed through to sandbox commands (SPEC §5); nothing else is inherited.
+/// Host variables passed through to sandbox commands; nothing else of the server's environment is.
 const ALLOWED_ENV: &[&str] = &["PATH", "LANG", "TERM", "TZ"];
 
 /// The internal subcommand that runs a sandbox's keeper (see [`run_internal`]).

@@ -34,7 +34,7 @@ clippy:
 # What CI runs: formatting, lints, then every test.
 check: fmt clippy test
 
-# The durable-task walkthrough of SPEC §7.9 on the local provider, step by step.
+# The durable-task walkthrough (docs/contract.md, "The walkthrough") on the local provider, step by step.
 demo: build
 	$(BIN) --provider local demo
 

@@ -4,6 +4,8 @@
 # prints one Markdown table. Raw samples: bench-results/<UTC stamp>.json (and .md), with
 # bench-results/latest.{json,md} pointing at the newest. Expects a release build
 # (`make build`); `make bench` does both. BENCH_QUICK=1 runs a tenth of the repetitions.
+# Arguments are passed on to the driver, e.g. `tests/bench/run.sh --quick --only core,tasks`
+# (--only keeps the sections whose group contains one of the words).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 tools=$root/.tools
@@ -96,7 +98,7 @@ timeout -s TERM 1200 "$driver" --bin "$bin" --work "$work" \
     --python "$tools/venv/bin/python" --peer-py "$root/tests/bench/peer_mcpserver.py" \
     --node "$node" --everything "$everything" --pueue-dir "$tools/cargo/bin" \
     --e2b-emulator "$emulator" \
-    "${quick[@]}" || status=$?
+    "${quick[@]}" "$@" || status=$?
 if [ -f "$results/$name.json" ]; then
     ln -sf "$name.json" "$results/latest.json"
     ln -sf "$name.md" "$results/latest.md"

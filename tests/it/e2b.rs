@@ -88,7 +88,7 @@ fn a_start_stream_dropped_after_sending_reports_unknown_without_resubmitting() {
     assert_eq!(s["state"], "unknown", "{s}");
     assert!(s["error"].as_str().unwrap().contains("could not be confirmed"));
     // The answer was lost at once, possibly before the task directory existed or the supervisor
-    // said a word: until then get_task honestly says "no such task" or `unknown` (SPEC §7.7).
+    // said a word: until then get_task honestly says "no such task" or `unknown` (docs/contract.md, "Where task state lives").
     let task = s["task_id"].as_str().unwrap().to_string();
     wait_for(Duration::from_secs(20), "the task to succeed", || {
         let g = m.call("get_task", json!({"sandbox_id": sb, "task_id": task}));

@@ -1,4 +1,4 @@
-//! Fault injection (issue 6, point 3): SIGKILL of the server at random points of `start_task`,
+//! Fault injection: SIGKILL of the server at random points of `start_task`,
 //! `cancel_task` and `kill_sandbox`; SIGKILL of a task's supervisor; a full disk under the task
 //! logs; the E2B emulator dropping streams and answering 5xx at random. After each, every task is
 //! either confirmed in its true state with its true logs or reported `unknown` with a reason,

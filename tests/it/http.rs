@@ -1,4 +1,4 @@
-//! The HTTP transport (SPEC §3): sessions, status codes, limits and overload.
+//! The HTTP transport (docs/contract.md, "Protocol"): sessions, status codes, limits and overload.
 
 use crate::support::*;
 use serde_json::{json, Value};

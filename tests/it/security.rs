@@ -188,7 +188,7 @@ fn session_ids_are_random_server_minted_and_dead_after_delete() {
 }
 
 /// Session B never falls back to session A's default sandbox, and ending B never kills A's
-/// sandboxes. Naming A's sandbox_id explicitly works (SPEC §4): the id is the capability.
+/// sandboxes. Naming A's sandbox_id explicitly works (docs/contract.md, "Sessions and sandbox lifetime"): the id is the capability.
 #[test]
 fn a_session_cannot_use_another_sessions_default_sandbox() {
     let home = Home::new("sec-default");

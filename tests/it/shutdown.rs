@@ -1,4 +1,4 @@
-//! Graceful shutdown under load (issue 6 point 5): SIGTERM answers every request already
+//! Graceful shutdown under load: SIGTERM answers every request already
 //! accepted (a result, or an error saying the server is shutting down), kills the sandboxes
 //! sessions own, keeps the ones holding tasks, and exits within 5 s; a second SIGTERM exits at
 //! once. Signals go to the server's own pid through the shell builtin, never to a group.

@@ -1,4 +1,4 @@
-//! The stdio transport and the MCP protocol rules (SPEC §3), including bad input.
+//! The stdio transport and the MCP protocol rules (docs/contract.md, "Protocol"), including bad input.
 
 use crate::support::*;
 use serde_json::{json, Value};

@@ -1,4 +1,4 @@
-//! Background tasks (SPEC §7–8): the supervisor under dash, bash and busybox, the task tools,
+//! Background tasks (docs/contract.md, "Background tasks" and "Secrets"): the supervisor under dash, bash and busybox, the task tools,
 //! masking, paging, faults, and the reconnect walkthrough across server processes.
 
 use crate::support::*;

@@ -1,4 +1,4 @@
-//! The sandbox, command and file tools on the local provider (SPEC §4–6).
+//! The sandbox, command and file tools on the local provider (docs/contract.md, "Sessions and sandbox lifetime", "Providers", "Tools").
 
 use crate::support::*;
 use serde_json::json;

@@ -1,4 +1,4 @@
-//! Load and soak (issue 6): HTTP clients and stdio sessions drive the real release binary with a
+//! Load and soak: HTTP clients and stdio sessions drive the real release binary with a
 //! mix of create/run/start/get/cancel/kill for a while, checking every answer; then the driver
 //! checks what must hold after any amount of load:
 //!

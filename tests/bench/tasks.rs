@@ -1,0 +1,282 @@
+//! The background task tools against process floors: get_task against reading a file,
+//! start_task against `nohup … &`, cancel latency, the output pump's throughput with and without
+//! masking, and how soon a written line is visible through get_task.
+
+use crate::bench::{Bench, MAX_ITERATIONS};
+use crate::control::Ctl;
+use crate::probes::interleave;
+use crate::process::{sh, spawn_time};
+use crate::session::{state, wait_final, Tools};
+use crate::table::Row;
+use crate::units::{dur, per_s, secs, times};
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+use std::fs;
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Bytes the throughput task writes.
+const PUMP_BYTES: u64 = 200_000_000;
+/// A 99-character line (plus newline) for the throughput task, so masking works line by line.
+const PUMP_LINE: &str = "0123456789abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789abcdefghijklmnopq";
+
+/// get_task of a finished task against `cat /proc/self/stat` and `tail -c` of a log, interleaved.
+pub fn get_task_vs_floors(b: &mut Bench, ctl: &mut Ctl) -> Result<()> {
+    let (warm, rounds, block) = (b.n(30), b.n(10), b.n(30));
+    let log = b.o.work.join("floor-task.log");
+    fs::write(&log, "hello\n")?;
+    let log = log.to_string_lossy().to_string();
+    let args = json!({"sandbox_id": ctl.plain, "task_id": ctl.done_task});
+    let rpc = &mut ctl.rpc;
+    let xs = interleave(
+        warm,
+        rounds,
+        block,
+        &mut [
+            Box::new(|| {
+                let t = Instant::now();
+                let r = rpc.tool("get_task", &args)?;
+                let e = secs(t);
+                if r["stdout"] != json!("hello\n") {
+                    bail!("get_task returned {r}");
+                }
+                Ok(e)
+            }),
+            Box::new(|| spawn_time(&mut sh("cat /proc/self/stat >/dev/null", &[]))),
+            Box::new(|| spawn_time(&mut sh("tail -c 16384 \"$1\" >/dev/null", &[&log]))),
+        ],
+    )?;
+    let ours = b.keep("get_task", &xs[0]);
+    let stat = b.keep("floor.cat_proc_self_stat", &xs[1]);
+    let tail = b.keep("floor.tail_c", &xs[2]);
+    b.row(Row::floor("tasks", "`sh -c 'cat /proc/self/stat >/dev/null'`", &stat));
+    b.row(Row::floor("tasks", "`sh -c 'tail -c 16384 log'` (reading a log)", &tail));
+    let r = ours.median / stat.median;
+    b.row(
+        Row::new("tasks", "`get_task` round trip (finished task, stdio)")
+            .lat(&ours)
+            .vs(format!("`cat /proc/self/stat` {}", dur(stat.median)))
+            .ratio(format!("{} floor", times(r)))
+            .target("≤ 3× floor", r <= 3.0),
+    );
+    let r = ours.median / tail.median;
+    b.row(
+        Row::new("tasks", "`get_task` vs reading the log with `tail -c`")
+            .lat(&ours)
+            .vs(format!("`tail -c` {}", dur(tail.median)))
+            .ratio(format!("{} floor", times(r))),
+    );
+    Ok(())
+}
+
+/// start_task of `true` until its final snapshot against a `nohup` background start, interleaved.
+pub fn start_task_vs_nohup(b: &mut Bench, ctl: &mut Ctl) -> Result<()> {
+    let (warm, rounds, block) = (b.n(5), b.n(6), b.n(10));
+    let out = b.o.work.join("nohup.log").to_string_lossy().to_string();
+    let plain = ctl.plain.clone();
+    let mut direct = 0usize;
+    let mut total = 0usize;
+    let xs = interleave(
+        warm,
+        rounds,
+        block,
+        &mut [
+            Box::new(|| {
+                let t = Instant::now();
+                let snap = ctl.rpc.tool("start_task", &json!({"sandbox_id": plain, "command": "true"}))?;
+                let task = snap["task_id"].as_str().context("no task_id")?.to_string();
+                total += 1;
+                let fin = if state(&snap) == "running" {
+                    wait_final(&mut ctl.rpc, &plain, &task, Duration::from_secs(10), Duration::from_millis(2))?
+                } else {
+                    direct += 1;
+                    snap
+                };
+                let e = secs(t);
+                if state(&fin) != "succeeded" {
+                    bail!("start_task true ended {fin}");
+                }
+                ctl.delete_task(&plain, &task)?;
+                Ok(e)
+            }),
+            Box::new(|| spawn_time(&mut sh("nohup true >\"$1\" 2>&1 &", &[&out]))),
+        ],
+    )?;
+    let ours = b.keep("start_task_true_until_final", &xs[0]);
+    let floor = b.keep("floor.nohup_start", &xs[1]);
+    b.row(Row::floor("tasks", "`sh -c 'nohup true > log 2>&1 &'` (background start)", &floor));
+    let r = ours.median / floor.median;
+    b.row(
+        Row::new("tasks", "`start_task` of `true` until its final snapshot")
+            .lat(&ours)
+            .vs(format!("`nohup … &` {}", dur(floor.median)))
+            .ratio(format!("{} floor", times(r)))
+            .target("≤ 3× floor", r <= 3.0)
+            .note(format!("{direct} of {total} start_task calls (warm-up included) already returned the final snapshot")),
+    );
+    Ok(())
+}
+
+/// cancel_task of a TERM-respecting and of a TERM-ignoring task.
+pub fn cancel_latency(b: &mut Bench, ctl: &mut Ctl) -> Result<()> {
+    let plain = ctl.plain.clone();
+    let mut starts = Vec::new();
+    let mut run = |ctl: &mut Ctl, command: &str, n: usize| -> Result<Vec<f64>> {
+        let mut xs = Vec::new();
+        for _ in 0..n {
+            let t = Instant::now();
+            let snap = ctl.rpc.tool("start_task", &json!({"sandbox_id": plain, "command": command, "timeout": 120}))?;
+            starts.push(secs(t));
+            let task = snap["task_id"].as_str().context("no task_id")?.to_string();
+            if state(&snap) != "running" {
+                bail!("{command:?} is not running: {snap}");
+            }
+            let t = Instant::now();
+            let fin = ctl.rpc.tool("cancel_task", &json!({"sandbox_id": plain, "task_id": task}))?;
+            xs.push(secs(t));
+            if state(&fin) != "cancelled" {
+                bail!("cancel_task of {command:?} ended {fin}");
+            }
+            ctl.delete_task(&plain, &task)?;
+        }
+        Ok(xs)
+    };
+    let term = run(ctl, "sleep 60", b.n(12))?;
+    let ignoring = run(ctl, "trap '' TERM; sleep 60", b.n(3))?;
+    let term = b.keep("cancel.term_respecting", &term);
+    let ignoring = b.keep("cancel.term_ignoring", &ignoring);
+    let starts = b.keep("start_task_running_command", &starts);
+    b.row(
+        Row::new("tasks", "`start_task` of a still-running command (`sleep 60`)")
+            .lat(&starts)
+            .note("start_task watches a running task for about 25 ms so that quick commands come back finished"),
+    );
+    b.row(Row::new("tasks", "`cancel_task`, TERM-respecting task (`sleep 60`)").lat(&term).target("< 300 ms", term.median < 0.3));
+    b.row(
+        Row::new("tasks", "`cancel_task`, TERM-ignoring task (`trap '' TERM; sleep 60`)")
+            .lat(&ignoring)
+            .target("< 3 s", ignoring.median < 3.0)
+            .note("a TERM-ignoring task is KILLed after the 1.5 s cancel grace period, by design"),
+    );
+    Ok(())
+}
+
+/// Runs `command` as a task in `sandbox` and returns the wall time from the start_task request
+/// to the first final snapshot. get_task polls cost CPU that the task competes for, so they are
+/// spaced by a twentieth of the time elapsed (5 to 50 ms): the error stays under about 5 %.
+fn task_wall(ctl: &mut Ctl, sandbox: &str, command: &str, limit: Duration) -> Result<(f64, Value)> {
+    let t = Instant::now();
+    let mut fin = ctl.rpc.tool("start_task", &json!({"sandbox_id": sandbox, "command": command, "timeout": 900}))?;
+    let task = fin["task_id"].as_str().context("no task_id")?.to_string();
+    let deadline = t + limit;
+    while state(&fin) == "running" {
+        if Instant::now() > deadline {
+            bail!("task {task} still running after {limit:?}");
+        }
+        thread::sleep((t.elapsed() / 20).clamp(Duration::from_millis(5), Duration::from_millis(50)));
+        fin = ctl.rpc.tool("get_task", &json!({"sandbox_id": sandbox, "task_id": task, "limit": 1}))?;
+    }
+    let e = secs(t);
+    ctl.delete_task(sandbox, &task)?;
+    Ok((e, fin))
+}
+
+/// A task writing PUMP_BYTES (a tenth with `--quick`), unmasked and masking five secrets, against
+/// the same pipeline writing to /dev/null.
+pub fn pump_throughput(b: &mut Bench, ctl: &mut Ctl) -> Result<()> {
+    let bytes = if b.o.quick { PUMP_BYTES / 10 } else { PUMP_BYTES };
+    let cmd = format!("yes {PUMP_LINE} | head -c {bytes}");
+    let floor_script = format!("{cmd} > /dev/null");
+    let mb = bytes as f64 / 1e6;
+    let (plain, secret) = (ctl.plain.clone(), ctl.secret.clone());
+    let mut floor = Vec::new();
+    let mut unmasked = Vec::new();
+    let check = |fin: &Value, what: &str| -> Result<()> {
+        if state(fin) != "succeeded" || fin["stdout_truncated"] != json!(true) {
+            bail!("the {what} throughput task ended {fin}");
+        }
+        Ok(())
+    };
+    spawn_time(&mut sh(&floor_script, &[]))?; // warm-up
+    for _ in 0..b.n(5).max(3) {
+        floor.push(spawn_time(&mut sh(&floor_script, &[]))?);
+        let (e, fin) = task_wall(ctl, &plain, &cmd, Duration::from_secs(300))?;
+        check(&fin, "unmasked")?;
+        unmasked.push(e);
+    }
+    let mut masked = Vec::new();
+    for _ in 0..2 {
+        let (e, fin) = task_wall(ctl, &secret, &cmd, Duration::from_secs(600))?;
+        check(&fin, "masked")?;
+        masked.push(e);
+    }
+    let floor = b.keep("floor.pump_dev_null", &floor);
+    let unmasked = b.keep("pump.unmasked", &unmasked);
+    let masked = b.keep("pump.masked", &masked);
+    b.keep_value("pump.bytes", json!(bytes));
+    b.row(
+        Row::new("tasks", format!("floor: `sh -c 'yes … | head -c {bytes} > /dev/null'`")).lat(&floor).rate(per_s(mb / floor.median, "MB")),
+    );
+    let r = unmasked.median / floor.median;
+    b.row(
+        Row::new("tasks", format!("task writing {} MB (`yes … | head -c {bytes}`), no masking: start_task → final", mb as u64))
+            .lat(&unmasked)
+            .rate(per_s(mb / unmasked.median, "MB"))
+            .vs(format!("`> /dev/null` {}", dur(floor.median)))
+            .ratio(format!("{} floor", times(r)))
+            .target("≤ 1.5× floor", r <= 1.5),
+    );
+    let r = masked.median / floor.median;
+    b.row(
+        Row::new("tasks", format!("task writing {} MB, masking 5 secrets: start_task → final", mb as u64))
+            .lat(&masked)
+            .rate(per_s(mb / masked.median, "MB"))
+            .vs(format!("`> /dev/null` {}", dur(floor.median)))
+            .ratio(format!("{} floor", times(r))),
+    );
+    Ok(())
+}
+
+/// A line written every 100 ms, seen through back-to-back get_task polls.
+pub fn visibility(b: &mut Bench, ctl: &mut Ctl) -> Result<()> {
+    let lines = b.n(40).max(5);
+    let cmd = format!("i=0; while [ $i -lt {lines} ]; do sleep 0.1; date +%s%N; i=$((i+1)); done");
+    let plain = ctl.plain.clone();
+    let snap = ctl.rpc.tool("start_task", &json!({"sandbox_id": plain, "command": cmd, "timeout": 120}))?;
+    let task = snap["task_id"].as_str().context("no task_id")?.to_string();
+    let now_ns = || SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let mut pending = String::new();
+    let mut lat = Vec::new();
+    let mut take = |text: &str, seen_ns: u128, lat: &mut Vec<f64>| {
+        pending.push_str(text);
+        while let Some(i) = pending.find('\n') {
+            let line: String = pending.drain(..=i).collect();
+            if let Ok(written) = line.trim().parse::<u128>() {
+                lat.push(seen_ns.saturating_sub(written) as f64 / 1e9);
+            }
+        }
+    };
+    take(snap["stdout"].as_str().unwrap_or(""), now_ns(), &mut lat);
+    let mut offset = snap["stdout_next_offset"].as_u64().unwrap_or(0);
+    let mut fin = snap;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut polls = 0u64;
+    while state(&fin) == "running" && Instant::now() < deadline && polls < MAX_ITERATIONS {
+        thread::sleep(Duration::from_millis(2));
+        fin = ctl.rpc.tool("get_task", &json!({"sandbox_id": plain, "task_id": task, "stdout_offset": offset, "limit": 65536}))?;
+        take(fin["stdout"].as_str().unwrap_or(""), now_ns(), &mut lat);
+        offset = fin["stdout_next_offset"].as_u64().unwrap_or(offset);
+        polls += 1;
+    }
+    ctl.delete_task(&plain, &task)?;
+    if lat.len() < lines {
+        bail!("saw {} of {lines} lines (final state {})", lat.len(), state(&fin));
+    }
+    let s = b.keep("line_visibility", &lat);
+    b.row(
+        Row::new("tasks", "line written → visible through `get_task` (polling)")
+            .lat(&s)
+            .note(format!("one line every 100 ms, get_task polled back to back ({polls} polls); includes the get_task round trip")),
+    );
+    Ok(())
+}

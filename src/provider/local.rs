@@ -382,18 +382,14 @@ impl LocalProvider {
         }
     }
 
-    /// Ends isolated sandbox `id` by sending SIGKILL to its init (the kernel then ends every
-    /// process of its pid namespace) and waits, within `deadline`, until the init is gone.
-    /// Returns 1 when it was running, else 0.
-    fn kill_init(&self, id: &str, init: Init, deadline: Instant) -> usize {
+    /// Sends SIGKILL to the init of isolated sandbox `id` (the kernel then ends every process of
+    /// its pid namespace). Returns 1 when it was running, else 0.
+    fn signal_init(&self, id: &str, init: Init) -> usize {
         if !init.alive() {
             return 0;
         }
         if let Err(err) = process::signal_pids(&self.shell, "KILL", &[init.pid]) {
             log::warn!("could not run {} to kill the init of sandbox {id}: {err}", self.shell.display());
-        }
-        while init.alive() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(2));
         }
         1
     }
@@ -787,29 +783,36 @@ impl Provider for LocalProvider {
         let existed = fs::remove_file(dir.join("meta.json")).is_ok();
         let budget = deadline.min(Instant::now() + KILL_SCAN_BUDGET);
         let n = match init {
-            // The kernel ends every process of the pid namespace with its init.
-            Some(init) => self.kill_init(sandbox_id, init, budget),
+            // The kernel ends every process of the pid namespace with its init; the directory
+            // can go at once (nothing inside runs again), the wait for the end comes after.
+            Some(init) => self.signal_init(sandbox_id, init),
             None => self.kill_tagged(sandbox_id, budget),
         };
-        cgroup::remove(sandbox_id, budget);
         if n > 0 {
             log::debug!("sandbox {sandbox_id}: killed {n} processes");
         }
         // A keeper starting at this moment may still write its pid file into the directory
         // (make bench saw "Directory not empty"): retry a few times.
         let mut attempt = 0;
-        loop {
+        let removed = loop {
             match fs::remove_dir_all(&dir) {
-                Ok(()) => break,
-                Err(err) if err.kind() == io::ErrorKind::NotFound => break,
+                Ok(()) => break Ok(()),
+                Err(err) if err.kind() == io::ErrorKind::NotFound => break Ok(()),
                 Err(_) if attempt < 5 => attempt += 1,
-                Err(err) => {
-                    return Err(ProviderError::Unavailable(format!(
-                        "killed the processes of {sandbox_id} but could not remove {}: {err}",
-                        dir.display()
-                    )))
-                }
+                Err(err) => break Err(err),
             }
+        };
+        if let Some(init) = init {
+            while init.alive() && Instant::now() < budget {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        cgroup::remove(sandbox_id, budget);
+        if let Err(err) = removed {
+            return Err(ProviderError::Unavailable(format!(
+                "killed the processes of {sandbox_id} but could not remove {}: {err}",
+                dir.display()
+            )));
         }
         Ok(existed || n > 0)
     }
@@ -996,6 +999,10 @@ mod tests {
             expires_at: now + 60,
             envs,
             metadata: BTreeMap::new(),
+            isolation: Isolation::None,
+            host_network: false,
+            limits: Limits::default(),
+            owner: None,
         };
         p.store(&meta).unwrap();
         let argv: Vec<String> =

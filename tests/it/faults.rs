@@ -524,7 +524,7 @@ fn supervisor_window(dir: &Path) -> &'static str {
 #[test]
 fn supervisor_sigkill() {
     let mut run = Run::new("supervisor");
-    let home = Home::new("fault-sup");
+    let home = Home::unisolated("fault-sup");
     let mut m = home.stdio();
     let sb = m.create();
     let mut cases = Vec::new();
@@ -663,7 +663,7 @@ fn read_logs(m: &mut Mcp, at: &str, sb: &str, task: &str) -> Value {
 fn full_disk_under_the_task_logs() {
     require_mount();
     let mut run = Run::new("full_disk");
-    let home = Home::new("fault-disk");
+    let home = Home::unisolated("fault-disk");
     // One sandbox whose logs are copied as they are, one whose logs go through the masker.
     let plain = home.create_detached(json!({"timeout": 600}));
     let masked = home.create_detached(json!({"timeout": 600, "envs": {"SERVICE_TOKEN": "tok-full-disk-123"}}));

@@ -230,8 +230,9 @@ fn a_session_cannot_use_another_sessions_default_sandbox() {
 /// No `..`, absolute path or symlink takes a file tool out of the sandbox home: not to the
 /// sandbox's own metadata (which holds its envs), not into another sandbox, not to the host.
 #[test]
-fn file_tools_cannot_escape_a_local_sandbox() {
-    let home = Home::new("sec-paths");
+fn file_tools_cannot_escape_an_unisolated_local_sandbox() {
+    // With isolation, file tools resolve paths inside the sandbox's own root: tests/it/isolation.rs.
+    let home = Home::unisolated("sec-paths");
     let mut m = home.stdio();
     let other = m.create();
     m.ok("write_file", json!({"sandbox_id": other, "path": "private.txt", "content": "other sandbox"}));
@@ -501,12 +502,13 @@ fn secrets_stay_out_of_trace_logs_pages_and_error_texts() {
     }
 }
 
-/// The documented limit of the local provider (SECURITY.md): sandbox code runs as the server's
-/// user and can read the server's own environment; masking hides the verbatim value, nothing
-/// more. This test fails, and SECURITY.md must change, if that ever stops being true.
+/// The documented limit of the local provider without isolation (SECURITY.md): sandbox code runs
+/// as the server's user and can read the server's own environment; masking hides the verbatim
+/// value, nothing more. This test fails, and SECURITY.md must change, if that ever stops being
+/// true. With isolation the server's processes are out of sight: tests/it/isolation.rs.
 #[test]
-fn local_sandbox_code_can_read_the_servers_environment() {
-    let home = Home::new("sec-proc");
+fn unisolated_sandbox_code_can_read_the_servers_environment() {
+    let home = Home::unisolated("sec-proc");
     let token = secret("host-token");
     let mut m = home.stdio_with(&[("SANDBOX_MCP_HTTP_TOKEN", &token)]);
     m.create();

@@ -42,8 +42,6 @@ fn sigterm_under_http_load_answers_every_accepted_request_and_exits_within_5_s()
     let home = Home::new("termhttp");
     let mut http = Http::start(&home, &["--workers", "2"], &[]);
     let addr = http.addr;
-    let marks = home.path.join("marks");
-    std::fs::create_dir_all(&marks).unwrap();
 
     // Session A owns a sandbox; session B keeps its sandbox alive with a task.
     let a = http.initialize();
@@ -57,9 +55,8 @@ fn sigterm_under_http_load_answers_every_accepted_request_and_exits_within_5_s()
     // Both workers busy with long commands (one per sandbox), then calls that wait in the queue.
     let mut pending = Vec::new();
     for (i, (session, sb)) in [(&a, &sb_a), (&b, &sb_b)].into_iter().enumerate() {
-        let mark = marks.join(format!("slow-{i}"));
-        let body =
-            call_body(100 + i as u64, "run_command", json!({"sandbox_id": sb, "command": format!("touch {}; sleep 30", mark.display())}));
+        let (inside, mark) = home.marker(sb, &format!("slow-{i}"));
+        let body = call_body(100 + i as u64, "run_command", json!({"sandbox_id": sb, "command": format!("touch {inside}; sleep 30")}));
         let mut conn = Conn::open(addr);
         conn.send("POST", "/mcp", &[("Mcp-Session-Id", session)], body.as_bytes());
         pending.push((format!("slow-{i}"), conn));
@@ -132,8 +129,8 @@ fn sigterm_in_stdio_answers_the_running_and_the_queued_call() {
     let home = Home::new("termstdio");
     let mut m = home.stdio_with(&[("SANDBOX_MCP_WORKERS", "1")]);
     let sb = m.create();
-    let mark = home.path.join("slow-started");
-    let slow = call_body(1, "run_command", json!({"sandbox_id": sb, "command": format!("touch {}; sleep 30", mark.display())}));
+    let (inside, mark) = home.marker(&sb, "slow-started");
+    let slow = call_body(1, "run_command", json!({"sandbox_id": sb, "command": format!("touch {inside}; sleep 30")}));
     m.client.send_line(&slow).unwrap();
     wait_started(&mark);
     m.client.send_line(&call_body(2, "run_command", json!({"sandbox_id": sb, "command": "echo queued"}))).unwrap();
@@ -163,14 +160,15 @@ fn a_second_sigterm_exits_at_once() {
     let home = Home::new("term2");
     let mut http = Http::start(&home, &[], &[]);
     let s = http.initialize();
-    http.call(&s, "create_sandbox", json!({}));
-    let mark = home.path.join("slow-started");
+    let created = http.call(&s, "create_sandbox", json!({}));
+    let sb = created["result"]["structuredContent"]["sandbox_id"].as_str().unwrap().to_string();
+    let (inside, mark) = home.marker(&sb, "slow-started");
     let mut conn = Conn::open(http.addr);
     conn.send(
         "POST",
         "/mcp",
         &[("Mcp-Session-Id", &s)],
-        call_body(1, "run_command", json!({"command": format!("touch {}; sleep 30", mark.display())})).as_bytes(),
+        call_body(1, "run_command", json!({"command": format!("touch {inside}; sleep 30")})).as_bytes(),
     );
     wait_started(&mark);
     let pid = http.child.id();

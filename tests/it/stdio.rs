@@ -188,13 +188,9 @@ fn stdin_eof_ends_the_session_and_kills_its_sandboxes_within_2_s() {
     let home = Home::new("eof");
     let mut m = home.stdio();
     let sb = m.create();
-    let pid_text = m.ok("run_command", json!({"command": "setsid sleep 300 >/dev/null 2>&1 & echo $!"}))["stdout"]
-        .as_str()
-        .unwrap()
-        .trim()
-        .to_string();
-    let pid: u32 = pid_text.parse().unwrap();
-    assert!(pid_alive(pid));
+    let nap = unique_sleep();
+    m.ok("run_command", json!({"command": format!("setsid sleep {nap} >/dev/null 2>&1 &")}));
+    let pid = pid_of_argv(&["sleep", &nap]);
     let t0 = Instant::now();
     let status = m.client.close(Duration::from_secs(5)).unwrap();
     let took = t0.elapsed();

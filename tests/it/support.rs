@@ -31,17 +31,53 @@ pub fn fixtures() -> PathBuf {
 pub struct Home {
     pub path: PathBuf,
     pub shell: PathBuf,
+    /// `--isolation` of the servers this home starts (the product default, `auto`, unless a test
+    /// is about running without isolation).
+    pub isolation: &'static str,
 }
 
 impl Home {
+    /// Servers with the default isolation: namespaces where this host allows them.
     pub fn new(name: &str) -> Home {
         Home::with_shell(name, Path::new("/bin/sh"))
+    }
+
+    /// Servers without isolation, for tests of that mode and of host-side facts (host pids, host
+    /// paths, mounts under the state root).
+    pub fn unisolated(name: &str) -> Home {
+        Home::new(name).with_isolation("none")
+    }
+
+    /// The same home with servers started as `--isolation mode`.
+    pub fn with_isolation(mut self, mode: &'static str) -> Home {
+        self.isolation = mode;
+        self
     }
 
     pub fn with_shell(name: &str, shell: &Path) -> Home {
         let path = std::env::temp_dir().join(format!("smcp-test-{name}-{}", sandbox_mcp::ids::random_hex(4)));
         std::fs::create_dir_all(&path).unwrap();
-        Home { path, shell: shell.to_path_buf() }
+        Home { path, shell: shell.to_path_buf(), isolation: "auto" }
+    }
+
+    /// Whether sandboxes of this home's servers are isolated with namespaces.
+    pub fn isolated(&self) -> bool {
+        self.isolation != "none" && sandbox_mcp::provider::isolation::probe().is_ok()
+    }
+
+    /// A file a command can create to say it started: its path inside the sandbox (for the
+    /// command) and on the host (for the test). Both name the sandbox home in either mode.
+    pub fn marker(&self, sandbox_id: &str, name: &str) -> (String, PathBuf) {
+        (format!("\"$HOME\"/{name}"), self.sandbox_dir(sandbox_id).join("home").join(name))
+    }
+
+    /// The sandbox home as commands inside sandbox `id` see it.
+    pub fn inside_home(&self, id: &str) -> String {
+        if self.isolated() {
+            "/home/user".into()
+        } else {
+            self.sandbox_dir(id).join("home").display().to_string()
+        }
     }
 
     pub fn env(&self) -> Vec<(String, String)> {
@@ -49,6 +85,7 @@ impl Home {
             ("SANDBOX_MCP_HOME".into(), self.path.display().to_string()),
             ("SANDBOX_MCP_LOCAL_SH".into(), self.shell.display().to_string()),
             ("SANDBOX_MCP_PROVIDER".into(), "local".into()),
+            ("SANDBOX_MCP_ISOLATION".into(), self.isolation.into()),
             ("RUST_LOG".into(), std::env::var("TEST_RUST_LOG").unwrap_or_else(|_| "warn".into())),
         ]
     }
@@ -167,6 +204,29 @@ pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<
         assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// A `sleep` argument no other process uses (`300.<n>`), so that a test finds that process on
+/// the host with [`pid_of_argv`] whatever pid namespace it runs in.
+pub fn unique_sleep() -> String {
+    format!("300.{}", u32::from_str_radix(&sandbox_mcp::ids::random_hex(3), 16).unwrap())
+}
+
+/// Host pids of the live processes whose argv is exactly `argv`.
+pub fn pids_of_argv(argv: &[&str]) -> Vec<u32> {
+    let want: Vec<u8> = argv.iter().flat_map(|a| a.bytes().chain(std::iter::once(0))).collect();
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            (std::fs::read(e.path().join("cmdline")).ok()? == want && pid_alive(pid)).then_some(pid)
+        })
+        .collect()
+}
+
+/// The host pid of the live process whose argv is exactly `argv`, waiting up to 5 s for it.
+pub fn pid_of_argv(argv: &[&str]) -> u32 {
+    wait_for(Duration::from_secs(5), &format!("a process {argv:?}"), || pids_of_argv(argv).first().copied())
 }
 
 /// Whether a process with this pid exists and is not a zombie.

@@ -104,7 +104,8 @@ fn supervisor_works_under_bash() {
 #[test]
 fn supervisor_works_with_busybox_alone() {
     let bin = busybox_bin();
-    let home = Home::with_shell("busybox", &bin.join("sh"));
+    // Unisolated: the busybox-only PATH is a host directory an isolated sandbox does not see.
+    let home = Home::with_shell("busybox", &bin.join("sh")).with_isolation("none");
     let path = bin.display().to_string();
     shell_scenarios(&home, &[("PATH", &path)]);
     let _ = std::fs::remove_dir_all(&bin);
@@ -178,8 +179,8 @@ fn an_unconfirmed_start_reports_unknown_with_the_handle_and_never_resubmits() {
     let home = Home::new("unconfirmed");
     let mut a = home.stdio_with(&[("SANDBOX_MCP_LOCAL_SH", fixtures().join("bin/lossy-sh").to_str().unwrap())]);
     let sb = a.create();
-    let marker = home.path.join("runs");
-    let s = start(&mut a, &sb, &format!("echo ran >> {}", marker.display()), json!({}));
+    let (inside, marker) = home.marker(&sb, "runs");
+    let s = start(&mut a, &sb, &format!("echo ran >> {inside}"), json!({}));
     assert_eq!(s["state"], "unknown", "{s}");
     assert!(s["error"].as_str().unwrap().contains("could not be confirmed"), "{s}");
     let task = id(&s);
@@ -313,17 +314,11 @@ fn escaped_descendants_are_killed_after_the_task_ends() {
     let home = Home::new("escape");
     let mut m = home.stdio();
     let sb = m.create();
-    let pidfile = home.path.join("escapee.pid");
-    let s = start(
-        &mut m,
-        &sb,
-        &format!("setsid sh -c 'echo $$ > {}; exec sleep 300' & sleep 0.3; echo parent-done", pidfile.display()),
-        json!({}),
-    );
+    let nap = unique_sleep();
+    let s = start(&mut m, &sb, &format!("setsid sh -c 'exec sleep {nap}' & sleep 0.3; echo parent-done"), json!({}));
     let done = finish(&mut m, &sb, &id(&s));
     assert_eq!(done["state"], "succeeded");
-    let pid: u32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
-    wait_for(Duration::from_secs(3), "the setsid escapee to be killed", || (!pid_alive(pid)).then_some(()));
+    wait_for(Duration::from_secs(3), "the setsid escapee to be killed", || pids_of_argv(&["sleep", &nap]).is_empty().then_some(()));
     let state = std::fs::read_to_string(task_dir(&home, &sb, &id(&s)).join("state")).unwrap();
     assert!(state.contains("escaped=1"), "{state}");
 }
@@ -337,7 +332,9 @@ fn a_killed_supervisor_makes_the_state_unknown_never_success() {
     let task = id(&s);
     let state = std::fs::read_to_string(task_dir(&home, &sb, &task).join("state")).unwrap();
     let sup: u32 = state.lines().find_map(|l| l.strip_prefix("sup_pid=")).unwrap().parse().unwrap();
-    std::process::Command::new("/bin/sh").args(["-c", &format!("kill -s KILL {sup}")]).status().unwrap();
+    // The recorded pid is the sandbox's own (its pid namespace, when isolated): kill it from inside.
+    assert!(sup > 1);
+    m.ok("run_command", json!({"sandbox_id": sb, "command": format!("kill -s KILL {sup}")}));
     let g = wait_for(Duration::from_secs(5), "the lost supervisor to show", || {
         let g = m.ok("get_task", json!({"sandbox_id": sb, "task_id": task}));
         (g["state"] == "unknown").then_some(g)
@@ -376,14 +373,10 @@ fn the_129th_task_is_refused_until_one_is_deleted() {
     let home = Home::new("limit128");
     let mut m = home.stdio();
     let sb = m.create();
-    let root = home.sandbox_dir(&sb).join("home/.sandbox-mcp/tasks");
-    std::fs::create_dir_all(&root).unwrap();
-    // 127 finished tasks made directly on disk, plus one real one.
-    for i in 0..127 {
-        let d = root.join(format!("{i:032x}"));
-        std::fs::create_dir_all(&d).unwrap();
-        std::fs::write(d.join("state"), "status=exited\nexit_code=0\nout_bytes=0\nerr_bytes=0\n").unwrap();
-    }
+    // 127 finished tasks written by the sandbox itself (so that it owns them), plus one real one.
+    let script = "umask 077; r=$HOME/.sandbox-mcp/tasks; i=0; while [ $i -lt 127 ]; do d=$r/$(printf %032x $i); mkdir -p $d && \
+printf 'status=exited\\nexit_code=0\\nout_bytes=0\\nerr_bytes=0\\n' > $d/state || exit 1; i=$((i + 1)); done";
+    m.ok("run_command", json!({"command": script}));
     let real = start(&mut m, &sb, "true", json!({}));
     let err = m.err("start_task", json!({"sandbox_id": sb, "command": "true"}));
     assert!(err.contains("128") && err.contains("delete_task"), "{err}");
@@ -626,7 +619,7 @@ fn a_relative_cwd_means_the_same_as_for_run_command() {
     m.ok("run_command", json!({"command": "mkdir -p sub"}));
     let s = start(&mut m, &sb, "pwd", json!({"cwd": "sub"}));
     let done = finish(&mut m, &sb, &id(&s));
-    assert_eq!(done["stdout"], format!("{}\n", home.sandbox_dir(&sb).join("home/sub").display()), "{done}");
+    assert_eq!(done["stdout"], format!("{}/sub\n", home.inside_home(&sb)), "{done}");
 }
 
 /// Regression (review): an error that quotes user input (a cwd with a newline) could write its
@@ -655,14 +648,19 @@ fn delete_refuses_a_start_in_progress() {
     let home = Home::new("delclaimed");
     let mut m = home.stdio();
     let sb = m.create();
-    let dir = home.sandbox_dir(&sb).join("home/.sandbox-mcp/tasks/0123456789abcdef0123456789abcdef");
-    std::fs::create_dir_all(&dir).unwrap();
+    // Written by the sandbox itself, as the supervisor would, so that it owns the files.
+    let claim = |m: &mut Mcp, cs: &str| {
+        let script = format!(
+            "umask 077; d=$HOME/.sandbox-mcp/tasks/0123456789abcdef0123456789abcdef; mkdir -p $d && printf 'status=claimed\\ntimeout=60\\nclaimed_cs={cs}\\n' > $d/state"
+        );
+        m.ok("run_command", json!({"command": script}));
+    };
     let uptime = std::fs::read_to_string("/proc/uptime").unwrap();
     let cs: String = uptime.split_whitespace().next().unwrap().replace('.', "");
-    std::fs::write(dir.join("state"), format!("status=claimed\ntimeout=60\nclaimed_cs={}\n", cs.trim_start_matches('0'))).unwrap();
+    claim(&mut m, cs.trim_start_matches('0'));
     let err = m.err("delete_task", json!({"sandbox_id": sb, "task_id": "0123456789abcdef0123456789abcdef"}));
     assert!(err.contains("cancel_task"), "{err}");
     // An old claim (a start that died) can be deleted.
-    std::fs::write(dir.join("state"), "status=claimed\ntimeout=60\nclaimed_cs=1\n").unwrap();
+    claim(&mut m, "1");
     m.ok("delete_task", json!({"sandbox_id": sb, "task_id": "0123456789abcdef0123456789abcdef"}));
 }

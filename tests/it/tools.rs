@@ -30,8 +30,8 @@ fn run_command_reports_exit_codes_as_data_and_clears_the_environment() {
         );
     }
     let pwd = m.ok("run_command", json!({"command": "pwd; echo $HOME"}))["stdout"].as_str().unwrap().to_string();
-    let home_dir = home.sandbox_dir(&sb).join("home");
-    assert_eq!(pwd, format!("{}\n{}\n", home_dir.display(), home_dir.display()));
+    let home_dir = home.inside_home(&sb);
+    assert_eq!(pwd, format!("{home_dir}\n{home_dir}\n"));
     let err = m.err("run_command", json!({"command": "true", "cwd": "no/such/dir"}));
     assert!(err.contains("cwd"), "{err}");
 }
@@ -41,14 +41,13 @@ fn run_command_timeout_kills_the_whole_group() {
     let home = Home::new("timeout");
     let mut m = home.stdio();
     m.create();
-    let pidfile = home.path.join("bg.pid");
+    let nap = unique_sleep();
     let t0 = Instant::now();
-    let out = m.ok("run_command", json!({"command": format!("sleep 60 & echo $! > {}; sleep 60", pidfile.display()), "timeout": 1}));
+    let out = m.ok("run_command", json!({"command": format!("sleep {nap} & sleep 60"), "timeout": 1}));
     assert!(t0.elapsed() < Duration::from_secs(5));
     assert_eq!(out["timed_out"], true);
     assert_eq!(out["exit_code"], 124);
-    let bg: u32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
-    wait_for(Duration::from_secs(3), "the background child to die with its group", || (!pid_alive(bg)).then_some(()));
+    wait_for(Duration::from_secs(3), "the background child to die with its group", || pids_of_argv(&["sleep", &nap]).is_empty().then_some(()));
 }
 
 #[test]
@@ -91,20 +90,29 @@ fn files_round_trip_and_stay_inside_the_sandbox() {
     let r = m.ok("read_file", json!({"path": "bin.dat"}));
     assert_eq!(r["content_base64"], "AP8A/w==");
     assert!(r.get("content").is_none());
-    let abs = home.sandbox_dir(&sb).join("home/dir/sub/a.txt");
-    assert_eq!(m.ok("read_file", json!({"path": abs.to_str().unwrap()}))["size"], 7);
+    let abs = format!("{}/dir/sub/a.txt", home.inside_home(&sb));
+    assert_eq!(m.ok("read_file", json!({"path": abs}))["size"], 7);
     let list = m.ok("list_files", json!({"path": "."}));
     let names: Vec<(&str, &str)> =
         list["entries"].as_array().unwrap().iter().map(|e| (e["name"].as_str().unwrap(), e["type"].as_str().unwrap())).collect();
     assert_eq!(names, vec![("bin.dat", "file"), ("dir", "dir")]);
-    for bad in ["../x", "/etc/passwd", "dir/../../x", ""] {
-        let err = m.err("read_file", json!({"path": bad}));
-        assert!(err.contains("outside the sandbox") || err.contains("non-empty"), "{bad}: {err}");
-    }
     m.ok("run_command", json!({"command": "ln -s /etc escape"}));
-    assert!(m.err("read_file", json!({"path": "escape/hostname"})).contains("outside the sandbox"));
-    assert!(m.err("write_file", json!({"path": "escape/x", "content": "no"})).contains("outside the sandbox"));
-    assert!(m.err("list_files", json!({"path": "escape"})).contains("outside the sandbox"));
+    if home.isolated() {
+        // Paths are the sandbox's own: `..` stops at its root, /etc is its read-only /etc.
+        assert!(m.err("read_file", json!({"path": "../../../../x"})).contains("does not exist"));
+        assert_eq!(m.ok("read_file", json!({"path": "escape/hostname"}))["content"], "sandbox\n");
+        assert!(m.err("write_file", json!({"path": "escape/x", "content": "no"})).contains("read-only"));
+        assert!(m.err("write_file", json!({"path": "/usr/x", "content": "no"})).contains("read-only"));
+        assert!(m.err("read_file", json!({"path": ""})).contains("non-empty"));
+    } else {
+        for bad in ["../x", "/etc/passwd", "dir/../../x", ""] {
+            let err = m.err("read_file", json!({"path": bad}));
+            assert!(err.contains("outside the sandbox") || err.contains("non-empty"), "{bad}: {err}");
+        }
+        assert!(m.err("read_file", json!({"path": "escape/hostname"})).contains("outside the sandbox"));
+        assert!(m.err("write_file", json!({"path": "escape/x", "content": "no"})).contains("outside the sandbox"));
+        assert!(m.err("list_files", json!({"path": "escape"})).contains("outside the sandbox"));
+    }
     assert!(m.err("read_file", json!({"path": "missing.txt"})).contains("does not exist"));
     assert!(m.err("write_file", json!({"path": "x", "content": "!!", "encoding": "base64"})).contains("base64"));
 }
@@ -143,13 +151,9 @@ fn kill_sandbox_ends_tagged_processes_even_after_setsid() {
     let home = Home::new("kill");
     let mut m = home.stdio();
     let sb = m.create();
-    let pid: u32 = m.ok("run_command", json!({"command": "setsid sh -c 'sleep 300' >/dev/null 2>&1 & echo $!"}))["stdout"]
-        .as_str()
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    assert!(pid_alive(pid));
+    let nap = unique_sleep();
+    m.ok("run_command", json!({"command": format!("setsid sh -c 'sleep {nap}' >/dev/null 2>&1 &")}));
+    let pid = pid_of_argv(&["sleep", &nap]);
     assert_eq!(m.ok("kill_sandbox", json!({"sandbox_id": sb})), json!({"sandbox_id": sb, "killed": true}));
     assert!(!pid_alive(pid), "the setsid process must be gone");
     assert!(!home.sandbox_dir(&sb).exists());
@@ -164,10 +168,10 @@ fn the_keeper_ends_an_expired_sandbox_with_no_server_running() {
     let (code, created, stderr) = home.call_cli("create_sandbox", json!({"timeout": 5}));
     assert_eq!(code, 0, "{stderr}");
     let sb = created["sandbox_id"].as_str().unwrap().to_string();
-    let (code, out, stderr) =
-        home.call_cli("run_command", json!({"sandbox_id": sb, "command": "setsid sleep 300 >/dev/null 2>&1 & echo $!"}));
+    let nap = unique_sleep();
+    let (code, _, stderr) = home.call_cli("run_command", json!({"sandbox_id": sb, "command": format!("setsid sleep {nap} >/dev/null 2>&1 &")}));
     assert_eq!(code, 0, "{stderr}");
-    let pid: u32 = out["stdout"].as_str().unwrap().trim().parse().unwrap();
+    let pid = pid_of_argv(&["sleep", &nap]);
     wait_for(Duration::from_secs(20), "the keeper to end the sandbox", || (!home.sandbox_dir(&sb).exists()).then_some(()));
     assert!(!pid_alive(pid));
 }

@@ -90,8 +90,9 @@ pub struct Tools {
 
 /// Finds the programs of [`Tools`].
 pub fn tools() -> Result<Tools, String> {
+    // The system's own util-linux first: a PATH may put other implementations (busybox) ahead.
     let path = std::env::var("PATH").unwrap_or_default();
-    let path = format!("{path}:/usr/bin:/bin:/usr/sbin:/sbin");
+    let path = format!("/usr/bin:/bin:/usr/sbin:/sbin:{path}");
     let find = |name: &str| crate::provider::process::which(name, &path);
     let (Some(unshare), Some(nsenter)) = (find("unshare"), find("nsenter")) else {
         return Err("the util-linux programs unshare and nsenter were not found on PATH; install util-linux".into());

@@ -113,13 +113,14 @@ pub fn assemble(plan: &Plan) -> Result<(), String> {
     let home = stage.join(HOME.trim_start_matches('/'));
     step("create /home/user", fs::create_dir_all(&home))?;
     step("bind the sandbox home", mount::mount_bind(fd_path(&home_fd), &home).map_err(io::Error::from))?;
+    let tmp = stage.join("tmp");
+    step("create /tmp", fs::create_dir(&tmp))?;
+    step("mount /tmp", mount_tmpfs(&tmp, nosuid_nodev, "mode=1777"))?;
+    // After /tmp: the file may live under it (tests keep their shells there).
     if let Some((file, fd)) = &extra {
         step(&format!("bind {} read-only", file.display()), bind_file_ro(&fd_path(fd), &stage.join(strip_root(file))))?;
     }
     drop((home_fd, extra));
-    let tmp = stage.join("tmp");
-    step("create /tmp", fs::create_dir(&tmp))?;
-    step("mount /tmp", mount_tmpfs(&tmp, nosuid_nodev, "mode=1777"))?;
     step("assemble /dev", populate_dev(&stage.join("dev")))?;
     let proc = stage.join("proc");
     step("create /proc", fs::create_dir(&proc))?;

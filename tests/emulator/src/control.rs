@@ -267,7 +267,14 @@ fn create(state: &State, req: &HttpRequest, v2: bool) -> HttpReply {
     envs.insert("E2B_SANDBOX_ID".to_string(), id.clone());
     envs.insert("E2B_TEMPLATE_ID".to_string(), template.clone());
     envs.extend(env_vars);
-    let create = CreateRequest { template: template.clone(), timeout_s: timeout as u64, envs, metadata: metadata.clone() };
+    let create = CreateRequest {
+        template: template.clone(),
+        timeout_s: timeout as u64,
+        envs,
+        metadata: metadata.clone(),
+        network: Some(true),
+        ..CreateRequest::default()
+    };
     let info = match state.provider.create(&create, Instant::now() + KILL_BUDGET) {
         Ok(info) => info,
         Err(ProviderError::Rejected(msg)) => return error(400, msg),

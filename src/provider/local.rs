@@ -183,7 +183,10 @@ impl LocalProvider {
 
     fn tools(&self) -> Result<&Tools, ProviderError> {
         self.tools.as_ref().ok_or_else(|| {
-            ProviderError::Unavailable("this sandbox is isolated with namespaces, and util-linux unshare and nsenter were not found on PATH; install util-linux".into())
+            ProviderError::Unavailable(
+                "this sandbox is isolated with namespaces, and util-linux unshare and nsenter were not found on PATH; install util-linux"
+                    .into(),
+            )
         })
     }
 
@@ -337,7 +340,9 @@ impl LocalProvider {
         let answer = child.stdout.take().map(|out| read_line_within(out, init::START_BUDGET + Duration::from_secs(1)));
         let _ = child.wait();
         match answer.flatten() {
-            Some(line) if line == "ready" => Init::load(&self.dir(id)).ok_or_else(|| unavailable("its keeper did not record the init".into())),
+            Some(line) if line == "ready" => {
+                Init::load(&self.dir(id)).ok_or_else(|| unavailable("its keeper did not record the init".into()))
+            }
             Some(line) => Err(unavailable(line.strip_prefix("error ").unwrap_or(&line).to_string())),
             None => Err(unavailable("its keeper did not answer".into())),
         }
@@ -724,7 +729,9 @@ impl Provider for LocalProvider {
             .and_then(|()| fs::DirBuilder::new().mode(0o700).create(building.join("home")));
         let mk = mk.and_then(|()| match owner {
             // The home belongs to the sandbox's root, which is another uid when the server is root.
-            Some((uid, gid)) if uid != rustix::process::getuid().as_raw() => std::os::unix::fs::chown(building.join("home"), Some(uid), Some(gid)),
+            Some((uid, gid)) if uid != rustix::process::getuid().as_raw() => {
+                std::os::unix::fs::chown(building.join("home"), Some(uid), Some(gid))
+            }
             _ => Ok(()),
         });
         mk.map_err(|err| ProviderError::Unavailable(format!("cannot create sandbox directory {}: {err}", building.display())))?;

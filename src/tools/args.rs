@@ -322,7 +322,8 @@ fn check(p: &Param, value: &Value) -> Result<Value, String> {
                 if v.is_null() {
                     continue;
                 }
-                let n = as_integer(v).ok_or_else(|| format!("field {:?} must be an integer from {} to {}, got {}", f.name, f.min, f.max, describe(v)))?;
+                let n = as_integer(v)
+                    .ok_or_else(|| format!("field {:?} must be an integer from {} to {}, got {}", f.name, f.min, f.max, describe(v)))?;
                 if n < f.min || n > f.max {
                     return Err(format!("field {:?} must be from {} to {}, got {n}", f.name, f.min, f.max));
                 }

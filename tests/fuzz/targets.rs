@@ -169,7 +169,10 @@ fn model_accepts(kind: Kind, value: &Value) -> bool {
         Kind::Bool => value.is_boolean(),
         Kind::IntFields(fields) => value.as_object().is_some_and(|m| {
             m.iter().all(|(k, v)| {
-                fields.iter().find(|f| f.name == k).is_some_and(|f| v.is_null() || model_accepts(Kind::Int { min: f.min, max: f.max, default: None }, v))
+                fields
+                    .iter()
+                    .find(|f| f.name == k)
+                    .is_some_and(|f| v.is_null() || model_accepts(Kind::Int { min: f.min, max: f.max, default: None }, v))
             })
         }),
     }

@@ -34,6 +34,8 @@ pub struct Home {
     /// `--isolation` of the servers this home starts (the product default, `auto`, unless a test
     /// is about running without isolation).
     pub isolation: &'static str,
+    /// The uid its servers run as, when not this test process's own (see [`unprivileged_uid`]).
+    pub run_as: Option<u32>,
 }
 
 impl Home {
@@ -48,6 +50,13 @@ impl Home {
         Home::new(name).with_isolation("none")
     }
 
+    /// The same home with servers run as `uid` (the state root becomes theirs).
+    pub fn run_as(mut self, uid: u32) -> Home {
+        std::os::unix::fs::chown(&self.path, Some(uid), Some(uid)).expect("chown the state root");
+        self.run_as = Some(uid);
+        self
+    }
+
     /// The same home with servers started as `--isolation mode`.
     pub fn with_isolation(mut self, mode: &'static str) -> Home {
         self.isolation = mode;
@@ -57,7 +66,7 @@ impl Home {
     pub fn with_shell(name: &str, shell: &Path) -> Home {
         let path = std::env::temp_dir().join(format!("smcp-test-{name}-{}", sandbox_mcp::ids::random_hex(4)));
         std::fs::create_dir_all(&path).unwrap();
-        Home { path, shell: shell.to_path_buf(), isolation: "auto" }
+        Home { path, shell: shell.to_path_buf(), isolation: "auto", run_as: None }
     }
 
     /// Whether sandboxes of this home's servers are isolated with namespaces.
@@ -114,7 +123,15 @@ impl Home {
         let env = self.env();
         let mut all: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         all.extend_from_slice(extra);
-        StdioClient::spawn(&bin(), &["stdio"], &all, false).expect("spawn server")
+        match self.run_as {
+            None => StdioClient::spawn(&bin(), &["stdio"], &all, false).expect("spawn server"),
+            Some(uid) => {
+                let id = uid.to_string();
+                let mut cmd = Command::new("setpriv");
+                cmd.args(["--reuid", &id, "--regid", &id, "--clear-groups", "--"]).arg(bin()).arg("stdio").envs(all);
+                StdioClient::start(cmd, sandbox_mcp::client::Reads::WithTimeouts).expect("spawn server")
+            }
+        }
     }
 
     /// A sandbox created by `sandbox-mcp call`, which no session will kill.
@@ -204,6 +221,34 @@ pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<
         assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// An unprivileged uid to run servers as, for tests that must hold as root and as an ordinary
+/// user: when this process is root, the user `smcp-test`, created on first use (a bare uid where
+/// `useradd` is missing); `None` when this process is not root (then the suite itself is the
+/// unprivileged run).
+pub fn unprivileged_uid() -> Option<u32> {
+    static UID: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *UID.get_or_init(|| {
+        if !rustix_is_root() {
+            return None;
+        }
+        let lookup = || {
+            let out = Command::new("id").args(["-u", "smcp-test"]).output().ok()?;
+            String::from_utf8_lossy(&out.stdout).trim().parse::<u32>().ok()
+        };
+        if lookup().is_none() {
+            let _ = Command::new("useradd").args(["--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "smcp-test"]).status();
+        }
+        Some(lookup().unwrap_or(4242))
+    })
+}
+
+fn rustix_is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Uid:").map(|r| r.split_whitespace().next() == Some("0"))))
+        .unwrap_or(false)
 }
 
 /// A `sleep` argument no other process uses (`300.<n>`), so that a test finds that process on

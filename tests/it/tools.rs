@@ -47,7 +47,9 @@ fn run_command_timeout_kills_the_whole_group() {
     assert!(t0.elapsed() < Duration::from_secs(5));
     assert_eq!(out["timed_out"], true);
     assert_eq!(out["exit_code"], 124);
-    wait_for(Duration::from_secs(3), "the background child to die with its group", || pids_of_argv(&["sleep", &nap]).is_empty().then_some(()));
+    wait_for(Duration::from_secs(3), "the background child to die with its group", || {
+        pids_of_argv(&["sleep", &nap]).is_empty().then_some(())
+    });
 }
 
 #[test]
@@ -169,7 +171,8 @@ fn the_keeper_ends_an_expired_sandbox_with_no_server_running() {
     assert_eq!(code, 0, "{stderr}");
     let sb = created["sandbox_id"].as_str().unwrap().to_string();
     let nap = unique_sleep();
-    let (code, _, stderr) = home.call_cli("run_command", json!({"sandbox_id": sb, "command": format!("setsid sleep {nap} >/dev/null 2>&1 &")}));
+    let (code, _, stderr) =
+        home.call_cli("run_command", json!({"sandbox_id": sb, "command": format!("setsid sleep {nap} >/dev/null 2>&1 &")}));
     assert_eq!(code, 0, "{stderr}");
     let pid = pid_of_argv(&["sleep", &nap]);
     wait_for(Duration::from_secs(20), "the keeper to end the sandbox", || (!home.sandbox_dir(&sb).exists()).then_some(()));

@@ -87,6 +87,11 @@ pub fn command(tools: &Tools, init: Init, own_network: bool, argv: &[String], cw
     if has_cgroup_namespace() {
         cmd.arg("--cgroup");
     }
+    if !rustix::process::getuid().is_root() {
+        // The server's uid is the one the sandbox's root maps to: it already is that root inside,
+        // and an unprivileged process may not drop its groups as nsenter would.
+        cmd.arg("--preserve-credentials");
+    }
     cmd.args(["--root", "--wd", "--"]);
     if let Some(dir) = cwd {
         cmd.args(["/bin/sh", "-c", r#"cd -- "$0" && exec "$@""#, dir]);

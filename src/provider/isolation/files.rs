@@ -5,14 +5,20 @@
 //! by the kernel with `RESOLVE_IN_ROOT` (`openat2`), so `..` and symbolic links, absolute ones
 //! included, never leave the sandbox's tree. Files on `/proc` or `/sys` of the sandbox are
 //! refused (a server running as root would otherwise act on them with its own privileges), and
-//! so is anything that is not a regular file or directory. A file or directory the server
-//! creates is given to the sandbox's root.
+//! so is anything that is not a regular file or directory.
+//!
+//! When the server runs as root, each operation runs on its worker thread with the sandbox's
+//! uid and gid as effective ids ([`ActAs`], restored on drop): the kernel then checks access as
+//! for the sandbox's own root (no host-root powers over what the sandbox can see), and what the
+//! server creates belongs to the sandbox. Linux keeps these ids per thread, so no other thread of
+//! the server is affected.
 
 use super::enter::Init;
 use super::rootfs::HOME;
 use crate::provider::{DirEntry, EntryKind, ProviderError};
-use rustix::fs::{chownat, fstat, fstatfs, mkdirat, openat2, statat, AtFlags, FileType, Gid, Mode, OFlags, ResolveFlags, Uid, CWD};
+use rustix::fs::{fstat, fstatfs, mkdirat, openat2, statat, AtFlags, FileType, Gid, Mode, OFlags, ResolveFlags, Uid, CWD};
 use rustix::io::Errno;
+use rustix::thread::{set_thread_res_gid, set_thread_res_uid};
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
@@ -29,7 +35,7 @@ pub struct SandboxFs {
 
 impl SandboxFs {
     /// Opens the root of the sandbox whose init is `init`; `owner` is the host uid and gid of the
-    /// sandbox's root (what files the server creates are given to).
+    /// sandbox's root (the identity file operations run with).
     pub fn open(id: &str, init: Init, owner: (u32, u32)) -> Result<SandboxFs, ProviderError> {
         let gone = || gone(id);
         if !init.alive() {
@@ -47,6 +53,7 @@ impl SandboxFs {
     /// Reads a regular file of at most `max_bytes`.
     pub fn read(&self, path: &str, max_bytes: usize) -> Result<Vec<u8>, ProviderError> {
         let inside = inside(path)?;
+        let _as = ActAs::sandbox(self.owner)?;
         let flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK;
         let fd = self.open_at(&inside, flags, Mode::empty()).map_err(|e| errno_error(path, e))?;
         let st = fstat(&fd).map_err(|e| errno_error(path, e))?;
@@ -73,6 +80,7 @@ impl SandboxFs {
     /// Writes a regular file, creating missing parent directories.
     pub fn write(&self, path: &str, data: &[u8]) -> Result<u64, ProviderError> {
         let inside = inside(path)?;
+        let _as = ActAs::sandbox(self.owner)?;
         let (parent, name) = match inside.rsplit_once('/') {
             Some((p, n)) if !n.is_empty() && n != "." && n != ".." => (if p.is_empty() { "/" } else { p }, n),
             _ => return Err(ProviderError::Rejected(format!("{path:?} does not name a file; give a file path"))),
@@ -81,13 +89,10 @@ impl SandboxFs {
         refuse_kernel_fs(&dir, path)?;
         let beneath = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
         let base = OFlags::WRONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY;
-        let (fd, created) = match openat2(&dir, name, base, Mode::empty(), beneath) {
-            Ok(fd) => (fd, false),
-            Err(Errno::NOENT) => {
-                let fd = openat2(&dir, name, base | OFlags::CREATE | OFlags::EXCL, Mode::from_raw_mode(0o644), beneath)
-                    .map_err(|e| errno_error(path, e))?;
-                (fd, true)
-            }
+        let fd = match openat2(&dir, name, base, Mode::empty(), beneath) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) => openat2(&dir, name, base | OFlags::CREATE | OFlags::EXCL, Mode::from_raw_mode(0o644), beneath)
+                .map_err(|e| errno_error(path, e))?,
             Err(e) => return Err(errno_error(path, e)),
         };
         let st = fstat(&fd).map_err(|e| errno_error(path, e))?;
@@ -95,9 +100,6 @@ impl SandboxFs {
             return Err(ProviderError::Rejected(format!("{path:?} is not a regular file; write to it with run_command")));
         }
         refuse_kernel_fs(&fd, path)?;
-        if created {
-            self.give(&fd);
-        }
         rustix::fs::ftruncate(&fd, 0).map_err(|e| errno_error(path, e))?;
         File::from(fd).write_all(data).map_err(|e| io_error(path, e))?;
         Ok(data.len() as u64)
@@ -106,7 +108,9 @@ impl SandboxFs {
     /// Lists a directory (at most `max_entries`, sorted by name; `true` when more were left out).
     pub fn list(&self, path: &str, max_entries: usize) -> Result<(Vec<DirEntry>, bool), ProviderError> {
         let inside = inside(path)?;
-        let fd = self.open_at(&inside, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).map_err(|e| errno_error(path, e))?;
+        let _as = ActAs::sandbox(self.owner)?;
+        let fd =
+            self.open_at(&inside, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).map_err(|e| errno_error(path, e))?;
         let dir = rustix::fs::Dir::read_from(&fd).map_err(|e| errno_error(path, e))?;
         let mut entries = Vec::new();
         let mut truncated = false;
@@ -136,6 +140,7 @@ impl SandboxFs {
 
     /// Whether `path` is an existing directory inside the sandbox.
     pub fn is_dir(&self, path: &str) -> bool {
+        let Ok(_as) = ActAs::sandbox(self.owner) else { return false };
         inside(path).is_ok_and(|p| self.open_at(&p, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).is_ok())
     }
 
@@ -162,21 +167,41 @@ impl SandboxFs {
                         Ok(()) | Err(Errno::EXIST) => {}
                         Err(e) => return Err(e),
                     }
-                    let fd = self.open_at(&prefix, flags, Mode::empty())?;
-                    self.give(&fd);
-                    at = fd;
+                    at = self.open_at(&prefix, flags, Mode::empty())?;
                 }
                 Err(e) => return Err(e),
             }
         }
         Ok(at)
     }
+}
 
-    /// Hands what the server created to the sandbox's root (a no-op when they are one uid).
-    fn give(&self, fd: &impl AsFd) {
-        if rustix::process::getuid().as_raw() != self.owner.0 {
-            let (uid, gid) = (Some(Uid::from_raw(self.owner.0)), Some(Gid::from_raw(self.owner.1)));
-            let _ = chownat(fd, "", uid, gid, AtFlags::EMPTY_PATH);
+/// The calling thread's effective uid and gid switched to a sandbox's root for as long as it
+/// lives (only when the server runs as root; a no-op otherwise). The saved ids stay root, so the
+/// drop can switch back; the kernel clears the effective capabilities while the uid is not 0.
+struct ActAs {
+    switched: bool,
+}
+
+impl ActAs {
+    fn sandbox((uid, gid): (u32, u32)) -> Result<ActAs, ProviderError> {
+        if !rustix::process::geteuid().is_root() || uid == 0 {
+            return Ok(ActAs { switched: false });
+        }
+        let failed = |e: Errno| ProviderError::Unavailable(format!("cannot take the sandbox's identity for a file operation: {e}"));
+        set_thread_res_gid(None, Some(Gid::from_raw(gid)), None).map_err(failed)?;
+        let guard = ActAs { switched: true };
+        set_thread_res_uid(None, Some(Uid::from_raw(uid)), None).map_err(failed)?;
+        Ok(guard)
+    }
+}
+
+impl Drop for ActAs {
+    fn drop(&mut self) {
+        if self.switched {
+            // Saved ids are root: both calls succeed; the uid first, then the gid it allows.
+            let _ = set_thread_res_uid(None, Some(Uid::ROOT), None);
+            let _ = set_thread_res_gid(None, Some(Gid::ROOT), None);
         }
     }
 }
@@ -192,7 +217,9 @@ fn inside(path: &str) -> Result<String, ProviderError> {
 fn refuse_kernel_fs(fd: &impl AsFd, path: &str) -> Result<(), ProviderError> {
     let kind = fstatfs(fd).map_err(|e| errno_error(path, e))?.f_type as i64;
     if kind == PROC_SUPER_MAGIC || kind == SYSFS_MAGIC {
-        return Err(ProviderError::Rejected(format!("{path:?} is on /proc or /sys; file tools do not touch kernel files, use run_command")));
+        return Err(ProviderError::Rejected(format!(
+            "{path:?} is on /proc or /sys; file tools do not touch kernel files, use run_command"
+        )));
     }
     Ok(())
 }
@@ -216,9 +243,9 @@ fn errno_error(path: &str, e: Errno) -> ProviderError {
 fn io_error(path: &str, e: std::io::Error) -> ProviderError {
     let msg = match e.raw_os_error().map(Errno::from_raw_os_error) {
         Some(Errno::NOENT) => format!("{path:?} does not exist in the sandbox; check the path with list_files"),
-        Some(Errno::ROFS) => format!(
-            "{path:?} is on a read-only part of the sandbox (the system directories are read-only); write under {HOME} or /tmp"
-        ),
+        Some(Errno::ROFS) => {
+            format!("{path:?} is on a read-only part of the sandbox (the system directories are read-only); write under {HOME} or /tmp")
+        }
         Some(Errno::ACCESS) | Some(Errno::PERM) => format!("permission denied on {path:?}"),
         Some(Errno::LOOP) => format!("{path:?} is a symbolic link; write to its target's path instead"),
         Some(Errno::NOTDIR) => format!("a part of {path:?} is not a directory"),

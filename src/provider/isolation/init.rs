@@ -22,7 +22,8 @@ use std::time::Duration;
 
 /// The namespaces every isolated sandbox gets (the network namespace is added unless the
 /// sandbox asked for the host's network; the cgroup namespace where the kernel has one).
-pub const UNSHARE_FLAGS: &[&str] = &["--user", "--map-root-user", "--mount", "--pid", "--fork", "--ipc", "--uts", "--propagation", "private"];
+pub const UNSHARE_FLAGS: &[&str] =
+    &["--user", "--map-root-user", "--mount", "--pid", "--fork", "--ipc", "--uts", "--propagation", "private"];
 
 /// The subcommand of this binary that runs as the sandbox's init.
 pub const SUBCOMMAND: &str = "sandbox-init";

@@ -214,7 +214,8 @@ fn populate_dev(dev: &Path) -> io::Result<()> {
             mount::mount_bind(&host, &node)?;
         }
     }
-    for (link, to) in [("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")] {
+    for (link, to) in [("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")]
+    {
         symlink(to, dev.join(link))?;
     }
     let shm = dev.join("shm");

@@ -1,0 +1,476 @@
+//! The local provider's namespace isolation: the escape suite, limits, the init's duties, and
+//! durability across server processes. Each escape attempt is a command a hostile agent could
+//! run; each one succeeds without isolation (see `security.rs` for that mode's documented
+//! limits) and must fail with it.
+//!
+//! Hostile commands (`kill -9 -1`, a fork bomb, a memory hog) run only after
+//! [`assert_own_pid_namespace`] has shown that the sandbox has a pid namespace of its own; the
+//! Makefile also runs the whole suite in a private pid namespace.
+//!
+//! Every check runs with the server as this test's own user and, when the test runs as root, once
+//! more as an unprivileged user ([`unprivileged_uid`]).
+
+use crate::support::*;
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+/// Skips (with a line saying why) where this host offers no namespaces: then `auto` means none,
+/// and `tests/it/isolation.rs::auto_falls_back_with_the_reason` covers the fallback.
+fn isolated_home(name: &str) -> Option<Home> {
+    if let Err(why) = sandbox_mcp::provider::isolation::probe() {
+        eprintln!("isolation tests need namespaces, which this host refuses: {why}");
+        return None;
+    }
+    Some(Home::new(name).with_isolation("namespaces"))
+}
+
+/// The homes to run a check with: this user's, and an unprivileged user's when we are root.
+fn homes(name: &str) -> Vec<Home> {
+    let Some(mine) = isolated_home(name) else { return Vec::new() };
+    let mut all = vec![mine];
+    if let Some(uid) = unprivileged_uid() {
+        all.push(Home::new(&format!("{name}-user")).with_isolation("namespaces").run_as(uid));
+    }
+    all
+}
+
+/// Runs `command` in the default sandbox: (exit code, stdout, stderr).
+fn sh(m: &mut Mcp, command: &str) -> (i64, String, String) {
+    let out = m.ok("run_command", json!({"command": command, "timeout": 60}));
+    (out["exit_code"].as_i64().unwrap(), out["stdout"].as_str().unwrap().to_string(), out["stderr"].as_str().unwrap().to_string())
+}
+
+fn who(home: &Home) -> String {
+    home.run_as.map(|u| format!("as uid {u}")).unwrap_or_else(|| "as the test's user".into())
+}
+
+/// The sandbox's pid namespace is not ours and its pid 1 is its init; fails the test otherwise.
+fn assert_own_pid_namespace(m: &mut Mcp) {
+    let (_, inside, _) = sh(m, "readlink /proc/self/ns/pid; tr '\\0' ' ' </proc/1/cmdline");
+    let host = std::fs::read_link("/proc/self/ns/pid").unwrap().display().to_string();
+    let mut lines = inside.lines();
+    let ns = lines.next().unwrap_or_default();
+    assert!(ns.starts_with("pid:[") && ns != host, "the sandbox shares the test's pid namespace ({ns}); refusing to go on");
+    assert!(lines.next().unwrap_or_default().contains("sandbox-init"), "pid 1 of the sandbox is not its init: {inside}");
+}
+
+#[test]
+fn create_reports_isolation_network_and_limits() {
+    for home in homes("iso-create") {
+        let mut m = home.stdio();
+        let c = m.ok("create_sandbox", json!({}));
+        assert_eq!((c["isolation"].as_str(), c["network"].as_bool()), (Some("namespaces"), Some(false)), "{c}");
+        assert_eq!(c["limits"], json!({"memory_mb": null, "processes": null}));
+        let c = m.ok("create_sandbox", json!({"network": true}));
+        assert_eq!(c["network"], true);
+        let (_, id, _) = sh(&mut m, "id -u; id -g");
+        assert_eq!(id, "0\n0\n", "{}: sandbox code is root of its user namespace", who(&home));
+    }
+    let home = Home::unisolated("iso-none");
+    let mut m = home.stdio();
+    let c = m.ok("create_sandbox", json!({}));
+    assert_eq!((c["isolation"].as_str(), c["network"].as_bool()), (Some("none"), Some(true)), "{c}");
+    assert!(m.err("create_sandbox", json!({"network": false})).contains("needs namespace isolation"));
+}
+
+#[test]
+fn host_files_other_sandboxes_and_the_state_root_are_out_of_sight() {
+    for home in homes("iso-files") {
+        let who = who(&home);
+        let outside = std::env::temp_dir().join(format!("smcp-outside-{}", sandbox_mcp::ids::random_hex(6)));
+        std::fs::write(&outside, "host secret").unwrap();
+        let mut m = home.stdio();
+        let other = m.create();
+        m.ok("write_file", json!({"sandbox_id": other, "path": "needle-in-other.txt", "content": "other sandbox"}));
+        m.create();
+        let (code, _, err) = sh(&mut m, &format!("cat {}", outside.display()));
+        assert_ne!(code, 0, "{who}: a host file outside the sandbox was readable");
+        assert!(err.contains("No such file"), "{who}: {err}");
+        let (_, found, _) =
+            sh(&mut m, "find / -xdev -name 'needle-in-other*' 2>/dev/null; find /home /tmp -name 'needle-in-other*' 2>/dev/null");
+        assert_eq!(found, "", "{who}: another sandbox's file is visible");
+        let (_, listing, _) = sh(&mut m, "ls /; ls /home; ls /tmp");
+        assert_eq!(listing.lines().filter(|l| *l == "root").count(), 0, "{who}: /root is visible: {listing}");
+        assert!(!listing.contains("sandboxes"), "{who}: the state root is visible: {listing}");
+        let state_root = home.path.display().to_string();
+        let (code, _, _) = sh(&mut m, &format!("ls {state_root}"));
+        assert_ne!(code, 0, "{who}: the state root is reachable at its host path");
+        let (code, _, err) = sh(&mut m, "echo x > /usr/planted; echo x > /etc/planted; echo x > /bin/planted");
+        assert_ne!(code, 0, "{who}");
+        assert!(err.contains("Read-only file system"), "{who}: {err}");
+        let mark = format!("planted-{}", sandbox_mcp::ids::random_hex(6));
+        let (code, _, _) = sh(&mut m, &format!("echo x > /tmp/{mark} && echo x > /dev/shm/{mark}"));
+        assert_eq!(code, 0, "{who}: the sandbox's /tmp must be writable");
+        assert!(!std::path::Path::new("/tmp").join(&mark).exists(), "{who}: the sandbox wrote into the host's /tmp");
+        assert!(!std::path::Path::new("/dev/shm").join(&mark).exists(), "{who}: the sandbox wrote into the host's /dev/shm");
+        let (_, devs, _) = sh(&mut m, "ls /dev");
+        for must in ["null", "zero", "full", "random", "urandom", "tty", "shm"] {
+            assert!(devs.lines().any(|l| l == must), "{who}: /dev/{must} is missing: {devs}");
+        }
+        assert!(
+            !devs.lines().any(|l| l.starts_with("sd") || l.starts_with("vd") || l == "mem" || l == "kmsg"),
+            "{who}: host devices: {devs}"
+        );
+        let _ = std::fs::remove_file(&outside);
+        let _ = other;
+    }
+}
+
+#[test]
+fn host_processes_and_the_servers_environment_are_out_of_sight() {
+    for home in homes("iso-procs") {
+        let who = who(&home);
+        let token = format!("tok-{}", sandbox_mcp::ids::random_hex(12));
+        let mut m = home.stdio_with(&[("SANDBOX_MCP_HTTP_TOKEN", &token)]);
+        m.create();
+        assert_own_pid_namespace(&mut m);
+        let (_, count, _) = sh(&mut m, "ls /proc | grep -c '^[0-9]'");
+        let count: u32 = count.trim().parse().unwrap();
+        assert!(count <= 6, "{who}: {count} processes visible in a fresh sandbox");
+        let server = m.client.pid();
+        let (code, _, _) = sh(&mut m, &format!("cat /proc/{server}/environ"));
+        assert_ne!(code, 0, "{who}: the server's /proc entry is reachable");
+        let (_, found, _) = sh(&mut m, "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c SANDBOX_MCP_HTTP_TOKEN");
+        assert_eq!(found.trim(), "0", "{who}: the server's token is readable from the sandbox");
+    }
+}
+
+#[test]
+fn kill_minus_one_inside_ends_only_the_sandboxs_processes() {
+    for home in homes("iso-kill1") {
+        let who = who(&home);
+        // A host process of the uid the sandbox's processes run as, outside the sandbox: the
+        // server's own, or the unprivileged sandbox uid when the server is root.
+        let uid = match home.run_as {
+            Some(u) => Some(u),
+            None if is_root() => Some(sandbox_mcp::provider::isolation::SANDBOX_UID),
+            None => None,
+        }
+        .map(|u| u.to_string());
+        let nap = unique_sleep();
+        let mut witness = match &uid {
+            Some(u) => std::process::Command::new("setpriv").args(["--reuid", u, "--regid", u, "--clear-groups", "sleep", &nap]).spawn(),
+            None => std::process::Command::new("sleep").arg(&nap).spawn(),
+        }
+        .unwrap();
+        let mut m = home.stdio();
+        let sb = m.create();
+        assert_own_pid_namespace(&mut m);
+        let (inside, started) = home.marker(&sb, "bg-started");
+        sh(&mut m, &format!("setsid sleep 300 >/dev/null 2>&1 & touch {inside}"));
+        wait_for(TIMEOUT, "the background sleep", || started.exists().then_some(()));
+        m.call("run_command", json!({"command": "kill -9 -1; sleep 1; echo survived"}));
+        assert!(witness.try_wait().unwrap().is_none(), "{who}: kill -9 -1 in the sandbox ended a host process");
+        assert!(pid_alive(m.client.pid()), "{who}: kill -9 -1 in the sandbox ended the server");
+        let (_, ps, _) = sh(&mut m, "ls /proc | grep -c '^[0-9]'");
+        assert!(ps.trim().parse::<u32>().unwrap() <= 4, "{who}: the sandbox's background process survived kill -9 -1: {ps}");
+        assert_eq!(sh(&mut m, "echo still-usable").1, "still-usable\n", "{who}: the sandbox must survive its own kill -9 -1");
+        let _ = witness.kill();
+        let _ = witness.wait();
+    }
+}
+
+/// A TCP listener on `addr`, accepting one connection in the background; true once accepted.
+fn listener(addr: &str) -> (u16, std::sync::mpsc::Receiver<()>) {
+    let l = TcpListener::bind(addr).unwrap();
+    let port = l.local_addr().unwrap().port();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        if let Ok((mut c, _)) = l.accept() {
+            let _ = c.write_all(b"hello\n");
+            let mut b = [0u8; 1];
+            let _ = c.read(&mut b);
+            let _ = tx.send(());
+        }
+    });
+    (port, rx)
+}
+
+/// The host's first non-loopback IPv4 address, if it has one.
+fn host_address() -> Option<String> {
+    let out = std::process::Command::new("hostname").arg("-I").output().ok()?;
+    String::from_utf8_lossy(&out.stdout).split_whitespace().find(|a| a.contains('.') && !a.starts_with("127.")).map(str::to_string)
+}
+
+fn connect_cmd(host: &str, port: u16) -> String {
+    format!("timeout 5 bash -c 'exec 3<>/dev/tcp/{host}/{port}; head -c 6 <&3'")
+}
+
+#[test]
+fn no_network_by_default_and_the_hosts_with_network_true() {
+    for home in homes("iso-net") {
+        let who = who(&home);
+        let mut m = home.stdio();
+        m.create();
+        let (_, links, _) = sh(&mut m, "ls /sys/class/net 2>/dev/null || cat /proc/net/dev");
+        assert!(!links.contains("eth") && !links.contains("ens"), "{who}: host interfaces are visible: {links}");
+        let (port, rx) = listener("127.0.0.1:0");
+        let (code, _, _) = sh(&mut m, &connect_cmd("127.0.0.1", port));
+        assert_ne!(code, 0, "{who}: the sandbox reached a host loopback listener");
+        assert!(rx.try_recv().is_err(), "{who}");
+        let host = host_address();
+        if let Some(host) = &host {
+            let (port, _rx) = listener(&format!("{host}:0"));
+            let (code, _, _) = sh(&mut m, &connect_cmd(host, port));
+            assert_ne!(code, 0, "{who}: the sandbox reached the host's address {host}");
+        }
+        // Its own loopback works.
+        let (code, out, err) = sh(&mut m, "cat /proc/net/if_inet6 2>/dev/null | grep -c lo; grep -c lo /proc/net/dev");
+        assert_eq!(code, 0, "{who}: {out} {err}");
+        // With network: true, the host's network.
+        m.ok("create_sandbox", json!({"network": true}));
+        let (port, rx) = listener("127.0.0.1:0");
+        let (code, out, err) = sh(&mut m, &connect_cmd("127.0.0.1", port));
+        assert_eq!((code, out.as_str()), (0, "hello\n"), "{who}: network true must reach the host: {err}");
+        rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        if let Some(host) = &host {
+            let (port, _rx) = listener(&format!("{host}:0"));
+            let (code, _, err) = sh(&mut m, &connect_cmd(host, port));
+            assert_eq!(code, 0, "{who}: network true must reach {host}: {err}");
+        }
+    }
+}
+
+#[test]
+fn limits_are_enforced_or_refused_with_the_reason() {
+    for home in homes("iso-limits") {
+        let who = who(&home);
+        let mut m = home.stdio();
+        let r = m.call("create_sandbox", json!({"limits": {"memory_mb": 256, "processes": 64}}));
+        if r["isError"] == true {
+            // Only where no cgroup can be written: the message says which limit and why.
+            let text = r["content"][0]["text"].as_str().unwrap().to_string();
+            assert!(home.run_as.is_some() || !is_root(), "{who}: root must be able to enforce limits: {text}");
+            assert!(text.contains("memory_mb: 256") && text.contains("cgroup"), "{who}: {text}");
+            let dirs = std::fs::read_dir(home.path.join("sandboxes")).map(|d| d.count()).unwrap_or(0);
+            assert_eq!(dirs, 0, "{who}: a refused create left a sandbox behind");
+            continue;
+        }
+        let c = &r["structuredContent"];
+        assert_eq!(c["limits"], json!({"memory_mb": 256, "processes": 64}), "{c}");
+        assert_own_pid_namespace(&mut m);
+        // 300 processes under a limit of 64: most forks fail. They are counted on the host (a full
+        // cgroup leaves no room for a command that counts), and end by themselves.
+        let nap = format!("4.{}", u32::from_str_radix(&sandbox_mcp::ids::random_hex(3), 16).unwrap());
+        m.call("run_command", json!({"command": format!("i=0; while [ $i -lt 300 ]; do sleep {nap} & i=$((i+1)); done; wait")}));
+        let running = pids_of_argv(&["sleep", &nap]).len();
+        assert!(running <= 64, "{who}: {running} processes under a limit of 64");
+        assert!(running >= 8, "{who}: only {running} processes started; the check proves nothing");
+        wait_for(Duration::from_secs(20), "the sleeps to end", || pids_of_argv(&["sleep", &nap]).is_empty().then_some(()));
+        // 600 MiB under a limit of 256 MiB: the allocation is killed.
+        let (code, _, _) = sh(&mut m, "x=$(head -c 629145600 /dev/zero | tr '\\0' a); echo ${#x}");
+        assert_ne!(code, 0, "{who}: 600 MiB were allocated under a 256 MiB limit");
+        assert_eq!(sh(&mut m, "echo alive").1, "alive\n", "{who}: the sandbox must outlive its OOM kill");
+    }
+}
+
+fn is_root() -> bool {
+    unprivileged_uid().is_some()
+}
+
+#[test]
+fn bad_network_and_limits_arguments_create_nothing() {
+    let Some(home) = isolated_home("iso-badargs") else { return };
+    let mut m = home.stdio();
+    for (args, want) in [
+        (json!({"network": "yes"}), "must be true or false"),
+        (json!({"network": 1}), "must be true or false"),
+        (json!({"limits": {"memory_mb": 8}}), "from 16 to 1048576"),
+        (json!({"limits": {"processes": 100000}}), "from 8 to 65536"),
+        (json!({"limits": {"memory_mb": "256"}}), "must be an integer"),
+        (json!({"limits": {"cpus": 2}}), "unknown field \"cpus\""),
+        (json!({"limits": 256}), "must be an object"),
+    ] {
+        let err = m.err("create_sandbox", args.clone());
+        assert!(err.contains(want), "{args}: {err}");
+    }
+    let dirs = std::fs::read_dir(home.path.join("sandboxes")).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(dirs, 0, "bad arguments created a sandbox");
+}
+
+#[test]
+fn the_init_reaps_a_thousand_orphans_within_a_second() {
+    let Some(home) = isolated_home("iso-reap") else { return };
+    let mut m = home.stdio();
+    m.create();
+    assert_own_pid_namespace(&mut m);
+    let script = "i=0; while [ $i -lt 1000 ]; do (true &) ; i=$((i+1)); done; sleep 1; \
+                  n=0; for s in /proc/[0-9]*/stat; do read -r l < $s 2>/dev/null || continue; case ${l##*) } in Z*) n=$((n+1));; esac; done; echo $n";
+    let (code, out, err) = sh(&mut m, script);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim(), "0", "zombies left after 1 s");
+}
+
+#[test]
+fn kill_sandbox_ends_setsid_double_fork_and_nohup_escapees() {
+    for home in homes("iso-killall") {
+        let who = who(&home);
+        let mut m = home.stdio();
+        let sb = m.create();
+        let naps: Vec<String> = (0..3).map(|_| unique_sleep()).collect();
+        sh(
+            &mut m,
+            &format!(
+                "setsid sleep {} >/dev/null 2>&1 & (sh -c 'sleep {} >/dev/null 2>&1 &') ; nohup sleep {} >/dev/null 2>&1 &",
+                naps[0], naps[1], naps[2]
+            ),
+        );
+        let pids: Vec<u32> = naps.iter().map(|n| pid_of_argv(&["sleep", n])).collect();
+        let t0 = Instant::now();
+        assert_eq!(m.ok("kill_sandbox", json!({"sandbox_id": sb}))["killed"], true);
+        for (pid, nap) in pids.iter().zip(&naps) {
+            wait_for(Duration::from_secs(3), &format!("{who}: sleep {nap} to end"), || (!pid_alive(*pid)).then_some(()));
+        }
+        assert!(!home.sandbox_dir(&sb).exists(), "{who}");
+        eprintln!("{who}: kill_sandbox and every process gone in {:?}", t0.elapsed());
+    }
+}
+
+#[test]
+fn a_dead_init_reports_the_sandbox_gone_and_kill_sandbox_cleans_up() {
+    let Some(home) = isolated_home("iso-deadinit") else { return };
+    let mut m = home.stdio();
+    let sb = m.create();
+    let init = std::fs::read_to_string(home.sandbox_dir(&sb).join("init.pid")).unwrap();
+    let mut it = init.split_whitespace();
+    let (pid, start): (u32, u64) = (it.next().unwrap().parse().unwrap(), it.next().unwrap().parse().unwrap());
+    // Verified before the signal: the recorded start time is that process's.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split(' ').collect();
+    assert_eq!(fields[19].parse::<u64>().unwrap(), start);
+    assert!(pid > 1);
+    std::process::Command::new("/bin/sh").args(["-c", &format!("kill -s KILL {pid}")]).status().unwrap();
+    wait_for(Duration::from_secs(5), "the init to die", || (!pid_alive(pid)).then_some(()));
+    let t0 = Instant::now();
+    for (tool, args) in [
+        ("run_command", json!({"command": "true"})),
+        ("read_file", json!({"path": "x"})),
+        ("start_task", json!({"command": "true"})),
+        ("list_tasks", json!({"sandbox_id": sb})),
+    ] {
+        let err = m.err(tool, args);
+        assert!(err.contains("gone") && err.contains("kill_sandbox") && err.contains("create_sandbox"), "{tool}: {err}");
+    }
+    assert!(t0.elapsed() < Duration::from_secs(5), "reporting a dead sandbox must not hang");
+    m.ok("kill_sandbox", json!({"sandbox_id": sb}));
+    assert!(!home.sandbox_dir(&sb).exists());
+}
+
+#[test]
+fn the_walkthrough_survives_a_sigkilled_server_with_isolation() {
+    for home in homes("iso-walk") {
+        let who = who(&home);
+        let mut a = home.stdio();
+        let sb = a.create();
+        let s = a.ok("start_task", json!({"command": "printf BEFORE; sleep 2; printf AFTER", "timeout": 60}));
+        let task = s["task_id"].as_str().unwrap().to_string();
+        let pid = a.client.pid();
+        std::process::Command::new("/bin/sh").args(["-c", &format!("kill -s KILL {pid}")]).status().unwrap();
+        drop(a);
+        let mut b = home.stdio();
+        let done = wait_for(Duration::from_secs(30), "the task to finish", || {
+            let g = b.ok("get_task", json!({"sandbox_id": sb, "task_id": task}));
+            (g["state"] != "running").then_some(g)
+        });
+        assert_eq!((done["state"].as_str(), done["stdout"].as_str()), (Some("succeeded"), Some("BEFOREAFTER")), "{who}: {done}");
+        let long = b.ok("start_task", json!({"sandbox_id": sb, "command": "sleep 60"}));
+        let t0 = Instant::now();
+        let c = b.ok("cancel_task", json!({"sandbox_id": sb, "task_id": long["task_id"]}));
+        assert_eq!(c["state"], "cancelled", "{who}: {c}");
+        assert!(t0.elapsed() < Duration::from_secs(3));
+        assert_eq!(b.ok("kill_sandbox", json!({"sandbox_id": sb}))["killed"], true);
+    }
+}
+
+#[test]
+fn file_tools_use_the_sandboxs_paths_and_never_leave_its_root() {
+    for home in homes("iso-ftools") {
+        let who = who(&home);
+        let mut m = home.stdio();
+        let sb = m.create();
+        m.ok("write_file", json!({"path": "/tmp/t.txt", "content": "in tmp"}));
+        assert_eq!(sh(&mut m, "cat /tmp/t.txt").1, "in tmp", "{who}");
+        m.ok("write_file", json!({"path": "rel/a.txt", "content": "in home"}));
+        assert_eq!(m.ok("read_file", json!({"path": "/home/user/rel/a.txt"}))["content"], "in home");
+        assert_eq!(sh(&mut m, "stat -c %u rel/a.txt rel").1, "0\n0\n", "{who}: files the server writes belong to the sandbox's root");
+        let host = home.sandbox_dir(&sb).display().to_string();
+        sh(&mut m, &format!("ln -s / rootlink; ln -s {host}/meta.json meta; ln -s /proc/1/environ env1; ln -s ../../.. up"));
+        for (path, want) in [
+            ("meta", "does not exist"),
+            ("up/meta.json", "does not exist"),
+            ("/proc/1/environ", "/proc or /sys"),
+            ("env1", "/proc or /sys"),
+            ("/proc/self/root/etc/hostname", "does not exist"),
+        ] {
+            let err = m.err("read_file", json!({"path": path}));
+            assert!(err.contains(want), "{who}: read_file {path}: {err}");
+        }
+        assert_eq!(m.ok("read_file", json!({"path": "rootlink/etc/hostname"}))["content"], "sandbox\n", "{who}");
+        for (path, want) in [
+            ("/usr/x", "read-only"),
+            ("/etc/passwd", "read-only"),
+            ("rootlink/usr/y", "read-only"),
+            ("/proc/sys/kernel/hostname", "/proc or /sys"),
+        ] {
+            let err = m.err("write_file", json!({"path": path, "content": "x"}));
+            assert!(err.contains(want), "{who}: write_file {path}: {err}");
+        }
+        let list = m.ok("list_files", json!({"path": "/"}));
+        let names: Vec<&str> = list["entries"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
+        assert!(names.contains(&"usr") && names.contains(&"home") && !names.contains(&"root"), "{who}: {names:?}");
+    }
+}
+
+#[test]
+fn isolation_settings_are_checked_at_startup() {
+    let home = Home::new("iso-flag");
+    let out =
+        std::process::Command::new(bin()).args(["--isolation", "jail", "call", "list_tasks", "{}"]).envs(home.env()).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("auto, namespaces or none"), "{err}");
+    let out = std::process::Command::new(bin())
+        .args(["call", "list_tasks", "{}"])
+        .envs(home.env())
+        .env("SANDBOX_MCP_ISOLATION", "sometimes")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// On a host that refuses user namespaces (simulated: this test's own user namespace with
+/// `user.max_user_namespaces` at 0), `namespaces` refuses to start and `auto` falls back to none
+/// with one warning naming the setting.
+#[test]
+fn auto_falls_back_with_the_reason_and_namespaces_refuses() {
+    if sandbox_mcp::provider::isolation::probe().is_err() {
+        return;
+    }
+    let home = Home::new("iso-blocked");
+    let run = |mode: &str| {
+        let script = format!(
+            "echo 0 > /proc/sys/user/max_user_namespaces && exec \"$0\" --isolation {mode} call create_sandbox '{{\"timeout\": 30}}'"
+        );
+        std::process::Command::new("unshare")
+            .args(["--user", "--map-root-user", "--", "/bin/sh", "-c", &script])
+            .arg(bin())
+            .envs(home.env())
+            .env_remove("SANDBOX_MCP_ISOLATION")
+            .output()
+            .unwrap()
+    };
+    let out = run("namespaces");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("user.max_user_namespaces"), "{err}");
+    let out = run("auto");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(err.matches("without isolation").count(), 1, "{err}");
+    assert!(err.contains("user.max_user_namespaces"), "{err}");
+    let created: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(created["isolation"], "none");
+    home.call_cli("kill_sandbox", json!({"sandbox_id": created["sandbox_id"]}));
+}

@@ -181,6 +181,18 @@ impl LocalProvider {
         self.isolation
     }
 
+    /// Where live sandbox `id`'s own file tree is reachable from the host, and its home inside
+    /// that tree: `/` and the host home without isolation; `/proc/<init>/root` and `/home/user`
+    /// with it (then every path below the first must be resolved within it, as the file tools do:
+    /// an absolute symbolic link inside points at the sandbox's root, not the host's).
+    pub fn file_tree(&self, id: &str) -> Result<(PathBuf, PathBuf), ProviderError> {
+        let meta = self.reach(id, Touch::Observe)?;
+        match meta.isolation {
+            Isolation::None => Ok((PathBuf::from("/"), self.home(id))),
+            Isolation::Namespaces => Ok((self.live_init(id)?.root_path(), PathBuf::from(rootfs::HOME))),
+        }
+    }
+
     fn tools(&self) -> Result<&Tools, ProviderError> {
         self.tools.as_ref().ok_or_else(|| {
             ProviderError::Unavailable(

@@ -17,6 +17,8 @@ pub struct Ctl {
     pub secret: String,
     /// A finished task in `plain` whose stdout is "hello\n".
     pub done_task: String,
+    /// How the control sandboxes are isolated (`namespaces` where the host allows it).
+    pub isolation: String,
 }
 
 /// Five secret-named variables, for the sandbox with masking in effect.
@@ -36,7 +38,9 @@ impl Ctl {
         let mut rpc = session::spawn(b.ours(&["stdio"]), &b.log("control"))?;
         session::initialize(&mut rpc)?;
         let id = |v: Value| v["sandbox_id"].as_str().map(str::to_string).ok_or_else(|| anyhow!("create_sandbox returned {v}"));
-        let plain = id(rpc.tool("create_sandbox", &json!({"timeout": 3600}))?)?;
+        let created = rpc.tool("create_sandbox", &json!({"timeout": 3600}))?;
+        let isolation = created["isolation"].as_str().unwrap_or("?").to_string();
+        let plain = id(created)?;
         let secret = id(rpc.tool("create_sandbox", &json!({"timeout": 3600, "envs": secret_envs()}))?)?;
         let snap = rpc.tool("start_task", &json!({"sandbox_id": plain, "command": "echo hello"}))?;
         let done_task = snap["task_id"].as_str().context("start_task returned no task_id")?.to_string();
@@ -44,7 +48,7 @@ impl Ctl {
         if state(&fin) != "succeeded" {
             bail!("`echo hello` ended {fin}");
         }
-        Ok(Ctl { rpc, plain, secret, done_task })
+        Ok(Ctl { rpc, plain, secret, done_task, isolation })
     }
 
     /// Deletes a finished task.

@@ -28,6 +28,7 @@ mod emulator;
 mod http;
 mod http_client;
 mod http_server;
+mod isolation;
 mod load;
 mod machine;
 mod options;
@@ -80,6 +81,7 @@ fn run() -> Result<ExitCode> {
     b.section("server core", "sandbox-mcp over stdio", stdio::core_stdio);
     let mut ctl = Ctl::start(&b).context("starting the control session (sandboxes for the tool benchmarks)")?;
     b.section("server core", "run_command vs sh -c true", |b| tools::run_command_vs_floor(b, &mut ctl));
+    b.section("isolation", "isolated vs unisolated sandboxes", |b| isolation::isolation_rows(b, &mut ctl));
     b.section("peers", "Python SDK MCPServer (FastMCP)", |b| stdio::peer(b, Peer::Python));
     b.section("peers", "Node server-everything", |b| stdio::peer(b, Peer::Node));
     b.section("tasks", "get_task vs floors", |b| tasks::get_task_vs_floors(b, &mut ctl));

@@ -39,6 +39,21 @@ pub trait Tools {
 
     /// Closes stdin and waits (up to 5 s) for the exit, then kills.
     fn end(self) -> Result<()>;
+
+    /// Times one call of a tool that must succeed and whose result `check` accepts (it says
+    /// why not otherwise); returns the seconds taken.
+    fn timed(&mut self, name: &str, args: &Value, check: impl Fn(&Value) -> bool) -> Result<f64>
+    where
+        Self: Sized,
+    {
+        let t = std::time::Instant::now();
+        let r = self.tool(name, args)?;
+        let e = t.elapsed().as_secs_f64();
+        if !check(&r) {
+            bail!("{name} {args} returned {r}");
+        }
+        Ok(e)
+    }
 }
 
 impl Tools for StdioClient {

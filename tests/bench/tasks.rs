@@ -27,21 +27,14 @@ pub fn get_task_vs_floors(b: &mut Bench, ctl: &mut Ctl) -> Result<()> {
     fs::write(&log, "hello\n")?;
     let log = log.to_string_lossy().to_string();
     let args = json!({"sandbox_id": ctl.plain, "task_id": ctl.done_task});
+    let ctl_isolation = ctl.isolation.clone();
     let rpc = &mut ctl.rpc;
     let xs = interleave(
         warm,
         rounds,
         block,
         &mut [
-            Box::new(|| {
-                let t = Instant::now();
-                let r = rpc.tool("get_task", &args)?;
-                let e = secs(t);
-                if r["stdout"] != json!("hello\n") {
-                    bail!("get_task returned {r}");
-                }
-                Ok(e)
-            }),
+            Box::new(|| rpc.timed("get_task", &args, |r| r["stdout"] == json!("hello\n"))),
             Box::new(|| spawn_time(&mut sh("cat /proc/self/stat >/dev/null", &[]))),
             Box::new(|| spawn_time(&mut sh("tail -c 16384 \"$1\" >/dev/null", &[&log]))),
         ],
@@ -53,7 +46,7 @@ pub fn get_task_vs_floors(b: &mut Bench, ctl: &mut Ctl) -> Result<()> {
     b.row(Row::floor("tasks", "`sh -c 'tail -c 16384 log'` (reading a log)", &tail));
     let r = ours.median / stat.median;
     b.row(
-        Row::new("tasks", "`get_task` round trip (finished task, stdio)")
+        Row::new("tasks", format!("`get_task` round trip (finished task, stdio, isolation {})", ctl_isolation))
             .lat(&ours)
             .vs(format!("`cat /proc/self/stat` {}", dur(stat.median)))
             .ratio(format!("{} floor", times(r)))

@@ -7,10 +7,9 @@ use crate::probes::interleave;
 use crate::process::{sh, spawn_time};
 use crate::session::Tools;
 use crate::table::Row;
-use crate::units::{dur, secs, times};
-use anyhow::{bail, Result};
+use crate::units::{dur, times};
+use anyhow::Result;
 use serde_json::json;
-use std::time::Instant;
 
 /// `run_command "true"` against `sh -c true`, interleaved.
 pub fn run_command_vs_floor(b: &mut Bench, ctl: &mut Ctl) -> Result<()> {
@@ -22,15 +21,7 @@ pub fn run_command_vs_floor(b: &mut Bench, ctl: &mut Ctl) -> Result<()> {
         rounds,
         block,
         &mut [
-            Box::new(|| {
-                let t = Instant::now();
-                let r = rpc.tool("run_command", &args)?;
-                let e = secs(t);
-                if r["exit_code"] != json!(0) {
-                    bail!("run_command true returned {r}");
-                }
-                Ok(e)
-            }),
+            Box::new(|| rpc.timed("run_command", &args, |r| r["exit_code"] == json!(0))),
             Box::new(|| spawn_time(&mut sh("true", &[]))),
         ],
     )?;
@@ -39,7 +30,7 @@ pub fn run_command_vs_floor(b: &mut Bench, ctl: &mut Ctl) -> Result<()> {
     b.row(Row::floor("server core", "`sh -c true` spawn", &floor));
     let r = ours.median / floor.median;
     b.row(
-        Row::new("server core", "`run_command \"true\"` (stdio session, local provider)")
+        Row::new("server core", format!("`run_command \"true\"` (stdio session, local provider, isolation {})", ctl.isolation))
             .lat(&ours)
             .vs(format!("`sh -c true` {}", dur(floor.median)))
             .ratio(format!("{} floor", times(r)))

@@ -1,0 +1,103 @@
+//! What namespace isolation costs: `run_command "true"` in an isolated sandbox and in one
+//! without isolation against `sh -c true`, and `create_sandbox` + `kill_sandbox` in both modes.
+
+use crate::bench::Bench;
+use crate::control::Ctl;
+use crate::probes::interleave;
+use crate::process::{sh, spawn_time};
+use crate::session::{self, Tools};
+use crate::table::Row;
+use crate::units::{dur, times};
+use anyhow::{anyhow, Result};
+use serde_json::{json, Value};
+use sandbox_mcp::client::StdioClient;
+use std::time::Instant;
+
+/// A session whose new sandboxes are isolated as `mode` says, with one sandbox made.
+fn session_with(b: &Bench, mode: &str) -> Result<(StdioClient, String)> {
+    let mut cmd = b.ours(&["stdio"]);
+    cmd.env("SANDBOX_MCP_ISOLATION", mode);
+    let mut rpc = session::spawn(cmd, &b.log(&format!("isolation-{mode}")))?;
+    session::initialize(&mut rpc)?;
+    let created = rpc.tool("create_sandbox", &json!({"timeout": 3600}))?;
+    if created["isolation"] != json!(mode) {
+        return Err(anyhow!("--isolation {mode} created {created}"));
+    }
+    let id = created["sandbox_id"].as_str().map(str::to_string).ok_or_else(|| anyhow!("create_sandbox returned {created}"))?;
+    Ok((rpc, id))
+}
+
+/// One `create_sandbox` + `kill_sandbox` pair; returns the seconds taken.
+fn create_and_kill(rpc: &mut StdioClient) -> Result<f64> {
+    let t = Instant::now();
+    let created = rpc.tool("create_sandbox", &json!({"timeout": 60}))?;
+    let id = created["sandbox_id"].clone();
+    let killed: Value = rpc.tool("kill_sandbox", &json!({"sandbox_id": id}))?;
+    let e = t.elapsed().as_secs_f64();
+    if killed["killed"] != json!(true) {
+        return Err(anyhow!("kill_sandbox {id} returned {killed}"));
+    }
+    Ok(e)
+}
+
+/// The rows; measured only where the host allows namespaces.
+pub fn isolation_rows(b: &mut Bench, _ctl: &mut Ctl) -> Result<()> {
+    if let Err(why) = sandbox_mcp::provider::isolation::probe() {
+        b.row(Row::new("isolation", "namespace isolation").not_measured(format!("this host refuses namespaces: {why}")));
+        return Ok(());
+    }
+    let (mut iso, iso_sb) = session_with(b, "namespaces")?;
+    let (mut none, none_sb) = session_with(b, "none")?;
+    let (warm, rounds, block) = (b.n(30), b.n(10), b.n(30));
+    let true_in = |sb: &str| json!({"sandbox_id": sb, "command": "true"});
+    let (iso_args, none_args) = (true_in(&iso_sb), true_in(&none_sb));
+    let ok = |r: &Value| r["exit_code"] == json!(0);
+    let xs = interleave(
+        warm,
+        rounds,
+        block,
+        &mut [
+            Box::new(|| iso.timed("run_command", &iso_args, ok)),
+            Box::new(|| none.timed("run_command", &none_args, ok)),
+            Box::new(|| spawn_time(&mut sh("true", &[]))),
+        ],
+    )?;
+    let isolated = b.keep("isolation.run_command_true.namespaces", &xs[0]);
+    let plain = b.keep("isolation.run_command_true.none", &xs[1]);
+    let floor = b.keep("isolation.floor.sh_c_true", &xs[2]);
+    let r = isolated.median / floor.median;
+    b.row(
+        Row::new("isolation", "`run_command \"true\"`, isolated sandbox (namespaces, through nsenter)")
+            .lat(&isolated)
+            .vs(format!("`sh -c true` {}", dur(floor.median)))
+            .ratio(format!("{} floor", times(r)))
+            .target("≤ 3× floor", r <= 3.0),
+    );
+    b.row(
+        Row::new("isolation", "`run_command \"true\"`, sandbox without isolation")
+            .lat(&plain)
+            .vs(format!("`sh -c true` {}", dur(floor.median)))
+            .ratio(format!("{} floor", times(plain.median / floor.median))),
+    );
+    let (warm, rounds, block) = (b.n(3), b.n(5), b.n(6));
+    let xs = interleave(
+        warm,
+        rounds,
+        block,
+        &mut [Box::new(|| create_and_kill(&mut iso)), Box::new(|| create_and_kill(&mut none))],
+    )?;
+    let iso_ck = b.keep("isolation.create_kill.namespaces", &xs[0]);
+    let none_ck = b.keep("isolation.create_kill.none", &xs[1]);
+    b.row(
+        Row::new("isolation", "`create_sandbox` + `kill_sandbox`, isolated (init, root filesystem, namespaces)")
+            .lat(&iso_ck)
+            .vs(format!("without isolation {}", dur(none_ck.median)))
+            .ratio(format!("{} without", times(iso_ck.median / none_ck.median)))
+            .target("< 50 ms together", iso_ck.median < 0.050),
+    );
+    for (mut rpc, sb) in [(iso, iso_sb), (none, none_sb)] {
+        rpc.tool("kill_sandbox", &json!({"sandbox_id": sb}))?;
+        rpc.end()?;
+    }
+    Ok(())
+}

@@ -1,17 +1,192 @@
-//! envd's file access in the emulator: path resolution (`~`, and relative paths under the
-//! sandbox HOME), the plain HTTP `/files` endpoint (download; multipart or octet-stream upload),
-//! the multipart parser, and the `EntryInfo` objects of the filesystem service.
+//! envd's file access in the emulator: where a sandbox's files are ([`Tree`]), path resolution
+//! (`~`, and relative paths under the sandbox's HOME), the plain HTTP `/files` endpoint
+//! (download; multipart or octet-stream upload), the multipart parser, and the `EntryInfo`
+//! objects of the filesystem service.
 //!
-//! Like envd, paths are not confined to the home: an absolute path names the host path (the
-//! emulator runs sandboxes as host directories and isolates nothing).
+//! Paths mean what they mean inside the sandbox, as for envd: `~` and relative paths start at the
+//! sandbox's home, absolute ones at the sandbox's root, and paths reported back are those sandbox
+//! paths. Like envd, paths are not confined to the home. Without isolation the sandbox's root is
+//! the host's `/` (the emulator isolates nothing of its own). With namespace isolation the
+//! emulator reaches the sandbox's files from the host under `/proc/<init>/root` and resolves
+//! every symbolic link itself, inside that tree (see [`Tree::reach`]).
 
 use super::control::rfc3339;
 use super::http::{HttpReply, HttpRequest};
 use serde_json::{json, Value};
+use std::ffi::OsString;
 use std::fs;
 use std::io;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
+
+/// Most symbolic links one path resolution follows (Linux's own limit).
+const MAX_LINKS: usize = 40;
+
+/// The uid and gid the kernel shows for ids a user namespace does not map.
+const OVERFLOW_ID: u32 = 65_534;
+
+/// One sandbox's file tree as the emulator reaches it from the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tree {
+    /// The host path of the sandbox's `/`: `/` without isolation, `/proc/<init>/root` with it.
+    root: PathBuf,
+    /// The sandbox's home, as a sandbox path.
+    home: PathBuf,
+    /// The host uid and gid of the sandbox's root when files the emulator creates must be given
+    /// to it (isolated sandboxes; `None` without isolation).
+    owner: Option<(u32, u32)>,
+}
+
+impl Tree {
+    /// A tree whose `/` is the host path `root` (`/` for an unisolated sandbox), whose home is
+    /// the sandbox path `home`, and whose new files and directories are given to `owner`.
+    pub fn new(root: PathBuf, home: PathBuf, owner: Option<(u32, u32)>) -> Tree {
+        Tree { root, home, owner }
+    }
+
+    /// Whether the sandbox's `/` is not the host's (its paths must be resolved in [`Tree::reach`]).
+    pub fn isolated(&self) -> bool {
+        self.root != Path::new("/")
+    }
+
+    /// The sandbox path a client's path names (see [`resolve`]).
+    pub fn resolve(&self, given: &str) -> PathBuf {
+        resolve(&self.home, given)
+    }
+
+    /// Where the emulator reaches sandbox path `path` (absolute, from [`Tree::resolve`]) on the
+    /// host. Without isolation that is `path` itself. With isolation every symbolic link on the
+    /// way (the last component too when `follow_final`) is read and resolved by the emulator as
+    /// the sandbox would resolve it, absolute targets from the sandbox's root and `..` never
+    /// above it, so that the host path it returns holds no link the kernel would follow out of
+    /// the sandbox's tree (an absolute link followed through `/proc/<init>/root` by the kernel
+    /// would lead into the host's `/`). This is a test tool, not a security boundary: a process
+    /// inside that swaps a directory for a link between this check and the use can still lead
+    /// one operation outside (the product's file tools use `openat2(RESOLVE_IN_ROOT)` instead).
+    /// The sandbox's `/proc` and `/sys` are refused: the emulator may run as root, and what it
+    /// writes there would act on the host's kernel.
+    pub fn reach(&self, path: &Path, follow_final: bool) -> io::Result<PathBuf> {
+        if !self.isolated() {
+            return Ok(path.to_path_buf());
+        }
+        let inside = self.resolve_links(path, follow_final)?;
+        if inside.starts_with("/proc") || inside.starts_with("/sys") {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("{} is on the sandbox's /proc or /sys, which the emulator does not touch", path.display()),
+            ));
+        }
+        Ok(self.host(&inside))
+    }
+
+    /// The host path of a sandbox path whose links are resolved.
+    fn host(&self, inside: &Path) -> PathBuf {
+        let mut out = self.root.clone();
+        out.extend(inside.components().filter_map(|c| match c {
+            Component::Normal(n) => Some(n),
+            _ => None,
+        }));
+        out
+    }
+
+    /// `path` with every symbolic link resolved inside the tree (see [`Tree::reach`]).
+    fn resolve_links(&self, path: &Path, follow_final: bool) -> io::Result<PathBuf> {
+        fn push_parts(todo: &mut Vec<OsString>, path: &Path) {
+            for c in path.components().rev() {
+                match c {
+                    Component::Normal(n) => todo.push(n.to_os_string()),
+                    Component::ParentDir => todo.push("..".into()),
+                    Component::CurDir | Component::RootDir | Component::Prefix(_) => {}
+                }
+            }
+        }
+        let mut todo = Vec::new();
+        push_parts(&mut todo, path);
+        let mut done = PathBuf::from("/");
+        let mut links = 0;
+        while let Some(part) = todo.pop() {
+            if part == ".." {
+                done.pop();
+                continue;
+            }
+            let next = done.join(&part);
+            let host = self.host(&next);
+            let link = fs::symlink_metadata(&host).is_ok_and(|md| md.file_type().is_symlink());
+            if link && (follow_final || !todo.is_empty()) {
+                links += 1;
+                if links > MAX_LINKS {
+                    return Err(io::Error::other(format!("{}: too many levels of symbolic links", path.display())));
+                }
+                let target = fs::read_link(&host)?;
+                if target.has_root() {
+                    done = PathBuf::from("/");
+                }
+                push_parts(&mut todo, &target);
+            } else {
+                done = next;
+            }
+        }
+        Ok(done)
+    }
+
+    /// Creates host directory `dir` (from [`Tree::reach`]) and its missing parents, each given to
+    /// the sandbox's owner.
+    pub fn create_dirs(&self, dir: &Path) -> io::Result<()> {
+        let mut missing = Vec::new();
+        let mut at = dir.to_path_buf();
+        while fs::symlink_metadata(&at).is_err() {
+            missing.push(at.clone());
+            if !at.pop() {
+                break;
+            }
+        }
+        for d in missing.iter().rev() {
+            match fs::create_dir(d) {
+                Ok(()) => self.adopt(d)?,
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives host path `path`, just created by the emulator, to the sandbox's owner (isolated
+    /// sandboxes only: their root is another uid when the emulator runs as root).
+    pub fn adopt(&self, path: &Path) -> io::Result<()> {
+        let Some((uid, gid)) = self.owner else { return Ok(()) };
+        let md = fs::symlink_metadata(path)?;
+        if md.uid() != uid || md.gid() != gid {
+            std::os::unix::fs::lchown(path, Some(uid), Some(gid))?;
+        }
+        Ok(())
+    }
+
+    /// The user and group names the sandbox sees for host ids `uid` and `gid`: from the host's
+    /// `/etc/passwd` and `/etc/group` without isolation; with it, the ids as the sandbox's user
+    /// namespace maps them, named by the sandbox's own files.
+    pub fn names(&self, uid: u32, gid: u32) -> (String, String) {
+        if !self.isolated() {
+            return (user_name(uid), group_name(gid));
+        }
+        let proc_dir = self.root.parent().unwrap_or(Path::new("/"));
+        let inside = |map: &str, id: u32| map_id(&fs::read_to_string(proc_dir.join(map)).unwrap_or_default(), id);
+        let file = |name: &str| self.reach(Path::new(name), true).unwrap_or_else(|_| PathBuf::from("/nonexistent"));
+        (name_from(&file("/etc/passwd"), inside("uid_map", uid)), name_from(&file("/etc/group"), inside("gid_map", gid)))
+    }
+}
+
+/// The id inside a user namespace of host id `id`, by the namespace's `uid_map` or `gid_map`
+/// text (lines `inside outside count`); the overflow id when it is not mapped.
+pub fn map_id(map: &str, id: u32) -> u32 {
+    map.lines()
+        .find_map(|line| {
+            let mut f = line.split_whitespace().map(|x| x.parse::<u64>().ok());
+            let (Some(Some(inside)), Some(Some(outside)), Some(Some(count))) = (f.next(), f.next(), f.next()) else { return None };
+            let id = u64::from(id);
+            (outside <= id && id < outside + count).then(|| u32::try_from(inside + (id - outside)).ok()).flatten()
+        })
+        .unwrap_or(OVERFLOW_ID)
+}
 
 /// Largest file `GET /files` serves (it is read into memory).
 pub const MAX_DOWNLOAD_BYTES: u64 = 256 * 1024 * 1024;

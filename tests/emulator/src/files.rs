@@ -225,10 +225,20 @@ fn show(path: &Path) -> String {
     path.to_string_lossy().into_owned()
 }
 
+/// The `/files` answer to an error reaching `path`: 403 for a path the emulator refuses, else 500.
+fn reach_error(path: &Path, err: &io::Error) -> HttpReply {
+    let status = if err.kind() == io::ErrorKind::PermissionDenied { 403 } else { 500 };
+    error(status, format!("error resolving path '{}': {err}", show(path)))
+}
+
 /// `GET /files?path=…`: the file's bytes, or 404 / 400 with envd's messages.
-pub fn download(home: &Path, req: &HttpRequest) -> HttpReply {
-    let path = resolve(home, req.query("path").unwrap_or(""));
-    let md = match fs::metadata(&path) {
+pub fn download(tree: &Tree, req: &HttpRequest) -> HttpReply {
+    let path = tree.resolve(req.query("path").unwrap_or(""));
+    let host = match tree.reach(&path, true) {
+        Ok(h) => h,
+        Err(err) => return reach_error(&path, &err),
+    };
+    let md = match fs::metadata(&host) {
         Ok(md) => md,
         Err(err) if err.kind() == io::ErrorKind::NotFound => return error(404, format!("path '{}' does not exist", show(&path))),
         Err(err) => return error(500, format!("error checking if path exists '{}': {err}", show(&path))),
@@ -242,7 +252,7 @@ pub fn download(home: &Path, req: &HttpRequest) -> HttpReply {
             format!("path '{}' is {} bytes, over the emulator's download limit of {MAX_DOWNLOAD_BYTES}", show(&path), md.len()),
         );
     }
-    let data = match fs::read(&path) {
+    let data = match fs::read(&host) {
         Ok(d) => d,
         Err(err) => return error(500, format!("error opening file '{}': {err}", show(&path))),
     };
@@ -270,7 +280,7 @@ fn sniff(data: &[u8]) -> &'static str {
 
 /// `POST /files`: multipart parts named `file` (destination: the `path` parameter, else the
 /// part's file name) or a raw `application/octet-stream` body (destination: `path`).
-pub fn upload(home: &Path, req: &HttpRequest) -> HttpReply {
+pub fn upload(tree: &Tree, req: &HttpRequest) -> HttpReply {
     if req.header("Content-Encoding").is_some_and(|e| !e.eq_ignore_ascii_case("identity")) {
         return error(400, "error decompressing request body: the emulator does not support Content-Encoding on uploads");
     }
@@ -281,8 +291,8 @@ pub fn upload(home: &Path, req: &HttpRequest) -> HttpReply {
         let Some(p) = param else {
             return error(400, "path query parameter is required for raw body upload");
         };
-        let path = resolve(home, p);
-        if let Err(reply) = write_file(&path, &req.body) {
+        let path = tree.resolve(p);
+        if let Err(reply) = write_file(tree, &path, &req.body) {
             return reply;
         }
         written.push(path);
@@ -300,7 +310,7 @@ pub fn upload(home: &Path, req: &HttpRequest) -> HttpReply {
                 (None, Some(f)) => f,
                 (None, None) => return error(400, "error getting multipart custom part file name: the part has no file name"),
             };
-            let path = resolve(home, target);
+            let path = tree.resolve(target);
             if written.contains(&path) {
                 return error(
                     400,
@@ -310,7 +320,7 @@ pub fn upload(home: &Path, req: &HttpRequest) -> HttpReply {
                     ),
                 );
             }
-            if let Err(reply) = write_file(&path, &part.body) {
+            if let Err(reply) = write_file(tree, &path, &part.body) {
                 return reply;
             }
             written.push(path);
@@ -331,20 +341,27 @@ pub fn upload(home: &Path, req: &HttpRequest) -> HttpReply {
     HttpReply::json(200, &Value::Array(entries))
 }
 
-fn write_file(path: &Path, data: &[u8]) -> Result<(), HttpReply> {
-    if let Some(parent) = path.parent() {
-        fs::create_dir_all(parent).map_err(|e| error(500, format!("error ensuring directories: {e}")))?;
+/// Writes sandbox path `path` (reported as is in errors), creating missing directories.
+fn write_file(tree: &Tree, path: &Path, data: &[u8]) -> Result<(), HttpReply> {
+    let host = tree.reach(path, true).map_err(|e| reach_error(path, &e))?;
+    if let Some(parent) = host.parent() {
+        tree.create_dirs(parent).map_err(|e| error(500, format!("error ensuring directories: {e}")))?;
     }
-    if path.is_dir() {
+    if host.is_dir() {
         return Err(error(400, format!("path is a directory: {}", show(path))));
     }
-    fs::write(path, data).map_err(|e| {
+    let existed = fs::symlink_metadata(&host).is_ok();
+    fs::write(&host, data).map_err(|e| {
         if e.raw_os_error() == Some(28) {
             error(507, format!("not enough disk space available: {e}"))
         } else {
             error(500, format!("error opening file: {e}"))
         }
-    })
+    })?;
+    if !existed {
+        tree.adopt(&host).map_err(|e| error(500, format!("error setting the owner of '{}': {e}", show(path))))?;
+    }
+    Ok(())
 }
 
 /// The `boundary` parameter of a multipart content type.
@@ -435,17 +452,18 @@ fn disposition(head: &str) -> (Option<String>, Option<String>) {
     (name, filename)
 }
 
-/// The `EntryInfo` of `path` (not following a final symlink), zero values omitted; `shown` is
-/// the path reported.
-pub fn entry_info(path: &Path, shown: &Path) -> io::Result<Value> {
+/// The `EntryInfo` of host path `path` in `tree` (not following a final symlink), zero values
+/// omitted; `shown` is the (sandbox) path reported.
+pub fn entry_info(tree: &Tree, path: &Path, shown: &Path) -> io::Result<Value> {
     let md = fs::symlink_metadata(path)?;
     let ft = md.file_type();
+    let (owner, group) = tree.names(md.uid(), md.gid());
     let mut entry = json!({
         "name": shown.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "/".into()),
         "path": show(shown),
         "permissions": go_mode_string(md.mode()),
-        "owner": user_name(md.uid()),
-        "group": group_name(md.gid()),
+        "owner": owner,
+        "group": group,
         "modifiedTime": rfc3339(md.mtime(), u32::try_from(md.mtime_nsec()).unwrap_or(0)),
     });
     let kind = if ft.is_symlink() {
@@ -509,7 +527,7 @@ pub fn go_mode_string(mode: u32) -> String {
     out
 }
 
-fn name_from(file: &str, id: u32) -> String {
+fn name_from(file: &Path, id: u32) -> String {
     let text = fs::read_to_string(file).unwrap_or_default();
     text.lines()
         .find_map(|l| {
@@ -523,27 +541,27 @@ fn name_from(file: &str, id: u32) -> String {
 
 /// The user name of a uid (from /etc/passwd), else the number.
 pub fn user_name(uid: u32) -> String {
-    name_from("/etc/passwd", uid)
+    name_from(Path::new("/etc/passwd"), uid)
 }
 
 /// The group name of a gid (from /etc/group), else the number.
 pub fn group_name(gid: u32) -> String {
-    name_from("/etc/group", gid)
+    name_from(Path::new("/etc/group"), gid)
 }
 
-/// The entries under `dir` down to `depth` levels (walk order: sorted by name, parents first);
-/// paths are shown under `shown`.
-pub fn walk(dir: &Path, shown: &Path, depth: u32, out: &mut Vec<Value>) -> io::Result<()> {
+/// The entries under host directory `dir` of `tree` down to `depth` levels (walk order: sorted by
+/// name, parents first; symbolic links are listed, never descended); paths are shown under `shown`.
+pub fn walk(tree: &Tree, dir: &Path, shown: &Path, depth: u32, out: &mut Vec<Value>) -> io::Result<()> {
     let mut names: Vec<_> = fs::read_dir(dir)?.filter_map(Result::ok).map(|e| e.file_name()).collect();
     names.sort();
     for name in names {
         let path = dir.join(&name);
         let shown_path = shown.join(&name);
-        let Ok(entry) = entry_info(&path, &shown_path) else { continue };
+        let Ok(entry) = entry_info(tree, &path, &shown_path) else { continue };
         out.push(entry);
         let is_dir = fs::symlink_metadata(&path).map(|m| m.is_dir()).unwrap_or(false);
         if depth > 1 && is_dir {
-            walk(&path, &shown_path, depth - 1, out)?;
+            walk(tree, &path, &shown_path, depth - 1, out)?;
         }
     }
     Ok(())

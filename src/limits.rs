@@ -65,3 +65,6 @@ pub const MAX_DIR_ENTRIES: usize = 10_000;
 
 /// Secrets shorter than this many bytes are never masked (they would garble output).
 pub const MIN_SECRET_BYTES: usize = 6;
+
+/// `subscriptions/listen` streams open at once over HTTP (each holds a listener thread).
+pub const MAX_HTTP_SUBSCRIPTIONS: usize = 16;

@@ -28,6 +28,9 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const PROTOCOL: &str = "2025-11-25";
+/// The session-less protocol revision, and the `_meta` envelope its requests carry.
+const MODERN: &str = "2026-07-28";
+const MODERN_META: &str = r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{},"io.modelcontextprotocol/clientInfo":{"name":"bench-driver","version":"0"}}"#;
 const USAGE: &str = "usage: bench-driver --bin SANDBOX_MCP --work DIR --json FILE --md FILE \
 [--python PYTHON --peer-py FILE] [--node NODE --everything FILE] [--pueue-dir DIR] [--e2b-emulator E2B_EMULATOR] [--quick] [--only core,peers,tasks,pueue,http,concurrency,e2b]";
 
@@ -447,6 +450,7 @@ fn run() -> Result<ExitCode> {
     b.section("tasks", "line visibility", |b| visibility(b, &mut ctl));
     b.section("pueue", "pueue vs task tools", |b| pueue_vs_tasks(b, &mut ctl));
     b.section("http", "HTTP ping, scaling and starvation", |b| http_ping(b, &ctl));
+    b.section("protocol", "MCP 2026-07-28 next to 2025-11-25", modern_wire);
     b.section("concurrency", "HTTP tool calls vs clients and workers", |b| http_tools(b, &ctl));
     b.section("e2b", "e2b provider against the E2B emulator", |b| e2b_rows(b, &mut ctl));
     if let Err(err) = ctl.finish() {
@@ -1492,6 +1496,102 @@ fn pueue_vs_tasks(b: &mut Bench, ctl: &mut Ctl) -> Result<()> {
     Ok(())
 }
 
+// ───────────────────────────── MCP 2026-07-28 beside 2025-11-25 ─────────────────────────────
+
+/// The per-request `_meta` path against the session path, on one stdio process and on one
+/// keep-alive HTTP connection: 2025 `ping` and `tools/list` interleaved with 2026
+/// `server/discover` and `tools/list`, so that drift hits all four alike.
+fn modern_wire(b: &mut Bench) -> Result<()> {
+    let n = b.n(4_000);
+    let (warm, rounds) = (b.n(200), 20);
+    let block = (n / rounds).max(1);
+    let meta: Value = serde_json::from_str(MODERN_META)?;
+    let mut rpc = Rpc::spawn(b.ours(&["stdio"]), &b.log("modern-stdio"))?;
+    rpc.initialize()?;
+    let rpc = std::cell::RefCell::new(rpc);
+    let timed = |method: &'static str, params: Option<Value>| -> Probe<'_> {
+        let rpc = &rpc;
+        Box::new(move || {
+            let t = Instant::now();
+            let r = rpc.borrow_mut().request(method, params.clone())?;
+            let e = secs(t);
+            if params.is_some() && r["resultType"] != "complete" {
+                bail!("{method} at {MODERN} over stdio answered {r}");
+            }
+            Ok(e)
+        })
+    };
+    let mut probes = vec![
+        timed("ping", None),
+        timed("tools/list", None),
+        timed("server/discover", Some(json!({"_meta": meta}))),
+        timed("tools/list", Some(json!({"_meta": meta}))),
+    ];
+    let stdio = interleave(warm, rounds, block, &mut probes)?;
+    drop(probes);
+    rpc.into_inner().close()?;
+    wire_rows(b, "stdio", &stdio)?;
+
+    let server = HttpServer::start(b, 8)?;
+    let c = std::cell::RefCell::new(Http::new(&server.url)?);
+    c.borrow_mut().initialize()?;
+    let legacy = |method: &'static str| -> Probe<'_> {
+        let c = &c;
+        Box::new(move || {
+            let mut c = c.borrow_mut();
+            let body = c.body(method, None);
+            let t = Instant::now();
+            let (status, text) = c.post(&body)?;
+            let e = secs(t);
+            if status != 200 || !text.contains(r#""result":{"#) {
+                bail!("{method} over HTTP answered {status}: {}", text.chars().take(300).collect::<String>());
+            }
+            Ok(e)
+        })
+    };
+    let modern = |method: &'static str| -> Probe<'_> {
+        let c = &c;
+        Box::new(move || {
+            let t = Instant::now();
+            c.borrow_mut().call_modern(method)?;
+            Ok(secs(t))
+        })
+    };
+    let mut probes = vec![legacy("ping"), legacy("tools/list"), modern("server/discover"), modern("tools/list")];
+    let http = interleave(warm, rounds, block, &mut probes)?;
+    drop(probes);
+    c.into_inner().end();
+    drop(server);
+    wire_rows(b, "HTTP", &http)
+}
+
+/// The rows of one transport: samples in the order ping, tools/list (2025), server/discover,
+/// tools/list (2026).
+fn wire_rows(b: &mut Bench, transport: &str, xs: &[Vec<f64>]) -> Result<()> {
+    let key = transport.to_ascii_lowercase();
+    let ping = b.keep(&format!("{key}.2025.ping"), &xs[0]);
+    let list = b.keep(&format!("{key}.2025.tools_list"), &xs[1]);
+    let discover = b.keep(&format!("{key}.2026.server_discover"), &xs[2]);
+    let modern = b.keep(&format!("{key}.2026.tools_list"), &xs[3]);
+    b.row(Row::new("protocol", format!("{transport} `ping`, 2025-11-25 session")).lat(&ping));
+    b.row(Row::new("protocol", format!("{transport} `tools/list`, 2025-11-25 session")).lat(&list));
+    b.row(
+        Row::new("protocol", format!("{transport} `server/discover`, 2026-07-28 (`_meta` checked per request)"))
+            .lat(&discover)
+            .vs(format!("2025 ping {}", dur(ping.median)))
+            .ratio(format!("{} 2025 ping", times(discover.median / ping.median))),
+    );
+    let r = modern.median / list.median;
+    b.row(
+        Row::new("protocol", format!("{transport} `tools/list`, 2026-07-28 (`_meta` checked per request)"))
+            .lat(&modern)
+            .vs(format!("2025 tools/list {}", dur(list.median)))
+            .ratio(format!("{} 2025", times(r)))
+            .target("≤ 1.2× the 2025 path", r <= 1.2),
+    );
+    Ok(())
+}
+
 // ───────────────────────────── HTTP ─────────────────────────────
 
 struct HttpServer {
@@ -1554,6 +1654,8 @@ struct Http {
     limit: Duration,
     conn: Option<(TcpStream, BufReader<TcpStream>)>,
     sid: Option<String>,
+    /// Extra header lines (each ending in CRLF) for the next request only.
+    extra: String,
     next: u64,
 }
 
@@ -1566,7 +1668,7 @@ impl Http {
         let rest = url.strip_prefix("http://").ok_or_else(|| anyhow!("not an http:// URL: {url}"))?;
         let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
         let addr = host.parse().with_context(|| format!("{host} is not IP:PORT"))?;
-        Ok(Http { addr, host: host.to_string(), path: format!("/{path}"), limit, conn: None, sid: None, next: 1 })
+        Ok(Http { addr, host: host.to_string(), path: format!("/{path}"), limit, conn: None, sid: None, extra: String::new(), next: 1 })
     }
 
     /// One request and its response (status, body); reconnects when the server closed.
@@ -1580,6 +1682,7 @@ impl Http {
         if let Some(sid) = &self.sid {
             req.push_str(&format!("Mcp-Session-Id: {sid}\r\nMCP-Protocol-Version: {PROTOCOL}\r\n"));
         }
+        req.push_str(&std::mem::take(&mut self.extra));
         req.push_str("\r\n");
         req.push_str(body);
         if self.conn.is_none() {
@@ -1674,6 +1777,23 @@ impl Http {
         let (status, text) = self.post(&body)?;
         let ok = status == 200 && !text.contains("\"isError\":true") && !text.contains("\"error\":{");
         Ok((status, (!ok).then(|| format!("HTTP {status}: {}", text.chars().take(300).collect::<String>()))))
+    }
+
+    /// One MCP 2026-07-28 request on the same connection, outside the session: the `_meta`
+    /// envelope in the body and the standard headers. Fails unless it succeeded.
+    fn call_modern(&mut self, method: &str) -> Result<()> {
+        let id = self.next;
+        self.next += 1;
+        let body = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"{method}","params":{{"_meta":{MODERN_META}}}}}"#);
+        self.extra = format!("MCP-Protocol-Version: {MODERN}\r\nMcp-Method: {method}\r\n");
+        let sid = self.sid.take();
+        let sent = self.post(&body);
+        self.sid = sid;
+        let (status, text) = sent?;
+        if status != 200 || !text.contains(r#""resultType":"complete""#) {
+            bail!("{method} at {MODERN} answered {status}: {}", text.chars().take(300).collect::<String>());
+        }
+        Ok(())
     }
 
     /// Ends the session (DELETE) and closes the connection.

@@ -19,12 +19,12 @@
 
 use sandbox_mcp::envelope::{self, RequestMeta};
 use sandbox_mcp::jsonrpc::{self, code, Incoming};
-use sandbox_mcp::transport::headers;
 use sandbox_mcp::limits::MIN_SECRET_BYTES;
 use sandbox_mcp::mask::Masker;
 use sandbox_mcp::provider::e2b::wire::{self, ProcessEvent};
 use sandbox_mcp::supervisor::{self, Snapshot, TaskState, Window};
 use sandbox_mcp::tools::{self, args::Kind, args::Param};
+use sandbox_mcp::transport::headers;
 use sandbox_mcp::transport::stdio::{read_line, Line};
 use serde_json::{json, Map, Value};
 use std::io::{self, BufReader, Read};

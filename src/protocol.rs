@@ -525,6 +525,51 @@ mod tests {
         assert!(work.call.in_flight.is_cancelled());
     }
 
+    fn modern_line(id: &str, method: &str, params: &str) -> String {
+        let meta = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#;
+        let sep = if params.is_empty() { "" } else { "," };
+        format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"{method}","params":{{{params}{sep}{meta}}}}}"#)
+    }
+
+    #[test]
+    fn modern_requests_need_no_initialize_and_are_refused_by_kind() {
+        let t = test_app();
+        let session = Arc::new(Session::new("t", false));
+        let d = answer(&t.app, &session, &modern_line("1", "server/discover", ""));
+        assert_eq!(d["result"]["resultType"], "complete");
+        assert_eq!(d["result"]["supportedVersions"], json!(envelope::MODERN_VERSIONS));
+        let list = answer(&t.app, &session, &modern_line(r#""l""#, "tools/list", ""));
+        assert_eq!(list["id"], "l");
+        assert_eq!(list["result"]["tools"], tools::list()["tools"], "the same tools in the same order as 2025");
+        assert!(!session.is_initialized(), "a 2026 request starts no session");
+        for (line, why) in [
+            (modern_line("2", "ping", ""), Refusal::UnknownMethod),
+            (modern_line("2", "initialize", ""), Refusal::UnknownMethod),
+            (r#"{"jsonrpc":"2.0","id":2,"method":"server/discover"}"#.to_string(), Refusal::Envelope),
+            (modern_line("2", "tools/list", "").replace("2026-07-28", "2025-11-25"), Refusal::Envelope),
+        ] {
+            match route(&t.app, &session, msg(&line)) {
+                Route::Refused(_, got) => assert_eq!(got, why, "{line}"),
+                _ => panic!("{line} was not refused"),
+            }
+        }
+        // A transport check runs after `_meta` is read and before the version is judged.
+        let refuse_all = |_: &str, _: Option<&Value>, _: &RequestMeta| Err(RpcError::new(code::HEADER_MISMATCH, "no"));
+        let line = modern_line("3", "tools/list", "").replace("2026-07-28", "v9");
+        match route_checked(&t.app, &session, msg(&line), &refuse_all) {
+            Route::Refused(reply, Refusal::Envelope) => assert!(reply.contains("-32020"), "{reply}"),
+            _ => panic!("the check did not run"),
+        }
+        // A 2026 tool call carries its _meta to the worker; a 2025 one does not.
+        let call = modern_line("4", "tools/call", r#""name":"create_sandbox","arguments":{}"#);
+        let Route::Call(work) = route(&t.app, &session, msg(&call)) else { panic!("queued") };
+        assert_eq!(work.call.meta.as_ref().map(|m| m.version.as_str()), Some("2026-07-28"));
+        let sub = modern_line("5", "subscriptions/listen", r#""notifications":{"toolsListChanged":true}"#);
+        let Route::Listen(listen) = route(&t.app, &session, msg(&sub)) else { panic!("a subscription") };
+        assert_eq!(listen.id, 5);
+        assert!(listen.ack.contains("notifications/subscriptions/acknowledged"));
+    }
+
     #[test]
     fn execute_never_starts_a_cancelled_or_drained_call_and_unregisters_it() {
         let t = test_app();

@@ -18,8 +18,12 @@ pub struct App {
     pub provider: Arc<dyn Provider>,
     /// Masks the server's own secrets (API keys, tokens) in everything it returns.
     pub host_masker: Masker,
-    /// The `tools/list` result, serialized once.
+    /// The `tools/list` result of a 2025 session, serialized once.
     pub tools_list: String,
+    /// The `tools/list` result of a 2026-07-28 request (`resultType`, caching hints), serialized once.
+    pub tools_list_modern: String,
+    /// The `server/discover` result, serialized once.
+    pub discover: String,
     /// Set once shutdown begins: calls not yet started are answered with an error instead.
     draining: AtomicBool,
 }
@@ -54,6 +58,8 @@ impl App {
             config,
             provider,
             tools_list: crate::tools::list().to_string(),
+            tools_list_modern: crate::envelope::tools_list(crate::tools::list()).to_string(),
+            discover: crate::envelope::discover(crate::protocol::DISCOVER_INSTRUCTIONS).to_string(),
             draining: AtomicBool::new(false),
         }
     }

@@ -21,6 +21,12 @@ pub mod code {
     pub const SERVER_BUSY: i64 = -32000;
     /// Request cancelled by the client (as in LSP).
     pub const REQUEST_CANCELLED: i64 = -32800;
+    /// MCP 2026-07-28: HTTP headers missing, malformed, or not matching the body.
+    pub const HEADER_MISMATCH: i64 = -32020;
+    /// MCP 2026-07-28: the request needs a client capability it did not declare.
+    pub const MISSING_CLIENT_CAPABILITY: i64 = -32021;
+    /// MCP 2026-07-28: the request's protocol version is not served here.
+    pub const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
 }
 
 /// A protocol-level error, answered as a JSON-RPC error response.
@@ -30,12 +36,20 @@ pub struct RpcError {
     pub code: i64,
     /// What went wrong and what to do next.
     pub message: String,
+    /// Machine-readable detail (`error.data`), when the code defines one.
+    pub data: Option<Value>,
 }
 
 impl RpcError {
     /// A new error with `code` and `message`.
     pub fn new(code: i64, message: impl Into<String>) -> RpcError {
-        RpcError { code, message: message.into() }
+        RpcError { code, message: message.into(), data: None }
+    }
+
+    /// The same error with `error.data`.
+    pub fn with_data(mut self, data: Value) -> RpcError {
+        self.data = Some(data);
+        self
     }
 }
 
@@ -138,6 +152,9 @@ pub fn error(id: &Value, err: &RpcError) -> Value {
     let mut e = Map::new();
     e.insert("code".into(), Value::from(err.code));
     e.insert("message".into(), Value::from(err.message.clone()));
+    if let Some(data) = &err.data {
+        e.insert("data".into(), data.clone());
+    }
     json!({"jsonrpc": "2.0", "id": id, "error": e})
 }
 

@@ -12,9 +12,11 @@
 pub mod config;
 pub mod limits;
 
+pub mod envelope;
 pub mod jsonrpc;
 pub mod protocol;
 pub mod session;
+pub mod subscription;
 
 pub mod queue;
 pub mod server;

@@ -74,3 +74,6 @@ pub const SANDBOX_MEMORY_MB_MAX: i64 = 1_048_576;
 pub const SANDBOX_PROCESSES_MIN: i64 = 8;
 /// See [`SANDBOX_PROCESSES_MIN`].
 pub const SANDBOX_PROCESSES_MAX: i64 = 65_536;
+
+/// `subscriptions/listen` streams open at once over HTTP (each holds a listener thread).
+pub const MAX_HTTP_SUBSCRIPTIONS: usize = 16;

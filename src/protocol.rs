@@ -1,7 +1,10 @@
-//! MCP methods: initialize, ping, tools/list, tools/call, logging/setLevel and the
-//! notifications. Everything except `tools/call` is answered at once, on the transport thread;
-//! `tools/call` becomes [`Work`] for a worker, which runs it with [`execute`]. No method here
-//! blocks or touches a provider except through `execute`.
+//! MCP methods of both eras. A 2025 request (2025-11-25, 2025-06-18, 2025-03-26, 2024-11-05)
+//! needs the session's `initialize`: initialize, ping, tools/list, tools/call, logging/setLevel
+//! and the notifications. A 2026-07-28 request carries its version and client capabilities in
+//! `params._meta` and needs no handshake: server/discover, tools/list, tools/call and
+//! subscriptions/listen (see `envelope.rs`). Everything except `tools/call` is answered at once,
+//! on the transport thread; `tools/call` becomes [`Work`] for a worker, which runs it with
+//! [`execute`]. No method here blocks or touches a provider except through `execute`.
 //!
 //! A request's lifecycle: [`route`] registers the call's id with its session (the [`InFlight`]
 //! guard inside the [`ToolCall`]), the transport queues it as a [`Job`], a worker runs
@@ -10,19 +13,19 @@
 //! drops its guard the same way.
 
 use crate::app::App;
+use crate::envelope::{self, RequestMeta, LOG_LEVELS};
 use crate::jsonrpc::{self, code, Incoming, RpcError};
 use crate::queue::{Job, Outcome};
 use crate::session::{InFlight, Session};
+use crate::subscription;
 use crate::tools::{self, Ctx, Tool};
 use crossbeam_channel::Sender;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
-/// Protocol versions this server speaks, newest first.
+/// Protocol versions this server speaks through `initialize`, newest first (2026-07-28 is
+/// served per request: [`envelope::MODERN_VERSIONS`]).
 pub const SUPPORTED_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
-
-/// Log levels accepted by `logging/setLevel`.
-const LOG_LEVELS: &[&str] = &["debug", "info", "notice", "warning", "error", "critical", "alert", "emergency"];
 
 /// A `tools/call` ready for a worker.
 pub struct ToolCall {
@@ -35,6 +38,10 @@ pub struct ToolCall {
     /// Keeps the id registered with its session until the call is answered; carries the flag
     /// set by `notifications/cancelled`.
     pub in_flight: InFlight,
+    /// The request's `_meta` when it is a 2026-07-28 request (its result then carries
+    /// `resultType`); `None` for a 2025 request. Extensions read the client's declared
+    /// capabilities here.
+    pub meta: Option<RequestMeta>,
 }
 
 /// What the work queue carries: a tool call and its session.
@@ -60,20 +67,56 @@ pub type WorkQueue<R> = Sender<Job<Work, R>>;
 pub enum Route {
     /// Send this response (one serialized JSON-RPC message) now.
     Reply(String),
+    /// A 2026-07-28 request refused before any method ran: send this error response now (over
+    /// HTTP with the status the [`Refusal`] calls for).
+    Refused(String, Refusal),
     /// Nothing to send (notifications, responses).
     Silent,
     /// Hand to a worker.
     Call(Work),
+    /// Open a `subscriptions/listen` stream.
+    Listen(Listen),
 }
+
+/// Why a 2026-07-28 request was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Its envelope (`_meta`, version, HTTP headers) is missing, malformed or unsupported
+    /// (HTTP 400).
+    Envelope,
+    /// The method does not exist in 2026-07-28 (HTTP 404).
+    UnknownMethod,
+}
+
+/// A `subscriptions/listen` request accepted: the stream starts with `ack`, stays open while
+/// nothing changes (the tool list never does), and ends with the closing result at shutdown.
+pub struct Listen {
+    /// The request id, which is also the subscription id.
+    pub id: Value,
+    /// The serialized `notifications/subscriptions/acknowledged` message.
+    pub ack: String,
+}
+
+/// Checks a transport adds to a 2026-07-28 request once its `_meta` is read and before its
+/// version is judged (HTTP: the request headers). Arguments: method, params, the `_meta`.
+pub type EnvelopeCheck<'a> = &'a dyn Fn(&str, Option<&Value>, &RequestMeta) -> Result<(), RpcError>;
 
 /// Decides what `msg` needs.
 pub fn route(app: &App, session: &Arc<Session>, msg: Incoming) -> Route {
+    route_checked(app, session, msg, &|_, _, _| Ok(()))
+}
+
+/// [`route`], with `check` applied to 2026-07-28 requests.
+pub fn route_checked(app: &App, session: &Arc<Session>, msg: Incoming, check: EnvelopeCheck<'_>) -> Route {
     match msg {
         Incoming::Invalid { id, error } => Route::Reply(jsonrpc::error(&id, &error).to_string()),
         Incoming::Response => Route::Silent,
         Incoming::Notification { method, params } => {
             notify(session, &method, params.as_ref());
             Route::Silent
+        }
+        Incoming::Request { id, method, params } if envelope::is_modern(&method, params.as_ref()) => {
+            modern(app, session, &id, &method, params, check)
         }
         Incoming::Request { id, method, params } => match request(session, &id, &method, params) {
             Ok(Handled::Done(result)) => Route::Reply(jsonrpc::result(&id, result).to_string()),
@@ -82,6 +125,55 @@ pub fn route(app: &App, session: &Arc<Session>, msg: Incoming) -> Route {
             Ok(Handled::Call(call)) => Route::Call(Work { session: session.clone(), call }),
             Err(err) => Route::Reply(jsonrpc::error(&id, &err).to_string()),
         },
+    }
+}
+
+/// A 2026-07-28 request: envelope first (shape, then the transport's check, then the version),
+/// then the method. No `initialize` is needed and none is accepted.
+fn modern(app: &App, session: &Arc<Session>, id: &Value, method: &str, params: Option<Value>, check: EnvelopeCheck<'_>) -> Route {
+    let refuse = |err: RpcError, why| Route::Refused(jsonrpc::error(id, &err).to_string(), why);
+    let meta = match RequestMeta::read(params.as_ref()).and_then(|m| check(method, params.as_ref(), &m).map(|()| m)) {
+        Ok(meta) => meta,
+        Err(err) => return refuse(err, Refusal::Envelope),
+    };
+    if let Err(err) = meta.check_version() {
+        return refuse(err, Refusal::Envelope);
+    }
+    match method {
+        // Serialized once; only the id changes.
+        "server/discover" => Route::Reply(format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{}}}"#, app.discover)),
+        "tools/list" => Route::Reply(format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{}}}"#, app.tools_list_modern)),
+        "tools/call" => match tool_call(session, id, params, Some(meta)) {
+            Ok(call) => Route::Call(Work { session: session.clone(), call }),
+            Err(err) => Route::Reply(jsonrpc::error(id, &err).to_string()),
+        },
+        "subscriptions/listen" => match subscription::acknowledge(id, params.as_ref()) {
+            Ok(ack) => Route::Listen(Listen { id: id.clone(), ack: ack.to_string() }),
+            Err(err) => Route::Reply(jsonrpc::error(id, &err).to_string()),
+        },
+        // No resource exists here, so every URI is one that is not found (-32602 since
+        // 2026-07-28, with the URI in `data`).
+        "resources/read" => {
+            let uri = params.as_ref().and_then(|p| p.get("uri")).cloned().unwrap_or(Value::Null);
+            let err = RpcError::new(code::INVALID_PARAMS, "resource not found: this server has no resources (it offers tools only)")
+                .with_data(json!({"uri": uri}));
+            Route::Reply(jsonrpc::error(id, &err).to_string())
+        }
+        _ => refuse(RpcError::new(code::METHOD_NOT_FOUND, modern_unknown(method)), Refusal::UnknownMethod),
+    }
+}
+
+/// The message for a method a 2026-07-28 request cannot use.
+fn modern_unknown(method: &str) -> String {
+    let shown: String = method.chars().take(80).collect();
+    let methods = "server/discover, tools/list, tools/call, subscriptions/listen";
+    match method {
+        "initialize" | "ping" | "logging/setLevel" | "resources/subscribe" | "resources/unsubscribe" => format!(
+            "{shown} was removed in MCP 2026-07-28 (a request with {} in _meta needs no handshake); 2026-07-28 methods here: {methods}; \
+to use {shown}, send it without _meta as a 2025-11-25 request",
+            envelope::PROTOCOL_VERSION_KEY
+        ),
+        _ => format!("method {shown:?} is not supported by this server; 2026-07-28 methods here: {methods}"),
     }
 }
 
@@ -100,7 +192,13 @@ fn request(session: &Session, id: &Value, method: &str, params: Option<Value>) -
         ));
     }
     if method != "initialize" && method != "ping" && !session.is_initialized() {
-        return Err(RpcError::new(code::INVALID_REQUEST, format!("{method} before initialize; send initialize first")));
+        return Err(RpcError::new(
+            code::INVALID_REQUEST,
+            format!(
+                "{method} before initialize; send initialize first (or send a 2026-07-28 request with {} in params._meta)",
+                envelope::PROTOCOL_VERSION_KEY
+            ),
+        ));
     }
     match method {
         "initialize" => Ok(Handled::Done(initialize(session, params.as_ref()))),
@@ -113,7 +211,7 @@ fn request(session: &Session, id: &Value, method: &str, params: Option<Value>) -
                 _ => Err(RpcError::new(code::INVALID_PARAMS, format!("level must be one of {}", LOG_LEVELS.join(", ")))),
             }
         }
-        _ => tool_call(session, id, params).map(Handled::Call),
+        _ => tool_call(session, id, params, None).map(Handled::Call),
     }
 }
 
@@ -124,18 +222,24 @@ fn initialize(session: &Session, params: Option<&Value>) -> Value {
     json!({
         "protocolVersion": version,
         "capabilities": {"tools": {"listChanged": false}, "logging": {}},
-        "serverInfo": {"name": "sandbox-mcp", "title": "Sandbox MCP", "version": env!("CARGO_PKG_VERSION")},
+        "serverInfo": envelope::server_info(),
         "instructions": INSTRUCTIONS,
     })
 }
 
-/// Shown to the model by hosts that use `instructions`.
+/// Shown to the model by hosts that use `instructions` (2025 sessions).
 const INSTRUCTIONS: &str = "Linux sandboxes for running commands. Call create_sandbox first; later tools default to that sandbox. \
 Use run_command for short commands and start_task for anything long-running: a task's handle (sandbox_id + task_id) stays valid \
 after this session ends, and get_task reads its state and logs by offset. Sandboxes created in this session are killed when it \
 ends, unless a task was started in them.";
 
-fn tool_call(session: &Session, id: &Value, params: Option<Value>) -> Result<ToolCall, RpcError> {
+/// `instructions` of `server/discover` (2026-07-28, where HTTP requests have no session).
+pub const DISCOVER_INSTRUCTIONS: &str = "Linux sandboxes for running commands. Call create_sandbox first and pass its sandbox_id to \
+every later tool (over stdio, tools also default to the last sandbox this process created). Use run_command for short commands and \
+start_task for anything long-running: a task's handle (sandbox_id + task_id) stays valid after the client goes away, and get_task \
+reads its state and logs by offset. A sandbox created by a 2026-07-28 request over HTTP lives until kill_sandbox or its own timeout.";
+
+fn tool_call(session: &Session, id: &Value, params: Option<Value>, meta: Option<RequestMeta>) -> Result<ToolCall, RpcError> {
     let Some(Value::Object(mut params)) = params else {
         return Err(RpcError::new(code::INVALID_PARAMS, "tools/call needs params {\"name\": ..., \"arguments\": {...}}"));
     };
@@ -158,13 +262,14 @@ fn tool_call(session: &Session, id: &Value, params: Option<Value>) -> Result<Too
     let in_flight = session
         .begin(id)
         .ok_or_else(|| RpcError::new(code::INVALID_REQUEST, format!("request id {id} is already in flight; use a new id per request")))?;
-    Ok(ToolCall { id: id.clone(), tool, arguments, in_flight })
+    Ok(ToolCall { id: id.clone(), tool, arguments, in_flight, meta })
 }
 
 fn notify(session: &Session, method: &str, params: Option<&Value>) {
     if method == "notifications/cancelled" {
         if let Some(id) = params.and_then(|p| p.get("requestId")) {
             session.cancel(id);
+            session.subscriptions.cancel(id);
         }
     }
     // notifications/initialized and unknown notifications need nothing.
@@ -185,7 +290,10 @@ pub fn execute(app: &App, work: Work) -> Outcome {
         return Outcome::Cancelled(jsonrpc::error(&call.id, &err));
     }
     let ctx = Ctx { app, session: &session, cancel: call.in_flight.flag() };
-    let result = tools::call(&ctx, call.tool, &call.arguments);
+    let mut result = tools::call(&ctx, call.tool, &call.arguments);
+    if call.meta.is_some() {
+        envelope::complete(&mut result);
+    }
     let response = jsonrpc::result(&call.id, result);
     if call.in_flight.is_cancelled() && !app.is_draining() {
         Outcome::Cancelled(response)
@@ -238,9 +346,10 @@ mod tests {
     /// Routes a request that must be answered at once and returns the parsed answer.
     fn answer(app: &App, session: &Arc<Session>, line: &str) -> Value {
         match route(app, session, msg(line)) {
-            Route::Reply(reply) => serde_json::from_str(&reply).unwrap(),
+            Route::Reply(reply) | Route::Refused(reply, _) => serde_json::from_str(&reply).unwrap(),
             Route::Silent => panic!("no answer to {line}"),
             Route::Call(_) => panic!("{line} was queued"),
+            Route::Listen(_) => panic!("{line} opened a subscription"),
         }
     }
 
@@ -414,6 +523,51 @@ mod tests {
         let cancel = r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":5,"reason":"user"}}"#;
         assert!(matches!(route(&t.app, &session, msg(cancel)), Route::Silent));
         assert!(work.call.in_flight.is_cancelled());
+    }
+
+    fn modern_line(id: &str, method: &str, params: &str) -> String {
+        let meta = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#;
+        let sep = if params.is_empty() { "" } else { "," };
+        format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"{method}","params":{{{params}{sep}{meta}}}}}"#)
+    }
+
+    #[test]
+    fn modern_requests_need_no_initialize_and_are_refused_by_kind() {
+        let t = test_app();
+        let session = Arc::new(Session::new("t", false));
+        let d = answer(&t.app, &session, &modern_line("1", "server/discover", ""));
+        assert_eq!(d["result"]["resultType"], "complete");
+        assert_eq!(d["result"]["supportedVersions"], json!(envelope::MODERN_VERSIONS));
+        let list = answer(&t.app, &session, &modern_line(r#""l""#, "tools/list", ""));
+        assert_eq!(list["id"], "l");
+        assert_eq!(list["result"]["tools"], tools::list()["tools"], "the same tools in the same order as 2025");
+        assert!(!session.is_initialized(), "a 2026 request starts no session");
+        for (line, why) in [
+            (modern_line("2", "ping", ""), Refusal::UnknownMethod),
+            (modern_line("2", "initialize", ""), Refusal::UnknownMethod),
+            (r#"{"jsonrpc":"2.0","id":2,"method":"server/discover"}"#.to_string(), Refusal::Envelope),
+            (modern_line("2", "tools/list", "").replace("2026-07-28", "2025-11-25"), Refusal::Envelope),
+        ] {
+            match route(&t.app, &session, msg(&line)) {
+                Route::Refused(_, got) => assert_eq!(got, why, "{line}"),
+                _ => panic!("{line} was not refused"),
+            }
+        }
+        // A transport check runs after `_meta` is read and before the version is judged.
+        let refuse_all = |_: &str, _: Option<&Value>, _: &RequestMeta| Err(RpcError::new(code::HEADER_MISMATCH, "no"));
+        let line = modern_line("3", "tools/list", "").replace("2026-07-28", "v9");
+        match route_checked(&t.app, &session, msg(&line), &refuse_all) {
+            Route::Refused(reply, Refusal::Envelope) => assert!(reply.contains("-32020"), "{reply}"),
+            _ => panic!("the check did not run"),
+        }
+        // A 2026 tool call carries its _meta to the worker; a 2025 one does not.
+        let call = modern_line("4", "tools/call", r#""name":"create_sandbox","arguments":{}"#);
+        let Route::Call(work) = route(&t.app, &session, msg(&call)) else { panic!("queued") };
+        assert_eq!(work.call.meta.as_ref().map(|m| m.version.as_str()), Some("2026-07-28"));
+        let sub = modern_line("5", "subscriptions/listen", r#""notifications":{"toolsListChanged":true}"#);
+        let Route::Listen(listen) = route(&t.app, &session, msg(&sub)) else { panic!("a subscription") };
+        assert_eq!(listen.id, 5);
+        assert!(listen.ack.contains("notifications/subscriptions/acknowledged"));
     }
 
     #[test]

@@ -13,6 +13,7 @@ use crate::limits::MAX_BODY_BYTES;
 use crate::protocol::{self, Work, WorkQueue};
 use crate::queue::{self, Outcome};
 use crate::session::{self, Session, Sessions};
+use crate::subscription;
 use crate::transport::http::{HttpServer, Listener};
 use crate::transport::stdio::{self, Out};
 use anyhow::{Context, Result};
@@ -112,9 +113,12 @@ pub fn run_stdio(config: Config) -> Result<()> {
     session.end(&app.provider, Instant::now() + Duration::from_millis(600));
     // 4. stop commands still running in sandboxes that outlive the session;
     app.provider.shutdown();
-    // 5. wait for those calls to answer, then flush what the writer has.
+    // 5. wait for those calls to answer, then flush what the writer has;
     wait_idle(std::slice::from_ref(&session), began + Duration::from_millis(1700));
     flush(&reply_tx, Duration::from_millis(200));
+    // 6. end the open subscriptions/listen streams gracefully, with their closing results.
+    let closing: Vec<String> = session.subscriptions.take_all().iter().map(|id| subscription::closing(id).to_string()).collect();
+    stdio::write_lines(closing.iter().map(String::as_str));
     Ok(())
 }
 

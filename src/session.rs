@@ -2,7 +2,9 @@
 //!
 //! A stdio connection is one session; each HTTP `Mcp-Session-Id` is one. Ending a session kills
 //! every sandbox still in its destroy set; `start_task` takes its sandbox out of that set (see
-//! docs/contract.md, "Sessions and sandbox lifetime").
+//! docs/contract.md, "Sessions and sandbox lifetime"). A 2026-07-28 request over HTTP has no
+//! session: it runs in a [`Session::stateless`] one of its own, which keeps no default sandbox
+//! and no destroy set.
 //!
 //! A request is in flight from the moment [`Session::begin`] accepts its id until the
 //! [`InFlight`] guard it returns is dropped, on whatever path: answered, refused, or unwound by a
@@ -10,6 +12,7 @@
 //! session is not expired as idle.
 
 use crate::provider::Provider;
+use crate::subscription;
 use serde_json::Value;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,6 +38,10 @@ pub struct Session {
     pub id: String,
     /// When true (the `call` subcommand), sandboxes outlive the session.
     keep_sandboxes: bool,
+    /// When true (one 2026-07-28 HTTP request), the session records no sandbox at all.
+    stateless: bool,
+    /// The `subscriptions/listen` streams open on this session (stdio).
+    pub subscriptions: subscription::Open,
     state: Mutex<State>,
     inflight: Arc<Requests>,
 }
@@ -86,6 +93,8 @@ impl Session {
         Session {
             id: id.into(),
             keep_sandboxes,
+            stateless: false,
+            subscriptions: subscription::Open::default(),
             state: Mutex::new(State {
                 initialized: false,
                 protocol_version: String::new(),
@@ -96,6 +105,17 @@ impl Session {
             }),
             inflight: Arc::new(Mutex::new(HashMap::new())),
         }
+    }
+
+    /// The scope of one 2026-07-28 request over HTTP: no default sandbox, no destroy set, so
+    /// sandboxes it creates live until `kill_sandbox` or their own timeout.
+    pub fn stateless(id: impl Into<String>) -> Session {
+        Session { stateless: true, ..Session::new(id, true) }
+    }
+
+    /// Whether this is the scope of a single 2026-07-28 HTTP request.
+    pub fn is_stateless(&self) -> bool {
+        self.stateless
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -134,6 +154,9 @@ impl Session {
     /// Records a sandbox this session created: it becomes the default and joins the destroy set.
     /// Returns false when the session has already ended; the caller must then kill the sandbox.
     pub fn adopt(&self, sandbox_id: &str) -> bool {
+        if self.stateless {
+            return true;
+        }
         let mut s = self.state();
         if s.ended && !self.keep_sandboxes {
             return false;
@@ -337,6 +360,17 @@ mod tests {
         keep.close();
         assert!(keep.adopt("y"));
         assert_eq!(keep.default_sandbox().as_deref(), Some("y"));
+    }
+
+    #[test]
+    fn a_stateless_session_keeps_no_sandbox() {
+        let s = Session::stateless("http-2026");
+        assert!(s.is_stateless());
+        assert!(s.adopt("a"), "creating works, the sandbox is just not recorded");
+        assert_eq!(s.default_sandbox(), None);
+        assert!(!s.will_destroy("a"));
+        assert!(s.close().is_empty(), "ending it kills nothing");
+        assert!(!Session::new("t", false).is_stateless());
     }
 
     #[test]

@@ -168,6 +168,12 @@ pub fn failure(err: &ToolError) -> Value {
 pub fn target_sandbox(ctx: &Ctx<'_>, given: Option<&str>) -> Result<String, ToolError> {
     let id = match given {
         Some(id) => id.to_string(),
+        None if ctx.session.is_stateless() => {
+            return Err(ToolError::new(
+                "sandbox_id is required: a 2026-07-28 request over HTTP has no session and so no default sandbox; \
+call create_sandbox and pass the sandbox_id it returns",
+            ))
+        }
         None => ctx.session.default_sandbox().ok_or_else(|| {
             ToolError::new("no sandbox_id was given and this session has no default sandbox; call create_sandbox first, or pass sandbox_id")
         })?,
@@ -181,7 +187,7 @@ pub const SANDBOX_ID: Param = Param {
     name: "sandbox_id",
     kind: args::Kind::Str { max_chars: 128 },
     required: false,
-    description: "Sandbox to use; defaults to the last sandbox this session created.",
+    description: "Sandbox to use; defaults to the last sandbox this session created. Required for 2026-07-28 requests over HTTP, which have no session.",
 };
 
 /// The required `sandbox_id` parameter of tools reached by handle.

@@ -59,7 +59,9 @@ pub const CREATE: Tool = Tool {
     name: "create_sandbox",
     description: "Create a Linux sandbox and make it this session's default sandbox. \
 It lives until kill_sandbox, until its timeout passes without use (ordinary tools renew it), or until this session ends \
-(unless a background task was started in it with start_task, which keeps it alive for later sessions).",
+(unless a background task was started in it with start_task, which keeps it alive for later sessions). \
+A 2026-07-28 request over HTTP has no session: the sandbox is nobody's default (pass its sandbox_id to every later call) \
+and lives until kill_sandbox or its own timeout.",
     params: &[TEMPLATE, TIMEOUT, ENVS, METADATA, NETWORK, LIMITS],
     output_schema: || {
         let limit = json!({"type": ["integer", "null"]});

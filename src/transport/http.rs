@@ -1,17 +1,21 @@
 //! The HTTP transport: `POST /mcp` answering `application/json`, sessions by
-//! `Mcp-Session-Id`, `DELETE /mcp`, and `GET /healthz`.
+//! `Mcp-Session-Id` for 2025 requests, session-less 2026-07-28 requests (their headers are
+//! checked by `headers.rs`), `subscriptions/listen` streams, `DELETE /mcp`, and `GET /healthz`.
 //!
 //! tiny_http's rough edges are wrapped here and nowhere else: its headers, its unbounded body
 //! reader (read through a cap), and its drain-on-drop of unread bodies (see [`read_body`]).
 //! Every early answer reads or discards the body first so keep-alive connections stay in sync.
 
 use crate::app::App;
+use crate::envelope::{self, RequestMeta};
 use crate::ids;
 use crate::jsonrpc::{self, code, Incoming, RpcError};
-use crate::limits::MAX_BODY_BYTES;
-use crate::protocol::{self, Route, Work, WorkQueue, SUPPORTED_VERSIONS};
+use crate::limits::{MAX_BODY_BYTES, MAX_HTTP_SUBSCRIPTIONS};
+use crate::protocol::{self, Listen, Refusal, Route, Work, WorkQueue, SUPPORTED_VERSIONS};
 use crate::queue::Outcome;
 use crate::session::{Session, Sessions};
+use crate::subscription;
+use crate::transport::headers;
 use crossbeam_channel::TrySendError;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -62,12 +66,29 @@ pub struct Listener {
     connections: Mutex<HashMap<SocketAddr, (Instant, Instant)>>,
     /// Requests being handled right now (shutdown waits for their answers to be written).
     busy: AtomicUsize,
+    /// `subscriptions/listen` streams open right now (each holds a listener thread).
+    subscriptions: AtomicUsize,
 }
+
+/// How often an open `subscriptions/listen` stream looks for the start of shutdown.
+const LISTEN_POLL: Duration = Duration::from_millis(200);
+
+/// How often an open `subscriptions/listen` stream sends an SSE comment: it keeps
+/// intermediaries from closing a quiet stream, and a failed write tells that the client left.
+const LISTEN_KEEPALIVE: Duration = Duration::from_secs(15);
 
 impl Listener {
     /// The listener of `app`'s HTTP transport.
     pub fn new(app: Arc<App>, sessions: Arc<Sessions>, queue: WorkQueue<Outcome>, loopback: bool) -> Listener {
-        Listener { app, sessions, queue, loopback, connections: Mutex::new(HashMap::new()), busy: AtomicUsize::new(0) }
+        Listener {
+            app,
+            sessions,
+            queue,
+            loopback,
+            connections: Mutex::new(HashMap::new()),
+            busy: AtomicUsize::new(0),
+            subscriptions: AtomicUsize::new(0),
+        }
     }
 
     /// Whether this connection should be asked to reconnect: it is older than
@@ -150,8 +171,8 @@ fn header(name: &str, value: &str) -> Header {
         .unwrap_or_else(|()| Header::from_bytes(&b"X-Invalid"[..], &b"1"[..]).expect("a constant header is valid"))
 }
 
-fn get<'a>(req: &'a Request, name: &'static str) -> Option<&'a str> {
-    req.headers().iter().find(|h| h.field.equiv(name)).map(|h| h.value.as_str())
+fn get<'a>(req: &'a Request, name: &str) -> Option<&'a str> {
+    req.headers().iter().find(|h| h.field.as_str().as_str().eq_ignore_ascii_case(name)).map(|h| h.value.as_str())
 }
 
 struct Answer {
@@ -161,6 +182,8 @@ struct Answer {
     headers: Vec<(&'static str, String)>,
     /// Ask the client to close the connection after this answer.
     close: bool,
+    /// Instead of a body: hold a `subscriptions/listen` stream open.
+    listen: Option<Listen>,
 }
 
 impl Answer {
@@ -170,11 +193,11 @@ impl Answer {
 
     /// An already serialized JSON body.
     fn text(status: u16, body: String) -> Answer {
-        Answer { status, body: Some(body), headers: Vec::new(), close: false }
+        Answer { status, body: Some(body), headers: Vec::new(), close: false, listen: None }
     }
 
     fn empty(status: u16) -> Answer {
-        Answer { status, body: None, headers: Vec::new(), close: false }
+        Answer { status, body: None, headers: Vec::new(), close: false, listen: None }
     }
 
     /// A JSON-RPC error body without an id (transport-level rejections).
@@ -290,6 +313,10 @@ impl Listener {
         }
         let too_large = matches!(body, Body::TooLarge);
         let mut answer = self.answer(&req, body);
+        if let Some(listen) = answer.listen.take() {
+            self.hold(req, &listen);
+            return;
+        }
         answer.close |= too_large || self.should_close(req.remote_addr());
         let status = answer.status;
         let sse_only =
@@ -378,7 +405,10 @@ impl Listener {
         if let Incoming::Invalid { id, error } = &msg {
             return Answer::json(400, jsonrpc::error(id, error));
         }
-        if let Incoming::Request { method, .. } = &msg {
+        if let Incoming::Request { method, params, .. } = &msg {
+            if envelope::is_modern(method, params.as_ref()) {
+                return self.post_modern(req, msg);
+            }
             if method == "initialize" {
                 let session = Arc::new(Session::new(ids::random_hex(16), false));
                 let route = protocol::route(&self.app, &session, msg);
@@ -391,6 +421,26 @@ impl Listener {
                 self.sessions.insert(session.clone());
                 return Answer::text(200, reply).with("Mcp-Session-Id", &session.id);
             }
+        }
+        let modern_header = get(req, "MCP-Protocol-Version").is_some_and(|v| envelope::MODERN_VERSIONS.contains(&v.trim()));
+        if modern_header && get(req, "Mcp-Session-Id").is_none() {
+            return match &msg {
+                // A 2026-07-28 notification: accepted, and nothing needs it (cancellation over
+                // HTTP is closing the connection).
+                Incoming::Notification { .. } | Incoming::Response => Answer::empty(202),
+                _ => {
+                    let err = RpcError::new(
+                        code::INVALID_PARAMS,
+                        format!(
+                            "Bad Request: a 2026-07-28 request needs params._meta with {} and {}; or send initialize to start a 2025 session",
+                            envelope::PROTOCOL_VERSION_KEY,
+                            envelope::CLIENT_CAPABILITIES_KEY
+                        ),
+                    );
+                    let id = if let Incoming::Request { id, .. } = &msg { id.clone() } else { Value::Null };
+                    Answer::json(400, jsonrpc::error(&id, &err))
+                }
+            };
         }
         let session = match self.session(req) {
             Ok(s) => s,
@@ -407,15 +457,86 @@ impl Listener {
                 return Answer::rejected(
                     400,
                     code::SERVER_BUSY,
-                    &format!("Bad Request: unsupported MCP-Protocol-Version {v:?}; supported: {}", SUPPORTED_VERSIONS.join(", ")),
+                    &format!(
+                        "Bad Request: unsupported MCP-Protocol-Version {v:?} for a session; supported: {}",
+                        SUPPORTED_VERSIONS.join(", ")
+                    ),
                 );
             }
         }
-        match protocol::route(&self.app, &session, msg) {
+        self.routed(protocol::route(&self.app, &session, msg))
+    }
+
+    /// A 2026-07-28 request: no session (one carrying a 2025 session id is refused, so nothing
+    /// crosses between the eras), its headers checked against its body.
+    fn post_modern(&self, req: &Request, msg: Incoming) -> Answer {
+        if get(req, "Mcp-Session-Id").is_some() {
+            let Incoming::Request { id, .. } = &msg else { return Answer::empty(202) };
+            let err = RpcError::new(
+                code::INVALID_REQUEST,
+                "Bad Request: a 2026-07-28 request (one with io.modelcontextprotocol/protocolVersion in _meta) has no session; \
+drop the Mcp-Session-Id header, or send the request without that _meta inside the 2025 session",
+            );
+            return Answer::json(400, jsonrpc::error(id, &err));
+        }
+        let session = Arc::new(Session::stateless("http-2026"));
+        let check = |method: &str, params: Option<&Value>, meta: &RequestMeta| headers::check(|name| get(req, name), method, params, meta);
+        self.routed(protocol::route_checked(&self.app, &session, msg, &check))
+    }
+
+    /// The answer to a routed message.
+    fn routed(&self, route: Route) -> Answer {
+        match route {
             Route::Silent => Answer::empty(202),
             Route::Reply(reply) => Answer::text(200, reply),
+            Route::Refused(reply, Refusal::Envelope) => Answer::text(400, reply),
+            Route::Refused(reply, Refusal::UnknownMethod) => Answer::text(404, reply),
             Route::Call(work) => self.dispatch(work),
+            Route::Listen(listen) => {
+                let open = self.subscriptions.fetch_add(1, Ordering::SeqCst);
+                if open >= MAX_HTTP_SUBSCRIPTIONS {
+                    self.subscriptions.fetch_sub(1, Ordering::SeqCst);
+                    let err = RpcError::new(
+                        code::SERVER_BUSY,
+                        format!("server busy: {MAX_HTTP_SUBSCRIPTIONS} subscriptions/listen streams are open; close one or retry later"),
+                    );
+                    return Answer::json(503, jsonrpc::error(&listen.id, &err)).with("Retry-After", "5");
+                }
+                let mut answer = Answer::empty(200);
+                answer.listen = Some(listen);
+                answer
+            }
         }
+    }
+
+    /// Holds a `subscriptions/listen` stream: the acknowledgement first, then SSE comments every
+    /// [`LISTEN_KEEPALIVE`] until the client goes away, or the closing result when shutdown
+    /// begins. The stream is the body of a `Connection: close` answer (written raw, as tiny_http
+    /// has no streaming response of unknown length). The slot taken in [`Listener::routed`] is
+    /// given back when this returns.
+    fn hold(&self, req: Request, listen: &Listen) {
+        let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nX-Accel-Buffering: no\r\nConnection: close\r\n\r\n";
+        let mut writer = req.into_writer();
+        let event = |v: &str| format!("event: message\ndata: {v}\n\n");
+        let mut sent =
+            writer.write_all(head.as_bytes()).and_then(|()| writer.write_all(event(&listen.ack).as_bytes())).and_then(|()| writer.flush());
+        let mut quiet_since = Instant::now();
+        while sent.is_ok() {
+            if self.app.is_draining() {
+                let closing = subscription::closing(&listen.id).to_string();
+                sent = writer.write_all(event(&closing).as_bytes()).and_then(|()| writer.flush());
+                break;
+            }
+            thread::sleep(LISTEN_POLL);
+            if quiet_since.elapsed() >= LISTEN_KEEPALIVE {
+                sent = writer.write_all(b":\n\n").and_then(|()| writer.flush());
+                quiet_since = Instant::now();
+            }
+        }
+        if let Err(err) = sent {
+            log::debug!("subscription {} ended: {err}", listen.id);
+        }
+        self.subscriptions.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Queues a tool call and waits for its answer; a full queue is answered 503 at once.

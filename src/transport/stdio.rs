@@ -150,7 +150,21 @@ pub fn run_reader(app: &App, session: &Arc<Session>, queue: &WorkQueue<Out>, rep
         match protocol::route(app, session, msg) {
             Route::Silent => {}
             // Answered on this thread: no hand-off to the writer for cheap requests.
-            Route::Reply(line) => write_lines([line.as_str()]),
+            Route::Reply(line) | Route::Refused(line, _) => write_lines([line.as_str()]),
+            // The subscription stays open until the client cancels it or the server shuts down
+            // (`server::run_stdio` then closes it); nothing is ever sent in between, because the
+            // tool list never changes.
+            Route::Listen(listen) => {
+                if session.subscriptions.open(&listen.id) {
+                    write_lines([listen.ack.as_str()]);
+                } else {
+                    let err = RpcError::new(
+                        code::INVALID_REQUEST,
+                        format!("a subscription with id {} is already open; use a new id per request", listen.id),
+                    );
+                    write_lines([jsonrpc::error(&listen.id, &err).to_string().as_str()]);
+                }
+            }
             Route::Call(work) => {
                 if queue.send(work.into_job(replies.clone())).is_err() {
                     return;

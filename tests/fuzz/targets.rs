@@ -7,7 +7,8 @@
 //! Input formats (seeds in `fixtures/fuzz/<target>/`, crash regressions in
 //! `fixtures/fuzz/regressions/<target>/`):
 //! * `jsonrpc_line`: byte 0 picks the line limit (bits 0-5) and the read-buffer size (bits 6-7);
-//!   the rest is stdin for the stdio line reader, and also one HTTP body.
+//!   the rest is stdin for the stdio line reader, and also one HTTP body. Requests in the
+//!   2026-07-28 form also go through the `_meta` envelope reader and the HTTP header check.
 //! * `tool_args`: a JSON object, validated as the arguments of every tool (and, when it has the
 //!   `tools/call` shape `{"name": …, "arguments": {…}}`, its `arguments` for that tool).
 //! * `connect_envelope`: a Connect response stream (envelopes of flags, u32 length, payload).
@@ -16,12 +17,14 @@
 //! * `log_page`: offset and limit - 1 as big-endian u16s, the saved size as a big-endian u32,
 //!   then secret values separated by 0x01, a NUL, and the log page.
 
+use sandbox_mcp::envelope::{self, RequestMeta};
 use sandbox_mcp::jsonrpc::{self, code, Incoming};
 use sandbox_mcp::limits::MIN_SECRET_BYTES;
 use sandbox_mcp::mask::Masker;
 use sandbox_mcp::provider::e2b::wire::{self, ProcessEvent};
 use sandbox_mcp::supervisor::{self, Snapshot, TaskState, Window};
 use sandbox_mcp::tools::{self, args::Kind, args::Param};
+use sandbox_mcp::transport::headers;
 use sandbox_mcp::transport::stdio::{read_line, Line};
 use serde_json::{json, Map, Value};
 use std::io::{self, BufReader, Read};
@@ -108,6 +111,9 @@ fn check_message(bytes: &[u8]) {
             }
             assert_eq!(jsonrpc::classify(rebuilt), msg, "a request must survive a round trip");
             check_reply(jsonrpc::result(id, json!({"ok": true})));
+            if envelope::is_modern(method, params.as_ref()) {
+                check_envelope(id, method, params.as_ref());
+            }
         }
         Incoming::Notification { method, params } => {
             assert!(json_ok, "{msg:?}");
@@ -130,6 +136,45 @@ fn check_message(bytes: &[u8]) {
             check_reply(jsonrpc::error(id, error));
         }
     }
+}
+
+/// A 2026-07-28 request: its `_meta` is read or refused with -32602, a readable one is accepted
+/// or refused with -32022 naming the version asked for, headers built from the body always
+/// pass the HTTP check, and a method header that differs never does.
+fn check_envelope(id: &Value, method: &str, params: Option<&Value>) {
+    let meta = match RequestMeta::read(params) {
+        Ok(meta) => meta,
+        Err(err) => {
+            assert_eq!(err.code, code::INVALID_PARAMS, "{err:?}");
+            assert!(err.message.len() <= 1024, "envelope errors do not echo the input: {err:?}");
+            check_reply(jsonrpc::error(id, &err));
+            return;
+        }
+    };
+    match meta.check_version() {
+        Ok(()) => assert!(envelope::MODERN_VERSIONS.contains(&meta.version.as_str())),
+        Err(err) => {
+            assert_eq!(err.code, code::UNSUPPORTED_PROTOCOL_VERSION);
+            assert_eq!(err.data.as_ref().map(|d| &d["requested"]), Some(&json!(meta.version)));
+            assert!(err.message.len() <= 1024, "{err:?}");
+            check_reply(jsonrpc::error(id, &err));
+        }
+    }
+    let name = params.and_then(|p| p.get("name").or_else(|| p.get("uri"))).and_then(Value::as_str);
+    let encoded = name.map(|n| format!("=?base64?{}?=", sandbox_mcp::base64::encode(n.as_bytes())));
+    let from_body = |h: &str| match h {
+        "MCP-Protocol-Version" => Some(meta.version.as_str()),
+        "Mcp-Method" => Some(method),
+        "Mcp-Name" => encoded.as_deref(),
+        _ => None,
+    };
+    assert_eq!(headers::check(from_body, method, params, &meta), Ok(()), "headers mirroring the body pass");
+    let other = format!("{method}x");
+    let wrong_method = |h: &str| if h == "Mcp-Method" { Some(other.as_str()) } else { from_body(h) };
+    assert_eq!(headers::check(wrong_method, method, params, &meta).map_err(|e| e.code), Err(code::HEADER_MISMATCH));
+    let mut result = json!({"tools": []});
+    envelope::complete(&mut result);
+    check_reply(jsonrpc::result(id, result));
 }
 
 /// A reply is one line of JSON that this server would itself classify as a response.

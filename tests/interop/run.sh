@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Interoperability tests with clients nobody here wrote: the official Python MCP SDK (stdio and
-# HTTP), the MCP Inspector CLI (stdio and HTTP), the MCP conformance suite (HTTP, stable
-# release and pre-release), and E2B's official Python SDK against the e2b-emulator.
+# Interoperability tests with clients nobody here wrote: the official Python MCP SDK 2.x (stdio
+# and HTTP, MCP 2026-07-28 and the 2025-11-25 handshake) and 1.x, the MCP Inspector CLI (stdio
+# and HTTP, both eras), the MCP conformance suite (HTTP: the stable release, and the pre-release's
+# frozen 2026-07-28 and 2025-11-25 requirement sets, each with its baseline), and E2B's official
+# Python SDK against the e2b-emulator.
 # Expects tests/interop/setup.sh to have run and a release build.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -23,8 +25,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "== Python MCP SDK"
+echo "== Python MCP SDK 2.x"
 SANDBOX_MCP_BIN=$bin "$tools/venv/bin/python" "$root/tests/interop/test_python_sdk.py"
+echo "== Python MCP SDK 1.x"
+SANDBOX_MCP_BIN=$bin "$tools/venv-mcp1/bin/python" "$root/tests/interop/test_python_sdk_v1.py"
 
 echo "== E2B Python SDK against e2b-emulator"
 (cd "$root" && "${CARGO:-cargo}" build --release --quiet -p e2b-emulator)
@@ -59,7 +63,14 @@ out=$("$inspector" --cli "$url" --transport http --method tools/call --tool-name
 echo "$out" | grep -q 'inspector-http' || { echo "inspector http run_command: $out"; exit 1; }
 out=$("$inspector" --cli "$url" --transport http --method tools/list --format json)
 echo "$out" | grep -q '"name":"get_task"' || { echo "inspector http tools/list: $out"; exit 1; }
-echo "inspector over stdio and http: ok"
+# The modern era: 2026-07-28 requests, no initialize, no session (the serverInfo in a
+# result's _meta shows a 2026 answer; Inspector drops resultType from its output).
+out=$("$inspector" --cli "$bin" stdio --protocol-era modern --method tools/call --tool-name create_sandbox --tool-args-json '{"timeout":60}' --format json)
+echo "$out" | grep -q 'io.modelcontextprotocol/serverInfo' || { echo "inspector stdio (modern) create_sandbox: $out"; exit 1; }
+out=$("$inspector" --cli "$url" --transport http --protocol-era modern --method tools/call --tool-name run_command \
+    --tool-args-json "{\"sandbox_id\":\"$sandbox\",\"command\":\"echo inspector-modern\"}" --format json)
+echo "$out" | grep -q 'inspector-modern' || { echo "inspector http (modern) run_command: $out"; exit 1; }
+echo "inspector over stdio and http, legacy and modern eras: ok"
 
 echo "== MCP conformance suite 0.1.16 (HTTP)"
 (cd "$home" && "$tools/npm/node_modules/.bin/conformance" server --url "$url" \
@@ -67,9 +78,11 @@ echo "== MCP conformance suite 0.1.16 (HTTP)"
     sed -n '/SUMMARY/,$p' "$home/conformance.log"; exit 1; }
 sed -n '/SUMMARY/,$p' "$home/conformance.log" | grep -E "^Total|✓"
 
-echo "== MCP conformance suite 0.2.0-alpha.12 (HTTP, spec 2025-11-25)"
-(cd "$home" && "$tools/npm-alpha/node_modules/.bin/conformance" server --url "$url" --spec-version 2025-11-25 \
-    --expected-failures "$root/tests/interop/conformance-baseline.yml" >"$home/conformance-alpha.log" 2>&1) || {
-    sed -n '/SUMMARY/,$p' "$home/conformance-alpha.log"; exit 1; }
-sed -n '/SUMMARY/,$p' "$home/conformance-alpha.log" | grep -E "^Total|✓"
+for revision in 2026-07-28 2025-11-25; do
+    echo "== MCP conformance suite 0.2.0-alpha.12 (HTTP, --requirements $revision)"
+    (cd "$home" && "$tools/npm-alpha/node_modules/.bin/conformance" server --url "$url" --requirements "$revision" \
+        --expected-failures "$root/tests/interop/conformance-baseline-$revision.yml" >"$home/conformance-$revision.log" 2>&1) || {
+        sed -n '/SUMMARY/,$p' "$home/conformance-$revision.log"; exit 1; }
+    sed -n '/SUMMARY/,$p' "$home/conformance-$revision.log" | grep -E "^Total|✓|Baseline"
+done
 echo "interop: all passed"

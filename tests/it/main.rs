@@ -8,6 +8,7 @@ mod faults;
 mod fuzz_corpus;
 mod http;
 mod isolation;
+mod modern;
 mod security;
 mod shutdown;
 mod stdio;

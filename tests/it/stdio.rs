@@ -41,10 +41,11 @@ fn requests_before_initialize_get_prompt_errors() {
     let home = Home::new("preinit");
     let mut c = raw(&home);
     let t0 = Instant::now();
+    // server/discover without its _meta envelope: a 2026-07-28 error (-32602), promptly.
     c.send_line(r#"{"jsonrpc":"2.0","id":"d","method":"server/discover","params":{}}"#).unwrap();
     let r = next(&c);
     assert_eq!(r["id"], "d");
-    assert_eq!(r["error"]["code"], -32601);
+    assert_eq!(r["error"]["code"], -32602);
     assert!(t0.elapsed() < Duration::from_secs(2));
     c.send_line(r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#).unwrap();
     assert_eq!(next(&c)["error"]["code"], -32600);

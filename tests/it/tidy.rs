@@ -77,4 +77,6 @@ fn readme_quotes_the_limits() {
     assert_eq!(MAX_TASKS, 128);
     assert_eq!(CANCEL_CONFIRM.as_secs(), 3);
     assert_eq!(MAX_BODY_BYTES, 4 << 20);
+    assert!(readme.contains("| open `subscriptions/listen` streams (HTTP) | 16 "), "README must quote the subscription limit");
+    assert_eq!(MAX_HTTP_SUBSCRIPTIONS, 16);
 }

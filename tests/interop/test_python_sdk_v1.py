@@ -1,0 +1,63 @@
+"""The official Python MCP SDK's last 1.x line (`pip install "mcp<2"`) drives sandbox-mcp over
+stdio and HTTP with the initialize handshake (2025-11-25), as clients pinned to 1.x still do.
+
+Run by tests/interop/run.sh with the second venv setup.sh creates; exits non-zero on any failure.
+"""
+
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamablehttp_client
+
+BIN = os.environ["SANDBOX_MCP_BIN"]
+
+
+async def exercise(session: ClientSession, label: str) -> None:
+    init = await session.initialize()
+    assert init.protocolVersion == "2025-11-25", f"{label}: negotiated {init.protocolVersion}"
+    tools = await session.list_tools()
+    assert "start_task" in {t.name for t in tools.tools}, tools
+    created = await session.call_tool("create_sandbox", {"timeout": 120})
+    assert not created.isError, created
+    sandbox = created.structuredContent["sandbox_id"]
+    ran = await session.call_tool("run_command", {"command": "echo v1"})
+    assert ran.structuredContent["stdout"] == "v1\n", ran
+    await session.send_ping()
+    killed = await session.call_tool("kill_sandbox", {"sandbox_id": sandbox})
+    assert killed.structuredContent["killed"] is True, killed
+    print(f"python sdk 1.x over {label}: ok (protocol {init.protocolVersion})")
+
+
+async def main() -> None:
+    with tempfile.TemporaryDirectory(prefix="smcp-pysdk1-") as home:
+        env = {"SANDBOX_MCP_HOME": home, "PATH": os.environ["PATH"], "RUST_LOG": "warn"}
+        async with stdio_client(StdioServerParameters(command=BIN, args=["stdio"], env=env)) as (read, write):
+            async with ClientSession(read, write) as session:
+                await exercise(session, "stdio")
+        server = subprocess.Popen(
+            [BIN, "http", "--listen", "127.0.0.1:0"], env=dict(os.environ, SANDBOX_MCP_HOME=home, RUST_LOG="info"),
+            stderr=subprocess.PIPE, text=True,
+        )
+        try:
+            url = None
+            for line in server.stderr:
+                if "listening on http://" in line:
+                    url = "http://" + line.split("listening on http://")[1].split()[0]
+                    break
+            assert url, "the server did not report its address"
+            async with streamablehttp_client(url) as (read, write, _):
+                async with ClientSession(read, write) as session:
+                    await exercise(session, "http")
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
+    sys.exit(0)

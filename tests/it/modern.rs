@@ -1,0 +1,318 @@
+//! MCP 2026-07-28 beside 2025-11-25 (docs/contract.md, "Protocol"): per-request `_meta`, no
+//! handshake, `server/discover`, `resultType`, caching hints, removed methods, the HTTP headers,
+//! `subscriptions/listen`, and sandbox lifetime without sessions, over stdio and HTTP.
+
+use crate::support::*;
+use sandbox_mcp::limits::MAX_HTTP_SUBSCRIPTIONS;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::time::Instant;
+
+const V: &str = "2026-07-28";
+
+fn envelope() -> Value {
+    json!({
+        "io.modelcontextprotocol/protocolVersion": V,
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "it", "version": "1"},
+    })
+}
+
+/// A 2026-07-28 request body: `params` plus the envelope.
+fn body(id: Value, method: &str, mut params: Value) -> String {
+    params["_meta"] = envelope();
+    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string()
+}
+
+fn call_body(id: i64, tool: &str, args: Value) -> String {
+    body(json!(id), "tools/call", json!({"name": tool, "arguments": args}))
+}
+
+/// The standard headers of a 2026-07-28 request.
+fn headers<'a>(method: &'a str, name: Option<&'a str>) -> Vec<(&'a str, &'a str)> {
+    let mut h = vec![("MCP-Protocol-Version", V), ("Mcp-Method", method)];
+    if let Some(n) = name {
+        h.push(("Mcp-Name", n));
+    }
+    h
+}
+
+fn error_code(v: &Value) -> i64 {
+    v["error"]["code"].as_i64().unwrap_or_else(|| panic!("not an error: {v}"))
+}
+
+fn assert_complete(result: &Value) {
+    assert_eq!(result["resultType"], "complete", "{result}");
+    assert_eq!(result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"], "sandbox-mcp", "{result}");
+}
+
+#[test]
+fn stdio_serves_both_eras_in_one_process() {
+    let home = Home::new("modern-stdio");
+    let mut c = home.spawn_stdio(&[]);
+    let mut send = |line: String, id: Value| -> Value {
+        c.send_line(&line).unwrap();
+        c.recv_response(&id, TIMEOUT).unwrap()
+    };
+    // No initialize: a 2026-07-28 request is served as it comes.
+    let d = send(body(json!("d"), "server/discover", json!({})), json!("d"));
+    let r = &d["result"];
+    assert_complete(r);
+    assert_eq!(r["supportedVersions"], json!([V]));
+    assert_eq!(r["capabilities"]["tools"], json!({"listChanged": false}));
+    assert_eq!(r["capabilities"]["extensions"], json!({}));
+    assert!(r["ttlMs"].as_u64().is_some() && r["cacheScope"] == "public", "{r}");
+    let list = send(body(json!(1), "tools/list", json!({})), json!(1));
+    assert_complete(&list["result"]);
+    assert_eq!(list["result"]["cacheScope"], "public");
+    let names: Vec<&str> = list["result"]["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names[0], "create_sandbox");
+    assert_eq!(names.len(), 11);
+    let again = send(body(json!(2), "tools/list", json!({})), json!(2));
+    assert_eq!(again["result"]["tools"], list["result"]["tools"], "a deterministic order");
+    // Over stdio the process is the scope in both eras: the default sandbox works.
+    let created = send(call_body(3, "create_sandbox", json!({"timeout": 120})), json!(3));
+    assert_complete(&created["result"]);
+    let sandbox = created["result"]["structuredContent"]["sandbox_id"].as_str().unwrap().to_string();
+    let ran = send(call_body(4, "run_command", json!({"command": "echo modern"})), json!(4));
+    assert_complete(&ran["result"]);
+    assert_eq!(ran["result"]["structuredContent"]["stdout"], "modern\n");
+    // Removed and unknown methods, malformed envelopes, unknown versions.
+    for method in ["initialize", "ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe", "nope/nope"] {
+        let v = send(body(json!(5), method, json!({})), json!(5));
+        assert_eq!(error_code(&v), -32601, "{method}");
+    }
+    let bad_meta = [
+        json!({"jsonrpc": "2.0", "id": 6, "method": "server/discover"}),
+        json!({"jsonrpc": "2.0", "id": 6, "method": "server/discover", "params": {"_meta": {}}}),
+        json!({"jsonrpc": "2.0", "id": 6, "method": "tools/list", "params": {"_meta": {"io.modelcontextprotocol/protocolVersion": V}}}),
+        json!({"jsonrpc": "2.0", "id": 6, "method": "tools/list", "params": {"_meta": {"io.modelcontextprotocol/protocolVersion": V, "io.modelcontextprotocol/clientCapabilities": 7}}}),
+        json!({"jsonrpc": "2.0", "id": 6, "method": "tools/list", "params": {"_meta": {"io.modelcontextprotocol/protocolVersion": 2026, "io.modelcontextprotocol/clientCapabilities": {}}}}),
+    ];
+    for msg in bad_meta {
+        assert_eq!(error_code(&send(msg.to_string(), json!(6))), -32602, "{msg}");
+    }
+    let mut old = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/list", "params": {"_meta": envelope()}});
+    old["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] = json!("1999-01-01");
+    let v = send(old.to_string(), json!(7));
+    assert_eq!(error_code(&v), -32022);
+    assert_eq!(v["error"]["data"], json!({"supported": [V], "requested": "1999-01-01"}));
+    // The 2025 era on the same process: ping needs nothing, tools/list needs initialize.
+    let pong = send(r#"{"jsonrpc":"2.0","id":8,"method":"ping"}"#.into(), json!(8));
+    assert_eq!(pong["result"], json!({}), "no resultType in a 2025 answer");
+    let early = send(r#"{"jsonrpc":"2.0","id":9,"method":"tools/list"}"#.into(), json!(9));
+    assert_eq!(error_code(&early), -32600);
+    let init = send(INITIALIZE.replace("\"id\":1", "\"id\":10"), json!(10));
+    assert_eq!(init["result"]["protocolVersion"], "2025-11-25");
+    let legacy = send(r#"{"jsonrpc":"2.0","id":11,"method":"tools/list"}"#.into(), json!(11));
+    assert!(legacy["result"].get("resultType").is_none() && legacy["result"].get("ttlMs").is_none(), "2025 results stay as they were");
+    assert_eq!(legacy["result"]["tools"], list["result"]["tools"]);
+    // subscriptions/listen: acknowledged at once, with only the kinds served, then quiet.
+    c.send_line(&body(
+        json!("sub"),
+        "subscriptions/listen",
+        json!({"notifications": {"toolsListChanged": true, "promptsListChanged": true}}),
+    ))
+    .unwrap();
+    let ack: Value = serde_json::from_str(&c.recv_line(TIMEOUT).unwrap()).unwrap();
+    assert_eq!(ack["method"], "notifications/subscriptions/acknowledged");
+    assert_eq!(ack["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], "sub");
+    assert_eq!(ack["params"]["notifications"], json!({"toolsListChanged": true}));
+    c.send_line(&json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "sub"}}).to_string()).unwrap();
+    // stdin EOF ends the process scope: the sandbox the 2026 request created is killed too.
+    c.close(std::time::Duration::from_secs(5)).unwrap();
+    assert!(!home.sandbox_dir(&sandbox).exists(), "stdio kills what it created, in both eras");
+}
+
+#[test]
+fn stdio_closes_an_open_subscription_at_shutdown() {
+    let home = Home::new("modern-stdio-sub");
+    let mut c = home.spawn_stdio(&[]);
+    c.send_line(&body(json!(41), "subscriptions/listen", json!({"notifications": {}}))).unwrap();
+    let ack: Value = serde_json::from_str(&c.recv_line(TIMEOUT).unwrap()).unwrap();
+    assert_eq!(ack["params"]["notifications"], json!({}));
+    c.send_line(&body(json!(41), "subscriptions/listen", json!({"notifications": {}}))).unwrap();
+    let dup = c.recv_response(&json!(41), TIMEOUT).unwrap();
+    assert_eq!(error_code(&dup), -32600, "one open subscription per id");
+    // SIGTERM through the child's own pid: the subscription ends with its closing result.
+    let pid = c.pid();
+    assert!(std::process::Command::new("/bin/sh").args(["-c", &format!("kill -s TERM {pid}")]).status().unwrap().success());
+    let closing = c.recv_response(&json!(41), TIMEOUT).unwrap();
+    assert_complete(&closing["result"]);
+    assert_eq!(closing["result"]["_meta"]["io.modelcontextprotocol/subscriptionId"], 41);
+}
+
+#[test]
+fn http_2026_requests_have_no_session_and_checked_headers() {
+    let home = Home::new("modern-http");
+    let h = Http::start(&home, &[], &[]);
+    let post = |hs: &[(&str, &str)], b: &str| h.post(hs, b);
+    let d = post(&headers("server/discover", None), &body(json!(1), "server/discover", json!({})));
+    assert_eq!(d.status, 200, "{}", d.body);
+    assert!(d.header("mcp-session-id").is_none(), "no session is minted");
+    assert_complete(&d.json()["result"]);
+    // clientInfo is optional.
+    let mut no_info = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {"_meta": envelope()}});
+    no_info["params"]["_meta"].as_object_mut().unwrap().remove("io.modelcontextprotocol/clientInfo");
+    let r = post(&headers("tools/list", None), &no_info.to_string());
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["result"]["ttlMs"], 3_600_000);
+
+    // Header checks: HeaderMismatch, 400, with the request id.
+    let call = call_body(3, "run_command", json!({"command": "true"}));
+    let b64 = format!("=?base64?{}?=", sandbox_mcp::base64::encode(b"run_command"));
+    let cases: Vec<Vec<(&str, &str)>> = vec![
+        vec![("MCP-Protocol-Version", V)],
+        vec![("Mcp-Method", "tools/call"), ("Mcp-Name", "run_command")],
+        vec![("MCP-Protocol-Version", "2025-11-25"), ("Mcp-Method", "tools/call"), ("Mcp-Name", "run_command")],
+        headers("tools/list", Some("run_command")),
+        headers("TOOLS/CALL", Some("run_command")),
+        headers("tools/call", None),
+        headers("tools/call", Some("kill_sandbox")),
+    ];
+    for hs in cases {
+        let r = post(&hs, &call);
+        assert_eq!((r.status, error_code(&r.json())), (400, -32020), "{hs:?}: {}", r.body);
+        assert_eq!(r.json()["id"], 3);
+    }
+    // Whitespace around values, any case of names, and a Base64 name are accepted; the call
+    // itself fails as a tool error naming create_sandbox: no session, no default sandbox.
+    for hs in [
+        vec![("mcp-protocol-version", " 2026-07-28 "), ("MCP-METHOD", "tools/call"), ("mcp-name", "  run_command  ")],
+        headers("tools/call", Some(b64.as_str())),
+    ] {
+        let r = post(&hs, &call);
+        assert_eq!(r.status, 200, "{hs:?}: {}", r.body);
+        let result = &r.json()["result"];
+        assert_complete(result);
+        assert_eq!(result["isError"], true);
+        assert!(result["content"][0]["text"].as_str().unwrap().contains("create_sandbox"), "{result}");
+    }
+
+    // Envelope errors: 400 with -32602 or -32022; unknown and removed methods: 404 with -32601.
+    let r = post(&headers("server/discover", None), r#"{"jsonrpc":"2.0","id":4,"method":"server/discover","params":{}}"#);
+    assert_eq!((r.status, error_code(&r.json())), (400, -32602));
+    let mut v999 = json!({"jsonrpc": "2.0", "id": 5, "method": "server/discover", "params": {"_meta": envelope()}});
+    v999["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] = json!("v999.0.0");
+    let r = post(&[("MCP-Protocol-Version", "v999.0.0"), ("Mcp-Method", "server/discover")], &v999.to_string());
+    assert_eq!((r.status, error_code(&r.json())), (400, -32022));
+    assert_eq!(r.json()["error"]["data"]["requested"], "v999.0.0");
+    let r = post(&headers("server/discover", None), &v999.to_string());
+    assert_eq!((r.status, error_code(&r.json())), (400, -32020), "a header that disagrees with the body is a mismatch first");
+    for method in ["initialize", "ping", "logging/setLevel", "resources/subscribe", "unknown/method"] {
+        let r = post(&headers(method, None), &body(json!(6), method, json!({})));
+        assert_eq!((r.status, error_code(&r.json()), r.json()["id"].as_i64()), (404, -32601, Some(6)), "{method}");
+    }
+    let r = post(&headers("resources/read", Some("file:///x")), &body(json!(7), "resources/read", json!({"uri": "file:///x"})));
+    assert_eq!((r.status, error_code(&r.json())), (200, -32602));
+    assert_eq!(r.json()["error"]["data"]["uri"], "file:///x");
+    // A batch, a notification, and a 2026 version header on a request without _meta.
+    let r = post(&headers("tools/list", None), &format!("[{}]", body(json!(8), "tools/list", json!({}))));
+    assert_eq!(r.status, 400);
+    let r =
+        post(&headers("notifications/cancelled", None), r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}"#);
+    assert_eq!(r.status, 202);
+    let r = post(&headers("tools/list", None), r#"{"jsonrpc":"2.0","id":9,"method":"tools/list"}"#);
+    assert_eq!((r.status, error_code(&r.json())), (400, -32602));
+    assert!(r.body.contains("_meta"), "{}", r.body);
+
+    // Sandboxes of 2026 requests belong to nobody: they survive the server until kill_sandbox.
+    let created = post(&headers("tools/call", Some("create_sandbox")), &call_body(10, "create_sandbox", json!({"timeout": 120})));
+    let sandbox = created.json()["result"]["structuredContent"]["sandbox_id"].as_str().unwrap().to_string();
+    let ran = post(
+        &headers("tools/call", Some("run_command")),
+        &call_body(11, "run_command", json!({"sandbox_id": sandbox, "command": "echo hi"})),
+    );
+    assert_eq!(ran.json()["result"]["structuredContent"]["stdout"], "hi\n");
+
+    // A 2025 session beside it: its own default sandbox, untouched by the 2026 requests, and a
+    // 2026 request carrying its session id is refused without touching the session.
+    let sid = h.initialize();
+    let mine =
+        h.call(&sid, "create_sandbox", json!({"timeout": 120}))["result"]["structuredContent"]["sandbox_id"].as_str().unwrap().to_string();
+    let mut with_session = headers("tools/call", Some("run_command"));
+    with_session.push(("Mcp-Session-Id", sid.as_str()));
+    let r = post(&with_session, &call_body(12, "run_command", json!({"command": "true"})));
+    assert_eq!((r.status, error_code(&r.json()), r.json()["id"].as_i64()), (400, -32600, Some(12)));
+    let in_session = h.call(&sid, "run_command", json!({"command": "echo 2025"}));
+    assert_eq!(in_session["result"]["structuredContent"]["stdout"], "2025\n", "the session's default is its own sandbox");
+    assert!(in_session["result"].get("resultType").is_none());
+    let r = post(&[("Mcp-Session-Id", sid.as_str())], r#"{"jsonrpc":"2.0","id":13,"method":"ping"}"#);
+    assert_eq!(r.status, 200, "the session goes on");
+    assert_eq!(h.stop().code(), Some(0));
+    assert!(!home.sandbox_dir(&mine).exists(), "the 2025 session's sandbox ends with the server");
+    assert!(home.sandbox_dir(&sandbox).exists(), "the 2026 request's sandbox lives on until kill_sandbox or its timeout");
+}
+
+/// Reads one `data:` event of an SSE stream (skipping comments and blank lines).
+fn next_event(reader: &mut BufReader<TcpStream>) -> Value {
+    loop {
+        let mut line = String::new();
+        assert!(reader.read_line(&mut line).unwrap() > 0, "the stream ended");
+        if let Some(data) = line.strip_prefix("data: ") {
+            return serde_json::from_str(data.trim()).unwrap();
+        }
+    }
+}
+
+fn open_listen(h: &Http, id: i64) -> BufReader<TcpStream> {
+    let b = body(json!(id), "subscriptions/listen", json!({"notifications": {"toolsListChanged": true}}));
+    let mut s = TcpStream::connect(h.addr).unwrap();
+    s.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+MCP-Protocol-Version: {V}\r\nMcp-Method: subscriptions/listen\r\nContent-Length: {}\r\n\r\n{b}",
+        b.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    BufReader::new(s)
+}
+
+#[test]
+fn http_subscriptions_are_acknowledged_bounded_and_closed_at_shutdown() {
+    let home = Home::new("modern-listen");
+    let mut h = Http::start(&home, &[], &[]);
+    let mut first = open_listen(&h, 1);
+    let mut status = String::new();
+    first.read_line(&mut status).unwrap();
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    let mut head = String::new();
+    while {
+        let mut l = String::new();
+        first.read_line(&mut l).unwrap();
+        head.push_str(&l);
+        l != "\r\n"
+    } {}
+    assert!(head.to_ascii_lowercase().contains("content-type: text/event-stream"), "{head}");
+    let ack = next_event(&mut first);
+    assert_eq!(ack["method"], "notifications/subscriptions/acknowledged");
+    assert_eq!(ack["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], 1);
+    // Each stream holds a listener thread: beyond the limit, 503.
+    // (One after another: connections opened in a burst can wait behind tiny_http's pool race,
+    // see ARCHITECTURE.md, and these never end on their own.)
+    let mut held = Vec::new();
+    for i in 2..=MAX_HTTP_SUBSCRIPTIONS as i64 {
+        let mut reader = open_listen(&h, i);
+        assert_eq!(next_event(&mut reader)["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], i);
+        held.push(reader);
+    }
+    let over = h.post(&headers("subscriptions/listen", None), &body(json!(99), "subscriptions/listen", json!({"notifications": {}})));
+    assert_eq!(over.status, 503, "{}", over.body);
+    // Other requests are still served.
+    let r = h.post(&headers("tools/list", None), &body(json!(100), "tools/list", json!({})));
+    assert_eq!(r.status, 200);
+    drop(held);
+    // A stream whose client left frees its slot (noticed at the next keep-alive write at the latest).
+    // Shutdown ends the open one gracefully, with its closing result.
+    let began = Instant::now();
+    let pid = h.child.id();
+    assert!(std::process::Command::new("/bin/sh").args(["-c", &format!("kill -s TERM {pid}")]).status().unwrap().success());
+    let closing = next_event(&mut first);
+    assert_eq!(closing["id"], 1);
+    assert_complete(&closing["result"]);
+    assert_eq!(closing["result"]["_meta"]["io.modelcontextprotocol/subscriptionId"], 1);
+    assert!(began.elapsed() < std::time::Duration::from_secs(5));
+    let exit = wait_for(TIMEOUT, "the server to exit", || h.child.try_wait().unwrap());
+    assert_eq!(exit.code(), Some(0));
+}

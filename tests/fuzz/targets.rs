@@ -357,9 +357,13 @@ pub fn connect_envelope(data: &[u8]) {
 }
 
 fn check_payload(payload: &[u8]) {
-    let json = serde_json::from_slice::<Value>(payload).ok();
+    let parsed = serde_json::from_slice::<Value>(payload);
+    // The typed reader skips fields it does not read, so a number beyond f64 there does not
+    // make it refuse the payload as `Value` does (a documented difference): no oracle then.
+    let overflow = matches!(&parsed, Err(e) if e.to_string().contains("number out of range"));
+    let json = parsed.ok();
     let event = wire::process_event(payload);
-    if json.as_ref().and_then(|v| v.get("event")).is_none() {
+    if json.as_ref().and_then(|v| v.get("event")).is_none() && !overflow {
         assert_eq!(event, None, "an event needs a JSON payload with an \"event\"");
     }
     let data = |key: &str| json.as_ref().and_then(|v| v.pointer(&format!("/event/data/{key}"))).and_then(Value::as_str);

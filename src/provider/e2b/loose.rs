@@ -6,8 +6,11 @@
 //! derive `Deserialize` with `#[serde(default)]` and name one of the functions here in
 //! `deserialize_with` for each field.
 //!
-//! One difference from reading through `serde_json::Value`: a JSON object that repeats a field
-//! of a reply struct is refused (serde's derived structs refuse duplicates) and reads as absent.
+//! JSON is UTF-8: an answer that is not (also where the bad bytes sit in a field no struct reads)
+//! is not JSON and reads as absent, as through `serde_json::Value`. Two differences from reading
+//! through `Value` remain: a JSON object that repeats a field of a reply struct is refused
+//! (serde's derived structs refuse duplicates) and reads as absent, and a number too large for
+//! `f64` in a field no struct reads is skipped rather than refusing the whole answer.
 
 use serde::de::value::MapAccessDeserializer;
 use serde::de::{DeserializeOwned, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -22,7 +25,9 @@ pub(super) fn parse<T: DeserializeOwned + Default>(body: &[u8]) -> T {
 
 /// Reads a whole answer that must be a JSON object: `None` for invalid JSON or any other value.
 pub(super) fn parse_object<T: DeserializeOwned>(body: &[u8]) -> Option<T> {
-    serde_json::from_slice::<Object<T>>(body).ok()?.0
+    // serde_json checks UTF-8 only in the strings it reads, not in those it skips.
+    let text = std::str::from_utf8(body).ok()?;
+    serde_json::from_str::<Object<T>>(text).ok()?.0
 }
 
 /// A string field; absent unless it is a JSON string.

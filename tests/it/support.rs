@@ -511,9 +511,15 @@ pub const E2B_TEST_KEY: &str = "e2b_0000000000000000000000000000000000000000";
 
 impl Emulator {
     pub fn start() -> Emulator {
+        Emulator::start_with_isolation("none")
+    }
+
+    /// An emulator whose local sandboxes are isolated as `isolation` says (`--isolation`: none or
+    /// namespaces).
+    pub fn start_with_isolation(isolation: &str) -> Emulator {
         let home = std::env::temp_dir().join(format!("smcp-emulator-{}", sandbox_mcp::ids::random_hex(4)));
         let mut child = Command::new(emulator_bin())
-            .args(["--listen", "127.0.0.1:0", "--home", home.to_str().unwrap()])
+            .args(["--listen", "127.0.0.1:0", "--home", home.to_str().unwrap(), "--isolation", isolation])
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

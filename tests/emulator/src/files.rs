@@ -8,10 +8,13 @@
 //! paths. Like envd, paths are not confined to the home. Without isolation the sandbox's root is
 //! the host's `/` (the emulator isolates nothing of its own). With namespace isolation the
 //! emulator reaches the sandbox's files from the host under `/proc/<init>/root` and resolves
-//! every symbolic link itself, inside that tree (see [`Tree::reach`]).
+//! every symbolic link itself, inside that tree (see [`Tree::reach`]); when the emulator runs as
+//! root, each file operation runs with the sandbox root's host uid and gid ([`Tree::act`]).
 
 use super::control::rfc3339;
 use super::http::{HttpReply, HttpRequest};
+use rustix::process::{Gid, Uid};
+use rustix::thread::{set_thread_res_gid, set_thread_res_uid};
 use serde_json::{json, Value};
 use std::ffi::OsString;
 use std::fs;
@@ -32,14 +35,30 @@ pub struct Tree {
     root: PathBuf,
     /// The sandbox's home, as a sandbox path.
     home: PathBuf,
-    /// The host uid and gid of the sandbox's root when files the emulator creates must be given
-    /// to it (isolated sandboxes; `None` without isolation).
+    /// The host uid and gid of the sandbox's root, for isolated sandboxes (see [`Tree::act`]).
     owner: Option<(u32, u32)>,
+}
+
+/// The calling thread acting with a sandbox root's host uid and gid while it lives (see
+/// [`Tree::act`]); the thread's own ids come back on drop.
+pub struct ActAs {
+    switched: bool,
+}
+
+impl Drop for ActAs {
+    fn drop(&mut self) {
+        if self.switched {
+            // The saved ids stayed root: the uid first, then the gid that root may set.
+            let _ = set_thread_res_uid(None, Some(Uid::ROOT), None);
+            let _ = set_thread_res_gid(None, Some(Gid::ROOT), None);
+        }
+    }
 }
 
 impl Tree {
     /// A tree whose `/` is the host path `root` (`/` for an unisolated sandbox), whose home is
-    /// the sandbox path `home`, and whose new files and directories are given to `owner`.
+    /// the sandbox path `home`, and whose root is host uid and gid `owner` (isolated sandboxes;
+    /// file operations take that identity, see [`Tree::act`]).
     pub fn new(root: PathBuf, home: PathBuf, owner: Option<(u32, u32)>) -> Tree {
         Tree { root, home, owner }
     }
@@ -73,7 +92,7 @@ impl Tree {
         if inside.starts_with("/proc") || inside.starts_with("/sys") {
             return Err(io::Error::new(
                 io::ErrorKind::PermissionDenied,
-                format!("{} is on the sandbox's /proc or /sys, which the emulator does not touch", path.display()),
+                "the path is on the sandbox's /proc or /sys, which the emulator does not touch",
             ));
         }
         Ok(self.host(&inside))
@@ -129,36 +148,22 @@ impl Tree {
         Ok(done)
     }
 
-    /// Creates host directory `dir` (from [`Tree::reach`]) and its missing parents, each given to
-    /// the sandbox's owner.
-    pub fn create_dirs(&self, dir: &Path) -> io::Result<()> {
-        let mut missing = Vec::new();
-        let mut at = dir.to_path_buf();
-        while fs::symlink_metadata(&at).is_err() {
-            missing.push(at.clone());
-            if !at.pop() {
-                break;
-            }
+    /// Makes the calling thread act as the sandbox's root for as long as the guard lives, when
+    /// the sandbox is isolated and the emulator runs as root (a no-op otherwise: an unprivileged
+    /// emulator's uid already is the sandbox root's). Its file operations are then checked as the
+    /// sandbox's own, and what it creates belongs to the sandbox; without this, host root could
+    /// not even create files on the sandbox's private `/tmp` (a file system of the sandbox's
+    /// user namespace, where host root has no id: `EOVERFLOW`). Linux keeps these ids per
+    /// thread, so the emulator's other threads are unaffected.
+    pub fn act(&self) -> io::Result<ActAs> {
+        let Some((uid, gid)) = self.owner.filter(|(uid, _)| *uid != 0) else { return Ok(ActAs { switched: false }) };
+        if !rustix::process::geteuid().is_root() {
+            return Ok(ActAs { switched: false });
         }
-        for d in missing.iter().rev() {
-            match fs::create_dir(d) {
-                Ok(()) => self.adopt(d)?,
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
-    }
-
-    /// Gives host path `path`, just created by the emulator, to the sandbox's owner (isolated
-    /// sandboxes only: their root is another uid when the emulator runs as root).
-    pub fn adopt(&self, path: &Path) -> io::Result<()> {
-        let Some((uid, gid)) = self.owner else { return Ok(()) };
-        let md = fs::symlink_metadata(path)?;
-        if md.uid() != uid || md.gid() != gid {
-            std::os::unix::fs::lchown(path, Some(uid), Some(gid))?;
-        }
-        Ok(())
+        set_thread_res_gid(None, Some(Gid::from_raw(gid)), None)?;
+        let guard = ActAs { switched: true };
+        set_thread_res_uid(None, Some(Uid::from_raw(uid)), None)?;
+        Ok(guard)
     }
 
     /// The user and group names the sandbox sees for host ids `uid` and `gid`: from the host's
@@ -234,6 +239,10 @@ fn reach_error(path: &Path, err: &io::Error) -> HttpReply {
 /// `GET /files?path=…`: the file's bytes, or 404 / 400 with envd's messages.
 pub fn download(tree: &Tree, req: &HttpRequest) -> HttpReply {
     let path = tree.resolve(req.query("path").unwrap_or(""));
+    let _as = match tree.act() {
+        Ok(a) => a,
+        Err(err) => return error(500, format!("error taking the sandbox's identity: {err}")),
+    };
     let host = match tree.reach(&path, true) {
         Ok(h) => h,
         Err(err) => return reach_error(&path, &err),
@@ -286,6 +295,10 @@ pub fn upload(tree: &Tree, req: &HttpRequest) -> HttpReply {
     }
     let media = req.media_type();
     let param = req.query("path");
+    let _as = match tree.act() {
+        Ok(a) => a,
+        Err(err) => return error(500, format!("error taking the sandbox's identity: {err}")),
+    };
     let mut written = Vec::new();
     if media == "application/octet-stream" {
         let Some(p) = param else {
@@ -345,23 +358,18 @@ pub fn upload(tree: &Tree, req: &HttpRequest) -> HttpReply {
 fn write_file(tree: &Tree, path: &Path, data: &[u8]) -> Result<(), HttpReply> {
     let host = tree.reach(path, true).map_err(|e| reach_error(path, &e))?;
     if let Some(parent) = host.parent() {
-        tree.create_dirs(parent).map_err(|e| error(500, format!("error ensuring directories: {e}")))?;
+        fs::create_dir_all(parent).map_err(|e| error(500, format!("error ensuring directories: {e}")))?;
     }
     if host.is_dir() {
         return Err(error(400, format!("path is a directory: {}", show(path))));
     }
-    let existed = fs::symlink_metadata(&host).is_ok();
     fs::write(&host, data).map_err(|e| {
         if e.raw_os_error() == Some(28) {
             error(507, format!("not enough disk space available: {e}"))
         } else {
             error(500, format!("error opening file: {e}"))
         }
-    })?;
-    if !existed {
-        tree.adopt(&host).map_err(|e| error(500, format!("error setting the owner of '{}': {e}", show(path))))?;
-    }
-    Ok(())
+    })
 }
 
 /// The `boundary` parameter of a multipart content type.
@@ -580,6 +588,48 @@ mod tests {
         assert_eq!(resolve(home, "a/./b/../c"), PathBuf::from("/h/user/a/c"));
         assert_eq!(resolve(home, "/tmp/x"), PathBuf::from("/tmp/x"));
         assert_eq!(resolve(home, "../../../.."), PathBuf::from("/"));
+    }
+
+    #[test]
+    fn isolated_trees_resolve_links_inside_their_root() {
+        use std::os::unix::fs::symlink;
+        let root = std::env::temp_dir().join(format!("e2b-emulator-tree-{}", sandbox_mcp::ids::random_hex(6)));
+        fs::create_dir_all(root.join("home/user/sub")).unwrap();
+        fs::create_dir_all(root.join("etc")).unwrap();
+        fs::write(root.join("etc/passwd"), "root:x:0:0:root:/home/user:/bin/sh\n").unwrap();
+        symlink("/etc", root.join("home/user/abs")).unwrap();
+        symlink("../../../../../../etc", root.join("home/user/up")).unwrap();
+        symlink("sub", root.join("home/user/rel")).unwrap();
+        symlink("/proc/1", root.join("home/user/p")).unwrap();
+        symlink("b", root.join("home/user/a")).unwrap();
+        symlink("a", root.join("home/user/b")).unwrap();
+        let tree = Tree::new(root.clone(), PathBuf::from("/home/user"), None);
+        assert!(tree.isolated());
+        let reach = |given: &str, follow: bool| tree.reach(&tree.resolve(given), follow);
+        assert_eq!(tree.resolve("x/y"), PathBuf::from("/home/user/x/y"));
+        assert_eq!(reach("abs/passwd", true).unwrap(), root.join("etc/passwd"), "an absolute link starts at the sandbox's root");
+        assert_eq!(reach("up/passwd", true).unwrap(), root.join("etc/passwd"), "`..` never climbs above the sandbox's root");
+        assert_eq!(reach("/../../etc/passwd", true).unwrap(), root.join("etc/passwd"));
+        assert_eq!(reach("rel/new/file", true).unwrap(), root.join("home/user/sub/new/file"));
+        assert_eq!(reach("abs", false).unwrap(), root.join("home/user/abs"), "a final link is kept when not followed");
+        assert_eq!(reach("abs", true).unwrap(), root.join("etc"));
+        assert_eq!(reach("a", true).unwrap_err().to_string(), "/home/user/a: too many levels of symbolic links");
+        assert_eq!(reach("p/environ", true).unwrap_err().kind(), io::ErrorKind::PermissionDenied);
+        assert_eq!(reach("/sys/kernel", true).unwrap_err().kind(), io::ErrorKind::PermissionDenied);
+        assert_eq!(reach("rel/x/y", true).unwrap(), root.join("home/user/sub/x/y"));
+        fs::remove_dir_all(&root).unwrap();
+
+        let plain = Tree::new(PathBuf::from("/"), PathBuf::from("/h/user"), None);
+        assert!(!plain.isolated());
+        assert_eq!(plain.reach(Path::new("/h/user/abs/x"), true).unwrap(), PathBuf::from("/h/user/abs/x"));
+    }
+
+    #[test]
+    fn ids_map_through_user_namespaces() {
+        assert_eq!(map_id("         0     100000          1\n", 100_000), 0);
+        assert_eq!(map_id("0 1000 1\n", 100_000), OVERFLOW_ID);
+        assert_eq!(map_id("0 100000 65536\n", 100_005), 5);
+        assert_eq!(map_id("", 0), OVERFLOW_ID);
     }
 
     #[test]

@@ -9,8 +9,8 @@ use crate::session::{self, Tools};
 use crate::table::Row;
 use crate::units::{dur, times};
 use anyhow::{anyhow, Result};
-use serde_json::{json, Value};
 use sandbox_mcp::client::StdioClient;
+use serde_json::{json, Value};
 use std::time::Instant;
 
 /// A session whose new sandboxes are isolated as `mode` says, with one sandbox made.
@@ -80,12 +80,7 @@ pub fn isolation_rows(b: &mut Bench, _ctl: &mut Ctl) -> Result<()> {
             .ratio(format!("{} floor", times(plain.median / floor.median))),
     );
     let (warm, rounds, block) = (b.n(3), b.n(5), b.n(6));
-    let xs = interleave(
-        warm,
-        rounds,
-        block,
-        &mut [Box::new(|| create_and_kill(&mut iso)), Box::new(|| create_and_kill(&mut none))],
-    )?;
+    let xs = interleave(warm, rounds, block, &mut [Box::new(|| create_and_kill(&mut iso)), Box::new(|| create_and_kill(&mut none))])?;
     let iso_ck = b.keep("isolation.create_kill.namespaces", &xs[0]);
     let none_ck = b.keep("isolation.create_kill.none", &xs[1]);
     b.row(

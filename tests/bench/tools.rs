@@ -20,10 +20,7 @@ pub fn run_command_vs_floor(b: &mut Bench, ctl: &mut Ctl) -> Result<()> {
         warm,
         rounds,
         block,
-        &mut [
-            Box::new(|| rpc.timed("run_command", &args, |r| r["exit_code"] == json!(0))),
-            Box::new(|| spawn_time(&mut sh("true", &[]))),
-        ],
+        &mut [Box::new(|| rpc.timed("run_command", &args, |r| r["exit_code"] == json!(0))), Box::new(|| spawn_time(&mut sh("true", &[])))],
     )?;
     let ours = b.keep("run_command_true", &xs[0]);
     let floor = b.keep("floor.sh_c_true", &xs[1]);

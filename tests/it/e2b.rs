@@ -1,6 +1,8 @@
 //! The e2b provider against the E2B emulator: the tools, tasks across server processes, cancel,
 //! masking and paging, plus faults (a Start stream dropped mid-way, 502s, expiry, pausing) and the
-//! number of HTTP round trips each tool makes.
+//! number of HTTP round trips each tool makes. The tools, the walkthrough and pausing run twice:
+//! on an emulator whose local sandboxes are unisolated, and on one that isolates them with
+//! namespaces (skipped, saying why, where the host does not allow namespaces).
 
 use crate::support::*;
 use serde_json::{json, Value};
@@ -17,9 +19,54 @@ fn route_count(counts: &Value, route: &str) -> i64 {
     counts["routes"][route].as_i64().unwrap_or(0)
 }
 
+/// The server against an emulator whose sandboxes are isolated with namespaces, or `None` (after
+/// saying why) when this host cannot isolate sandboxes.
+fn isolated_e2b(name: &str) -> Option<E2bHome> {
+    if let Err(why) = sandbox_mcp::provider::isolation::probe() {
+        eprintln!("skipped: the emulator cannot isolate sandboxes with namespaces on this host: {why}");
+        return None;
+    }
+    Some(E2bHome { emulator: Emulator::start_with_isolation("namespaces"), home: Home::new(name) })
+}
+
 #[test]
 fn tools_work_on_e2b() {
-    let e = E2bHome::new("e2b-tools");
+    tools(&E2bHome::new("e2b-tools"));
+}
+
+#[test]
+fn tools_work_on_e2b_with_isolated_emulator_sandboxes() {
+    if let Some(e) = isolated_e2b("e2b-tools-iso") {
+        tools(&e);
+        // Paths are the sandbox's own: its home is /home/user, and its root is not the host's.
+        let mut m = e.stdio();
+        m.create();
+        let out = m.ok("run_command", json!({"command": "pwd; echo $HOME; id -u; test -e /etc/shadow || echo no-shadow"}));
+        assert_eq!(out["stdout"], "/home/user\n/home/user\n0\nno-shadow\n", "{out}");
+        assert_eq!(m.ok("write_file", json!({"path": "/tmp/t.txt", "content": "t"}))["bytes_written"], 1);
+        assert_eq!(
+            m.ok("run_command", json!({"command": "cat /tmp/t.txt; ls -ln /tmp/t.txt | cut -d' ' -f3", "cwd": "/tmp"}))["stdout"],
+            "t0\n"
+        );
+        assert!(m.err("read_file", json!({"path": "/tmp/no-such-file"})).contains("does not exist"));
+        // A link to an absolute path leads into the sandbox's root, never the host's.
+        m.ok("run_command", json!({"command": "echo inside > /tmp/mark; ln -s /tmp/mark home-link; ln -s /etc etc-link"}));
+        assert_eq!(m.ok("read_file", json!({"path": "home-link"}))["content"], "inside\n");
+        assert!(m.ok("read_file", json!({"path": "etc-link/passwd"}))["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("root:x:0:0:root:/home/user:"));
+        // A command stopped at its timeout is the program inside, not just the nsenter before it.
+        assert_eq!(m.ok("run_command", json!({"command": "sleep 37", "timeout": 1}))["timed_out"], true);
+        let listing = r"for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline; echo; done";
+        wait_for(Duration::from_secs(10), "the timed-out command to end inside the sandbox", || {
+            let out = m.ok("run_command", json!({ "command": listing }));
+            (!out["stdout"].as_str().unwrap_or("").contains("sleep 37")).then_some(())
+        });
+    }
+}
+
+fn tools(e: &E2bHome) {
     let mut m = e.stdio();
     let created = m.ok("create_sandbox", json!({"timeout": 120, "envs": {"SERVICE_TOKEN": "tok-123456789", "PLAIN": "plain"}}));
     assert_eq!(created["provider"], "e2b");
@@ -49,7 +96,17 @@ fn tools_work_on_e2b() {
 
 #[test]
 fn the_walkthrough_on_e2b() {
-    let e = E2bHome::new("e2b-walk");
+    walkthrough(&E2bHome::new("e2b-walk"));
+}
+
+#[test]
+fn the_walkthrough_on_e2b_with_isolated_emulator_sandboxes() {
+    if let Some(e) = isolated_e2b("e2b-walk-iso") {
+        walkthrough(&e);
+    }
+}
+
+fn walkthrough(e: &E2bHome) {
     let mut a = e.stdio();
     let sb = a.ok("create_sandbox", json!({"template": "base", "timeout": 600, "envs": {"API_KEY": "key-abcdefgh"}}))["sandbox_id"]
         .as_str()
@@ -99,7 +156,17 @@ fn a_start_stream_dropped_after_sending_reports_unknown_without_resubmitting() {
 
 #[test]
 fn control_plane_502_and_expired_and_paused_sandboxes_are_reported_clearly() {
-    let e = E2bHome::new("e2b-faults");
+    faults_expiry_and_pausing(&E2bHome::new("e2b-faults"));
+}
+
+#[test]
+fn control_plane_502_and_expired_and_paused_isolated_emulator_sandboxes_are_reported_clearly() {
+    if let Some(e) = isolated_e2b("e2b-faults-iso") {
+        faults_expiry_and_pausing(&e);
+    }
+}
+
+fn faults_expiry_and_pausing(e: &E2bHome) {
     let mut m = e.stdio();
     e.emulator.fault(json!({"path_prefix": "/sandboxes", "status": 502, "count": 1}));
     let err = m.err("create_sandbox", json!({}));

@@ -128,7 +128,7 @@ impl Home {
             Some(uid) => {
                 let id = uid.to_string();
                 let mut cmd = Command::new("setpriv");
-                cmd.args(["--reuid", &id, "--regid", &id, "--clear-groups", "--"]).arg(bin()).arg("stdio").envs(all);
+                cmd.args(["--reuid", &id, "--regid", &id, "--clear-groups", "--"]).arg(shared_bin()).arg("stdio").envs(all);
                 StdioClient::start(cmd, sandbox_mcp::client::Reads::WithTimeouts).expect("spawn server")
             }
         }
@@ -242,6 +242,26 @@ pub fn unprivileged_uid() -> Option<u32> {
         }
         Some(lookup().unwrap_or(4242))
     })
+}
+
+/// A copy of the binary every user can run (the build directory may sit under a private home),
+/// made once per test run.
+pub fn shared_bin() -> PathBuf {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("smcp-bin-{}", sandbox_mcp::ids::random_hex(6)));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let copy = dir.join("sandbox-mcp");
+        // A hard link where the build directory is on the same file system, else a copy.
+        if std::fs::hard_link(bin(), &copy).is_err() {
+            std::fs::copy(bin(), &copy).unwrap();
+        }
+        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+        copy
+    })
+    .clone()
 }
 
 fn rustix_is_root() -> bool {
@@ -511,9 +531,15 @@ pub const E2B_TEST_KEY: &str = "e2b_0000000000000000000000000000000000000000";
 
 impl Emulator {
     pub fn start() -> Emulator {
+        Emulator::start_with_isolation("none")
+    }
+
+    /// An emulator whose local sandboxes are isolated as `isolation` says (`--isolation`: none or
+    /// namespaces).
+    pub fn start_with_isolation(isolation: &str) -> Emulator {
         let home = std::env::temp_dir().join(format!("smcp-emulator-{}", sandbox_mcp::ids::random_hex(4)));
         let mut child = Command::new(emulator_bin())
-            .args(["--listen", "127.0.0.1:0", "--home", home.to_str().unwrap()])
+            .args(["--listen", "127.0.0.1:0", "--home", home.to_str().unwrap(), "--isolation", isolation])
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -5,7 +5,7 @@
 
 use super::connect::{self, Code, ConnectError};
 use super::control::{Found, Sandbox};
-use super::files;
+use super::files::{self, Tree};
 use super::http::{ChunkedWriter, HttpReply, HttpRequest};
 use super::process::{self, Event, Selector, Subscription};
 use super::State;
@@ -15,13 +15,16 @@ use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::fs;
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The port envd listens on inside a sandbox.
 pub const ENVD_PORT: u16 = 49983;
+
+/// How long `Start` waits for `nsenter` to start the program inside an isolated sandbox.
+const ENTER_BUDGET: Duration = Duration::from_secs(2);
 
 /// Keepalive interval when the request gives none (envd's default).
 const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(90);
@@ -114,10 +117,18 @@ pub fn handle(state: &Arc<State>, req: &HttpRequest) -> Outcome {
     if !token_ok && !signed {
         return Outcome::Reply(unauthorized());
     }
-    let home = state.sandbox_home(&sb.local_id);
+    // Where the sandbox's files are: only what touches them needs it (Start for its cwd).
+    let needs_tree = req.path == "/files" || req.path.starts_with("/filesystem.") || req.path == "/process.Process/Start";
+    let tree = match needs_tree.then(|| state.tree(&sb.local_id)).transpose() {
+        Ok(t) => t.unwrap_or_else(|| Tree::new("/".into(), "/".into(), None)),
+        Err(err) => {
+            log::warn!("sandbox {id} ({}): its files are unreachable: {err}", sb.local_id);
+            return Outcome::Reply(proxy_not_found(&id));
+        }
+    };
     match (req.method.as_str(), req.path.as_str()) {
-        ("GET", "/files") => return Outcome::Reply(files::download(&home, req)),
-        ("POST", "/files") => return Outcome::Reply(files::upload(&home, req)),
+        ("GET", "/files") => return Outcome::Reply(files::download(&tree, req)),
+        ("POST", "/files") => return Outcome::Reply(files::upload(&tree, req)),
         (_, "/files") => return Outcome::Reply(files::error(405, "method not allowed")),
         _ => {}
     }
@@ -140,7 +151,7 @@ pub fn handle(state: &Arc<State>, req: &HttpRequest) -> Outcome {
             Err(err) => return Outcome::Stream(StreamPlan::Error(err)),
         };
         let plan = match method {
-            "Start" => start(state, &sb, &home, req, &msg),
+            "Start" => start(state, &sb, &tree, req, &msg),
             "Connect" => attach(&sb, req, &msg),
             _ => Err(ConnectError::new(Code::Unimplemented, "filesystem.Filesystem/WatchDir is not implemented by the emulator")),
         };
@@ -157,11 +168,11 @@ pub fn handle(state: &Arc<State>, req: &HttpRequest) -> Outcome {
         (true, "Update") => selector(&msg)
             .and_then(|s| sb.procs.find_running(&s).map_err(not_found))
             .and_then(|_| Err(ConnectError::new(Code::Internal, "error resizing tty: tty not assigned to process"))),
-        (false, "Stat") => stat(&home, &msg),
-        (false, "ListDir") => list_dir(&home, &msg),
-        (false, "MakeDir") => make_dir(&home, &msg),
-        (false, "Remove") => remove(&home, &msg),
-        (false, "Move") => rename(&home, &msg),
+        (false, "Stat") => as_sandbox(&tree, || stat(&tree, &msg)),
+        (false, "ListDir") => as_sandbox(&tree, || list_dir(&tree, &msg)),
+        (false, "MakeDir") => as_sandbox(&tree, || make_dir(&tree, &msg)),
+        (false, "Remove") => as_sandbox(&tree, || remove(&tree, &msg)),
+        (false, "Move") => as_sandbox(&tree, || rename(&tree, &msg)),
         (true, "StreamInput") | (false, "CreateWatcher") | (false, "GetWatcherEvents") | (false, "RemoveWatcher") => {
             Err(ConnectError::new(Code::Unimplemented, format!("{} is not implemented by the emulator", req.path)))
         }
@@ -253,7 +264,7 @@ fn keepalive_header(req: &HttpRequest) -> Duration {
 fn start(
     state: &Arc<State>,
     sb: &Arc<Sandbox>,
-    home: &Path,
+    tree: &Tree,
     req: &HttpRequest,
     msg: &Map<String, Value>,
 ) -> Result<StreamPlan, ConnectError> {
@@ -285,8 +296,14 @@ fn start(
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(bad("stdin must be a boolean")),
     };
-    let cwd = files::resolve(home, cwd_given.unwrap_or(""));
-    if !cwd.exists() {
+    // A sandbox path: `LocalProvider::command` takes the cwd as the sandbox sees it (for an
+    // isolated sandbox, inside its root; its HOME is the sandbox's own home).
+    let cwd = tree.resolve(cwd_given.unwrap_or(""));
+    let is_dir = match tree.act() {
+        Ok(_as) => tree.reach(&cwd, true).is_ok_and(|host| host.is_dir()),
+        Err(_) => false,
+    };
+    if !is_dir {
         return Err(bad(format!("cwd '{}' does not exist", cwd.display())));
     }
     // envd execs the command through `/bin/sh -c '… exec "$@"'`: the pid is the command's, and a
@@ -322,7 +339,9 @@ fn start(
         Found::Missing => Some(gone_message.clone()),
         Found::Running(..) | Found::Paused(..) => None,
     });
-    let (proc, sub) = process::launch(child, cfg, tag, deadline, state.shell.clone(), gone_check)
+    // In an isolated sandbox the child is nsenter: find the program it starts inside.
+    let entered = if tree.isolated() { process::entered(child.id(), ENTER_BUDGET) } else { None };
+    let (proc, sub) = process::launch(child, entered, cfg, tag, deadline, state.shell.clone(), gone_check)
         .map_err(|e| ConnectError::new(Code::Internal, format!("error starting process threads: {e}")))?;
     sb.procs.insert(proc.clone());
     Ok(StreamPlan::Live { pid: proc.pid, sub, keepalive, deadline })
@@ -396,59 +415,72 @@ fn send_input(sb: &Sandbox, msg: &Map<String, Value>) -> Result<Value, ConnectEr
     Err(ConnectError::new(Code::Unimplemented, "invalid input type <nil>"))
 }
 
-fn path_arg(home: &Path, msg: &Map<String, Value>, name: &str) -> Result<std::path::PathBuf, ConnectError> {
-    Ok(files::resolve(home, get_str(msg, name)?.unwrap_or("")))
+/// Runs a filesystem-service call with the sandbox root's identity (see `Tree::act`).
+fn as_sandbox(tree: &Tree, call: impl FnOnce() -> Result<Value, ConnectError>) -> Result<Value, ConnectError> {
+    let _as = tree.act().map_err(|e| ConnectError::new(Code::Internal, format!("error taking the sandbox's identity: {e}")))?;
+    call()
 }
 
-fn entry(path: &Path) -> Result<Value, ConnectError> {
-    files::entry_info(path, path).map_err(|e| fs_error(path, &e, "file not found"))
+/// A path argument: the sandbox path it names (reported back) and where the emulator reaches it
+/// (`follow_final`: through a final symbolic link too).
+fn path_arg(tree: &Tree, msg: &Map<String, Value>, name: &str, follow_final: bool) -> Result<(PathBuf, PathBuf), ConnectError> {
+    let path = tree.resolve(get_str(msg, name)?.unwrap_or(""));
+    let host = tree.reach(&path, follow_final).map_err(|e| fs_error(&path, &e, "path not found"))?;
+    Ok((path, host))
+}
+
+/// The `EntryInfo` of sandbox path `path`, reached at `host`.
+fn entry(tree: &Tree, path: &Path, host: &Path) -> Result<Value, ConnectError> {
+    files::entry_info(tree, host, path).map_err(|e| fs_error(path, &e, "file not found"))
 }
 
 fn fs_error(path: &Path, err: &io::Error, what: &str) -> ConnectError {
-    if err.kind() == io::ErrorKind::NotFound {
-        ConnectError::new(Code::NotFound, format!("{what}: stat {}: no such file or directory", path.display()))
-    } else {
-        ConnectError::new(Code::Internal, format!("error statting file: {}: {err}", path.display()))
+    match err.kind() {
+        io::ErrorKind::NotFound => ConnectError::new(Code::NotFound, format!("{what}: stat {}: no such file or directory", path.display())),
+        io::ErrorKind::PermissionDenied => ConnectError::new(Code::PermissionDenied, format!("{}: {err}", path.display())),
+        _ => ConnectError::new(Code::Internal, format!("error statting file: {}: {err}", path.display())),
     }
 }
 
-fn stat(home: &Path, msg: &Map<String, Value>) -> Result<Value, ConnectError> {
-    let path = path_arg(home, msg, "path")?;
-    Ok(json!({ "entry": entry(&path)? }))
+fn stat(tree: &Tree, msg: &Map<String, Value>) -> Result<Value, ConnectError> {
+    let (path, host) = path_arg(tree, msg, "path", false)?;
+    Ok(json!({ "entry": entry(tree, &path, &host)? }))
 }
 
-fn list_dir(home: &Path, msg: &Map<String, Value>) -> Result<Value, ConnectError> {
-    let path = path_arg(home, msg, "path")?;
+fn list_dir(tree: &Tree, msg: &Map<String, Value>) -> Result<Value, ConnectError> {
+    let (path, host) = path_arg(tree, msg, "path", true)?;
     let depth = get_u64(msg, "depth")?.unwrap_or(0).clamp(1, u64::from(u32::MAX)) as u32;
-    let real = fs::canonicalize(&path).map_err(|e| fs_error(&path, &e, "path not found"))?;
-    if !real.is_dir() {
+    // Without isolation the kernel resolves links; with it, `reach` already did.
+    let real = if tree.isolated() { host } else { fs::canonicalize(&host).map_err(|e| fs_error(&path, &e, "path not found"))? };
+    let md = fs::metadata(&real).map_err(|e| fs_error(&path, &e, "path not found"))?;
+    if !md.is_dir() {
         return Err(bad(format!("path is not a directory: {}", path.display())));
     }
     let mut entries = Vec::new();
-    files::walk(&real, &path, depth, &mut entries)
+    files::walk(tree, &real, &path, depth, &mut entries)
         .map_err(|e| ConnectError::new(Code::Internal, format!("error reading directory {}: {e}", path.display())))?;
     Ok(if entries.is_empty() { json!({}) } else { json!({ "entries": entries }) })
 }
 
-fn make_dir(home: &Path, msg: &Map<String, Value>) -> Result<Value, ConnectError> {
-    let path = path_arg(home, msg, "path")?;
-    match fs::metadata(&path) {
+fn make_dir(tree: &Tree, msg: &Map<String, Value>) -> Result<Value, ConnectError> {
+    let (path, host) = path_arg(tree, msg, "path", true)?;
+    match fs::metadata(&host) {
         Ok(md) if md.is_dir() => {
             return Err(ConnectError::new(Code::AlreadyExists, format!("directory already exists: {}", path.display())))
         }
         Ok(_) => return Err(bad(format!("path already exists but it is not a directory: {}", path.display()))),
         Err(_) => {}
     }
-    fs::create_dir_all(&path).map_err(|e| ConnectError::new(Code::Internal, format!("error creating directory: {e}")))?;
+    fs::create_dir_all(&host).map_err(|e| ConnectError::new(Code::Internal, format!("error creating directory: {e}")))?;
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     Ok(json!({ "entry": { "name": name, "type": "FILE_TYPE_DIRECTORY", "path": path.to_string_lossy() } }))
 }
 
-fn remove(home: &Path, msg: &Map<String, Value>) -> Result<Value, ConnectError> {
-    let path = path_arg(home, msg, "path")?;
-    let res = match fs::symlink_metadata(&path) {
-        Ok(md) if md.is_dir() => fs::remove_dir_all(&path),
-        Ok(_) => fs::remove_file(&path),
+fn remove(tree: &Tree, msg: &Map<String, Value>) -> Result<Value, ConnectError> {
+    let (_, host) = path_arg(tree, msg, "path", false)?;
+    let res = match fs::symlink_metadata(&host) {
+        Ok(md) if md.is_dir() => fs::remove_dir_all(&host),
+        Ok(_) => fs::remove_file(&host),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e),
     };
@@ -456,20 +488,20 @@ fn remove(home: &Path, msg: &Map<String, Value>) -> Result<Value, ConnectError> 
     Ok(json!({}))
 }
 
-fn rename(home: &Path, msg: &Map<String, Value>) -> Result<Value, ConnectError> {
-    let source = path_arg(home, msg, "source")?;
-    let destination = path_arg(home, msg, "destination")?;
-    if let Some(parent) = destination.parent() {
+fn rename(tree: &Tree, msg: &Map<String, Value>) -> Result<Value, ConnectError> {
+    let (source, source_host) = path_arg(tree, msg, "source", false)?;
+    let (destination, destination_host) = path_arg(tree, msg, "destination", false)?;
+    if let Some(parent) = destination_host.parent() {
         fs::create_dir_all(parent).map_err(|e| ConnectError::new(Code::Internal, format!("error ensuring directories: {e}")))?;
     }
-    fs::rename(&source, &destination).map_err(|e| {
+    fs::rename(&source_host, &destination_host).map_err(|e| {
         if e.kind() == io::ErrorKind::NotFound {
             ConnectError::new(Code::NotFound, format!("source file not found: rename {} {}: {e}", source.display(), destination.display()))
         } else {
             ConnectError::new(Code::Internal, format!("error renaming: {e}"))
         }
     })?;
-    Ok(json!({ "entry": entry(&destination)? }))
+    Ok(json!({ "entry": entry(tree, &destination, &destination_host)? }))
 }
 
 /// Sends a planned stream through `w`, one flushed chunk per envelope. Returns when the stream
@@ -602,7 +634,7 @@ mod tests {
             .spawn()
             .unwrap();
         let deadline = Some(Instant::now() + Duration::from_millis(700));
-        let (proc, sub) = process::launch(child, json!({}), None, deadline, "/bin/sh".into(), Box::new(|| None)).unwrap();
+        let (proc, sub) = process::launch(child, None, json!({}), None, deadline, "/bin/sh".into(), Box::new(|| None)).unwrap();
         let mut out = Vec::new();
         let w = ChunkedWriter::start(&mut out, 200, &[], false, None).unwrap();
         let plan = StreamPlan::Live { pid: proc.pid, sub, keepalive: Duration::from_millis(100), deadline };

@@ -1,17 +1,197 @@
-//! envd's file access in the emulator: path resolution (`~`, and relative paths under the
-//! sandbox HOME), the plain HTTP `/files` endpoint (download; multipart or octet-stream upload),
-//! the multipart parser, and the `EntryInfo` objects of the filesystem service.
+//! envd's file access in the emulator: where a sandbox's files are ([`Tree`]), path resolution
+//! (`~`, and relative paths under the sandbox's HOME), the plain HTTP `/files` endpoint
+//! (download; multipart or octet-stream upload), the multipart parser, and the `EntryInfo`
+//! objects of the filesystem service.
 //!
-//! Like envd, paths are not confined to the home: an absolute path names the host path (the
-//! emulator runs sandboxes as host directories and isolates nothing).
+//! Paths mean what they mean inside the sandbox, as for envd: `~` and relative paths start at the
+//! sandbox's home, absolute ones at the sandbox's root, and paths reported back are those sandbox
+//! paths. Like envd, paths are not confined to the home. Without isolation the sandbox's root is
+//! the host's `/` (the emulator isolates nothing of its own). With namespace isolation the
+//! emulator reaches the sandbox's files from the host under `/proc/<init>/root` and resolves
+//! every symbolic link itself, inside that tree (see [`Tree::reach`]); when the emulator runs as
+//! root, each file operation runs with the sandbox root's host uid and gid ([`Tree::act`]).
 
 use super::control::rfc3339;
 use super::http::{HttpReply, HttpRequest};
+use rustix::process::{Gid, Uid};
+use rustix::thread::{set_thread_res_gid, set_thread_res_uid};
 use serde_json::{json, Value};
+use std::ffi::OsString;
 use std::fs;
 use std::io;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
+
+/// Most symbolic links one path resolution follows (Linux's own limit).
+const MAX_LINKS: usize = 40;
+
+/// The uid and gid the kernel shows for ids a user namespace does not map.
+const OVERFLOW_ID: u32 = 65_534;
+
+/// One sandbox's file tree as the emulator reaches it from the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tree {
+    /// The host path of the sandbox's `/`: `/` without isolation, `/proc/<init>/root` with it.
+    root: PathBuf,
+    /// The sandbox's home, as a sandbox path.
+    home: PathBuf,
+    /// The host uid and gid of the sandbox's root, for isolated sandboxes (see [`Tree::act`]).
+    owner: Option<(u32, u32)>,
+}
+
+/// The calling thread acting with a sandbox root's host uid and gid while it lives (see
+/// [`Tree::act`]); the thread's own ids come back on drop.
+pub struct ActAs {
+    switched: bool,
+}
+
+impl Drop for ActAs {
+    fn drop(&mut self) {
+        if self.switched {
+            // The saved ids stayed root: the uid first, then the gid that root may set.
+            let _ = set_thread_res_uid(None, Some(Uid::ROOT), None);
+            let _ = set_thread_res_gid(None, Some(Gid::ROOT), None);
+        }
+    }
+}
+
+impl Tree {
+    /// A tree whose `/` is the host path `root` (`/` for an unisolated sandbox), whose home is
+    /// the sandbox path `home`, and whose root is host uid and gid `owner` (isolated sandboxes;
+    /// file operations take that identity, see [`Tree::act`]).
+    pub fn new(root: PathBuf, home: PathBuf, owner: Option<(u32, u32)>) -> Tree {
+        Tree { root, home, owner }
+    }
+
+    /// Whether the sandbox's `/` is not the host's (its paths must be resolved in [`Tree::reach`]).
+    pub fn isolated(&self) -> bool {
+        self.root != Path::new("/")
+    }
+
+    /// The sandbox path a client's path names (see [`resolve`]).
+    pub fn resolve(&self, given: &str) -> PathBuf {
+        resolve(&self.home, given)
+    }
+
+    /// Where the emulator reaches sandbox path `path` (absolute, from [`Tree::resolve`]) on the
+    /// host. Without isolation that is `path` itself. With isolation every symbolic link on the
+    /// way (the last component too when `follow_final`) is read and resolved by the emulator as
+    /// the sandbox would resolve it, absolute targets from the sandbox's root and `..` never
+    /// above it, so that the host path it returns holds no link the kernel would follow out of
+    /// the sandbox's tree (an absolute link followed through `/proc/<init>/root` by the kernel
+    /// would lead into the host's `/`). This is a test tool, not a security boundary: a process
+    /// inside that swaps a directory for a link between this check and the use can still lead
+    /// one operation outside (the product's file tools use `openat2(RESOLVE_IN_ROOT)` instead).
+    /// The sandbox's `/proc` and `/sys` are refused: the emulator may run as root, and what it
+    /// writes there would act on the host's kernel.
+    pub fn reach(&self, path: &Path, follow_final: bool) -> io::Result<PathBuf> {
+        if !self.isolated() {
+            return Ok(path.to_path_buf());
+        }
+        let inside = self.resolve_links(path, follow_final)?;
+        if inside.starts_with("/proc") || inside.starts_with("/sys") {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "the path is on the sandbox's /proc or /sys, which the emulator does not touch",
+            ));
+        }
+        Ok(self.host(&inside))
+    }
+
+    /// The host path of a sandbox path whose links are resolved.
+    fn host(&self, inside: &Path) -> PathBuf {
+        let mut out = self.root.clone();
+        out.extend(inside.components().filter_map(|c| match c {
+            Component::Normal(n) => Some(n),
+            _ => None,
+        }));
+        out
+    }
+
+    /// `path` with every symbolic link resolved inside the tree (see [`Tree::reach`]).
+    fn resolve_links(&self, path: &Path, follow_final: bool) -> io::Result<PathBuf> {
+        fn push_parts(todo: &mut Vec<OsString>, path: &Path) {
+            for c in path.components().rev() {
+                match c {
+                    Component::Normal(n) => todo.push(n.to_os_string()),
+                    Component::ParentDir => todo.push("..".into()),
+                    Component::CurDir | Component::RootDir | Component::Prefix(_) => {}
+                }
+            }
+        }
+        let mut todo = Vec::new();
+        push_parts(&mut todo, path);
+        let mut done = PathBuf::from("/");
+        let mut links = 0;
+        while let Some(part) = todo.pop() {
+            if part == ".." {
+                done.pop();
+                continue;
+            }
+            let next = done.join(&part);
+            let host = self.host(&next);
+            let link = fs::symlink_metadata(&host).is_ok_and(|md| md.file_type().is_symlink());
+            if link && (follow_final || !todo.is_empty()) {
+                links += 1;
+                if links > MAX_LINKS {
+                    return Err(io::Error::other(format!("{}: too many levels of symbolic links", path.display())));
+                }
+                let target = fs::read_link(&host)?;
+                if target.has_root() {
+                    done = PathBuf::from("/");
+                }
+                push_parts(&mut todo, &target);
+            } else {
+                done = next;
+            }
+        }
+        Ok(done)
+    }
+
+    /// Makes the calling thread act as the sandbox's root for as long as the guard lives, when
+    /// the sandbox is isolated and the emulator runs as root (a no-op otherwise: an unprivileged
+    /// emulator's uid already is the sandbox root's). Its file operations are then checked as the
+    /// sandbox's own, and what it creates belongs to the sandbox; without this, host root could
+    /// not even create files on the sandbox's private `/tmp` (a file system of the sandbox's
+    /// user namespace, where host root has no id: `EOVERFLOW`). Linux keeps these ids per
+    /// thread, so the emulator's other threads are unaffected.
+    pub fn act(&self) -> io::Result<ActAs> {
+        let Some((uid, gid)) = self.owner.filter(|(uid, _)| *uid != 0) else { return Ok(ActAs { switched: false }) };
+        if !rustix::process::geteuid().is_root() {
+            return Ok(ActAs { switched: false });
+        }
+        set_thread_res_gid(None, Some(Gid::from_raw(gid)), None)?;
+        let guard = ActAs { switched: true };
+        set_thread_res_uid(None, Some(Uid::from_raw(uid)), None)?;
+        Ok(guard)
+    }
+
+    /// The user and group names the sandbox sees for host ids `uid` and `gid`: from the host's
+    /// `/etc/passwd` and `/etc/group` without isolation; with it, the ids as the sandbox's user
+    /// namespace maps them, named by the sandbox's own files.
+    pub fn names(&self, uid: u32, gid: u32) -> (String, String) {
+        if !self.isolated() {
+            return (user_name(uid), group_name(gid));
+        }
+        let proc_dir = self.root.parent().unwrap_or(Path::new("/"));
+        let inside = |map: &str, id: u32| map_id(&fs::read_to_string(proc_dir.join(map)).unwrap_or_default(), id);
+        let file = |name: &str| self.reach(Path::new(name), true).unwrap_or_else(|_| PathBuf::from("/nonexistent"));
+        (name_from(&file("/etc/passwd"), inside("uid_map", uid)), name_from(&file("/etc/group"), inside("gid_map", gid)))
+    }
+}
+
+/// The id inside a user namespace of host id `id`, by the namespace's `uid_map` or `gid_map`
+/// text (lines `inside outside count`); the overflow id when it is not mapped.
+pub fn map_id(map: &str, id: u32) -> u32 {
+    map.lines()
+        .find_map(|line| {
+            let mut f = line.split_whitespace().map(|x| x.parse::<u64>().ok());
+            let (Some(Some(inside)), Some(Some(outside)), Some(Some(count))) = (f.next(), f.next(), f.next()) else { return None };
+            let id = u64::from(id);
+            (outside <= id && id < outside + count).then(|| u32::try_from(inside + (id - outside)).ok()).flatten()
+        })
+        .unwrap_or(OVERFLOW_ID)
+}
 
 /// Largest file `GET /files` serves (it is read into memory).
 pub const MAX_DOWNLOAD_BYTES: u64 = 256 * 1024 * 1024;
@@ -50,10 +230,24 @@ fn show(path: &Path) -> String {
     path.to_string_lossy().into_owned()
 }
 
+/// The `/files` answer to an error reaching `path`: 403 for a path the emulator refuses, else 500.
+fn reach_error(path: &Path, err: &io::Error) -> HttpReply {
+    let status = if err.kind() == io::ErrorKind::PermissionDenied { 403 } else { 500 };
+    error(status, format!("error resolving path '{}': {err}", show(path)))
+}
+
 /// `GET /files?path=…`: the file's bytes, or 404 / 400 with envd's messages.
-pub fn download(home: &Path, req: &HttpRequest) -> HttpReply {
-    let path = resolve(home, req.query("path").unwrap_or(""));
-    let md = match fs::metadata(&path) {
+pub fn download(tree: &Tree, req: &HttpRequest) -> HttpReply {
+    let path = tree.resolve(req.query("path").unwrap_or(""));
+    let _as = match tree.act() {
+        Ok(a) => a,
+        Err(err) => return error(500, format!("error taking the sandbox's identity: {err}")),
+    };
+    let host = match tree.reach(&path, true) {
+        Ok(h) => h,
+        Err(err) => return reach_error(&path, &err),
+    };
+    let md = match fs::metadata(&host) {
         Ok(md) => md,
         Err(err) if err.kind() == io::ErrorKind::NotFound => return error(404, format!("path '{}' does not exist", show(&path))),
         Err(err) => return error(500, format!("error checking if path exists '{}': {err}", show(&path))),
@@ -67,7 +261,7 @@ pub fn download(home: &Path, req: &HttpRequest) -> HttpReply {
             format!("path '{}' is {} bytes, over the emulator's download limit of {MAX_DOWNLOAD_BYTES}", show(&path), md.len()),
         );
     }
-    let data = match fs::read(&path) {
+    let data = match fs::read(&host) {
         Ok(d) => d,
         Err(err) => return error(500, format!("error opening file '{}': {err}", show(&path))),
     };
@@ -95,19 +289,23 @@ fn sniff(data: &[u8]) -> &'static str {
 
 /// `POST /files`: multipart parts named `file` (destination: the `path` parameter, else the
 /// part's file name) or a raw `application/octet-stream` body (destination: `path`).
-pub fn upload(home: &Path, req: &HttpRequest) -> HttpReply {
+pub fn upload(tree: &Tree, req: &HttpRequest) -> HttpReply {
     if req.header("Content-Encoding").is_some_and(|e| !e.eq_ignore_ascii_case("identity")) {
         return error(400, "error decompressing request body: the emulator does not support Content-Encoding on uploads");
     }
     let media = req.media_type();
     let param = req.query("path");
+    let _as = match tree.act() {
+        Ok(a) => a,
+        Err(err) => return error(500, format!("error taking the sandbox's identity: {err}")),
+    };
     let mut written = Vec::new();
     if media == "application/octet-stream" {
         let Some(p) = param else {
             return error(400, "path query parameter is required for raw body upload");
         };
-        let path = resolve(home, p);
-        if let Err(reply) = write_file(&path, &req.body) {
+        let path = tree.resolve(p);
+        if let Err(reply) = write_file(tree, &path, &req.body) {
             return reply;
         }
         written.push(path);
@@ -125,7 +323,7 @@ pub fn upload(home: &Path, req: &HttpRequest) -> HttpReply {
                 (None, Some(f)) => f,
                 (None, None) => return error(400, "error getting multipart custom part file name: the part has no file name"),
             };
-            let path = resolve(home, target);
+            let path = tree.resolve(target);
             if written.contains(&path) {
                 return error(
                     400,
@@ -135,7 +333,7 @@ pub fn upload(home: &Path, req: &HttpRequest) -> HttpReply {
                     ),
                 );
             }
-            if let Err(reply) = write_file(&path, &part.body) {
+            if let Err(reply) = write_file(tree, &path, &part.body) {
                 return reply;
             }
             written.push(path);
@@ -156,14 +354,16 @@ pub fn upload(home: &Path, req: &HttpRequest) -> HttpReply {
     HttpReply::json(200, &Value::Array(entries))
 }
 
-fn write_file(path: &Path, data: &[u8]) -> Result<(), HttpReply> {
-    if let Some(parent) = path.parent() {
+/// Writes sandbox path `path` (reported as is in errors), creating missing directories.
+fn write_file(tree: &Tree, path: &Path, data: &[u8]) -> Result<(), HttpReply> {
+    let host = tree.reach(path, true).map_err(|e| reach_error(path, &e))?;
+    if let Some(parent) = host.parent() {
         fs::create_dir_all(parent).map_err(|e| error(500, format!("error ensuring directories: {e}")))?;
     }
-    if path.is_dir() {
+    if host.is_dir() {
         return Err(error(400, format!("path is a directory: {}", show(path))));
     }
-    fs::write(path, data).map_err(|e| {
+    fs::write(&host, data).map_err(|e| {
         if e.raw_os_error() == Some(28) {
             error(507, format!("not enough disk space available: {e}"))
         } else {
@@ -260,17 +460,18 @@ fn disposition(head: &str) -> (Option<String>, Option<String>) {
     (name, filename)
 }
 
-/// The `EntryInfo` of `path` (not following a final symlink), zero values omitted; `shown` is
-/// the path reported.
-pub fn entry_info(path: &Path, shown: &Path) -> io::Result<Value> {
+/// The `EntryInfo` of host path `path` in `tree` (not following a final symlink), zero values
+/// omitted; `shown` is the (sandbox) path reported.
+pub fn entry_info(tree: &Tree, path: &Path, shown: &Path) -> io::Result<Value> {
     let md = fs::symlink_metadata(path)?;
     let ft = md.file_type();
+    let (owner, group) = tree.names(md.uid(), md.gid());
     let mut entry = json!({
         "name": shown.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "/".into()),
         "path": show(shown),
         "permissions": go_mode_string(md.mode()),
-        "owner": user_name(md.uid()),
-        "group": group_name(md.gid()),
+        "owner": owner,
+        "group": group,
         "modifiedTime": rfc3339(md.mtime(), u32::try_from(md.mtime_nsec()).unwrap_or(0)),
     });
     let kind = if ft.is_symlink() {
@@ -334,7 +535,7 @@ pub fn go_mode_string(mode: u32) -> String {
     out
 }
 
-fn name_from(file: &str, id: u32) -> String {
+fn name_from(file: &Path, id: u32) -> String {
     let text = fs::read_to_string(file).unwrap_or_default();
     text.lines()
         .find_map(|l| {
@@ -348,27 +549,27 @@ fn name_from(file: &str, id: u32) -> String {
 
 /// The user name of a uid (from /etc/passwd), else the number.
 pub fn user_name(uid: u32) -> String {
-    name_from("/etc/passwd", uid)
+    name_from(Path::new("/etc/passwd"), uid)
 }
 
 /// The group name of a gid (from /etc/group), else the number.
 pub fn group_name(gid: u32) -> String {
-    name_from("/etc/group", gid)
+    name_from(Path::new("/etc/group"), gid)
 }
 
-/// The entries under `dir` down to `depth` levels (walk order: sorted by name, parents first);
-/// paths are shown under `shown`.
-pub fn walk(dir: &Path, shown: &Path, depth: u32, out: &mut Vec<Value>) -> io::Result<()> {
+/// The entries under host directory `dir` of `tree` down to `depth` levels (walk order: sorted by
+/// name, parents first; symbolic links are listed, never descended); paths are shown under `shown`.
+pub fn walk(tree: &Tree, dir: &Path, shown: &Path, depth: u32, out: &mut Vec<Value>) -> io::Result<()> {
     let mut names: Vec<_> = fs::read_dir(dir)?.filter_map(Result::ok).map(|e| e.file_name()).collect();
     names.sort();
     for name in names {
         let path = dir.join(&name);
         let shown_path = shown.join(&name);
-        let Ok(entry) = entry_info(&path, &shown_path) else { continue };
+        let Ok(entry) = entry_info(tree, &path, &shown_path) else { continue };
         out.push(entry);
         let is_dir = fs::symlink_metadata(&path).map(|m| m.is_dir()).unwrap_or(false);
         if depth > 1 && is_dir {
-            walk(&path, &shown_path, depth - 1, out)?;
+            walk(tree, &path, &shown_path, depth - 1, out)?;
         }
     }
     Ok(())
@@ -387,6 +588,48 @@ mod tests {
         assert_eq!(resolve(home, "a/./b/../c"), PathBuf::from("/h/user/a/c"));
         assert_eq!(resolve(home, "/tmp/x"), PathBuf::from("/tmp/x"));
         assert_eq!(resolve(home, "../../../.."), PathBuf::from("/"));
+    }
+
+    #[test]
+    fn isolated_trees_resolve_links_inside_their_root() {
+        use std::os::unix::fs::symlink;
+        let root = std::env::temp_dir().join(format!("e2b-emulator-tree-{}", sandbox_mcp::ids::random_hex(6)));
+        fs::create_dir_all(root.join("home/user/sub")).unwrap();
+        fs::create_dir_all(root.join("etc")).unwrap();
+        fs::write(root.join("etc/passwd"), "root:x:0:0:root:/home/user:/bin/sh\n").unwrap();
+        symlink("/etc", root.join("home/user/abs")).unwrap();
+        symlink("../../../../../../etc", root.join("home/user/up")).unwrap();
+        symlink("sub", root.join("home/user/rel")).unwrap();
+        symlink("/proc/1", root.join("home/user/p")).unwrap();
+        symlink("b", root.join("home/user/a")).unwrap();
+        symlink("a", root.join("home/user/b")).unwrap();
+        let tree = Tree::new(root.clone(), PathBuf::from("/home/user"), None);
+        assert!(tree.isolated());
+        let reach = |given: &str, follow: bool| tree.reach(&tree.resolve(given), follow);
+        assert_eq!(tree.resolve("x/y"), PathBuf::from("/home/user/x/y"));
+        assert_eq!(reach("abs/passwd", true).unwrap(), root.join("etc/passwd"), "an absolute link starts at the sandbox's root");
+        assert_eq!(reach("up/passwd", true).unwrap(), root.join("etc/passwd"), "`..` never climbs above the sandbox's root");
+        assert_eq!(reach("/../../etc/passwd", true).unwrap(), root.join("etc/passwd"));
+        assert_eq!(reach("rel/new/file", true).unwrap(), root.join("home/user/sub/new/file"));
+        assert_eq!(reach("abs", false).unwrap(), root.join("home/user/abs"), "a final link is kept when not followed");
+        assert_eq!(reach("abs", true).unwrap(), root.join("etc"));
+        assert_eq!(reach("a", true).unwrap_err().to_string(), "/home/user/a: too many levels of symbolic links");
+        assert_eq!(reach("p/environ", true).unwrap_err().kind(), io::ErrorKind::PermissionDenied);
+        assert_eq!(reach("/sys/kernel", true).unwrap_err().kind(), io::ErrorKind::PermissionDenied);
+        assert_eq!(reach("rel/x/y", true).unwrap(), root.join("home/user/sub/x/y"));
+        fs::remove_dir_all(&root).unwrap();
+
+        let plain = Tree::new(PathBuf::from("/"), PathBuf::from("/h/user"), None);
+        assert!(!plain.isolated());
+        assert_eq!(plain.reach(Path::new("/h/user/abs/x"), true).unwrap(), PathBuf::from("/h/user/abs/x"));
+    }
+
+    #[test]
+    fn ids_map_through_user_namespaces() {
+        assert_eq!(map_id("         0     100000          1\n", 100_000), 0);
+        assert_eq!(map_id("0 1000 1\n", 100_000), OVERFLOW_ID);
+        assert_eq!(map_id("0 100000 65536\n", 100_005), 5);
+        assert_eq!(map_id("", 0), OVERFLOW_ID);
     }
 
     #[test]

@@ -2,9 +2,24 @@
 //! local provider's tag, see `sandbox_mcp::provider::local::tagged_pids`) is sent SIGSTOP or
 //! SIGCONT, one pid at a time through the shell builtin `kill` (never an external `kill` binary,
 //! and never a process group).
+//!
+//! In an isolated sandbox the host also sees the tag on each `nsenter` that started a program
+//! (the emulator's child; the programs and everything they start are inside the sandbox's pid
+//! namespace). `nsenter` waits for its program with `WUNTRACED` and, when it sees the program
+//! stopped, stops itself and continues the program once it is continued. So a freeze stops the
+//! host-side processes first and a thaw continues the sandbox's own processes first (a stopped
+//! state already cleared is never reported to `nsenter`), and then continues any `nsenter` that
+//! stopped itself all the same (it can have read the stopped state just before it was stopped).
 
+use super::process::{ns_pids, own_ns_depth};
 use sandbox_mcp::provider::{local, process};
 use std::path::Path;
+use std::time::Duration;
+
+/// How often, after a thaw, the host-side processes of an isolated sandbox are checked for one
+/// that stopped itself, and how long apart.
+const SETTLE_CHECKS: usize = 5;
+const SETTLE_STEP: Duration = Duration::from_millis(20);
 
 /// A signal that freezes or thaws processes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,8 +47,35 @@ pub fn freeze(shell: &Path, local_id: &str, freeze: Freeze) -> Result<usize, Str
     if pids.is_empty() {
         return Ok(0);
     }
-    process::signal_pids(shell, freeze.signal_name(), &pids)
-        .map_err(|err| format!("could not run {} to send SIG{} to sandbox {local_id}: {err}", shell.display(), freeze.signal_name()))?;
+    // Inside: in a pid namespace below the emulator's own.
+    let own_depth = own_ns_depth();
+    let (inside, host): (Vec<u32>, Vec<u32>) = pids.iter().partition(|pid| ns_pids(**pid).len() > own_depth);
+    let send = |pids: &[u32]| {
+        if pids.is_empty() {
+            return Ok(());
+        }
+        process::signal_pids(shell, freeze.signal_name(), pids)
+            .map(|_| ())
+            .map_err(|err| format!("could not run {} to send SIG{} to sandbox {local_id}: {err}", shell.display(), freeze.signal_name()))
+    };
+    match freeze {
+        Freeze::Stop => {
+            send(&host)?;
+            send(&inside)?;
+        }
+        Freeze::Continue => {
+            send(&inside)?;
+            send(&host)?;
+            if !inside.is_empty() {
+                for _ in 0..SETTLE_CHECKS {
+                    std::thread::sleep(SETTLE_STEP);
+                    let stopped: Vec<u32> =
+                        host.iter().copied().filter(|p| process::proc_stat(*p).is_some_and(|st| st.state == 'T')).collect();
+                    send(&stopped)?;
+                }
+            }
+        }
+    }
     Ok(pids.len())
 }
 

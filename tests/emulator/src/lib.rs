@@ -1,7 +1,9 @@
 //! An E2B-compatible emulator for tests: the control plane, the edge proxy and envd on one
 //! loopback HTTP/1.1 port, with sandboxes that are local-provider sandboxes (a directory, tagged
-//! processes, a keeper that ends them at expiry). It isolates nothing; it exists so that
-//! sandbox-mcp's e2b provider can be tested offline (`tests/it/e2b.rs` and the fault tests start
+//! processes, a keeper that ends them at expiry), created without isolation by default or with
+//! the local provider's namespace isolation ([`Options::isolation`], `--isolation namespaces`).
+//! It adds no isolation of its own; it exists so that sandbox-mcp's e2b provider can be tested
+//! offline (`tests/it/e2b.rs` and the fault tests start
 //! the `e2b-emulator` binary), and it is itself checked against E2B's official Python SDK
 //! (`tests/interop/test_e2b_sdk.py`). It is a crate of its own, outside the product: sandbox-mcp
 //! contains no emulator code, and this crate uses only the product's public API.
@@ -63,9 +65,11 @@ pub mod process;
 use anyhow::{bail, Context};
 use control::{Found, Registry};
 use faults::{Faults, RequestCounts};
+use files::Tree;
 use http::{ChunkedWriter, HttpReply, HttpRequest, ReadOutcome};
+use sandbox_mcp::provider::isolation::{self, Isolation};
 use sandbox_mcp::provider::local::{self, LocalProvider};
-use sandbox_mcp::provider::Provider;
+use sandbox_mcp::provider::{Provider, ProviderError};
 use serde_json::{json, Value};
 use std::fs;
 use std::net::SocketAddr;
@@ -91,6 +95,10 @@ pub struct Options {
     pub api_key: Option<String>,
     /// Threads answering requests (streams get threads of their own).
     pub threads: usize,
+    /// How the local sandboxes underneath are isolated (`Isolation::None` by default; with
+    /// `Isolation::Namespaces` envd's file and process services act inside each sandbox's
+    /// namespaces, and the host must allow them: see `isolation::probe`).
+    pub isolation: Isolation,
 }
 
 /// Everything the handlers share.
@@ -109,15 +117,22 @@ pub struct State {
     pub counts: RequestCounts,
     /// The accepted API key, if fixed.
     pub api_key: Option<String>,
-    /// `USER`/`LOGNAME` of commands: the OS user the emulator runs as.
+    /// `USER`/`LOGNAME` of commands: the user they run as (the OS user the emulator runs as
+    /// without isolation; `root` of the sandbox's user namespace with it).
     pub user: String,
 }
 
 impl State {
-    /// The home directory (`HOME` and default cwd) of local sandbox `local_id`, from the local
-    /// provider's documented layout: `<root>/sandboxes/<id>/home/`.
-    pub fn sandbox_home(&self, local_id: &str) -> PathBuf {
-        self.root.join("sandboxes").join(local_id).join("home")
+    /// Where the files of live local sandbox `local_id` are, from `LocalProvider::file_tree`:
+    /// the host's `/` and the sandbox's host home without isolation; `/proc/<init>/root`, the
+    /// sandbox's own `/home/user`, and the owner of what the emulator creates with it.
+    pub fn tree(&self, local_id: &str) -> Result<Tree, ProviderError> {
+        let (root, home) = self.provider.file_tree(local_id)?;
+        if root == Path::new("/") {
+            return Ok(Tree::new(root, home, None));
+        }
+        let owner = self.provider.load(local_id)?.owner.unwrap_or_else(isolation::sandbox_owner);
+        Ok(Tree::new(root, home, Some(owner)))
     }
 }
 
@@ -138,15 +153,24 @@ impl Emulator {
         if !opts.listen.ip().is_loopback() {
             bail!("the emulator listens on loopback only; {} is not a loopback address", opts.listen);
         }
+        if opts.isolation == Isolation::Namespaces {
+            isolation::probe().map_err(|why| anyhow::anyhow!("--isolation namespaces: this host cannot isolate sandboxes: {why}"))?;
+        }
         prepare_home(&opts.home)?;
-        let provider = LocalProvider::new(&opts.home, &opts.shell).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let provider = LocalProvider::new(&opts.home, &opts.shell)
+            .and_then(|p| p.with_isolation(opts.isolation))
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
         kill_leftovers(&provider, &opts.home);
-        let user = fs::metadata(&opts.home)
-            .map(|m| files::user_name(m.uid()))
-            .ok()
-            .filter(|u| u.parse::<u32>().is_err())
-            .or_else(|| std::env::var("USER").ok())
-            .unwrap_or_else(|| "user".into());
+        let user = match opts.isolation {
+            // Commands of an isolated sandbox run as root of its user namespace.
+            Isolation::Namespaces => "root".to_string(),
+            Isolation::None => fs::metadata(&opts.home)
+                .map(|m| files::user_name(m.uid()))
+                .ok()
+                .filter(|u| u.parse::<u32>().is_err())
+                .or_else(|| std::env::var("USER").ok())
+                .unwrap_or_else(|| "user".into()),
+        };
         let state = Arc::new(State {
             provider,
             root: opts.home.clone(),

@@ -6,11 +6,13 @@
 #![forbid(unsafe_code)]
 
 use e2b_emulator::{Emulator, Options};
+use sandbox_mcp::provider::isolation::Isolation;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: e2b-emulator [--listen ADDR] [--home DIR] [--shell PATH] [--api-key KEY] [--threads N]
+                    [--isolation none|namespaces]
 
 An E2B-compatible control plane and envd on one loopback port, for tests. Prints
 `listening on http://ADDR` on stderr once bound; stops on SIGTERM or SIGINT and kills its
@@ -21,6 +23,8 @@ sandboxes. Point the E2B SDK at it with E2B_API_URL=http://ADDR and E2B_SANDBOX_
   --shell PATH     POSIX shell for wrappers and signals (default /bin/sh)
   --api-key KEY    the only accepted X-API-KEY (default: any non-empty key)
   --threads N      request threads (default 16; streams get their own)
+  --isolation MODE how the local sandboxes underneath are isolated: none (default) or
+                   namespaces (the local provider's; fails when the host does not allow them)
 ";
 
 struct Cli {
@@ -29,11 +33,18 @@ struct Cli {
     shell: PathBuf,
     api_key: Option<String>,
     threads: usize,
+    isolation: Isolation,
 }
 
 fn parse(args: &[String]) -> Result<Cli, String> {
-    let mut cli =
-        Cli { listen: SocketAddr::from(([127, 0, 0, 1], 0)), home: None, shell: PathBuf::from("/bin/sh"), api_key: None, threads: 16 };
+    let mut cli = Cli {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        home: None,
+        shell: PathBuf::from("/bin/sh"),
+        api_key: None,
+        threads: 16,
+        isolation: Isolation::None,
+    };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         let (name, inline) = match flag.split_once('=') {
@@ -47,6 +58,13 @@ fn parse(args: &[String]) -> Result<Cli, String> {
             "--shell" => cli.shell = PathBuf::from(value()?),
             "--api-key" => cli.api_key = Some(value()?),
             "--threads" => cli.threads = value()?.parse().map_err(|e| format!("--threads: {e}"))?,
+            "--isolation" => {
+                cli.isolation = match value()?.as_str() {
+                    "none" => Isolation::None,
+                    "namespaces" => Isolation::Namespaces,
+                    other => return Err(format!("--isolation: {other:?} is not none or namespaces")),
+                }
+            }
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
@@ -100,6 +118,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         shell: cli.shell,
         api_key: cli.api_key,
         threads: cli.threads,
+        isolation: cli.isolation,
     }) {
         Ok(e) => e,
         Err(err) => {

@@ -7,6 +7,11 @@
 //! queue with a byte budget, and a subscriber that falls more than [`SUBSCRIBER_BUDGET`] bytes
 //! behind is cut off (its stream ends with `resource_exhausted`) while the child and the other
 //! subscribers go on. (envd instead blocks the child on a stalled attached reader.)
+//!
+//! In an isolated sandbox the emulator's child is `nsenter`, which forks the program into the
+//! sandbox's pid namespace and then waits for it, passing on its exit status. There the process
+//! is known by the program's pid inside the sandbox (what envd reports), and signals go to the
+//! program itself ([`Entered`]): `nsenter` does not forward them.
 
 use crossbeam_channel::{Receiver, Sender};
 use sandbox_mcp::base64;
@@ -67,10 +72,65 @@ struct Output {
     ended_at: Option<Instant>,
 }
 
+/// The program of a process started in an isolated sandbox, as the host sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entered {
+    /// Its pid on the host.
+    pub host_pid: u32,
+    /// Its start time in clock ticks since boot (guards against pid reuse).
+    pub start: u64,
+    /// Its pid inside the sandbox.
+    pub pid: u32,
+}
+
+/// The pids of process `pid` in each pid namespace from the host's down to its own (`NSpid` of
+/// `/proc/<pid>/status`); one entry for a process of the host's namespace, none when it is gone.
+pub fn ns_pids(pid: u32) -> Vec<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let line = status.lines().find_map(|l| l.strip_prefix("NSpid:")).unwrap_or("");
+    line.split_whitespace().filter_map(|p| p.parse().ok()).collect()
+}
+
+/// How many pid namespaces deep the emulator itself is (1 in the host's, as `/proc` shows it).
+pub fn own_ns_depth() -> usize {
+    ns_pids(std::process::id()).len().max(1)
+}
+
+/// Waits (at most `budget`) for `nsenter`, the emulator's child `wrapper`, to fork the program
+/// into the sandbox's pid namespace, and returns that program. `None` when `wrapper` ended
+/// without forking (it could not enter the sandbox) or the budget ran out.
+pub fn entered(wrapper: u32, budget: Duration) -> Option<Entered> {
+    let deadline = Instant::now() + budget;
+    let depth = own_ns_depth();
+    let mut step = Duration::from_micros(200);
+    loop {
+        let children = std::fs::read_to_string(format!("/proc/{wrapper}/task/{wrapper}/children")).unwrap_or_default();
+        if let Some(host_pid) = children.split_whitespace().next().and_then(|p| p.parse::<u32>().ok()) {
+            let start = sandbox_mcp::provider::process::proc_stat(host_pid).map(|st| st.start);
+            let ids = ns_pids(host_pid);
+            if let (Some(start), Some(pid), true) = (start, ids.last(), ids.len() > depth) {
+                return Some(Entered { host_pid, start, pid: *pid });
+            }
+        }
+        let running = sandbox_mcp::provider::process::proc_stat(wrapper).is_some_and(|st| st.state != 'Z');
+        if !running || Instant::now() >= deadline {
+            return None;
+        }
+        thread::sleep(step);
+        step = (step * 2).min(Duration::from_millis(10));
+    }
+}
+
 /// One process started through `Start`.
 pub struct Proc {
-    /// Its pid (the pid of the program after the wrapper shell's `exec`).
+    /// Its pid as reported to clients: the pid of the program after the wrapper shell's `exec`
+    /// (in an isolated sandbox, its pid inside the sandbox).
     pub pid: u32,
+    /// The pid of the emulator's child on the host (the program, or `nsenter` in an isolated
+    /// sandbox), which leads the process group.
+    leader: u32,
+    /// The program inside an isolated sandbox, where signals go.
+    entered: Option<Entered>,
     /// The `ProcessConfig` it was started with, zero values omitted (for `List`).
     pub config: Value,
     /// Its tag, if the request gave one.
@@ -165,8 +225,21 @@ impl Proc {
                 out.stopped = true;
             }
         }
-        // The child is not reaped while `guard` is held, so the pid cannot have been reused.
-        signal_pid(shell, self.pid, signal)
+        self.send(shell, signal)
+    }
+
+    /// Sends `signal` to the program; the caller holds the `child` lock with the child unreaped,
+    /// so the leader's pid cannot have been reused. The program inside an isolated sandbox is
+    /// checked by its start time; once it has ended (its `nsenter` exits right after) there is
+    /// nothing left to signal.
+    fn send(&self, shell: &Path, signal: &str) -> Result<(), String> {
+        match self.entered {
+            None => signal_pid(shell, self.leader, signal),
+            Some(e) => match sandbox_mcp::provider::process::proc_stat(e.host_pid) {
+                Some(st) if st.start == e.start && st.state != 'Z' => signal_pid(shell, e.host_pid, signal),
+                _ => Ok(()),
+            },
+        }
     }
 
     /// Writes to the child's stdin.
@@ -257,21 +330,26 @@ pub enum Selector {
 pub type GoneCheck = Box<dyn Fn() -> Option<String> + Send>;
 
 /// Takes ownership of a freshly spawned child: starts its pipe readers and its monitor, and
-/// returns the process with a first subscription attached before any output is read.
+/// returns the process with a first subscription attached before any output is read. `entered`
+/// is the program when the child is the `nsenter` of an isolated sandbox.
 pub fn launch(
     mut child: Child,
+    entered: Option<Entered>,
     config: Value,
     tag: Option<String>,
     deadline: Option<Instant>,
     shell: PathBuf,
     gone_check: GoneCheck,
 ) -> io::Result<(Arc<Proc>, Subscription)> {
-    let pid = child.id();
+    let leader = child.id();
+    let pid = entered.map_or(leader, |e| e.pid);
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
     let stdin = child.stdin.take();
     let proc = Arc::new(Proc {
         pid,
+        leader,
+        entered,
         config,
         tag,
         child: Mutex::new(Some(child)),
@@ -336,7 +414,7 @@ fn monitor(proc: &Proc, deadline: Option<Instant>, shell: &Path, readers: usize,
                     out.stopped = true;
                 }
                 // Still unreaped under the lock: the pid is ours.
-                if let Err(err) = signal_pid(shell, proc.pid, "KILL") {
+                if let Err(err) = proc.send(shell, "KILL") {
                     log::warn!("could not kill pid {} at its deadline: {err}", proc.pid);
                 }
             }
@@ -349,7 +427,7 @@ fn monitor(proc: &Proc, deadline: Option<Instant>, shell: &Path, readers: usize,
     if !stopped {
         // Late readers on a busy machine are waited for while nothing else can hold the pipes
         // (the child led its own group and the group is empty), as the provider does.
-        sandbox_mcp::provider::process::drain_readers(done, readers, proc.pid, DRAIN_GRACE, DRAIN_GRACE);
+        sandbox_mcp::provider::process::drain_readers(done, readers, proc.leader, DRAIN_GRACE, DRAIN_GRACE);
     }
     let end = match status {
         Some(status) => end_event(&status),
@@ -536,7 +614,7 @@ mod tests {
     #[test]
     fn runs_streams_and_retains_the_end() {
         let child = spawn("printf out; printf err >&2; exit 3");
-        let (proc, sub) = launch(child, json!({"cmd": "/bin/sh"}), None, None, "/bin/sh".into(), Box::new(|| None)).unwrap();
+        let (proc, sub) = launch(child, None, json!({"cmd": "/bin/sh"}), None, None, "/bin/sh".into(), Box::new(|| None)).unwrap();
         let table = ProcessTable::default();
         table.insert(proc.clone());
         let (out, err, end) = collect(&sub);
@@ -552,7 +630,7 @@ mod tests {
     #[test]
     fn stdin_signal_and_deadline() {
         let child = spawn("read line; echo got $line; sleep 30");
-        let (proc, sub) = launch(child, json!({}), Some("t1".into()), None, "/bin/sh".into(), Box::new(|| None)).unwrap();
+        let (proc, sub) = launch(child, None, json!({}), Some("t1".into()), None, "/bin/sh".into(), Box::new(|| None)).unwrap();
         let table = ProcessTable::default();
         table.insert(proc.clone());
         assert_eq!(table.find_running(&Selector::Tag("t1".into())).unwrap().pid, proc.pid);
@@ -568,14 +646,14 @@ mod tests {
 
         let child = spawn("sleep 30");
         let deadline = Some(Instant::now() + Duration::from_millis(100));
-        let (_proc, sub) = launch(child, json!({}), None, deadline, "/bin/sh".into(), Box::new(|| Some("gone".into()))).unwrap();
+        let (_proc, sub) = launch(child, None, json!({}), None, deadline, "/bin/sh".into(), Box::new(|| Some("gone".into()))).unwrap();
         assert_eq!(sub.rx.recv_timeout(Duration::from_secs(10)).unwrap(), Event::Gone("gone".into()));
     }
 
     #[test]
     fn slow_subscribers_are_cut_off_not_the_child() {
         let child = spawn("read go; head -c 20000000 /dev/zero; echo done >&2");
-        let (proc, slow) = launch(child, json!({}), None, None, "/bin/sh".into(), Box::new(|| None)).unwrap();
+        let (proc, slow) = launch(child, None, json!({}), None, None, "/bin/sh".into(), Box::new(|| None)).unwrap();
         let fast = proc.subscribe().unwrap();
         proc.write_stdin(b"go\n").unwrap();
         let (out, err, end) = collect(&fast);

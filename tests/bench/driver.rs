@@ -34,6 +34,7 @@ mod machine;
 mod options;
 mod probes;
 mod process;
+mod protocol;
 mod proxy;
 mod pueue;
 mod requests;
@@ -91,6 +92,7 @@ fn run() -> Result<ExitCode> {
     b.section("tasks", "line visibility", |b| tasks::visibility(b, &mut ctl));
     b.section("pueue", "pueue vs task tools", |b| pueue::pueue_vs_tasks(b, &mut ctl));
     b.section("http", "HTTP ping, scaling and starvation", |b| http::http_ping(b, &ctl));
+    b.section("protocol", "MCP 2026-07-28 next to 2025-11-25", protocol::modern_wire);
     b.section("concurrency", "HTTP tool calls vs clients and workers", |b| concurrency::http_tools(b, &ctl));
     b.section("e2b", "e2b provider against the E2B emulator", |b| e2b::e2b_rows(b, &mut ctl));
     if let Err(err) = ctl.finish() {

@@ -1,6 +1,7 @@
-//! A raw HTTP/1.1 MCP client over one keep-alive TCP connection, for the HTTP rows and the E2B
-//! emulator's test API.
+//! A raw HTTP/1.1 MCP client over one keep-alive TCP connection, for the HTTP and protocol rows
+//! and the E2B emulator's test API.
 
+use crate::protocol::{MODERN, MODERN_META};
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::json;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -21,6 +22,8 @@ pub struct Http {
     limit: Duration,
     conn: Option<(TcpStream, BufReader<TcpStream>)>,
     sid: Option<String>,
+    /// Extra header lines (each ending in CRLF) for the next request only.
+    extra: String,
     next: u64,
 }
 
@@ -35,7 +38,7 @@ impl Http {
         let rest = url.strip_prefix("http://").ok_or_else(|| anyhow!("not an http:// URL: {url}"))?;
         let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
         let addr = host.parse().with_context(|| format!("{host} is not IP:PORT"))?;
-        Ok(Http { addr, host: host.to_string(), path: format!("/{path}"), limit, conn: None, sid: None, next: 1 })
+        Ok(Http { addr, host: host.to_string(), path: format!("/{path}"), limit, conn: None, sid: None, extra: String::new(), next: 1 })
     }
 
     /// One request and its response (status, body); reconnects when the server closed.
@@ -49,6 +52,7 @@ impl Http {
         if let Some(sid) = &self.sid {
             req.push_str(&format!("Mcp-Session-Id: {sid}\r\nMCP-Protocol-Version: {PROTOCOL}\r\n"));
         }
+        req.push_str(&std::mem::take(&mut self.extra));
         req.push_str("\r\n");
         req.push_str(body);
         if self.conn.is_none() {
@@ -108,12 +112,12 @@ impl Http {
     }
 
     /// A POST of `body`.
-    fn post(&mut self, body: &str) -> Result<(u16, String)> {
+    pub fn post(&mut self, body: &str) -> Result<(u16, String)> {
         self.send("POST", body)
     }
 
     /// The next request's body: `params` is already JSON text.
-    fn body(&mut self, method: &str, params: Option<&str>) -> String {
+    pub fn body(&mut self, method: &str, params: Option<&str>) -> String {
         let id = self.next;
         self.next += 1;
         match params {
@@ -144,6 +148,23 @@ impl Http {
         let (status, text) = self.post(&body)?;
         let ok = status == 200 && !text.contains("\"isError\":true") && !text.contains("\"error\":{");
         Ok((status, (!ok).then(|| format!("HTTP {status}: {}", text.chars().take(300).collect::<String>()))))
+    }
+
+    /// One MCP 2026-07-28 request on the same connection, outside the session: the `_meta`
+    /// envelope in the body and the standard headers. Fails unless it succeeded.
+    pub fn call_modern(&mut self, method: &str) -> Result<()> {
+        let id = self.next;
+        self.next += 1;
+        let body = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"{method}","params":{{"_meta":{MODERN_META}}}}}"#);
+        self.extra = format!("MCP-Protocol-Version: {MODERN}\r\nMcp-Method: {method}\r\n");
+        let sid = self.sid.take();
+        let sent = self.post(&body);
+        self.sid = sid;
+        let (status, text) = sent?;
+        if status != 200 || !text.contains(r#""resultType":"complete""#) {
+            bail!("{method} at {MODERN} answered {status}: {}", text.chars().take(300).collect::<String>());
+        }
+        Ok(())
     }
 
     /// Ends the session (DELETE) and closes the connection.

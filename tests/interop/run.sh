@@ -30,17 +30,24 @@ SANDBOX_MCP_BIN=$bin "$tools/venv/bin/python" "$root/tests/interop/test_python_s
 echo "== Python MCP SDK 1.x"
 SANDBOX_MCP_BIN=$bin "$tools/venv-mcp1/bin/python" "$root/tests/interop/test_python_sdk_v1.py"
 
-echo "== E2B Python SDK against e2b-emulator"
 (cd "$root" && "${CARGO:-cargo}" build --release --quiet -p e2b-emulator)
-emulator_log=$home/emulator.log
-"$root/target/release/e2b-emulator" --listen 127.0.0.1:0 --home "$home/emulator" 2>"$emulator_log" &
-emulator_pid=$!
-for _ in $(seq 100); do grep -q "listening on" "$emulator_log" && break; sleep 0.05; done
-emulator_url=$(sed -n 's|^listening on \(http://[^ ]*\)$|\1|p' "$emulator_log" | head -1)
-[ -n "$emulator_url" ] || { echo "the emulator did not start:"; cat "$emulator_log"; exit 1; }
-E2B_EMULATOR_URL=$emulator_url "$tools/venv/bin/python" "$root/tests/interop/test_e2b_sdk.py"
-kill -s TERM "$emulator_pid"; wait "$emulator_pid" || { echo "the emulator did not stop cleanly:"; cat "$emulator_log"; exit 1; }
-emulator_pid=
+# Unisolated local sandboxes underneath, then (where this host allows namespaces) isolated ones.
+isolations=none
+refused=0
+"$bin" --isolation namespaces call list_tasks '{"sandbox_id":"local-000000000000000000000000"}' >/dev/null 2>&1 || refused=$?
+[ "$refused" -ne 2 ] && isolations="none namespaces"
+for isolation in $isolations; do
+    echo "== E2B Python SDK against e2b-emulator (--isolation $isolation)"
+    emulator_log=$home/emulator-$isolation.log
+    "$root/target/release/e2b-emulator" --listen 127.0.0.1:0 --home "$home/emulator-$isolation" --isolation "$isolation" 2>"$emulator_log" &
+    emulator_pid=$!
+    for _ in $(seq 100); do grep -q "listening on" "$emulator_log" && break; sleep 0.05; done
+    emulator_url=$(sed -n 's|^listening on \(http://[^ ]*\)$|\1|p' "$emulator_log" | head -1)
+    [ -n "$emulator_url" ] || { echo "the emulator did not start:"; cat "$emulator_log"; exit 1; }
+    E2B_EMULATOR_URL=$emulator_url "$tools/venv/bin/python" "$root/tests/interop/test_e2b_sdk.py"
+    kill -s TERM "$emulator_pid"; wait "$emulator_pid" || { echo "the emulator did not stop cleanly:"; cat "$emulator_log"; exit 1; }
+    emulator_pid=
+done
 
 # An HTTP server for the HTTP clients below, on a free port it reports itself.
 log=$home/http.log

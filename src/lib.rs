@@ -21,6 +21,7 @@ pub mod subscription;
 pub mod queue;
 pub mod server;
 pub mod transport;
+pub mod waiter;
 
 pub mod app;
 pub mod tools;

@@ -18,10 +18,13 @@ use crate::jsonrpc::{self, code, Incoming, RpcError};
 use crate::queue::{Job, Outcome};
 use crate::session::{InFlight, Session};
 use crate::subscription;
-use crate::tools::{self, Ctx, Tool};
+use crate::tools::{self, Ctx, Pending, Tool, ToolError};
+use crate::waiter::Watch;
 use crossbeam_channel::Sender;
 use serde_json::{json, Map, Value};
+use std::cell::RefCell;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Protocol versions this server speaks through `initialize`, newest first (2026-07-28 is
 /// served per request: [`envelope::MODERN_VERSIONS`]).
@@ -275,22 +278,58 @@ fn notify(session: &Session, method: &str, params: Option<&Value>) {
     // notifications/initialized and unknown notifications need nothing.
 }
 
+/// What [`execute`] made of a call.
+pub enum Executed {
+    /// The answer, now.
+    Now(Outcome),
+    /// The call waits (a `get_task` with `wait`): park it with the waiter, which answers it.
+    Wait(Box<dyn Watch>),
+}
+
+impl Executed {
+    /// The answer now, waiting on this thread if needed (tests).
+    pub fn now(self) -> Outcome {
+        match self {
+            Executed::Now(outcome) => outcome,
+            Executed::Wait(mut watch) => loop {
+                if let Some(outcome) = watch.check() {
+                    return outcome;
+                }
+                if Instant::now() >= watch.until() {
+                    return watch.give_up();
+                }
+                std::thread::sleep(watch.every());
+            },
+        }
+    }
+}
+
 /// Runs a tool call (on a worker). Once shutdown has begun, a call that has not started is
 /// refused, and one stopped by the shutdown is answered, never dropped as cancelled. A call the
 /// client cancelled while it waited in the queue never starts. The work is consumed: its guard
-/// unregisters the request id when this returns, before the reply is sent.
-pub fn execute(app: &App, work: Work) -> Outcome {
+/// unregisters the request id when this returns, before the reply is sent, unless the call
+/// waits: then the guard moves into the [`Watch`] and is dropped when the waiter answers.
+pub fn execute(app: &Arc<App>, work: Work) -> Executed {
     let Work { session, call } = work;
     if app.is_draining() {
         let err = RpcError::new(code::SERVER_BUSY, SHUTTING_DOWN);
-        return Outcome::Answer(jsonrpc::error(&call.id, &err));
+        return Executed::Now(Outcome::Answer(jsonrpc::error(&call.id, &err)));
     }
     if call.in_flight.is_cancelled() {
         let err = RpcError::new(code::REQUEST_CANCELLED, "the request was cancelled before it started");
-        return Outcome::Cancelled(jsonrpc::error(&call.id, &err));
+        return Executed::Now(Outcome::Cancelled(jsonrpc::error(&call.id, &err)));
     }
-    let ctx = Ctx { app, session: &session, cancel: call.in_flight.flag() };
-    let mut result = tools::call(&ctx, call.tool, &call.arguments);
+    let deferred = RefCell::new(None);
+    let ctx = Ctx { app, session: &session, cancel: call.in_flight.flag(), deferred: &deferred };
+    let result = tools::call(&ctx, call.tool, &call.arguments);
+    match deferred.into_inner() {
+        Some(pending) => Executed::Wait(Box::new(CallWatch { app: app.clone(), call, pending })),
+        None => Executed::Now(answer(app, &call, result)),
+    }
+}
+
+/// The response to `call` with its `CallToolResult`.
+fn answer(app: &App, call: &ToolCall, mut result: Value) -> Outcome {
     if call.meta.is_some() {
         envelope::complete(&mut result);
     }
@@ -299,6 +338,42 @@ pub fn execute(app: &App, work: Work) -> Outcome {
         Outcome::Cancelled(response)
     } else {
         Outcome::Answer(response)
+    }
+}
+
+/// A tool call parked with the waiter: it holds the call (and so its in-flight registration)
+/// until it is answered. The wait ends early when the client cancels the call or the server
+/// begins shutting down; either way the call is answered with a fresh read.
+struct CallWatch {
+    app: Arc<App>,
+    call: ToolCall,
+    pending: Pending,
+}
+
+impl Watch for CallWatch {
+    fn check(&mut self) -> Option<Outcome> {
+        let last = self.app.is_draining() || self.call.in_flight.is_cancelled() || Instant::now() >= self.pending.until;
+        let read = (self.pending.read)(last)
+            .or_else(|| last.then(|| Err(ToolError::new("internal error: a waiting read gave no answer at its end; retry the call"))))?;
+        Some(answer(&self.app, &self.call, tools::finish(&self.app, read)))
+    }
+
+    fn give_up(mut self: Box<Self>) -> Outcome {
+        self.pending.until = Instant::now();
+        match self.check() {
+            Some(outcome) => outcome,
+            None => {
+                answer(&self.app, &self.call, tools::failure(&ToolError::new("internal error: the wait ended without an answer; retry")))
+            }
+        }
+    }
+
+    fn until(&self) -> Instant {
+        self.pending.until
+    }
+
+    fn every(&self) -> Duration {
+        self.pending.every
     }
 }
 
@@ -316,7 +391,7 @@ mod tests {
     /// An app on a local provider under a fresh temporary directory (removed on drop). Routing
     /// never reaches the provider; `execute` here only takes paths that do not either.
     struct TestApp {
-        app: App,
+        app: Arc<App>,
         dir: PathBuf,
     }
 
@@ -336,7 +411,7 @@ mod tests {
         };
         let config = Config::load(&Args::default(), &env).unwrap();
         let provider = LocalProvider::new(&dir, Path::new("/bin/sh")).unwrap();
-        TestApp { app: App::with_provider(config, Arc::new(provider)), dir }
+        TestApp { app: Arc::new(App::with_provider(config, Arc::new(provider))), dir }
     }
 
     fn msg(line: &str) -> Incoming {
@@ -581,7 +656,7 @@ mod tests {
         };
         let work = call("1");
         session.cancel(&json!(1));
-        match execute(&t.app, work) {
+        match execute(&t.app, work).now() {
             Outcome::Cancelled(v) => assert_eq!(error_code(&v), code::REQUEST_CANCELLED),
             other => panic!("{other:?}"),
         }
@@ -589,7 +664,7 @@ mod tests {
         let work = call("2");
         session.cancel(&json!(2));
         t.app.begin_draining();
-        match execute(&t.app, work) {
+        match execute(&t.app, work).now() {
             Outcome::Answer(v) => {
                 assert_eq!(error_code(&v), code::SERVER_BUSY, "shutdown answers, never drops as cancelled");
                 assert_eq!(v["error"]["message"], SHUTTING_DOWN);

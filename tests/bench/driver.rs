@@ -89,6 +89,7 @@ fn run() -> Result<ExitCode> {
     b.section("tasks", "cancel latency", |b| tasks::cancel_latency(b, &mut ctl));
     b.section("tasks", "output pump throughput", |b| tasks::pump_throughput(b, &mut ctl));
     b.section("tasks", "line visibility", |b| tasks::visibility(b, &mut ctl));
+    b.section("tasks", "line visibility, waiting read", |b| tasks::visibility_waiting(b, &mut ctl));
     b.section("pueue", "pueue vs task tools", |b| pueue::pueue_vs_tasks(b, &mut ctl));
     b.section("http", "HTTP ping, scaling and starvation", |b| http::http_ping(b, &ctl));
     b.section("concurrency", "HTTP tool calls vs clients and workers", |b| concurrency::http_tools(b, &ctl));

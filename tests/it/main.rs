@@ -15,3 +15,4 @@ mod stdio;
 mod tasks;
 mod tidy;
 mod tools;
+mod waiting;

@@ -18,6 +18,7 @@ pub mod protocol;
 pub mod session;
 pub mod subscription;
 
+pub mod mcp_tasks;
 pub mod queue;
 pub mod server;
 pub mod transport;

@@ -15,11 +15,12 @@
 use crate::app::App;
 use crate::envelope::{self, RequestMeta, LOG_LEVELS};
 use crate::jsonrpc::{self, code, Incoming, RpcError};
+use crate::mcp_tasks;
 use crate::queue::{Job, Outcome};
 use crate::session::{InFlight, Session};
 use crate::subscription;
 use crate::tools::{self, Ctx, Pending, Tool, ToolError};
-use crate::waiter::Watch;
+use crate::waiter::{self, Watch};
 use crossbeam_channel::Sender;
 use serde_json::{json, Map, Value};
 use std::cell::RefCell;
@@ -30,12 +31,39 @@ use std::time::{Duration, Instant};
 /// served per request: [`envelope::MODERN_VERSIONS`]).
 pub const SUPPORTED_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
 
-/// A `tools/call` ready for a worker.
+/// What a queued call does.
+pub enum Op {
+    /// `tools/call` of this tool; with `task`, a 2025-11-25 task-augmented call (`params.task`),
+    /// answered with `CreateTaskResult`.
+    Tool {
+        /// The tool.
+        tool: &'static Tool,
+        /// Whether the call asked to run as a task.
+        task: bool,
+    },
+    /// A 2025-11-25 `tasks/*` request (they read sandboxes, so they run on a worker too).
+    Tasks(TaskMethod),
+}
+
+/// A 2025-11-25 `tasks/*` request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TaskMethod {
+    /// `tasks/get {taskId}`.
+    Get(String),
+    /// `tasks/result {taskId}`: waits (with the waiter) until the task ends.
+    Result(String),
+    /// `tasks/cancel {taskId}`.
+    Cancel(String),
+    /// `tasks/list {cursor?}`.
+    List(Option<Value>),
+}
+
+/// A `tools/call` (or a `tasks/*` request) ready for a worker.
 pub struct ToolCall {
     /// The request id.
     pub id: Value,
-    /// The tool.
-    pub tool: &'static Tool,
+    /// What it does.
+    pub op: Op,
     /// Its arguments (not yet validated).
     pub arguments: Map<String, Value>,
     /// Keeps the id registered with its session until the call is answered; carries the flag
@@ -53,6 +81,19 @@ pub struct Work {
     pub session: Arc<Session>,
     /// The call.
     pub call: ToolCall,
+}
+
+impl ToolCall {
+    /// The tool's name, or the `tasks/*` method's.
+    pub fn name(&self) -> &'static str {
+        match &self.op {
+            Op::Tool { tool, .. } => tool.name,
+            Op::Tasks(TaskMethod::Get(_)) => "tasks/get",
+            Op::Tasks(TaskMethod::Result(_)) => "tasks/result",
+            Op::Tasks(TaskMethod::Cancel(_)) => "tasks/cancel",
+            Op::Tasks(TaskMethod::List(_)) => "tasks/list",
+        }
+    }
 }
 
 impl Work {
@@ -187,7 +228,9 @@ enum Handled {
 }
 
 fn request(session: &Session, id: &Value, method: &str, params: Option<Value>) -> Result<Handled, RpcError> {
-    let known = matches!(method, "initialize" | "ping" | "tools/list" | "tools/call" | "logging/setLevel");
+    let tasks =
+        matches!(method, "tasks/get" | "tasks/result" | "tasks/cancel" | "tasks/list") && session.protocol_version() == TASKS_VERSION;
+    let known = tasks || matches!(method, "initialize" | "ping" | "tools/list" | "tools/call" | "logging/setLevel");
     if !known {
         return Err(RpcError::new(
             code::METHOD_NOT_FOUND,
@@ -214,17 +257,40 @@ fn request(session: &Session, id: &Value, method: &str, params: Option<Value>) -
                 _ => Err(RpcError::new(code::INVALID_PARAMS, format!("level must be one of {}", LOG_LEVELS.join(", ")))),
             }
         }
-        _ => tool_call(session, id, params, None).map(Handled::Call),
+        "tools/call" => tool_call(session, id, params, None).map(Handled::Call),
+        _ => {
+            let method = match method {
+                "tasks/list" => TaskMethod::List(params.as_ref().and_then(|p| p.get("cursor")).cloned()),
+                "tasks/get" => TaskMethod::Get(mcp_tasks::task_id_param(params.as_ref())?),
+                "tasks/result" => TaskMethod::Result(mcp_tasks::task_id_param(params.as_ref())?),
+                _ => TaskMethod::Cancel(mcp_tasks::task_id_param(params.as_ref())?),
+            };
+            let in_flight = begin(session, id)?;
+            Ok(Handled::Call(ToolCall { id: id.clone(), op: Op::Tasks(method), arguments: Map::new(), in_flight, meta: None }))
+        }
     }
+}
+
+/// The version whose sessions have protocol tasks (`capabilities.tasks`, `tasks/*`).
+pub const TASKS_VERSION: &str = "2025-11-25";
+
+fn begin(session: &Session, id: &Value) -> Result<InFlight, RpcError> {
+    session
+        .begin(id)
+        .ok_or_else(|| RpcError::new(code::INVALID_REQUEST, format!("request id {id} is already in flight; use a new id per request")))
 }
 
 fn initialize(session: &Session, params: Option<&Value>) -> Value {
     let requested = params.and_then(|p| p.get("protocolVersion")).and_then(Value::as_str).unwrap_or("");
     let version = SUPPORTED_VERSIONS.iter().find(|v| **v == requested).copied().unwrap_or(SUPPORTED_VERSIONS[0]);
     session.initialize(version);
+    let mut capabilities = json!({"tools": {"listChanged": false}, "logging": {}});
+    if version == TASKS_VERSION {
+        capabilities["tasks"] = mcp_tasks::capability();
+    }
     json!({
         "protocolVersion": version,
-        "capabilities": {"tools": {"listChanged": false}, "logging": {}},
+        "capabilities": capabilities,
         "serverInfo": envelope::server_info(),
         "instructions": INSTRUCTIONS,
     })
@@ -262,10 +328,17 @@ fn tool_call(session: &Session, id: &Value, params: Option<Value>, meta: Option<
         Some(Value::Object(m)) => m,
         Some(_) => return Err(RpcError::new(code::INVALID_PARAMS, "tools/call \"arguments\" must be an object")),
     };
-    let in_flight = session
-        .begin(id)
-        .ok_or_else(|| RpcError::new(code::INVALID_REQUEST, format!("request id {id} is already in flight; use a new id per request")))?;
-    Ok(ToolCall { id: id.clone(), tool, arguments, in_flight, meta })
+    // A 2025-11-25 task-augmented call; other versions ignore `params.task` (2026-07-28 decides
+    // on the server side, through its extension).
+    let task = meta.is_none() && session.protocol_version() == TASKS_VERSION && params.get("task").is_some_and(Value::is_object);
+    if task && !mcp_tasks::TASK_TOOLS.contains(&tool.name) {
+        return Err(RpcError::new(
+            code::METHOD_NOT_FOUND,
+            format!("{} cannot run as a task (its execution.taskSupport is forbidden); call it without params.task", tool.name),
+        ));
+    }
+    let in_flight = begin(session, id)?;
+    Ok(ToolCall { id: id.clone(), op: Op::Tool { tool, task }, arguments, in_flight, meta })
 }
 
 fn notify(session: &Session, method: &str, params: Option<&Value>) {
@@ -319,12 +392,100 @@ pub fn execute(app: &Arc<App>, work: Work) -> Executed {
         let err = RpcError::new(code::REQUEST_CANCELLED, "the request was cancelled before it started");
         return Executed::Now(Outcome::Cancelled(jsonrpc::error(&call.id, &err)));
     }
+    let tool = match &call.op {
+        Op::Tool { tool, task: false } => *tool,
+        Op::Tool { task: true, .. } => {
+            let created = mcp_tasks::create(app, &session, &call.arguments);
+            return Executed::Now(rpc_answer(app, &call, created));
+        }
+        Op::Tasks(method) => {
+            let method = method.clone();
+            return tasks_method(app, &session, call, method);
+        }
+    };
     let deferred = RefCell::new(None);
     let ctx = Ctx { app, session: &session, cancel: call.in_flight.flag(), deferred: &deferred };
-    let result = tools::call(&ctx, call.tool, &call.arguments);
+    let result = tools::call(&ctx, tool, &call.arguments);
     match deferred.into_inner() {
         Some(pending) => Executed::Wait(Box::new(CallWatch { app: app.clone(), call, pending })),
         None => Executed::Now(answer(app, &call, result)),
+    }
+}
+
+/// A `tasks/*` request.
+fn tasks_method(app: &Arc<App>, session: &Session, call: ToolCall, method: TaskMethod) -> Executed {
+    let parsed = |text: &str| mcp_tasks::Handle::parse(app, text);
+    let answer = match &method {
+        TaskMethod::Get(id) => parsed(id).and_then(|h| mcp_tasks::get(app, &h)),
+        TaskMethod::Cancel(id) => parsed(id).and_then(|h| mcp_tasks::cancel(app, &h)),
+        TaskMethod::List(cursor) => mcp_tasks::list(app, session, cursor.as_ref()),
+        TaskMethod::Result(id) => match parsed(id).and_then(|h| mcp_tasks::result(app, &h).map(|r| (h, r))) {
+            Ok((_, Some(result))) => Ok(result),
+            Ok((handle, None)) => {
+                let every = waiter::poll_interval(app.provider.as_ref());
+                let until = Instant::now() + mcp_tasks::RESULT_WAIT;
+                return Executed::Wait(Box::new(ResultWatch { app: app.clone(), call, handle, until, every }));
+            }
+            Err(err) => Err(err),
+        },
+    };
+    Executed::Now(rpc_answer(app, &call, answer))
+}
+
+/// The response to `call` with a result or a JSON-RPC error.
+fn rpc_answer(app: &App, call: &ToolCall, answer: Result<Value, RpcError>) -> Outcome {
+    let response = match answer {
+        Ok(result) => jsonrpc::result(&call.id, result),
+        Err(err) => jsonrpc::error(&call.id, &err),
+    };
+    if call.in_flight.is_cancelled() && !app.is_draining() {
+        Outcome::Cancelled(response)
+    } else {
+        Outcome::Answer(response)
+    }
+}
+
+/// A `tasks/result` waiting for its task's end.
+struct ResultWatch {
+    app: Arc<App>,
+    call: ToolCall,
+    handle: mcp_tasks::Handle,
+    until: Instant,
+    every: Duration,
+}
+
+impl Watch for ResultWatch {
+    fn check(&mut self) -> Option<Outcome> {
+        if self.app.is_draining() {
+            let err = RpcError::new(
+                code::SERVER_BUSY,
+                "the server is shutting down; call tasks/result again on the restarted server (the task goes on)",
+            );
+            return Some(rpc_answer(&self.app, &self.call, Err(err)));
+        }
+        if self.call.in_flight.is_cancelled() {
+            let err = RpcError::new(code::REQUEST_CANCELLED, "tasks/result was cancelled; the task goes on (tasks/cancel stops it)");
+            return Some(rpc_answer(&self.app, &self.call, Err(err)));
+        }
+        match mcp_tasks::result(&self.app, &self.handle) {
+            Ok(Some(result)) => Some(rpc_answer(&self.app, &self.call, Ok(result))),
+            Ok(None) => None,
+            Err(err) => Some(rpc_answer(&self.app, &self.call, Err(err))),
+        }
+    }
+
+    fn give_up(self: Box<Self>) -> Outcome {
+        let err =
+            RpcError::new(code::INTERNAL_ERROR, "the task did not end within the longest task timeout; call tasks/get to see its state");
+        rpc_answer(&self.app, &self.call, Err(err))
+    }
+
+    fn until(&self) -> Instant {
+        self.until
+    }
+
+    fn every(&self) -> Duration {
+        self.every
     }
 }
 
@@ -556,7 +717,7 @@ mod tests {
         let line = call_line(r#""a""#, r#"{"name":"run_command","arguments":{"command":"true"}}"#);
         let Route::Call(work) = route(&t.app, &session, msg(&line)) else { panic!("a valid call is queued") };
         assert_eq!(work.call.id, "a");
-        assert_eq!(work.call.tool.name, "run_command");
+        assert_eq!(work.call.name(), "run_command");
         assert_eq!(work.call.arguments["command"], "true");
         assert!(Arc::ptr_eq(&work.session, &session));
         assert_eq!(session.inflight_count(), 1);

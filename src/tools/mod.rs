@@ -23,6 +23,12 @@ mod sandbox;
 mod tasks;
 
 use args::{Args, Param};
+pub use command::{Request as CommandRequest, TIMED_OUT_EXIT_CODE};
+
+/// Reads run_command's validated arguments (for a task-augmented call).
+pub fn command_request(args: &Args) -> Result<CommandRequest<'_>, ToolError> {
+    CommandRequest::read(args)
+}
 
 /// What a tool handler can reach.
 pub struct Ctx<'a> {
@@ -156,6 +162,13 @@ pub fn list() -> Value {
                 },
             })
         })
+        .map(|mut tool| {
+            // 2025-11-25 protocol tasks (mcp_tasks.rs); other versions ignore the field.
+            if crate::mcp_tasks::TASK_TOOLS.iter().any(|n| tool["name"] == *n) {
+                tool["execution"] = json!({"taskSupport": "optional"});
+            }
+            tool
+        })
         .collect();
     json!({ "tools": tools })
 }
@@ -214,19 +227,24 @@ pub fn failure(err: &ToolError) -> Value {
 /// The sandbox a call targets: its `sandbox_id` argument (`given`), else the session's default
 /// sandbox.
 pub fn target_sandbox(ctx: &Ctx<'_>, given: Option<&str>) -> Result<String, ToolError> {
+    resolve_sandbox(ctx.app, ctx.session, given)
+}
+
+/// [`target_sandbox`] outside a tool handler.
+pub fn resolve_sandbox(app: &App, session: &Session, given: Option<&str>) -> Result<String, ToolError> {
     let id = match given {
         Some(id) => id.to_string(),
-        None if ctx.session.is_stateless() => {
+        None if session.is_stateless() => {
             return Err(ToolError::new(
                 "sandbox_id is required: a 2026-07-28 request over HTTP has no session and so no default sandbox; \
 call create_sandbox and pass the sandbox_id it returns",
             ))
         }
-        None => ctx.session.default_sandbox().ok_or_else(|| {
+        None => session.default_sandbox().ok_or_else(|| {
             ToolError::new("no sandbox_id was given and this session has no default sandbox; call create_sandbox first, or pass sandbox_id")
         })?,
     };
-    ctx.app.provider.check_id(&id)?;
+    app.provider.check_id(&id)?;
     Ok(id)
 }
 

@@ -1,6 +1,8 @@
-//! MCP protocol tasks of 2025-11-25 (`params.task` on `tools/call`, `tasks/get`, `tasks/result`,
-//! `tasks/list`, `tasks/cancel`) on top of the task supervisor (docs/contract.md, "Protocol
-//! tasks").
+//! MCP protocol tasks on top of the task supervisor (docs/contract.md, "Protocol tasks"): the
+//! 2025-11-25 ones (`params.task` on `tools/call`, `tasks/get`, `tasks/result`, `tasks/list`,
+//! `tasks/cancel`) and the 2026-07-28 tasks extension (`CreateTaskResult` for a run_command still
+//! running after `--task-after`, `tasks/get` with the result inline, `tasks/cancel`,
+//! `tasks/update`).
 //!
 //! A protocol task is a supervisor task: its handle (the `taskId`) carries the sandbox and the
 //! supervisor's task id, so any server process with the same provider configuration resolves it,
@@ -267,10 +269,17 @@ fn command_result(s: &Snapshot, out: &[u8], err: &[u8]) -> Value {
     })
 }
 
-/// A task-augmented `tools/call` of run_command: starts the command under the supervisor and
-/// answers `CreateTaskResult` (`{"task": Task}`). Arguments are run_command's; `envs` is refused
-/// (the supervisor would not mask the values of the call's own secret-named variables).
+/// A task-augmented `tools/call` of run_command (2025-11-25): starts it under the supervisor and
+/// answers `CreateTaskResult` (`{"task": Task}`).
 pub fn create(app: &App, session: &Session, arguments: &Map<String, Value>) -> Result<Value, RpcError> {
+    let (handle, snapshot) = start(app, session, arguments)?;
+    session.record_task(&handle.encode());
+    Ok(json!({"task": task_json(&handle, &snapshot)}))
+}
+
+/// Starts run_command's command under the supervisor. Arguments are run_command's; `envs` is
+/// refused (the supervisor would not mask the values of the call's own secret-named variables).
+pub fn start(app: &App, session: &Session, arguments: &Map<String, Value>) -> Result<(Handle, Snapshot), RpcError> {
     let Some(tool) = tools::find("run_command") else {
         return Err(RpcError::new(code::INTERNAL_ERROR, "run_command is missing from the registry"));
     };
@@ -306,8 +315,97 @@ pub fn create(app: &App, session: &Session, arguments: &Map<String, Value>) -> R
         }
         Err(err) => return Err(RpcError::new(code::INTERNAL_ERROR, format!("the task could not be started: {err}"))),
     };
-    session.record_task(&handle.encode());
-    Ok(json!({"task": task_json(&handle, &snapshot)}))
+    Ok((handle, snapshot))
+}
+
+/// Whether a 2026-07-28 run_command with these arguments runs under the supervisor (and may be
+/// answered with a task): its timeout is longer than `--task-after` (a command that must end
+/// before the threshold never becomes a task, and pays nothing).
+pub fn offered(app: &App, arguments: &Map<String, Value>) -> bool {
+    let after = app.config.task_after;
+    let timeout = arguments.get("timeout").and_then(Value::as_i64).unwrap_or(limits::COMMAND_TIMEOUT_DEFAULT_S);
+    !after.is_zero() && Duration::from_secs(timeout.max(0) as u64) > after
+}
+
+/// The 2026-07-28 task fields (flat), without `resultType`.
+fn task_fields_2026(handle: &Handle, s: &Snapshot) -> Map<String, Value> {
+    let (status, message) = status(s);
+    let created = s.started_at.unwrap_or_else(now_unix);
+    let updated = s.finished_at.unwrap_or_else(now_unix).max(created);
+    let mut m = Map::new();
+    m.insert("taskId".into(), Value::String(handle.encode()));
+    m.insert("status".into(), Value::from(status));
+    if let Some(message) = message {
+        m.insert("statusMessage".into(), Value::String(message));
+    }
+    m.insert("createdAt".into(), Value::String(iso8601(created)));
+    m.insert("lastUpdatedAt".into(), Value::String(iso8601(updated)));
+    m.insert("ttlMs".into(), Value::Null);
+    m.insert("pollIntervalMs".into(), Value::from(POLL_INTERVAL_MS));
+    m
+}
+
+/// The 2026-07-28 `CreateTaskResult` (flat, `resultType: "task"`).
+pub fn create_result_2026(handle: &Handle, s: &Snapshot) -> Value {
+    let mut m = task_fields_2026(handle, s);
+    m.insert("resultType".into(), Value::from("task"));
+    Value::Object(m)
+}
+
+/// 2026-07-28 `tasks/get`: the task, with the `CallToolResult` inline once completed and a
+/// JSON-RPC error inline when failed (an outcome that cannot be observed).
+pub fn get_2026(app: &App, handle: &Handle) -> Result<Value, RpcError> {
+    let s = read(app, handle, STATE_ONLY)?;
+    let mut m = task_fields_2026(handle, &s);
+    match status(&s) {
+        ("completed", _) | ("cancelled", _) => {
+            if let Some(mut r) = result(app, handle)? {
+                if let Value::Object(o) = &mut r {
+                    o.remove("_meta");
+                }
+                if s.state != TaskState::Cancelled {
+                    m.insert("result".into(), r);
+                }
+            }
+        }
+        ("failed", message) => {
+            let message = message.unwrap_or_else(|| "the task failed".into());
+            m.insert("error".into(), json!({"code": code::INTERNAL_ERROR, "message": message}));
+        }
+        _ => {}
+    }
+    Ok(Value::Object(m))
+}
+
+/// 2026-07-28 `tasks/cancel`: an acknowledgement; a task already ended is left as it is, so a
+/// second cancel is harmless. The supervisor sends TERM, then KILL.
+pub fn cancel_2026(app: &App, handle: &Handle) -> Result<Value, RpcError> {
+    let s = read(app, handle, STATE_ONLY)?;
+    if !s.state.is_final() {
+        let target = Target { provider: app.provider.as_ref(), sandbox_id: &handle.sandbox_id };
+        match supervisor::cancel(&target, &handle.task_id, STATE_ONLY) {
+            Ok(Some(_)) => {}
+            Ok(None) => return Err(unknown_task(handle)),
+            Err(err) => return Err(provider_error(err)),
+        }
+    }
+    Ok(json!({}))
+}
+
+/// 2026-07-28 `tasks/update`: no tool here ever asks for input, so there is nothing to update;
+/// an existing task is acknowledged (its input responses are ignored), an unknown one is -32602.
+pub fn update_2026(app: &App, handle: &Handle) -> Result<Value, RpcError> {
+    read(app, handle, STATE_ONLY)?;
+    Ok(json!({}))
+}
+
+/// Removes the directory of a task answered inline (best effort: it would count against the
+/// sandbox's task limit).
+pub fn forget(app: &App, handle: &Handle) {
+    let target = Target { provider: app.provider.as_ref(), sandbox_id: &handle.sandbox_id };
+    if let Err(err) = supervisor::delete(&target, &handle.task_id) {
+        log::debug!("could not delete the inline task {}: {err}", handle.encode());
+    }
 }
 
 /// How long `tasks/result` may wait for the end: the longest task timeout plus its grace.

@@ -19,6 +19,7 @@ use crate::mcp_tasks;
 use crate::queue::{Job, Outcome};
 use crate::session::{InFlight, Session};
 use crate::subscription;
+use crate::supervisor;
 use crate::tools::{self, Ctx, Pending, Tool, ToolError};
 use crate::waiter::{self, Watch};
 use crossbeam_channel::Sender;
@@ -33,19 +34,31 @@ pub const SUPPORTED_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-2
 
 /// What a queued call does.
 pub enum Op {
-    /// `tools/call` of this tool; with `task`, a 2025-11-25 task-augmented call (`params.task`),
-    /// answered with `CreateTaskResult`.
+    /// `tools/call` of this tool.
     Tool {
         /// The tool.
         tool: &'static Tool,
-        /// Whether the call asked to run as a task.
-        task: bool,
+        /// Whether and how the call may become a protocol task.
+        task: TaskMode,
     },
     /// A 2025-11-25 `tasks/*` request (they read sandboxes, so they run on a worker too).
     Tasks(TaskMethod),
 }
 
-/// A 2025-11-25 `tasks/*` request.
+/// Whether a `tools/call` may become a protocol task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskMode {
+    /// No: an ordinary call.
+    No,
+    /// A 2025-11-25 task-augmented call (`params.task`): answered with `CreateTaskResult` at once.
+    Asked,
+    /// A 2026-07-28 run_command whose request declared the tasks extension and whose timeout
+    /// exceeds `--task-after`: it runs under the supervisor and is answered inline if it ends
+    /// within `--task-after`, else with a `CreateTaskResult`.
+    Offered,
+}
+
+/// A `tasks/*` request.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TaskMethod {
     /// `tasks/get {taskId}`.
@@ -56,6 +69,12 @@ pub enum TaskMethod {
     Cancel(String),
     /// `tasks/list {cursor?}`.
     List(Option<Value>),
+    /// 2026-07-28 `tasks/get {taskId}` (the result inline).
+    ModernGet(String),
+    /// 2026-07-28 `tasks/cancel {taskId}` (an acknowledgement).
+    ModernCancel(String),
+    /// 2026-07-28 `tasks/update {taskId, inputResponses}` (an acknowledgement).
+    ModernUpdate(String),
 }
 
 /// A `tools/call` (or a `tasks/*` request) ready for a worker.
@@ -92,6 +111,9 @@ impl ToolCall {
             Op::Tasks(TaskMethod::Result(_)) => "tasks/result",
             Op::Tasks(TaskMethod::Cancel(_)) => "tasks/cancel",
             Op::Tasks(TaskMethod::List(_)) => "tasks/list",
+            Op::Tasks(TaskMethod::ModernGet(_)) => "tasks/get",
+            Op::Tasks(TaskMethod::ModernCancel(_)) => "tasks/cancel",
+            Op::Tasks(TaskMethod::ModernUpdate(_)) => "tasks/update",
         }
     }
 }
@@ -191,6 +213,20 @@ fn modern(app: &App, session: &Arc<Session>, id: &Value, method: &str, params: O
             Ok(call) => Route::Call(Work { session: session.clone(), call }),
             Err(err) => Route::Reply(jsonrpc::error(id, &err).to_string()),
         },
+        "tasks/get" | "tasks/cancel" | "tasks/update" => {
+            let method = mcp_tasks::task_id_param(params.as_ref()).map(|task| match method {
+                "tasks/get" => TaskMethod::ModernGet(task),
+                "tasks/cancel" => TaskMethod::ModernCancel(task),
+                _ => TaskMethod::ModernUpdate(task),
+            });
+            match method.and_then(|m| begin(session, id).map(|in_flight| (m, in_flight))) {
+                Ok((m, in_flight)) => Route::Call(Work {
+                    session: session.clone(),
+                    call: ToolCall { id: id.clone(), op: Op::Tasks(m), arguments: Map::new(), in_flight, meta: Some(meta) },
+                }),
+                Err(err) => Route::Reply(jsonrpc::error(id, &err).to_string()),
+            }
+        }
         "subscriptions/listen" => match subscription::acknowledge(id, params.as_ref()) {
             Ok(ack) => Route::Listen(Listen { id: id.clone(), ack: ack.to_string() }),
             Err(err) => Route::Reply(jsonrpc::error(id, &err).to_string()),
@@ -210,7 +246,7 @@ fn modern(app: &App, session: &Arc<Session>, id: &Value, method: &str, params: O
 /// The message for a method a 2026-07-28 request cannot use.
 fn modern_unknown(method: &str) -> String {
     let shown: String = method.chars().take(80).collect();
-    let methods = "server/discover, tools/list, tools/call, subscriptions/listen";
+    let methods = "server/discover, tools/list, tools/call, subscriptions/listen, tasks/get, tasks/cancel, tasks/update";
     match method {
         "initialize" | "ping" | "logging/setLevel" | "resources/subscribe" | "resources/unsubscribe" => format!(
             "{shown} was removed in MCP 2026-07-28 (a request with {} in _meta needs no handshake); 2026-07-28 methods here: {methods}; \
@@ -330,13 +366,21 @@ fn tool_call(session: &Session, id: &Value, params: Option<Value>, meta: Option<
     };
     // A 2025-11-25 task-augmented call; other versions ignore `params.task` (2026-07-28 decides
     // on the server side, through its extension).
-    let task = meta.is_none() && session.protocol_version() == TASKS_VERSION && params.get("task").is_some_and(Value::is_object);
-    if task && !mcp_tasks::TASK_TOOLS.contains(&tool.name) {
+    let asked = meta.is_none() && session.protocol_version() == TASKS_VERSION && params.get("task").is_some_and(Value::is_object);
+    if asked && !mcp_tasks::TASK_TOOLS.contains(&tool.name) {
         return Err(RpcError::new(
             code::METHOD_NOT_FOUND,
             format!("{} cannot run as a task (its execution.taskSupport is forbidden); call it without params.task", tool.name),
         ));
     }
+    let declared = meta.as_ref().is_some_and(|m| m.extension(envelope::TASKS_EXTENSION).is_some());
+    let task = if asked {
+        TaskMode::Asked
+    } else if declared && mcp_tasks::TASK_TOOLS.contains(&tool.name) {
+        TaskMode::Offered
+    } else {
+        TaskMode::No
+    };
     let in_flight = begin(session, id)?;
     Ok(ToolCall { id: id.clone(), op: Op::Tool { tool, task }, arguments, in_flight, meta })
 }
@@ -393,11 +437,14 @@ pub fn execute(app: &Arc<App>, work: Work) -> Executed {
         return Executed::Now(Outcome::Cancelled(jsonrpc::error(&call.id, &err)));
     }
     let tool = match &call.op {
-        Op::Tool { tool, task: false } => *tool,
-        Op::Tool { task: true, .. } => {
+        Op::Tool { task: TaskMode::Asked, .. } => {
             let created = mcp_tasks::create(app, &session, &call.arguments);
             return Executed::Now(rpc_answer(app, &call, created));
         }
+        Op::Tool { task: TaskMode::Offered, .. } if mcp_tasks::offered(app, &call.arguments) => {
+            return promote(app, &session, call);
+        }
+        Op::Tool { tool, .. } => *tool,
         Op::Tasks(method) => {
             let method = method.clone();
             return tasks_method(app, &session, call, method);
@@ -419,6 +466,9 @@ fn tasks_method(app: &Arc<App>, session: &Session, call: ToolCall, method: TaskM
         TaskMethod::Get(id) => parsed(id).and_then(|h| mcp_tasks::get(app, &h)),
         TaskMethod::Cancel(id) => parsed(id).and_then(|h| mcp_tasks::cancel(app, &h)),
         TaskMethod::List(cursor) => mcp_tasks::list(app, session, cursor.as_ref()),
+        TaskMethod::ModernGet(id) => parsed(id).and_then(|h| mcp_tasks::get_2026(app, &h)),
+        TaskMethod::ModernCancel(id) => parsed(id).and_then(|h| mcp_tasks::cancel_2026(app, &h)),
+        TaskMethod::ModernUpdate(id) => parsed(id).and_then(|h| mcp_tasks::update_2026(app, &h)),
         TaskMethod::Result(id) => match parsed(id).and_then(|h| mcp_tasks::result(app, &h).map(|r| (h, r))) {
             Ok((_, Some(result))) => Ok(result),
             Ok((handle, None)) => {
@@ -432,10 +482,100 @@ fn tasks_method(app: &Arc<App>, session: &Session, call: ToolCall, method: TaskM
     Executed::Now(rpc_answer(app, &call, answer))
 }
 
-/// The response to `call` with a result or a JSON-RPC error.
+/// A 2026-07-28 run_command that may become a task: started under the supervisor, then parked
+/// with the waiter until it ends (answered inline, like any run_command) or `--task-after`
+/// passes (answered with `CreateTaskResult`; the task goes on).
+fn promote(app: &Arc<App>, session: &Arc<Session>, call: ToolCall) -> Executed {
+    let (handle, first) = match mcp_tasks::start(app, session, &call.arguments) {
+        Ok(started) => started,
+        Err(err) => {
+            // What run_command would say: a tool error (bad arguments, a refused start).
+            let result = tools::failure(&ToolError::new(err.message));
+            return Executed::Now(answer(app, &call, result));
+        }
+    };
+    let until = Instant::now() + app.config.task_after;
+    let every = waiter::poll_interval(app.provider.as_ref());
+    let done = first.state.is_final();
+    let mut watch = PromoteWatch { app: app.clone(), session: session.clone(), call, handle, first, until, every };
+    if done {
+        // A quick command: already over when the start answered.
+        if let Some(outcome) = watch.check() {
+            return Executed::Now(outcome);
+        }
+    }
+    Executed::Wait(Box::new(watch))
+}
+
+/// A run_command under the supervisor, waiting to be answered inline or as a task.
+struct PromoteWatch {
+    app: Arc<App>,
+    session: Arc<Session>,
+    call: ToolCall,
+    handle: mcp_tasks::Handle,
+    first: supervisor::Snapshot,
+    until: Instant,
+    every: Duration,
+}
+
+impl Watch for PromoteWatch {
+    fn check(&mut self) -> Option<Outcome> {
+        if self.app.is_draining() || self.call.in_flight.is_cancelled() {
+            // The task goes on; the client gets its handle.
+            return Some(self.as_task());
+        }
+        match mcp_tasks::result(&self.app, &self.handle) {
+            Ok(Some(mut result)) => {
+                if let Value::Object(o) = &mut result {
+                    o.remove("_meta");
+                }
+                mcp_tasks::forget(&self.app, &self.handle);
+                Some(answer(&self.app, &self.call, result))
+            }
+            Ok(None) => None,
+            // Cannot read it now: the task is durable, so hand its handle over.
+            Err(_) => Some(self.as_task()),
+        }
+    }
+
+    fn give_up(self: Box<Self>) -> Outcome {
+        self.as_task()
+    }
+
+    fn until(&self) -> Instant {
+        self.until
+    }
+
+    fn every(&self) -> Duration {
+        self.every
+    }
+}
+
+impl PromoteWatch {
+    fn as_task(&self) -> Outcome {
+        self.session.record_task(&self.handle.encode());
+        let mut snapshot = self.first.clone();
+        snapshot.state = supervisor::TaskState::Running;
+        snapshot.finished_at = None;
+        let mut result = mcp_tasks::create_result_2026(&self.handle, &snapshot);
+        if let Value::Object(r) = &mut result {
+            let meta = r.entry("_meta").or_insert_with(|| Value::Object(Map::new()));
+            meta[envelope::SERVER_INFO_KEY] = envelope::server_info();
+        }
+        rpc_answer(&self.app, &self.call, Ok(result))
+    }
+}
+
+/// The response to `call` with a result or a JSON-RPC error; a 2026-07-28 result is marked
+/// complete unless it already says what it is (a `CreateTaskResult`).
 fn rpc_answer(app: &App, call: &ToolCall, answer: Result<Value, RpcError>) -> Outcome {
     let response = match answer {
-        Ok(result) => jsonrpc::result(&call.id, result),
+        Ok(mut result) => {
+            if call.meta.is_some() && result.get("resultType").is_none() {
+                envelope::complete(&mut result);
+            }
+            jsonrpc::result(&call.id, result)
+        }
         Err(err) => jsonrpc::error(&call.id, &err),
     };
     if call.in_flight.is_cancelled() && !app.is_draining() {

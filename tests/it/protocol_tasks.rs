@@ -124,3 +124,86 @@ fn a_task_is_read_from_a_new_server_process_after_sigkill() {
     assert_eq!(error_code(&gone), -32602, "a killed sandbox's task is unknown: {gone}");
     b.close();
 }
+
+/// A 2026-07-28 request line's params with `_meta`, declaring the tasks extension or not.
+fn modern(params: Value, extension: bool) -> Value {
+    let extensions = if extension { json!({"io.modelcontextprotocol/tasks": {}}) } else { json!({}) };
+    let mut p = params;
+    p["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": extensions},
+    });
+    p
+}
+
+fn run_2026(m: &mut Mcp, sb: &str, command: &str, extension: bool) -> Value {
+    let params = modern(json!({"name": "run_command", "arguments": {"sandbox_id": sb, "command": command, "timeout": 60}}), extension);
+    result(&m.client.request("tools/call", params, LONG).unwrap()).clone()
+}
+
+fn get_2026(m: &mut Mcp, id: &str) -> Value {
+    m.client.request("tasks/get", modern(json!({"taskId": id}), true), LONG).unwrap()
+}
+
+/// The walkthrough: a run_command still running after `--task-after` becomes a task; the server
+/// is SIGKILLed; `tasks/get` from a new server process returns the complete result.
+#[test]
+fn an_extension_task_survives_sigkill_of_the_server() {
+    let home = Home::new("ext-tasks");
+    let env = [("SANDBOX_MCP_TASK_AFTER", "1")];
+    let mut a = home.stdio_with(&env);
+    let discover = a.client.request("server/discover", modern(json!({}), false), LONG).unwrap();
+    assert_eq!(result(&discover)["capabilities"]["extensions"]["io.modelcontextprotocol/tasks"], json!({}));
+    let sb = a.create();
+    // Quick: answered inline, as run_command always was.
+    let quick = run_2026(&mut a, &sb, "echo hi", true);
+    assert_eq!((quick["resultType"].as_str(), quick["structuredContent"]["stdout"].as_str()), (Some("complete"), Some("hi\n")), "{quick}");
+    // Long, without the extension: never a task.
+    let plain = run_2026(&mut a, &sb, "sleep 1.5; exit 4", false);
+    assert_eq!((plain["resultType"].as_str(), plain["structuredContent"]["exit_code"].as_i64()), (Some("complete"), Some(4)), "{plain}");
+    // Long, with the extension: a task after about --task-after.
+    let t0 = Instant::now();
+    let task = run_2026(&mut a, &sb, "printf BEFORE; sleep 3; printf AFTER; exit 4", true);
+    let promoted = t0.elapsed();
+    assert_eq!(task["resultType"], "task", "{task}");
+    assert_eq!(task["status"], "working");
+    assert_eq!(task["pollIntervalMs"], 1000);
+    assert!(task.get("ttlMs").is_some() && task["createdAt"].as_str().unwrap().ends_with('Z'), "{task}");
+    assert!(promoted >= Duration::from_millis(900) && promoted < Duration::from_secs(3), "{promoted:?}");
+    let id = task["taskId"].as_str().unwrap().to_string();
+    assert_eq!(result(&get_2026(&mut a, &id))["status"], "working", "durably created before the answer");
+    a.client.kill().unwrap();
+    let mut b = home.stdio_with(&env);
+    let done = wait_for(Duration::from_secs(20), "the task to complete", || {
+        let v = get_2026(&mut b, &id);
+        (result(&v)["status"] != "working").then_some(v)
+    });
+    let r = result(&done);
+    assert_eq!((r["resultType"].as_str(), r["status"].as_str()), (Some("complete"), Some("completed")), "{done}");
+    assert_eq!(r["result"]["structuredContent"]["exit_code"], 4, "{done}");
+    assert_eq!(r["result"]["structuredContent"]["stdout"], "BEFOREAFTER");
+    // Cancel: acknowledged, cancelled within 3 s, harmless twice; update is acknowledged.
+    let long = run_2026(&mut b, &sb, "sleep 60", true);
+    let long_id = long["taskId"].as_str().unwrap().to_string();
+    let t0 = Instant::now();
+    let ack = b.client.request("tasks/cancel", modern(json!({"taskId": long_id}), true), LONG).unwrap();
+    assert_eq!(result(&ack)["resultType"], "complete", "{ack}");
+    let c = wait_for(Duration::from_secs(3), "cancelled", || {
+        let v = get_2026(&mut b, &long_id);
+        (result(&v)["status"] == "cancelled").then_some(v)
+    });
+    assert!(t0.elapsed() < Duration::from_secs(3), "{c}");
+    let again = b.client.request("tasks/cancel", modern(json!({"taskId": long_id}), true), LONG).unwrap();
+    assert!(again.get("error").is_none(), "{again}");
+    let update = b.client.request("tasks/update", modern(json!({"taskId": long_id, "inputResponses": {}}), true), LONG).unwrap();
+    assert!(update.get("error").is_none(), "{update}");
+    for method in ["tasks/get", "tasks/cancel", "tasks/update"] {
+        let v = b.client.request(method, modern(json!({"taskId": "nope"}), true), LONG).unwrap();
+        assert_eq!(error_code(&v), -32602, "{method}: {v}");
+    }
+    for method in ["tasks/result", "tasks/list"] {
+        let v = b.client.request(method, modern(json!({"taskId": id}), true), LONG).unwrap();
+        assert_eq!(error_code(&v), -32601, "{method} is not a 2026-07-28 method: {v}");
+    }
+    b.close();
+}

@@ -213,6 +213,18 @@ fn modern(app: &App, session: &Arc<Session>, id: &Value, method: &str, params: O
             Ok(call) => Route::Call(Work { session: session.clone(), call }),
             Err(err) => Route::Reply(jsonrpc::error(id, &err).to_string()),
         },
+        "tasks/get" | "tasks/cancel" | "tasks/update" if meta.extension(envelope::TASKS_EXTENSION).is_none() => {
+            let err = RpcError::new(
+                code::MISSING_CLIENT_CAPABILITY,
+                format!(
+                    "{method} belongs to the tasks extension: declare {} in _meta {}.extensions to use it",
+                    envelope::TASKS_EXTENSION,
+                    envelope::CLIENT_CAPABILITIES_KEY
+                ),
+            )
+            .with_data(json!({"requiredCapabilities": {"extensions": {envelope::TASKS_EXTENSION: {}}}}));
+            refuse(err, Refusal::Envelope)
+        }
         "tasks/get" | "tasks/cancel" | "tasks/update" => {
             let method = mcp_tasks::task_id_param(params.as_ref()).map(|task| match method {
                 "tasks/get" => TaskMethod::ModernGet(task),

@@ -201,6 +201,10 @@ fn an_extension_task_survives_sigkill_of_the_server() {
         let v = b.client.request(method, modern(json!({"taskId": "nope"}), true), LONG).unwrap();
         assert_eq!(error_code(&v), -32602, "{method}: {v}");
     }
+    for method in ["tasks/get", "tasks/cancel", "tasks/update"] {
+        let v = b.client.request(method, modern(json!({"taskId": id}), false), LONG).unwrap();
+        assert_eq!(error_code(&v), -32021, "{method} without the extension declared: {v}");
+    }
     for method in ["tasks/result", "tasks/list"] {
         let v = b.client.request(method, modern(json!({"taskId": id}), true), LONG).unwrap();
         assert_eq!(error_code(&v), -32601, "{method} is not a 2026-07-28 method: {v}");

@@ -34,6 +34,7 @@ mod machine;
 mod options;
 mod probes;
 mod process;
+mod protocol_tasks;
 mod proxy;
 mod pueue;
 mod requests;
@@ -90,6 +91,8 @@ fn run() -> Result<ExitCode> {
     b.section("tasks", "output pump throughput", |b| tasks::pump_throughput(b, &mut ctl));
     b.section("tasks", "line visibility", |b| tasks::visibility(b, &mut ctl));
     b.section("tasks", "line visibility, waiting read", |b| tasks::visibility_waiting(b, &mut ctl));
+    b.section("tasks", "tasks/get vs get_task", |b| protocol_tasks::tasks_get_vs_get_task(b, &mut ctl));
+    b.section("tasks", "run_command promoted to a task", |b| protocol_tasks::promotion_latency(b, &mut ctl));
     b.section("pueue", "pueue vs task tools", |b| pueue::pueue_vs_tasks(b, &mut ctl));
     b.section("http", "HTTP ping, scaling and starvation", |b| http::http_ping(b, &ctl));
     b.section("concurrency", "HTTP tool calls vs clients and workers", |b| concurrency::http_tools(b, &ctl));

@@ -289,8 +289,7 @@ pub fn start(app: &App, session: &Session, arguments: &Map<String, Value>) -> Re
     if !request.envs.is_empty() {
         return Err(bad("envs is not supported when run_command runs as a task; export the variables in the command, or create the sandbox with them (its secrets are masked)".into()));
     }
-    let ctx_session = session;
-    let sandbox_id = tools::resolve_sandbox(app, ctx_session, request.sandbox_id).map_err(|e| bad(e.message))?;
+    let sandbox_id = tools::resolve_sandbox(app, session, request.sandbox_id).map_err(|e| bad(e.message))?;
     let task_id = ids::task_id();
     let timeout = request.timeout.as_secs().max(1) as i64;
     let launch = Launch { task_id: &task_id, timeout, cwd: request.cwd, command: request.command, page_limit: 1 };

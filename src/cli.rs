@@ -8,6 +8,7 @@ use crate::session::Session;
 use crate::tools::{self, Ctx};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Map, Value};
+use std::cell::RefCell;
 use std::io::Write;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -50,8 +51,12 @@ pub fn call(config: Config, words: &[String]) -> Result<i32> {
     let session = Session::new("call", true);
     session.initialize("2025-11-25");
     let cancel = Arc::new(AtomicBool::new(false));
-    let ctx = Ctx { app: &app, session: &session, cancel: &cancel };
-    let result = tools::call(&ctx, tool, &arguments);
+    let deferred = RefCell::new(None);
+    let ctx = Ctx { app: &app, session: &session, cancel: &cancel, deferred: &deferred };
+    let mut result = tools::call(&ctx, tool, &arguments);
+    if let Some(pending) = deferred.into_inner() {
+        result = tools::finish(&app, pending.block());
+    }
     let mut stdout = std::io::stdout().lock();
     if result["isError"] == json!(true) {
         let text = result["content"][0]["text"].as_str().unwrap_or("the tool failed");
@@ -106,6 +111,46 @@ impl Demo {
     }
 }
 
+/// The demo's last step: a 2026-07-28 client that declares the tasks extension runs a command
+/// longer than `--task-after` (2 s here): the call answers with a task, read to its end through
+/// `tasks/get`.
+fn long_command_as_task(d: &mut Demo, sandbox: &str, provider: &str) -> Result<()> {
+    d.args = vec!["--provider".into(), provider.into(), "--task-after".into(), "2".into(), "stdio".into()];
+    let mut c = d.server("session 3, --task-after 2")?;
+    let meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}},
+    });
+    let args = json!({"sandbox_id": sandbox, "command": "printf LONG-; sleep 5; printf DONE", "timeout": 60});
+    println!("\n-> (2026-07-28, tasks extension declared) run_command {args}");
+    let t0 = Instant::now();
+    let resp = c.request("tools/call", json!({"name": "run_command", "arguments": args, "_meta": meta}), Duration::from_secs(60))?;
+    let task = &resp["result"];
+    println!("<- after {} ms: {task}", t0.elapsed().as_millis());
+    d.expect(task["resultType"] == json!("task"), "the long run_command was answered with a task at --task-after");
+    let id = task["taskId"].as_str().unwrap_or_default().to_string();
+    let every = Duration::from_millis(task["pollIntervalMs"].as_u64().unwrap_or(1000));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = Value::Null;
+    while Instant::now() < deadline {
+        let got = c.request("tasks/get", json!({"taskId": id, "_meta": meta}), Duration::from_secs(30))?;
+        last = got["result"].clone();
+        println!("-> tasks/get: status {}", last["status"]);
+        if last["status"] != json!("working") {
+            break;
+        }
+        std::thread::sleep(every);
+    }
+    let result = &last["result"]["structuredContent"];
+    println!("<- {}", serde_json::to_string(result).unwrap_or_default());
+    d.expect(
+        last["status"] == json!("completed") && result["stdout"] == json!("LONG-DONE") && result["exit_code"] == json!(0),
+        "tasks/get returned the complete result (exit 0, LONG-DONE)",
+    );
+    c.close(Duration::from_secs(5))?;
+    Ok(())
+}
+
 /// `sandbox-mcp demo`: a task started by one server process is read to its end by a second one,
 /// which then cancels another task and kills the sandbox (docs/contract.md, "The walkthrough").
 pub fn demo(config: &Config) -> Result<i32> {
@@ -156,6 +201,7 @@ pub fn demo(config: &Config) -> Result<i32> {
     d.expect(cancelled["state"] == json!("cancelled") && t0.elapsed() < Duration::from_secs(3), "cancel_task confirmed within 3 s");
     let listed = d.call(&mut b, "list_tasks", json!({"sandbox_id": sandbox}))?;
     d.expect(listed["count"] == json!(2), "list_tasks shows both tasks");
+    long_command_as_task(&mut d, &sandbox, provider)?;
     let killed = d.call(&mut b, "kill_sandbox", json!({"sandbox_id": sandbox}))?;
     d.expect(killed["killed"] == json!(true), "kill_sandbox ended the sandbox");
     b.close(Duration::from_secs(5))?;

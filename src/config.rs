@@ -87,6 +87,9 @@ pub struct Config {
     pub http_token: Option<String>,
     /// HTTP sessions idle for longer than this end as if deleted.
     pub session_idle: Duration,
+    /// After this long a run_command of a 2026-07-28 client with the tasks extension is answered
+    /// with a task; zero: never.
+    pub task_after: Duration,
     /// State root of the local provider.
     pub home: PathBuf,
     /// The POSIX shell the local provider runs snippets and commands with.
@@ -201,6 +204,14 @@ options! {
         env: Some("SANDBOX_MCP_QUEUE"),
         default: Text("64"),
         help: "capacity of the work queue; HTTP answers 503 when it is full",
+    };
+    /// When a 2026-07-28 run_command becomes a task, in seconds.
+    TASK_AFTER = OptionSpec {
+        flag: Some("--task-after"),
+        takes_value: true,
+        env: Some("SANDBOX_MCP_TASK_AFTER"),
+        default: Text("25"),
+        help: "seconds after which a run_command of a client with the tasks extension is answered as a task (0 = never)",
     };
     /// Idle time after which an HTTP session ends, in seconds.
     SESSION_IDLE = OptionSpec {
@@ -428,6 +439,7 @@ impl Config {
             workers: src.number(&WORKERS, 1, 1024)?,
             queue_capacity: src.number(&QUEUE, 1, 65_536)?,
             session_idle: src.seconds(&SESSION_IDLE, 1, 30 * 86_400)?,
+            task_after: src.seconds(&TASK_AFTER, 0, 3600)?,
             listen: src.address(&LISTEN)?,
             http_token: src.given(&HTTP_TOKEN),
             home: match src.given(&STATE_ROOT) {

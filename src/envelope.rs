@@ -46,8 +46,11 @@ pub struct Extension {
     pub settings: fn() -> Value,
 }
 
-/// Every extension this server implements, advertised by `server/discover`. None yet.
-pub const EXTENSIONS: &[Extension] = &[];
+/// The tasks extension (`mcp_tasks.rs`, docs/contract.md "Protocol tasks").
+pub const TASKS_EXTENSION: &str = "io.modelcontextprotocol/tasks";
+
+/// Every extension this server implements, advertised by `server/discover`.
+pub const EXTENSIONS: &[Extension] = &[Extension { id: TASKS_EXTENSION, settings: || json!({}) }];
 
 /// Whether a request is a 2026-07-28 one: its `params._meta` carries the protocol-version key
 /// (whatever its value), or its method exists only in 2026-07-28. Everything else is a 2025
@@ -277,7 +280,7 @@ mod tests {
         assert_eq!(r["_meta"][SERVER_INFO_KEY]["name"], "sandbox-mcp");
         let d = discover("hi");
         assert_eq!(d["supportedVersions"], json!(MODERN_VERSIONS));
-        assert_eq!(d["capabilities"]["extensions"], json!({}));
+        assert_eq!(d["capabilities"]["extensions"], json!({TASKS_EXTENSION: {}}));
         assert_eq!((d["ttlMs"].as_u64(), d["cacheScope"].as_str()), (Some(CACHE_TTL_MS), Some("public")));
         let t = tools_list(json!({"tools": []}));
         assert_eq!((t["resultType"].as_str(), t["cacheScope"].as_str()), (Some("complete"), Some("public")));

@@ -18,9 +18,11 @@ pub mod protocol;
 pub mod session;
 pub mod subscription;
 
+pub mod mcp_tasks;
 pub mod queue;
 pub mod server;
 pub mod transport;
+pub mod waiter;
 
 pub mod app;
 pub mod tools;

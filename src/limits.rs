@@ -77,3 +77,16 @@ pub const SANDBOX_PROCESSES_MAX: i64 = 65_536;
 
 /// `subscriptions/listen` streams open at once over HTTP (each holds a listener thread).
 pub const MAX_HTTP_SUBSCRIPTIONS: usize = 16;
+
+/// Longest `wait` of `get_task`, in seconds.
+pub const MAX_WAIT_S: i64 = 60;
+
+/// Calls waiting at once (a `get_task` with `wait`); one more is answered at once, as if its
+/// wait had ended. Over HTTP each holds a listener thread, so the server adds this many.
+pub const MAX_WAITING_CALLS: usize = 64;
+
+/// How often a waiting call reads its task again: the local provider (a shell started on the
+/// host) and E2B (one request to the sandbox per read).
+pub const WAIT_POLL_LOCAL: Duration = Duration::from_millis(20);
+/// See [`WAIT_POLL_LOCAL`].
+pub const WAIT_POLL_REMOTE: Duration = Duration::from_secs(1);

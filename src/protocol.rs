@@ -15,24 +15,74 @@
 use crate::app::App;
 use crate::envelope::{self, RequestMeta, LOG_LEVELS};
 use crate::jsonrpc::{self, code, Incoming, RpcError};
+use crate::mcp_tasks;
 use crate::queue::{Job, Outcome};
 use crate::session::{InFlight, Session};
 use crate::subscription;
-use crate::tools::{self, Ctx, Tool};
+use crate::supervisor;
+use crate::tools::{self, Ctx, Pending, Tool, ToolError};
+use crate::waiter::{self, Watch};
 use crossbeam_channel::Sender;
 use serde_json::{json, Map, Value};
+use std::cell::RefCell;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Protocol versions this server speaks through `initialize`, newest first (2026-07-28 is
 /// served per request: [`envelope::MODERN_VERSIONS`]).
 pub const SUPPORTED_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
 
-/// A `tools/call` ready for a worker.
+/// What a queued call does.
+pub enum Op {
+    /// `tools/call` of this tool.
+    Tool {
+        /// The tool.
+        tool: &'static Tool,
+        /// Whether and how the call may become a protocol task.
+        task: TaskMode,
+    },
+    /// A 2025-11-25 `tasks/*` request (they read sandboxes, so they run on a worker too).
+    Tasks(TaskMethod),
+}
+
+/// Whether a `tools/call` may become a protocol task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskMode {
+    /// No: an ordinary call.
+    No,
+    /// A 2025-11-25 task-augmented call (`params.task`): answered with `CreateTaskResult` at once.
+    Asked,
+    /// A 2026-07-28 run_command whose request declared the tasks extension and whose timeout
+    /// exceeds `--task-after`: it runs under the supervisor and is answered inline if it ends
+    /// within `--task-after`, else with a `CreateTaskResult`.
+    Offered,
+}
+
+/// A `tasks/*` request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TaskMethod {
+    /// `tasks/get {taskId}`.
+    Get(String),
+    /// `tasks/result {taskId}`: waits (with the waiter) until the task ends.
+    Result(String),
+    /// `tasks/cancel {taskId}`.
+    Cancel(String),
+    /// `tasks/list {cursor?}`.
+    List(Option<Value>),
+    /// 2026-07-28 `tasks/get {taskId}` (the result inline).
+    ModernGet(String),
+    /// 2026-07-28 `tasks/cancel {taskId}` (an acknowledgement).
+    ModernCancel(String),
+    /// 2026-07-28 `tasks/update {taskId, inputResponses}` (an acknowledgement).
+    ModernUpdate(String),
+}
+
+/// A `tools/call` (or a `tasks/*` request) ready for a worker.
 pub struct ToolCall {
     /// The request id.
     pub id: Value,
-    /// The tool.
-    pub tool: &'static Tool,
+    /// What it does.
+    pub op: Op,
     /// Its arguments (not yet validated).
     pub arguments: Map<String, Value>,
     /// Keeps the id registered with its session until the call is answered; carries the flag
@@ -50,6 +100,22 @@ pub struct Work {
     pub session: Arc<Session>,
     /// The call.
     pub call: ToolCall,
+}
+
+impl ToolCall {
+    /// The tool's name, or the `tasks/*` method's.
+    pub fn name(&self) -> &'static str {
+        match &self.op {
+            Op::Tool { tool, .. } => tool.name,
+            Op::Tasks(TaskMethod::Get(_)) => "tasks/get",
+            Op::Tasks(TaskMethod::Result(_)) => "tasks/result",
+            Op::Tasks(TaskMethod::Cancel(_)) => "tasks/cancel",
+            Op::Tasks(TaskMethod::List(_)) => "tasks/list",
+            Op::Tasks(TaskMethod::ModernGet(_)) => "tasks/get",
+            Op::Tasks(TaskMethod::ModernCancel(_)) => "tasks/cancel",
+            Op::Tasks(TaskMethod::ModernUpdate(_)) => "tasks/update",
+        }
+    }
 }
 
 impl Work {
@@ -147,6 +213,32 @@ fn modern(app: &App, session: &Arc<Session>, id: &Value, method: &str, params: O
             Ok(call) => Route::Call(Work { session: session.clone(), call }),
             Err(err) => Route::Reply(jsonrpc::error(id, &err).to_string()),
         },
+        "tasks/get" | "tasks/cancel" | "tasks/update" if meta.extension(envelope::TASKS_EXTENSION).is_none() => {
+            let err = RpcError::new(
+                code::MISSING_CLIENT_CAPABILITY,
+                format!(
+                    "{method} belongs to the tasks extension: declare {} in _meta {}.extensions to use it",
+                    envelope::TASKS_EXTENSION,
+                    envelope::CLIENT_CAPABILITIES_KEY
+                ),
+            )
+            .with_data(json!({"requiredCapabilities": {"extensions": {envelope::TASKS_EXTENSION: {}}}}));
+            refuse(err, Refusal::Envelope)
+        }
+        "tasks/get" | "tasks/cancel" | "tasks/update" => {
+            let method = mcp_tasks::task_id_param(params.as_ref()).map(|task| match method {
+                "tasks/get" => TaskMethod::ModernGet(task),
+                "tasks/cancel" => TaskMethod::ModernCancel(task),
+                _ => TaskMethod::ModernUpdate(task),
+            });
+            match method.and_then(|m| begin(session, id).map(|in_flight| (m, in_flight))) {
+                Ok((m, in_flight)) => Route::Call(Work {
+                    session: session.clone(),
+                    call: ToolCall { id: id.clone(), op: Op::Tasks(m), arguments: Map::new(), in_flight, meta: Some(meta) },
+                }),
+                Err(err) => Route::Reply(jsonrpc::error(id, &err).to_string()),
+            }
+        }
         "subscriptions/listen" => match subscription::acknowledge(id, params.as_ref()) {
             Ok(ack) => Route::Listen(Listen { id: id.clone(), ack: ack.to_string() }),
             Err(err) => Route::Reply(jsonrpc::error(id, &err).to_string()),
@@ -166,7 +258,7 @@ fn modern(app: &App, session: &Arc<Session>, id: &Value, method: &str, params: O
 /// The message for a method a 2026-07-28 request cannot use.
 fn modern_unknown(method: &str) -> String {
     let shown: String = method.chars().take(80).collect();
-    let methods = "server/discover, tools/list, tools/call, subscriptions/listen";
+    let methods = "server/discover, tools/list, tools/call, subscriptions/listen, tasks/get, tasks/cancel, tasks/update";
     match method {
         "initialize" | "ping" | "logging/setLevel" | "resources/subscribe" | "resources/unsubscribe" => format!(
             "{shown} was removed in MCP 2026-07-28 (a request with {} in _meta needs no handshake); 2026-07-28 methods here: {methods}; \
@@ -184,7 +276,9 @@ enum Handled {
 }
 
 fn request(session: &Session, id: &Value, method: &str, params: Option<Value>) -> Result<Handled, RpcError> {
-    let known = matches!(method, "initialize" | "ping" | "tools/list" | "tools/call" | "logging/setLevel");
+    let tasks =
+        matches!(method, "tasks/get" | "tasks/result" | "tasks/cancel" | "tasks/list") && session.protocol_version() == TASKS_VERSION;
+    let known = tasks || matches!(method, "initialize" | "ping" | "tools/list" | "tools/call" | "logging/setLevel");
     if !known {
         return Err(RpcError::new(
             code::METHOD_NOT_FOUND,
@@ -211,17 +305,40 @@ fn request(session: &Session, id: &Value, method: &str, params: Option<Value>) -
                 _ => Err(RpcError::new(code::INVALID_PARAMS, format!("level must be one of {}", LOG_LEVELS.join(", ")))),
             }
         }
-        _ => tool_call(session, id, params, None).map(Handled::Call),
+        "tools/call" => tool_call(session, id, params, None).map(Handled::Call),
+        _ => {
+            let method = match method {
+                "tasks/list" => TaskMethod::List(params.as_ref().and_then(|p| p.get("cursor")).cloned()),
+                "tasks/get" => TaskMethod::Get(mcp_tasks::task_id_param(params.as_ref())?),
+                "tasks/result" => TaskMethod::Result(mcp_tasks::task_id_param(params.as_ref())?),
+                _ => TaskMethod::Cancel(mcp_tasks::task_id_param(params.as_ref())?),
+            };
+            let in_flight = begin(session, id)?;
+            Ok(Handled::Call(ToolCall { id: id.clone(), op: Op::Tasks(method), arguments: Map::new(), in_flight, meta: None }))
+        }
     }
+}
+
+/// The version whose sessions have protocol tasks (`capabilities.tasks`, `tasks/*`).
+pub const TASKS_VERSION: &str = "2025-11-25";
+
+fn begin(session: &Session, id: &Value) -> Result<InFlight, RpcError> {
+    session
+        .begin(id)
+        .ok_or_else(|| RpcError::new(code::INVALID_REQUEST, format!("request id {id} is already in flight; use a new id per request")))
 }
 
 fn initialize(session: &Session, params: Option<&Value>) -> Value {
     let requested = params.and_then(|p| p.get("protocolVersion")).and_then(Value::as_str).unwrap_or("");
     let version = SUPPORTED_VERSIONS.iter().find(|v| **v == requested).copied().unwrap_or(SUPPORTED_VERSIONS[0]);
     session.initialize(version);
+    let mut capabilities = json!({"tools": {"listChanged": false}, "logging": {}});
+    if version == TASKS_VERSION {
+        capabilities["tasks"] = mcp_tasks::capability();
+    }
     json!({
         "protocolVersion": version,
-        "capabilities": {"tools": {"listChanged": false}, "logging": {}},
+        "capabilities": capabilities,
         "serverInfo": envelope::server_info(),
         "instructions": INSTRUCTIONS,
     })
@@ -259,10 +376,25 @@ fn tool_call(session: &Session, id: &Value, params: Option<Value>, meta: Option<
         Some(Value::Object(m)) => m,
         Some(_) => return Err(RpcError::new(code::INVALID_PARAMS, "tools/call \"arguments\" must be an object")),
     };
-    let in_flight = session
-        .begin(id)
-        .ok_or_else(|| RpcError::new(code::INVALID_REQUEST, format!("request id {id} is already in flight; use a new id per request")))?;
-    Ok(ToolCall { id: id.clone(), tool, arguments, in_flight, meta })
+    // A 2025-11-25 task-augmented call; other versions ignore `params.task` (2026-07-28 decides
+    // on the server side, through its extension).
+    let asked = meta.is_none() && session.protocol_version() == TASKS_VERSION && params.get("task").is_some_and(Value::is_object);
+    if asked && !mcp_tasks::TASK_TOOLS.contains(&tool.name) {
+        return Err(RpcError::new(
+            code::METHOD_NOT_FOUND,
+            format!("{} cannot run as a task (its execution.taskSupport is forbidden); call it without params.task", tool.name),
+        ));
+    }
+    let declared = meta.as_ref().is_some_and(|m| m.extension(envelope::TASKS_EXTENSION).is_some());
+    let task = if asked {
+        TaskMode::Asked
+    } else if declared && mcp_tasks::TASK_TOOLS.contains(&tool.name) {
+        TaskMode::Offered
+    } else {
+        TaskMode::No
+    };
+    let in_flight = begin(session, id)?;
+    Ok(ToolCall { id: id.clone(), op: Op::Tool { tool, task }, arguments, in_flight, meta })
 }
 
 fn notify(session: &Session, method: &str, params: Option<&Value>) {
@@ -275,22 +407,242 @@ fn notify(session: &Session, method: &str, params: Option<&Value>) {
     // notifications/initialized and unknown notifications need nothing.
 }
 
+/// What [`execute`] made of a call.
+pub enum Executed {
+    /// The answer, now.
+    Now(Outcome),
+    /// The call waits (a `get_task` with `wait`): park it with the waiter, which answers it.
+    Wait(Box<dyn Watch>),
+}
+
+impl Executed {
+    /// The answer now, waiting on this thread if needed (tests).
+    pub fn now(self) -> Outcome {
+        match self {
+            Executed::Now(outcome) => outcome,
+            Executed::Wait(mut watch) => loop {
+                if let Some(outcome) = watch.check() {
+                    return outcome;
+                }
+                if Instant::now() >= watch.until() {
+                    return watch.give_up();
+                }
+                std::thread::sleep(watch.every());
+            },
+        }
+    }
+}
+
 /// Runs a tool call (on a worker). Once shutdown has begun, a call that has not started is
 /// refused, and one stopped by the shutdown is answered, never dropped as cancelled. A call the
 /// client cancelled while it waited in the queue never starts. The work is consumed: its guard
-/// unregisters the request id when this returns, before the reply is sent.
-pub fn execute(app: &App, work: Work) -> Outcome {
+/// unregisters the request id when this returns, before the reply is sent, unless the call
+/// waits: then the guard moves into the [`Watch`] and is dropped when the waiter answers.
+pub fn execute(app: &Arc<App>, work: Work) -> Executed {
     let Work { session, call } = work;
     if app.is_draining() {
         let err = RpcError::new(code::SERVER_BUSY, SHUTTING_DOWN);
-        return Outcome::Answer(jsonrpc::error(&call.id, &err));
+        return Executed::Now(Outcome::Answer(jsonrpc::error(&call.id, &err)));
     }
     if call.in_flight.is_cancelled() {
         let err = RpcError::new(code::REQUEST_CANCELLED, "the request was cancelled before it started");
-        return Outcome::Cancelled(jsonrpc::error(&call.id, &err));
+        return Executed::Now(Outcome::Cancelled(jsonrpc::error(&call.id, &err)));
     }
-    let ctx = Ctx { app, session: &session, cancel: call.in_flight.flag() };
-    let mut result = tools::call(&ctx, call.tool, &call.arguments);
+    let tool = match &call.op {
+        Op::Tool { task: TaskMode::Asked, .. } => {
+            let created = mcp_tasks::create(app, &session, &call.arguments);
+            return Executed::Now(rpc_answer(app, &call, created));
+        }
+        Op::Tool { task: TaskMode::Offered, .. } if mcp_tasks::offered(app, &call.arguments) => {
+            return promote(app, &session, call);
+        }
+        Op::Tool { tool, .. } => *tool,
+        Op::Tasks(method) => {
+            let method = method.clone();
+            return tasks_method(app, &session, call, method);
+        }
+    };
+    let deferred = RefCell::new(None);
+    let ctx = Ctx { app, session: &session, cancel: call.in_flight.flag(), deferred: &deferred };
+    let result = tools::call(&ctx, tool, &call.arguments);
+    match deferred.into_inner() {
+        Some(pending) => Executed::Wait(Box::new(CallWatch { app: app.clone(), call, pending })),
+        None => Executed::Now(answer(app, &call, result)),
+    }
+}
+
+/// A `tasks/*` request.
+fn tasks_method(app: &Arc<App>, session: &Session, call: ToolCall, method: TaskMethod) -> Executed {
+    let parsed = |text: &str| mcp_tasks::Handle::parse(app, text);
+    let answer = match &method {
+        TaskMethod::Get(id) => parsed(id).and_then(|h| mcp_tasks::get(app, &h)),
+        TaskMethod::Cancel(id) => parsed(id).and_then(|h| mcp_tasks::cancel(app, &h)),
+        TaskMethod::List(cursor) => mcp_tasks::list(app, session, cursor.as_ref()),
+        TaskMethod::ModernGet(id) => parsed(id).and_then(|h| mcp_tasks::get_2026(app, &h)),
+        TaskMethod::ModernCancel(id) => parsed(id).and_then(|h| mcp_tasks::cancel_2026(app, &h)),
+        TaskMethod::ModernUpdate(id) => parsed(id).and_then(|h| mcp_tasks::update_2026(app, &h)),
+        TaskMethod::Result(id) => match parsed(id).and_then(|h| mcp_tasks::result(app, &h).map(|r| (h, r))) {
+            Ok((_, Some(result))) => Ok(result),
+            Ok((handle, None)) => {
+                let every = waiter::poll_interval(app.provider.as_ref());
+                let until = Instant::now() + mcp_tasks::RESULT_WAIT;
+                return Executed::Wait(Box::new(ResultWatch { app: app.clone(), call, handle, until, every }));
+            }
+            Err(err) => Err(err),
+        },
+    };
+    Executed::Now(rpc_answer(app, &call, answer))
+}
+
+/// A 2026-07-28 run_command that may become a task: started under the supervisor, then parked
+/// with the waiter until it ends (answered inline, like any run_command) or `--task-after`
+/// passes (answered with `CreateTaskResult`; the task goes on).
+fn promote(app: &Arc<App>, session: &Arc<Session>, call: ToolCall) -> Executed {
+    let (handle, first) = match mcp_tasks::start(app, session, &call.arguments) {
+        Ok(started) => started,
+        Err(err) => {
+            // What run_command would say: a tool error (bad arguments, a refused start).
+            let result = tools::failure(&ToolError::new(err.message));
+            return Executed::Now(answer(app, &call, result));
+        }
+    };
+    let until = Instant::now() + app.config.task_after;
+    let every = waiter::poll_interval(app.provider.as_ref());
+    let done = first.state.is_final();
+    let mut watch = PromoteWatch { app: app.clone(), session: session.clone(), call, handle, first, until, every };
+    if done {
+        // A quick command: already over when the start answered.
+        if let Some(outcome) = watch.check() {
+            return Executed::Now(outcome);
+        }
+    }
+    Executed::Wait(Box::new(watch))
+}
+
+/// A run_command under the supervisor, waiting to be answered inline or as a task.
+struct PromoteWatch {
+    app: Arc<App>,
+    session: Arc<Session>,
+    call: ToolCall,
+    handle: mcp_tasks::Handle,
+    first: supervisor::Snapshot,
+    until: Instant,
+    every: Duration,
+}
+
+impl Watch for PromoteWatch {
+    fn check(&mut self) -> Option<Outcome> {
+        if self.app.is_draining() || self.call.in_flight.is_cancelled() {
+            // The task goes on; the client gets its handle.
+            return Some(self.as_task());
+        }
+        match mcp_tasks::result(&self.app, &self.handle) {
+            Ok(Some(mut result)) => {
+                if let Value::Object(o) = &mut result {
+                    o.remove("_meta");
+                }
+                mcp_tasks::forget(&self.app, &self.handle);
+                Some(answer(&self.app, &self.call, result))
+            }
+            Ok(None) => None,
+            // Cannot read it now: the task is durable, so hand its handle over.
+            Err(_) => Some(self.as_task()),
+        }
+    }
+
+    fn give_up(self: Box<Self>) -> Outcome {
+        self.as_task()
+    }
+
+    fn until(&self) -> Instant {
+        self.until
+    }
+
+    fn every(&self) -> Duration {
+        self.every
+    }
+}
+
+impl PromoteWatch {
+    fn as_task(&self) -> Outcome {
+        self.session.record_task(&self.handle.encode());
+        let mut snapshot = self.first.clone();
+        snapshot.state = supervisor::TaskState::Running;
+        snapshot.finished_at = None;
+        let mut result = mcp_tasks::create_result_2026(&self.handle, &snapshot);
+        if let Value::Object(r) = &mut result {
+            let meta = r.entry("_meta").or_insert_with(|| Value::Object(Map::new()));
+            meta[envelope::SERVER_INFO_KEY] = envelope::server_info();
+        }
+        rpc_answer(&self.app, &self.call, Ok(result))
+    }
+}
+
+/// The response to `call` with a result or a JSON-RPC error; a 2026-07-28 result is marked
+/// complete unless it already says what it is (a `CreateTaskResult`).
+fn rpc_answer(app: &App, call: &ToolCall, answer: Result<Value, RpcError>) -> Outcome {
+    let response = match answer {
+        Ok(mut result) => {
+            if call.meta.is_some() && result.get("resultType").is_none() {
+                envelope::complete(&mut result);
+            }
+            jsonrpc::result(&call.id, result)
+        }
+        Err(err) => jsonrpc::error(&call.id, &err),
+    };
+    if call.in_flight.is_cancelled() && !app.is_draining() {
+        Outcome::Cancelled(response)
+    } else {
+        Outcome::Answer(response)
+    }
+}
+
+/// A `tasks/result` waiting for its task's end.
+struct ResultWatch {
+    app: Arc<App>,
+    call: ToolCall,
+    handle: mcp_tasks::Handle,
+    until: Instant,
+    every: Duration,
+}
+
+impl Watch for ResultWatch {
+    fn check(&mut self) -> Option<Outcome> {
+        if self.app.is_draining() {
+            let err = RpcError::new(
+                code::SERVER_BUSY,
+                "the server is shutting down; call tasks/result again on the restarted server (the task goes on)",
+            );
+            return Some(rpc_answer(&self.app, &self.call, Err(err)));
+        }
+        if self.call.in_flight.is_cancelled() {
+            let err = RpcError::new(code::REQUEST_CANCELLED, "tasks/result was cancelled; the task goes on (tasks/cancel stops it)");
+            return Some(rpc_answer(&self.app, &self.call, Err(err)));
+        }
+        match mcp_tasks::result(&self.app, &self.handle) {
+            Ok(Some(result)) => Some(rpc_answer(&self.app, &self.call, Ok(result))),
+            Ok(None) => None,
+            Err(err) => Some(rpc_answer(&self.app, &self.call, Err(err))),
+        }
+    }
+
+    fn give_up(self: Box<Self>) -> Outcome {
+        let err =
+            RpcError::new(code::INTERNAL_ERROR, "the task did not end within the longest task timeout; call tasks/get to see its state");
+        rpc_answer(&self.app, &self.call, Err(err))
+    }
+
+    fn until(&self) -> Instant {
+        self.until
+    }
+
+    fn every(&self) -> Duration {
+        self.every
+    }
+}
+
+/// The response to `call` with its `CallToolResult`.
+fn answer(app: &App, call: &ToolCall, mut result: Value) -> Outcome {
     if call.meta.is_some() {
         envelope::complete(&mut result);
     }
@@ -299,6 +651,42 @@ pub fn execute(app: &App, work: Work) -> Outcome {
         Outcome::Cancelled(response)
     } else {
         Outcome::Answer(response)
+    }
+}
+
+/// A tool call parked with the waiter: it holds the call (and so its in-flight registration)
+/// until it is answered. The wait ends early when the client cancels the call or the server
+/// begins shutting down; either way the call is answered with a fresh read.
+struct CallWatch {
+    app: Arc<App>,
+    call: ToolCall,
+    pending: Pending,
+}
+
+impl Watch for CallWatch {
+    fn check(&mut self) -> Option<Outcome> {
+        let last = self.app.is_draining() || self.call.in_flight.is_cancelled() || Instant::now() >= self.pending.until;
+        let read = (self.pending.read)(last)
+            .or_else(|| last.then(|| Err(ToolError::new("internal error: a waiting read gave no answer at its end; retry the call"))))?;
+        Some(answer(&self.app, &self.call, tools::finish(&self.app, read)))
+    }
+
+    fn give_up(mut self: Box<Self>) -> Outcome {
+        self.pending.until = Instant::now();
+        match self.check() {
+            Some(outcome) => outcome,
+            None => {
+                answer(&self.app, &self.call, tools::failure(&ToolError::new("internal error: the wait ended without an answer; retry")))
+            }
+        }
+    }
+
+    fn until(&self) -> Instant {
+        self.pending.until
+    }
+
+    fn every(&self) -> Duration {
+        self.pending.every
     }
 }
 
@@ -316,7 +704,7 @@ mod tests {
     /// An app on a local provider under a fresh temporary directory (removed on drop). Routing
     /// never reaches the provider; `execute` here only takes paths that do not either.
     struct TestApp {
-        app: App,
+        app: Arc<App>,
         dir: PathBuf,
     }
 
@@ -336,7 +724,7 @@ mod tests {
         };
         let config = Config::load(&Args::default(), &env).unwrap();
         let provider = LocalProvider::new(&dir, Path::new("/bin/sh")).unwrap();
-        TestApp { app: App::with_provider(config, Arc::new(provider)), dir }
+        TestApp { app: Arc::new(App::with_provider(config, Arc::new(provider))), dir }
     }
 
     fn msg(line: &str) -> Incoming {
@@ -481,7 +869,7 @@ mod tests {
         let line = call_line(r#""a""#, r#"{"name":"run_command","arguments":{"command":"true"}}"#);
         let Route::Call(work) = route(&t.app, &session, msg(&line)) else { panic!("a valid call is queued") };
         assert_eq!(work.call.id, "a");
-        assert_eq!(work.call.tool.name, "run_command");
+        assert_eq!(work.call.name(), "run_command");
         assert_eq!(work.call.arguments["command"], "true");
         assert!(Arc::ptr_eq(&work.session, &session));
         assert_eq!(session.inflight_count(), 1);
@@ -581,7 +969,7 @@ mod tests {
         };
         let work = call("1");
         session.cancel(&json!(1));
-        match execute(&t.app, work) {
+        match execute(&t.app, work).now() {
             Outcome::Cancelled(v) => assert_eq!(error_code(&v), code::REQUEST_CANCELLED),
             other => panic!("{other:?}"),
         }
@@ -589,7 +977,7 @@ mod tests {
         let work = call("2");
         session.cancel(&json!(2));
         t.app.begin_draining();
-        match execute(&t.app, work) {
+        match execute(&t.app, work).now() {
             Outcome::Answer(v) => {
                 assert_eq!(error_code(&v), code::SERVER_BUSY, "shutdown answers, never drops as cancelled");
                 assert_eq!(v["error"]["message"], SHUTTING_DOWN);

@@ -5,6 +5,10 @@
 //! the transport's reply type on the worker thread. A panicking job is answered with -32603 and
 //! the worker goes on; the job's work is moved into the handler, so whatever it owns (the
 //! request's in-flight guard) is dropped while the panic unwinds.
+//!
+//! A handler may also answer [`Step::Later`]: it hands the job's reply over (as a [`Respond`])
+//! to whatever will answer it, so a call that waits (a `get_task` with `wait`) does not hold the
+//! worker while it waits.
 
 use crate::jsonrpc::{self, code, RpcError};
 use crossbeam_channel::{Receiver, Sender};
@@ -32,6 +36,24 @@ impl Outcome {
     }
 }
 
+/// Sends a job's answer, from whichever thread has it; used once.
+pub type Respond = Box<dyn FnOnce(Outcome) + Send>;
+
+/// What a handler did with a job.
+pub enum Step {
+    /// The answer, sent by the worker at once.
+    Done(Outcome),
+    /// The answer comes later: the worker passes the job's [`Respond`] to this, which must not
+    /// block (it parks the call somewhere that answers it), and goes on with the next job.
+    Later(Box<dyn FnOnce(Respond) + Send>),
+}
+
+impl From<Outcome> for Step {
+    fn from(outcome: Outcome) -> Step {
+        Step::Done(outcome)
+    }
+}
+
 /// One unit of work: what to run and where to send the answer.
 pub struct Job<T, R> {
     /// The request id, for the -32603 answer if the work panics.
@@ -43,13 +65,14 @@ pub struct Job<T, R> {
 }
 
 /// Starts `n` named workers that run `handler` on each job from a queue of `capacity` and send
-/// `R::from(outcome)` on the job's reply channel. Workers exit when every sender of the queue is
-/// dropped.
-pub fn spawn_workers<T, R, H>(n: usize, capacity: usize, handler: H) -> (Sender<Job<T, R>>, Vec<JoinHandle<()>>)
+/// `R::from(outcome)` on the job's reply channel (at once, or later through [`Step::Later`]).
+/// Workers exit when every sender of the queue is dropped.
+pub fn spawn_workers<T, R, S, H>(n: usize, capacity: usize, handler: H) -> (Sender<Job<T, R>>, Vec<JoinHandle<()>>)
 where
     T: Send + 'static,
     R: From<Outcome> + Send + 'static,
-    H: Fn(T) -> Outcome + Send + Sync + 'static,
+    S: Into<Step>,
+    H: Fn(T) -> S + Send + Sync + 'static,
 {
     let (tx, rx) = crossbeam_channel::bounded::<Job<T, R>>(capacity);
     let handler = Arc::new(handler);
@@ -59,7 +82,7 @@ where
         let handler = handler.clone();
         let spawned = thread::Builder::new().name(format!("sandbox-mcp-worker-{i}")).spawn(move || {
             for Job { id, work, reply } in rx {
-                let outcome = panic::catch_unwind(AssertUnwindSafe(|| handler(work))).unwrap_or_else(|payload| {
+                let step = panic::catch_unwind(AssertUnwindSafe(|| handler(work).into())).unwrap_or_else(|payload| {
                     let what = payload
                         .downcast_ref::<&str>()
                         .map(|s| s.to_string())
@@ -70,10 +93,17 @@ where
                         code::INTERNAL_ERROR,
                         "internal error while running the tool; the server is still running, retry or report this",
                     );
-                    Outcome::Answer(jsonrpc::error(&id, &err))
+                    Step::Done(Outcome::Answer(jsonrpc::error(&id, &err)))
                 });
-                // The receiver is gone when the client went away; nothing left to do then.
-                let _ = reply.send(R::from(outcome));
+                match step {
+                    // The receiver is gone when the client went away; nothing left to do then.
+                    Step::Done(outcome) => {
+                        let _ = reply.send(R::from(outcome));
+                    }
+                    Step::Later(park) => park(Box::new(move |outcome| {
+                        let _ = reply.send(R::from(outcome));
+                    })),
+                }
             }
         });
         match spawned {
@@ -106,6 +136,29 @@ mod tests {
         assert_eq!(first["error"]["code"], -32603);
         let second = rrx.recv().unwrap().into_response();
         assert_eq!(second["id"], 2);
+        drop(tx);
+        for h in handles {
+            h.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn a_job_answered_later_frees_its_worker_at_once() {
+        let (park_tx, park_rx) = crossbeam_channel::unbounded::<Respond>();
+        let (tx, handles) = spawn_workers(1, 4, move |work: &str| {
+            if work == "later" {
+                let park_tx = park_tx.clone();
+                return Step::Later(Box::new(move |respond| park_tx.send(respond).unwrap()));
+            }
+            Step::Done(Outcome::Answer(json!(work)))
+        });
+        let (rtx, rrx) = crossbeam_channel::unbounded::<Outcome>();
+        tx.send(Job { id: json!(1), work: "later", reply: rtx.clone() }).unwrap();
+        tx.send(Job { id: json!(2), work: "now", reply: rtx }).unwrap();
+        assert_eq!(rrx.recv().unwrap(), Outcome::Answer(json!("now")), "the one worker went on");
+        let respond = park_rx.recv().unwrap();
+        std::thread::spawn(move || respond(Outcome::Answer(json!("later")))).join().unwrap();
+        assert_eq!(rrx.recv().unwrap(), Outcome::Answer(json!("later")));
         drop(tx);
         for h in handles {
             h.join().unwrap();

@@ -9,13 +9,14 @@
 
 use crate::app::App;
 use crate::config::Config;
-use crate::limits::MAX_BODY_BYTES;
-use crate::protocol::{self, Work, WorkQueue};
-use crate::queue::{self, Outcome};
+use crate::limits::{MAX_BODY_BYTES, MAX_WAITING_CALLS};
+use crate::protocol::{self, Executed, Work, WorkQueue};
+use crate::queue::{self, Outcome, Step};
 use crate::session::{self, Session, Sessions};
 use crate::subscription;
 use crate::transport::http::{HttpServer, Listener};
 use crate::transport::stdio::{self, Out};
+use crate::waiter::Waiter;
 use anyhow::{Context, Result};
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::Arc;
@@ -39,14 +40,24 @@ impl std::fmt::Display for Stop {
     }
 }
 
-/// Starts the worker pool; each worker runs [`protocol::execute`] and answers with `R`.
-fn start_workers<R: From<Outcome> + Send + 'static>(app: &Arc<App>) -> WorkQueue<R> {
+/// Starts the worker pool and the waiter; each worker runs [`protocol::execute`] and answers with
+/// `R`, or parks a call that waits with the waiter, which answers it.
+fn start_workers<R: From<Outcome> + Send + 'static>(app: &Arc<App>) -> Result<WorkQueue<R>> {
     let handler_app = app.clone();
+    let waiter = Waiter::start().context("starting the waiter thread")?;
     let (queue, _handles) =
-        queue::spawn_workers(app.config.workers, app.config.queue_capacity, move |work: Work| protocol::execute(&handler_app, work));
+        queue::spawn_workers(app.config.workers, app.config.queue_capacity, move |work: Work| {
+            match protocol::execute(&handler_app, work) {
+                Executed::Now(outcome) => Step::Done(outcome),
+                Executed::Wait(watch) => {
+                    let waiter = waiter.clone();
+                    Step::Later(Box::new(move |respond| waiter.park_or_answer(watch, respond)))
+                }
+            }
+        });
     // Workers are not joined: they exit with the process, after shutdown has ended the sessions
     // and killed the commands they wait for.
-    queue
+    Ok(queue)
 }
 
 /// The first SIGTERM/SIGINT starts a graceful shutdown; a second one exits at once (sandboxes
@@ -72,7 +83,7 @@ fn watch_signals(stop: Sender<Stop>) -> Result<()> {
 /// Serves MCP over stdin/stdout until stdin ends or a signal arrives, then ends the session.
 pub fn run_stdio(config: Config) -> Result<()> {
     let app = Arc::new(App::new(config)?);
-    let queue = start_workers::<Out>(&app);
+    let queue = start_workers::<Out>(&app)?;
     let (reply_tx, reply_rx) = crossbeam_channel::unbounded::<Out>();
     stdio::spawn_writer(reply_rx).context("starting the stdout writer")?;
     let session = Arc::new(Session::new("stdio", false));
@@ -139,12 +150,12 @@ fn flush(replies: &Sender<Out>, wait: Duration) {
 /// Serves MCP over HTTP until SIGTERM/SIGINT, then ends every session.
 pub fn run_http(config: Config) -> Result<()> {
     let app = Arc::new(App::new(config)?);
-    let queue = start_workers::<Outcome>(&app);
+    let queue = start_workers::<Outcome>(&app)?;
     let sessions = Arc::new(Sessions::default());
     let listen = app.config.listen;
-    // One listener per job that can be in flight (queued or running) plus spare ones, so a cheap
-    // request (ping, tools/list, a 503) always finds a free listener.
-    let n_threads = app.config.workers + app.config.queue_capacity + 4;
+    // One listener per job that can be in flight (queued, running or waiting) plus spare ones, so
+    // a cheap request (ping, tools/list, a 503) always finds a free listener.
+    let n_threads = app.config.workers + app.config.queue_capacity + MAX_WAITING_CALLS + 4;
     let listener = Listener::new(app.clone(), sessions.clone(), queue, listen.ip().is_loopback());
     let server = HttpServer::start(listen, n_threads, listener)?;
     log::info!("listening on http://{}/mcp ({} provider)", server.addr, app.provider.name());

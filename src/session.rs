@@ -29,6 +29,8 @@ struct State {
     destroy: BTreeSet<String>,
     ended: bool,
     last_active: Instant,
+    /// Handles of the protocol tasks this session created, oldest first (`tasks/list`).
+    tasks: Vec<String>,
 }
 
 /// One MCP session.
@@ -102,6 +104,7 @@ impl Session {
                 destroy: BTreeSet::new(),
                 ended: false,
                 last_active: Instant::now(),
+                tasks: Vec::new(),
             }),
             inflight: Arc::new(Mutex::new(HashMap::new())),
         }
@@ -171,6 +174,23 @@ impl Session {
     /// Takes a sandbox out of the destroy set (`start_task` retains its sandbox).
     pub fn retain(&self, sandbox_id: &str) {
         self.state().destroy.remove(sandbox_id);
+    }
+
+    /// The version `initialize` negotiated ("" before it).
+    pub fn protocol_version(&self) -> String {
+        self.state().protocol_version.clone()
+    }
+
+    /// Records a protocol task this session created (its handle), for `tasks/list`.
+    pub fn record_task(&self, handle: &str) {
+        self.state().tasks.push(handle.to_string());
+    }
+
+    /// Up to `n` of this session's task handles from position `from`, and whether more follow.
+    pub fn tasks_page(&self, from: usize, n: usize) -> (Vec<String>, bool) {
+        let s = self.state();
+        let page: Vec<String> = s.tasks.iter().skip(from).take(n).cloned().collect();
+        (page, s.tasks.len() > from + n)
     }
 
     /// Forgets a sandbox that was killed.

@@ -58,17 +58,23 @@ Values of secret-named environment variables are masked as ***. For anything lon
     run,
 };
 
-/// The arguments of `run_command`.
-struct Request<'a> {
-    sandbox_id: Option<&'a str>,
-    command: &'a str,
-    cwd: Option<&'a str>,
-    envs: BTreeMap<String, String>,
-    timeout: Duration,
+/// The arguments of `run_command` (also read by a task-augmented call, `mcp_tasks::create`).
+pub struct Request<'a> {
+    /// The sandbox given, if any.
+    pub sandbox_id: Option<&'a str>,
+    /// The command line.
+    pub command: &'a str,
+    /// The working directory given, if any.
+    pub cwd: Option<&'a str>,
+    /// The call's own environment variables.
+    pub envs: BTreeMap<String, String>,
+    /// The command's timeout.
+    pub timeout: Duration,
 }
 
 impl<'a> Request<'a> {
-    fn read(args: &'a Args) -> Result<Request<'a>, ToolError> {
+    /// Reads validated arguments of run_command.
+    pub fn read(args: &'a Args) -> Result<Request<'a>, ToolError> {
         Ok(Request {
             sandbox_id: args.text(&SANDBOX_ID)?,
             command: args.required_text(&COMMAND)?,

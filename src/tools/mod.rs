@@ -11,8 +11,10 @@ use crate::mask::Masker;
 use crate::provider::ProviderError;
 use crate::session::Session;
 use serde_json::{json, Map, Value};
+use std::cell::RefCell;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 pub mod args;
 mod command;
@@ -21,6 +23,12 @@ mod sandbox;
 mod tasks;
 
 use args::{Args, Param};
+pub use command::{Request as CommandRequest, TIMED_OUT_EXIT_CODE};
+
+/// Reads run_command's validated arguments (for a task-augmented call).
+pub fn command_request(args: &Args) -> Result<CommandRequest<'_>, ToolError> {
+    CommandRequest::read(args)
+}
 
 /// What a tool handler can reach.
 pub struct Ctx<'a> {
@@ -30,6 +38,47 @@ pub struct Ctx<'a> {
     pub session: &'a Session,
     /// Set when the client cancels the request.
     pub cancel: &'a Arc<AtomicBool>,
+    /// Where a handler leaves a [`Pending`] read when its call must wait; the caller then
+    /// answers later (a worker parks it with the waiter, `sandbox-mcp call` blocks on it).
+    pub deferred: &'a RefCell<Option<Pending>>,
+}
+
+impl Ctx<'_> {
+    /// Asks for the call to be answered by `pending` instead of the handler's own result.
+    pub fn defer(&self, pending: Pending) {
+        *self.deferred.borrow_mut() = Some(pending);
+    }
+}
+
+/// The result of a read.
+pub type ReadResult = Result<Value, ToolError>;
+
+/// A call that waits for something in a sandbox (a `get_task` with `wait`): how to read again and
+/// until when. It never runs on a worker: the waiter thread reads it every `every`.
+pub struct Pending {
+    /// When the wait ends.
+    pub until: Instant,
+    /// Time between two reads.
+    pub every: Duration,
+    /// Reads once; `Some` when the call can be answered. With `true` (the wait is over) it
+    /// must answer.
+    pub read: Box<dyn FnMut(bool) -> Option<ReadResult> + Send>,
+}
+
+impl Pending {
+    /// Waits on the calling thread (for `sandbox-mcp call`, which has no waiter).
+    pub fn block(mut self) -> ReadResult {
+        loop {
+            let last = Instant::now() >= self.until;
+            if let Some(done) = (self.read)(last) {
+                return done;
+            }
+            if last {
+                return Err(ToolError::new("internal error: a waiting read gave no answer at its end; retry the call"));
+            }
+            std::thread::sleep(self.every.min(self.until.saturating_duration_since(Instant::now())));
+        }
+    }
 }
 
 /// A failed tool call: an `isError: true` result, never a protocol error.
@@ -113,6 +162,13 @@ pub fn list() -> Value {
                 },
             })
         })
+        .map(|mut tool| {
+            // 2025-11-25 protocol tasks (mcp_tasks.rs); other versions ignore the field.
+            if crate::mcp_tasks::TASK_TOOLS.iter().any(|n| tool["name"] == *n) {
+                tool["execution"] = json!({"taskSupport": "optional"});
+            }
+            tool
+        })
         .collect();
     json!({ "tools": tools })
 }
@@ -135,15 +191,20 @@ fn title(name: &str) -> String {
 /// Runs one tool call and returns its `CallToolResult`.
 pub fn call(ctx: &Ctx<'_>, tool: &Tool, arguments: &Map<String, Value>) -> Value {
     let outcome = args::validate(tool.name, tool.params, arguments).map_err(ToolError::new).and_then(|a| (tool.run)(ctx, &a));
+    finish(ctx.app, outcome)
+}
+
+/// Turns a handler's result into a `CallToolResult`, masking the server's own secrets.
+pub fn finish(app: &App, outcome: ReadResult) -> Value {
     let mut result = match outcome {
         Ok(structured) => success(structured),
         Err(err) => failure(&err),
     };
-    let dynamic = ctx.app.provider.secret_values();
+    let dynamic = app.provider.secret_values();
     if dynamic.is_empty() {
-        ctx.app.host_masker.mask_json(&mut result);
+        app.host_masker.mask_json(&mut result);
     } else {
-        ctx.app.host_masker.merged(&Masker::from_values(dynamic.iter().map(String::as_str))).mask_json(&mut result);
+        app.host_masker.merged(&Masker::from_values(dynamic.iter().map(String::as_str))).mask_json(&mut result);
     }
     result
 }
@@ -166,19 +227,24 @@ pub fn failure(err: &ToolError) -> Value {
 /// The sandbox a call targets: its `sandbox_id` argument (`given`), else the session's default
 /// sandbox.
 pub fn target_sandbox(ctx: &Ctx<'_>, given: Option<&str>) -> Result<String, ToolError> {
+    resolve_sandbox(ctx.app, ctx.session, given)
+}
+
+/// [`target_sandbox`] outside a tool handler.
+pub fn resolve_sandbox(app: &App, session: &Session, given: Option<&str>) -> Result<String, ToolError> {
     let id = match given {
         Some(id) => id.to_string(),
-        None if ctx.session.is_stateless() => {
+        None if session.is_stateless() => {
             return Err(ToolError::new(
                 "sandbox_id is required: a 2026-07-28 request over HTTP has no session and so no default sandbox; \
 call create_sandbox and pass the sandbox_id it returns",
             ))
         }
-        None => ctx.session.default_sandbox().ok_or_else(|| {
+        None => session.default_sandbox().ok_or_else(|| {
             ToolError::new("no sandbox_id was given and this session has no default sandbox; call create_sandbox first, or pass sandbox_id")
         })?,
     };
-    ctx.app.provider.check_id(&id)?;
+    app.provider.check_id(&id)?;
     Ok(id)
 }
 

@@ -3,10 +3,11 @@
 //! tools never renew its TTL.
 
 use super::args::{Args, Kind, Param};
-use super::{Ctx, Tool, ToolError, SANDBOX_ID, SANDBOX_ID_REQUIRED};
+use super::{Ctx, Pending, Tool, ToolError, SANDBOX_ID, SANDBOX_ID_REQUIRED};
 use crate::supervisor::{self, Deleted, Launch, Snapshot, Started, Target, TaskState, Window};
 use crate::{ids, limits};
 use serde_json::{json, Value};
+use std::time::{Duration, Instant};
 
 const TASK_ID: Param = Param {
     name: "task_id",
@@ -34,6 +35,14 @@ const LIMIT: Param = Param {
     kind: Kind::Int { min: limits::READ_LIMIT_MIN, max: limits::READ_LIMIT_MAX, default: Some(limits::READ_LIMIT_DEFAULT) },
     required: false,
     description: "Bytes per stream to return.",
+};
+
+const WAIT: Param = Param {
+    name: "wait",
+    kind: Kind::Int { min: 0, max: limits::MAX_WAIT_S, default: Some(0) },
+    required: false,
+    description: "Seconds to wait (0-60) for output beyond the offsets given or for the task to end; the read answers as soon as \
+either happens, else when the wait is over. 0 reads at once.",
 };
 
 const COMMAND: Param =
@@ -97,8 +106,9 @@ start the command again blindly.",
 pub const GET: Tool = Tool {
     name: "get_task",
     description: "Read a background task's state, exit code and a page of each log. Logs keep the first 1 MiB per stream; \
-page through them with stdout_offset/stderr_offset (the *_next_offset of the previous read).",
-    params: &[SANDBOX_ID_REQUIRED, TASK_ID, STDOUT_OFFSET, STDERR_OFFSET, LIMIT],
+page through them with stdout_offset/stderr_offset (the *_next_offset of the previous read). With wait (seconds, at most 60) \
+the read answers when there is new output past those offsets or the task has ended, instead of polling.",
+    params: &[SANDBOX_ID_REQUIRED, TASK_ID, STDOUT_OFFSET, STDERR_OFFSET, LIMIT, WAIT],
     output_schema: snapshot_schema,
     read_only: true,
     destructive: false,
@@ -260,13 +270,37 @@ shorten the command, or write a script with write_file and start that",
 fn get(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
     let (given, task_id) = handle(args)?;
     let window = window(args)?;
+    let wait = Duration::from_secs(args.integer(&WAIT)?.max(0) as u64);
     let sandbox_id = super::target_sandbox(ctx, Some(given))?;
     let task_id = checked_task_id(task_id)?;
     let target = Target { provider: ctx.app.provider.as_ref(), sandbox_id: &sandbox_id };
-    match supervisor::status(&target, &task_id, window)? {
-        Some(s) => Ok(render(&sandbox_id, &s)),
-        None => Err(no_such_task(&sandbox_id, &task_id)),
+    let Some(first) = supervisor::status(&target, &task_id, window)? else {
+        return Err(no_such_task(&sandbox_id, &task_id));
+    };
+    if wait.is_zero() || has_news(&first, window) {
+        return Ok(render(&sandbox_id, &first));
     }
+    // Wait off the worker: the waiter reads again every `every` until there is news or the
+    // wait is over (docs/contract.md, "Waiting reads").
+    let provider = ctx.app.provider.clone();
+    let every = crate::waiter::poll_interval(provider.as_ref());
+    let read = move |last: bool| {
+        let target = Target { provider: provider.as_ref(), sandbox_id: &sandbox_id };
+        match supervisor::status(&target, &task_id, window) {
+            Ok(Some(s)) if last || has_news(&s, window) => Some(Ok(render(&sandbox_id, &s))),
+            Ok(Some(_)) => None,
+            Ok(None) => Some(Err(no_such_task(&sandbox_id, &task_id))),
+            Err(err) => Some(Err(err.into())),
+        }
+    };
+    ctx.defer(Pending { until: Instant::now() + wait, every, read: Box::new(read) });
+    Ok(Value::Null)
+}
+
+/// Whether a waiting read can answer: output past the offsets asked for, or a state other than
+/// running (final, or unknown: waiting would not tell more).
+fn has_news(s: &Snapshot, window: Window) -> bool {
+    s.state != TaskState::Running || s.stdout_bytes > window.stdout_offset || s.stderr_bytes > window.stderr_offset
 }
 
 fn cancel(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {

@@ -12,7 +12,14 @@ use crate::jsonrpc::{code, RpcError};
 use serde_json::Value;
 
 /// Methods whose `Mcp-Name` header mirrors a body parameter, and that parameter.
-const NAMED: &[(&str, &str)] = &[("tools/call", "name"), ("resources/read", "uri"), ("prompts/get", "name")];
+const NAMED: &[(&str, &str)] = &[
+    ("tools/call", "name"),
+    ("resources/read", "uri"),
+    ("prompts/get", "name"),
+    ("tasks/get", "taskId"),
+    ("tasks/cancel", "taskId"),
+    ("tasks/update", "taskId"),
+];
 
 fn mismatch(message: String) -> RpcError {
     RpcError::new(code::HEADER_MISMATCH, message)
@@ -111,6 +118,13 @@ mod tests {
         }
         // A call without a name in its body needs no Mcp-Name (the method then reports the error).
         assert_eq!(run(&[v, ("Mcp-Method", "tools/call")], "tools/call", json!({})), Ok(()));
+        // Task methods name their task.
+        for method in ["tasks/get", "tasks/cancel", "tasks/update"] {
+            let task = json!({"taskId": "t.s"});
+            assert_eq!(run(&[v, ("Mcp-Method", method), ("Mcp-Name", "t.s")], method, task.clone()), Ok(()), "{method}");
+            assert_eq!(run(&[v, ("Mcp-Method", method)], method, task.clone()), Err(code::HEADER_MISMATCH), "{method}");
+            assert_eq!(run(&[v, ("Mcp-Method", method), ("Mcp-Name", "x.s")], method, task), Err(code::HEADER_MISMATCH), "{method}");
+        }
     }
 
     #[test]

@@ -35,6 +35,7 @@ mod options;
 mod probes;
 mod process;
 mod protocol;
+mod protocol_tasks;
 mod proxy;
 mod pueue;
 mod requests;
@@ -90,6 +91,9 @@ fn run() -> Result<ExitCode> {
     b.section("tasks", "cancel latency", |b| tasks::cancel_latency(b, &mut ctl));
     b.section("tasks", "output pump throughput", |b| tasks::pump_throughput(b, &mut ctl));
     b.section("tasks", "line visibility", |b| tasks::visibility(b, &mut ctl));
+    b.section("tasks", "line visibility, waiting read", |b| tasks::visibility_waiting(b, &mut ctl));
+    b.section("tasks", "tasks/get vs get_task", |b| protocol_tasks::tasks_get_vs_get_task(b, &mut ctl));
+    b.section("tasks", "run_command promoted to a task", |b| protocol_tasks::promotion_latency(b, &mut ctl));
     b.section("pueue", "pueue vs task tools", |b| pueue::pueue_vs_tasks(b, &mut ctl));
     b.section("http", "HTTP ping, scaling and starvation", |b| http::http_ping(b, &ctl));
     b.section("protocol", "MCP 2026-07-28 next to 2025-11-25", protocol::modern_wire);

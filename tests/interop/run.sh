@@ -92,4 +92,13 @@ for revision in 2026-07-28 2025-11-25; do
         sed -n '/SUMMARY/,$p' "$home/conformance-$revision.log"; exit 1; }
     sed -n '/SUMMARY/,$p' "$home/conformance-$revision.log" | grep -E "^Total|✓|Baseline"
 done
+echo "== MCP conformance suite 0.2.0-alpha.12 (HTTP, the tasks extension's scenarios)"
+for scenario in tasks-capability-negotiation tasks-dispatch-and-envelope tasks-lifecycle tasks-mrtr-composition \
+    tasks-mrtr-input tasks-request-headers tasks-request-state-removal tasks-required-task-error \
+    tasks-status-notifications tasks-wire-fields; do
+    (cd "$home" && "$tools/npm-alpha/node_modules/.bin/conformance" server --url "$url" --scenario "$scenario" \
+        --spec-version 2026-07-28 --force --expected-failures "$root/tests/interop/conformance-baseline-tasks.yml" \
+        >"$home/conformance-$scenario.log" 2>&1) || { cat "$home/conformance-$scenario.log"; exit 1; }
+    echo "$scenario: $(grep -E 'Passed:' "$home/conformance-$scenario.log" | tail -1 | sed 's/\x1b\[[0-9;]*m//g')"
+done
 echo "interop: all passed"

@@ -61,7 +61,7 @@ fn stdio_serves_both_eras_in_one_process() {
     assert_complete(r);
     assert_eq!(r["supportedVersions"], json!([V]));
     assert_eq!(r["capabilities"]["tools"], json!({"listChanged": false}));
-    assert_eq!(r["capabilities"]["extensions"], json!({}));
+    assert_eq!(r["capabilities"]["extensions"], json!({"io.modelcontextprotocol/tasks": {}}));
     assert!(r["ttlMs"].as_u64().is_some() && r["cacheScope"] == "public", "{r}");
     let list = send(body(json!(1), "tools/list", json!({})), json!(1));
     assert_complete(&list["result"]);

@@ -1,0 +1,86 @@
+//! Protocol tasks: `tasks/get` against `get_task` of the same finished task, and the promotion
+//! latency of a 2026-07-28 run_command (from `--task-after` to the `CreateTaskResult`).
+
+use crate::bench::Bench;
+use crate::control::Ctl;
+use crate::probes::interleave;
+use crate::session::{self, Tools};
+use crate::table::Row;
+use crate::units::{dur, times};
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+use std::cell::RefCell;
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// 2025-11-25 `tasks/get` and `get_task` of the same finished task, interleaved.
+pub fn tasks_get_vs_get_task(b: &mut Bench, ctl: &mut Ctl) -> Result<()> {
+    let (warm, rounds, block) = (b.n(30), b.n(10), b.n(30));
+    let handle = format!("{}.{}", ctl.done_task, ctl.plain);
+    let args = json!({"sandbox_id": ctl.plain, "task_id": ctl.done_task});
+    // Both probes use the one control session, one call at a time.
+    let rpc = RefCell::new(&mut ctl.rpc);
+    let xs = interleave(
+        warm,
+        rounds,
+        block,
+        &mut [
+            Box::new(|| rpc.borrow_mut().timed("get_task", &args, |r| r["state"] == "succeeded")),
+            Box::new(|| {
+                let t = Instant::now();
+                let r = rpc.borrow_mut().request("tasks/get", json!({"taskId": handle}), WAIT)?;
+                let e = t.elapsed().as_secs_f64();
+                if r["result"]["status"] != "completed" {
+                    bail!("tasks/get {handle} returned {r}");
+                }
+                Ok(e)
+            }),
+        ],
+    )?;
+    let ours = b.keep("get_task.same_task", &xs[0]);
+    let tasks_get = b.keep("tasks_get", &xs[1]);
+    let r = tasks_get.median / ours.median;
+    b.row(
+        Row::new("tasks", "2025-11-25 `tasks/get` (finished task, stdio)")
+            .lat(&tasks_get)
+            .vs(format!("`get_task` {}", dur(ours.median)))
+            .ratio(format!("{} get_task", times(r)))
+            .target("≤ 1.2× get_task", r <= 1.2),
+    );
+    Ok(())
+}
+
+/// A 2026-07-28 run_command (tasks extension declared) of `sleep 30` against a server with
+/// `--task-after 1`: the time from the threshold to the `CreateTaskResult`.
+pub fn promotion_latency(b: &mut Bench, ctl: &mut Ctl) -> Result<()> {
+    let n = b.n(10).max(3);
+    let mut rpc = session::spawn(b.ours(&["--task-after", "1", "stdio"]), &b.log("promotion"))?;
+    let meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}},
+    });
+    let mut late = Vec::with_capacity(n);
+    for _ in 0..n {
+        let args = json!({"sandbox_id": ctl.plain, "command": "sleep 30", "timeout": 60});
+        let t = Instant::now();
+        let r = rpc.request("tools/call", json!({"name": "run_command", "arguments": args, "_meta": meta}), WAIT)?;
+        let e = t.elapsed().as_secs_f64();
+        let result: &Value = &r["result"];
+        if result["resultType"] != "task" {
+            bail!("run_command was not answered with a task: {r}");
+        }
+        late.push((e - 1.0).max(0.0));
+        let id = result["taskId"].as_str().context("no taskId")?;
+        rpc.request("tasks/cancel", json!({"taskId": id, "_meta": meta}), WAIT)?;
+    }
+    rpc.end()?;
+    let s = b.keep("promotion_latency", &late);
+    b.row(
+        Row::new("tasks", "2026-07-28 run_command → task: `--task-after` to `CreateTaskResult` (stdio)")
+            .lat(&s)
+            .note("measured from the call's start minus --task-after 1 s; includes the supervisor's start")
+            .target("< 100 ms", s.median < 0.100),
+    );
+    Ok(())
+}

@@ -145,7 +145,7 @@ fn tool_calls_create_few_processes() {
         Counter::Namespace => 1,
         Counter::Machine => 5,
     };
-    let mut min = |c: &mut Counted, f: &mut dyn FnMut(&mut Counted)| (0..rounds).map(|_| c.processes(&mut *f)).min().unwrap();
+    let min = |c: &mut Counted, f: &mut dyn FnMut(&mut Counted)| (0..rounds).map(|_| c.processes(&mut *f)).min().unwrap();
 
     let run = min(&mut c, &mut |c| {
         c.m.ok("run_command", json!({"sandbox_id": sb, "command": "true"}));

@@ -1,4 +1,5 @@
 //! The two transports: stdio (one session per process) and HTTP (sessions by header).
 
+pub mod body_budget;
 pub mod http;
 pub mod stdio;

@@ -85,30 +85,28 @@ pick_tools() {
 # (written is - when only the log's size says). When writing LOG fails (a full disk) it still
 # drains the stream, so that the task is neither blocked nor killed by SIGPIPE, and marks
 # NAME.trunc and NAME.wfail. Runs as a subshell of the supervisor.
-# The copying process opens the FIFO itself, before this shell holds it open for the drain: once
-# the supervisor's open for writing returns, the copier exists (the process count of a start
-# does not depend on timing).
+# This shell opens the FIFO first (it never blocks: the supervisor holds both ends) and keeps
+# it open until the stream has been drained; the copiers read it through that descriptor.
 pump() {
+    exec 5<"$1.fifo"
     _w=- _d=0 _wfail=
     if [ -n "$MASK" ]; then
         # The masker reads the FIFO directly; the supervisor writes one newline after the task's
         # last byte, which with mask.awk's leading-newline output keeps the log byte-exact.
         # mawk stops at a failed write, busybox awk goes on; either way the meta file is missing.
-        LC_ALL=C $AWK -v cap="$LOG_CAP" -v meta="$1.meta" -v trunc="$1.trunc" "$MASK_AWK" <"$1.fifo" >>"$2" &
+        LC_ALL=C $AWK -v cap="$LOG_CAP" -v meta="$1.meta" -v trunc="$1.trunc" "$MASK_AWK" <&5 >>"$2" &
         _c=$!
-        exec 5<"$1.fifo"
         if wait "$_c" && [ -s "$1.meta" ]; then
             return 0
         fi
         _wfail=1
     else
         case $PLAIN in
-        gnu) stdbuf -o0 head -c "$LOG_CAP" <"$1.fifo" >>"$2" &;;
-        bytes) dd bs=65536 iflag=count_bytes count="$LOG_CAP" <"$1.fifo" >>"$2" 2>/dev/null &;;
-        *) dd bs=1 count="$LOG_CAP" <"$1.fifo" >>"$2" 2>/dev/null &;;
+        gnu) stdbuf -o0 head -c "$LOG_CAP" <&5 >>"$2" &;;
+        bytes) dd bs=65536 iflag=count_bytes count="$LOG_CAP" <&5 >>"$2" 2>/dev/null &;;
+        *) dd bs=1 count="$LOG_CAP" <&5 >>"$2" 2>/dev/null &;;
         esac
         _c=$!
-        exec 5<"$1.fifo"
         wait "$_c" || _wfail=1
     fi
     _more=
@@ -135,6 +133,31 @@ pump() {
         _d=$((_d + _rest))
     fi
     printf '%s %s\n' "$_w" "$_d" >"$1.meta"
+}
+
+# start_pumps: decides how to copy (masking or not), then starts one pump per stream.
+# (Redirections of a background child are made with `exec` inside it: on a function call the
+# shell would keep saved copies of the old descriptors open for the call's whole life.)
+start_pumps() {
+    wants_mask && MASK=1
+    pick_tools
+    (
+        exec </dev/null >/dev/null 2>>supervisor.err 7>&- 8>&- 9>&-
+        pump out stdout.log
+    ) &
+    P1=$!
+    (
+        exec </dev/null >/dev/null 2>>supervisor.err 7>&- 8>&- 9>&-
+        pump err stderr.log
+    ) &
+    P2=$!
+    proc_stat "$P1" && P1S=$ST_START
+    proc_stat "$P2" && P2S=$ST_START
+}
+
+# pumps_open: both pumps hold their FIFO (or are gone): the supervisor may let go of its ends.
+pumps_open() {
+    { [ -e "/proc/$P1/fd/5" ] || ! alive "$P1" "$P1S"; } && { [ -e "/proc/$P2/fd/5" ] || ! alive "$P2" "$P2S"; }
 }
 
 # timer: TERM to the task's group at its deadline, KILL after TERM_GRACE_CS. The supervisor
@@ -229,6 +252,14 @@ finish() {
         done
     fi
     kill_escaped
+    # The supervisor's ends of the FIFOs go last, once the pumps hold theirs (a pump that opened
+    # its FIFO after that would wait for a writer forever).
+    _g=0
+    until pumps_open; do
+        _g=$((_g + 1))
+        [ "$_g" -ge 1000 ] && break
+        [ "$_g" -ge 200 ] && sleep 0.005
+    done
     # The masker's final newline (see pump), then the supervisor's own ends of the FIFOs.
     # (A pump killed from outside must not take the supervisor with it: no SIGPIPE here; the
     # task, started earlier, keeps the default.)
@@ -298,27 +329,12 @@ supervise() {
     set -- $TSH
     set +f
     [ -x "$1" ] || TSH=/bin/sh
-    wants_mask && MASK=1
-    pick_tools
     if ! mkfifo out.fifo err.fifo 2>>supervisor.err; then
         give_up failed_to_start "mkfifo failed: the sandbox needs mkfifo and a filesystem that supports FIFOs"
     fi
-    # Pumps first: opening a FIFO blocks until both ends are open.
-    # (Redirections of a background child are made with `exec` inside it: on a function call the
-    # shell would keep saved copies of the old descriptors open for the call's whole life.)
-    (
-        exec </dev/null >/dev/null 2>>supervisor.err 9>&-
-        pump out stdout.log
-    ) &
-    P1=$!
-    (
-        exec </dev/null >/dev/null 2>>supervisor.err 9>&-
-        pump err stderr.log
-    ) &
-    P2=$!
-    exec 7>out.fifo 8>err.fifo
-    proc_stat "$P1" && P1S=$ST_START
-    proc_stat "$P2" && P2S=$ST_START
+    # The FIFOs are opened read-write, which never blocks: the task starts at once, and its
+    # first bytes wait in the pipes until the pumps read them.
+    exec 7<>out.fifo 8<>err.fifo
     [ -e cancel ] && give_up cancelled
     cd "$CWD" 2>/dev/null || give_up failed_to_start "cwd $CWD no longer exists"
     set -f
@@ -338,20 +354,23 @@ supervise() {
     done
     if proc_stat "$TPID" && [ "$ST_PGID" = "$TPID" ]; then TSTART=$ST_START; fi
     if [ "$ST_STATE" != Z ]; then
+        save running
+        # start.sh's answer: the task runs in its own group. What follows (the pumps, the timer)
+        # is not on the way to it.
+        printf 'running\n' >&9
+        exec 9>&-
+        start_pumps
         (
             exec </dev/null >/dev/null 2>&1 7>&- 8>&- 9>&-
             timer
         ) &
         TMR=$!
-        save running
-        # start.sh's answer: the task runs in its own group.
-        printf 'running\n' >&9
-        exec 9>&-
         wait "$TPID"
         RC=$?
         kill -s TERM "$TMR" 2>/dev/null
     else
         # The task has already ended: start.sh answers with its end.
+        start_pumps
         wait "$TPID"
         RC=$?
     fi

@@ -118,20 +118,25 @@ impl Counted {
         })
     }
 
-    /// Waits until the supervisor of a task started with `timeout` has armed its timer (the
-    /// timer's sleep is the last process a start creates, possibly just after the answer).
+    /// Waits until the supervisor of a task started with `timeout` has settled: its timer's sleep
+    /// and both pumps' copiers run (they are started last, possibly just after the answer).
     fn settled(&self, timeout: u64) {
         let tag = format!("SANDBOX_MCP_SANDBOX={}", self.sb);
-        wait_for(Duration::from_secs(10), "the task's timer", || {
+        let timer = format!("sleep\0{timeout}\0");
+        wait_for(Duration::from_secs(10), "the task's timer and pumps", || {
             let dir = std::fs::read_dir("/proc").ok()?;
-            dir.flatten()
-                .filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())))
-                .any(|e| {
-                    let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-                    let env = std::fs::read(e.path().join("environ")).unwrap_or_default();
-                    cmd == format!("sleep\0{timeout}\0").as_bytes() && env.windows(tag.len()).any(|w| w == tag.as_bytes())
-                })
-                .then_some(())
+            let (mut timers, mut copiers) = (0, 0);
+            for e in dir.flatten().filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))) {
+                let env = std::fs::read(e.path().join("environ")).unwrap_or_default();
+                if !env.windows(tag.len()).any(|w| w == tag.as_bytes()) {
+                    continue;
+                }
+                let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+                let argv0 = cmd.split(|b| *b == 0).next().unwrap_or_default();
+                timers += usize::from(cmd == timer.as_bytes());
+                copiers += usize::from(matches!(argv0, b"head" | b"dd" | b"awk"));
+            }
+            (timers == 1 && copiers == 2).then_some(())
         });
     }
 }

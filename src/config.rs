@@ -90,6 +90,8 @@ pub struct Config {
     /// After this long a run_command of a 2026-07-28 client with the tasks extension is answered
     /// with a task; zero: never.
     pub task_after: Duration,
+    /// Bytes of HTTP request bodies held in memory at once.
+    pub body_budget: usize,
     /// State root of the local provider.
     pub home: PathBuf,
     /// The POSIX shell the local provider runs snippets and commands with.
@@ -220,6 +222,14 @@ options! {
         env: Some("SANDBOX_MCP_SESSION_IDLE"),
         default: Text("3600"),
         help: "seconds after which an idle HTTP session ends (its sandboxes are killed)",
+    };
+    /// Memory for HTTP request bodies held at once, in MiB.
+    BODY_BUDGET = OptionSpec {
+        flag: Some("--body-budget"),
+        takes_value: true,
+        env: Some("SANDBOX_MCP_BODY_BUDGET"),
+        default: Text("64"),
+        help: "MiB of HTTP request bodies held in memory at once; beyond it 503 with Retry-After",
     };
     /// HTTP bearer token; never a flag, so it stays out of process listings.
     HTTP_TOKEN = OptionSpec {
@@ -440,6 +450,8 @@ impl Config {
             queue_capacity: src.number(&QUEUE, 1, 65_536)?,
             session_idle: src.seconds(&SESSION_IDLE, 1, 30 * 86_400)?,
             task_after: src.seconds(&TASK_AFTER, 0, 3600)?,
+            // At least one body of the largest size must fit.
+            body_budget: src.number(&BODY_BUDGET, crate::limits::MAX_BODY_BYTES >> 20, 1 << 20)? << 20,
             listen: src.address(&LISTEN)?,
             http_token: src.given(&HTTP_TOKEN),
             home: match src.given(&STATE_ROOT) {

@@ -244,6 +244,9 @@ fn wait_with_output(child: &mut Child, spawn: &Spawn<'_>, shell: &Path, running:
             match done_rx.recv_timeout(wait) {
                 Ok(()) => {
                     pipes_open -= 1;
+                    // Closed pipes usually mean the child is exiting: look again soon, not after
+                    // the longest step reached while it ran.
+                    step = Duration::from_micros(50);
                     continue;
                 }
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}

@@ -63,20 +63,48 @@ boot_id() {
     read -r BOOT 2>/dev/null </proc/sys/kernel/random/boot_id
 }
 
+# Seconds one scan of environments may take (see environ_has).
+ENVIRON_READ_S=2
+
+# environ_has TAG FILE... and environ_list TAG FILE...: whether one of the /proc/PID/environ
+# FILEs holds TAG, and which ones do. Reading another process's environment takes that process's
+# memory-map lock, which a process under memory pressure can hold for a long time: the reads are
+# bounded by `timeout` (the read is killable) where it exists, and callers pass only the few
+# processes that can matter, never all of /proc.
+environ_has() {
+    environ_grep -q "$@"
+}
+
+environ_list() {
+    environ_grep -l "$@"
+}
+
+environ_grep() {
+    command -v grep >/dev/null 2>&1 || return 1
+    _o=$1 _tag=$2
+    shift 2
+    if command -v timeout >/dev/null 2>&1; then
+        timeout -s KILL "$ENVIRON_READ_S" grep "$_o" -a -F "$_tag" "$@" 2>/dev/null
+    else
+        grep "$_o" -a -F "$_tag" "$@" 2>/dev/null
+    fi
+}
+
 # group_tagged PGID ID: a live (non-zombie) member of that group carries task ID's environment tag.
 # The tag is what proves the group is still the task's: once a group empties, its id can be
 # reused by an unrelated group (fast in a small pid namespace), and membership alone would
-# then point at strangers.
+# then point at strangers. Only the group's members are read.
 group_tagged() {
     case $1 in '' | *[!0-9]* | 0 | 1) return 1 ;; esac
-    command -v grep >/dev/null 2>&1 || return 1
+    set -- "$1" "$2"
     for _p in /proc/[0-9]*; do
         proc_stat "${_p#/proc/}" || continue
-        if [ "$ST_PGID" = "$1" ] && [ "$ST_STATE" != Z ] && grep -q -a -F "SANDBOX_MCP_TASK=$2" "$_p/environ" 2>/dev/null; then
-            return 0
-        fi
+        [ "$ST_PGID" = "$1" ] && [ "$ST_STATE" != Z ] && [ -O "$_p" ] && set -- "$@" "$_p/environ"
     done
-    return 1
+    [ $# -gt 2 ] || return 1
+    _id=$2
+    shift 2
+    environ_has "SANDBOX_MCP_TASK=$_id" "$@"
 }
 
 # sig_group SIG PGID: the builtin kill to a whole group; never group 0 or 1. dash needs `--`
@@ -99,14 +127,25 @@ sig_task() {
     group_tagged "$2" "$4" && sig_group "$1" "$2"
 }
 
-# read_state DIR: loads DIR/state (key=value lines) into S_* variables. Never sourced.
+# read_state DIR: loads DIR/state into S_* variables. Never sourced. The file is a series of
+# blocks of key=value lines, each ending with a `.` line; writers append whole blocks and the
+# last complete block holds the state (a block being appended is ignored until its `.`). A file
+# without any `.` line (written by an older version) is one block.
 # shellcheck disable=SC2034 # each snippet reads the keys it needs
 read_state() {
-    S_status='' S_boot_id='' S_sup_pid='' S_sup_start='' S_pgid='' S_task_start='' S_timeout=''
-    S_started_at='' S_finished_at='' S_exit_code='' S_error='' S_escaped='' S_out_bytes=''
-    S_err_bytes='' S_claimed_cs='' S_out_truncated='' S_err_truncated=''
+    state_clear
     [ -r "$1/state" ] || return 1
+    _blocks=0 _open=0
     while IFS= read -r _l || [ -n "$_l" ]; do
+        case $_l in
+        .)
+            state_keep
+            _blocks=1 _open=0
+            continue
+            ;;
+        esac
+        [ "$_open" = 1 ] || state_clear
+        _open=1
         case $_l in
         status=*) S_status=${_l#*=} ;;
         boot_id=*) S_boot_id=${_l#*=} ;;
@@ -127,7 +166,31 @@ read_state() {
         claimed_cs=*) S_claimed_cs=${_l#*=} ;;
         esac
     done <"$1/state"
+    # An unfinished last block: the last complete one is the state.
+    [ "$_open" = 1 ] && [ "$_blocks" = 1 ] && state_restore
     [ -n "$S_status" ]
+}
+
+# shellcheck disable=SC2034 # read by the snippets
+state_clear() {
+    S_status='' S_boot_id='' S_sup_pid='' S_sup_start='' S_pgid='' S_task_start='' S_timeout=''
+    S_started_at='' S_finished_at='' S_exit_code='' S_error='' S_escaped='' S_out_bytes=''
+    S_err_bytes='' S_claimed_cs='' S_out_truncated='' S_err_truncated=''
+}
+
+state_keep() {
+    K_status=$S_status K_boot_id=$S_boot_id K_sup_pid=$S_sup_pid K_sup_start=$S_sup_start K_pgid=$S_pgid
+    K_task_start=$S_task_start K_timeout=$S_timeout K_started_at=$S_started_at K_finished_at=$S_finished_at
+    K_exit_code=$S_exit_code K_error=$S_error K_escaped=$S_escaped K_out_bytes=$S_out_bytes
+    K_err_bytes=$S_err_bytes K_claimed_cs=$S_claimed_cs K_out_truncated=$S_out_truncated K_err_truncated=$S_err_truncated
+}
+
+# shellcheck disable=SC2034 # read by the snippets
+state_restore() {
+    S_status=$K_status S_boot_id=$K_boot_id S_sup_pid=$K_sup_pid S_sup_start=$K_sup_start S_pgid=$K_pgid
+    S_task_start=$K_task_start S_timeout=$K_timeout S_started_at=$K_started_at S_finished_at=$K_finished_at
+    S_exit_code=$K_exit_code S_error=$K_error S_escaped=$K_escaped S_out_bytes=$K_out_bytes
+    S_err_bytes=$K_err_bytes S_claimed_cs=$K_claimed_cs S_out_truncated=$K_out_truncated S_err_truncated=$K_err_truncated
 }
 
 is_final() {
@@ -187,6 +250,8 @@ emit() {
     fi
     if [ -n "$S_out_bytes" ] && [ -n "$S_err_bytes" ]; then
         E_os=$S_out_bytes E_es=$S_err_bytes
+    elif [ ! -s stdout.log ] && [ ! -s stderr.log ]; then
+        E_os=0 E_es=0
     elif [ -e stdout.log ] && [ -e stderr.log ]; then
         set -f
         # wc's counts and names, split into fields on purpose (globbing is off).

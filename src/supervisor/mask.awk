@@ -85,11 +85,14 @@ function emit(s,   n, room) {
         fflush()
     } else room = 0
     dropped += n - room
-    if (!flagged) {
-        flagged = 1
-        printf "" > trunc
-        close(trunc)
-    }
+    if (!flagged) flag()
+}
+
+# flag(): the first byte was dropped.
+function flag() {
+    flagged = 1
+    printf "" > trunc
+    close(trunc)
 }
 
 BEGIN {
@@ -99,6 +102,15 @@ BEGIN {
     written = 0
     dropped = 0
     first = 1
+}
+
+# Past the cap nothing is kept: the bytes are only counted, unmasked (the fast path that keeps
+# a task writing far more than the cap from being slowed down by its masker).
+written >= cap {
+    dropped += length($0) + !first
+    first = 0
+    if (!flagged) flag()
+    next
 }
 
 {

@@ -25,14 +25,29 @@
 //! # Task directory
 //!
 //! `$HOME/.sandbox-mcp/tasks/ID/` holds `state`, `cmd`, `stdout.log`, `stderr.log`,
-//! `supervisor.err`, and markers: `cancel` (cancel_task asked), `timed_out`, `done` (the task
-//! exited), `out.*`/`err.*` (the output pumps: `.fifo`, `.meta`, `.done`, `.trunc`, `.wfail`).
+//! `supervisor.err`, `escaped.list` (the escapee scan's finds), and markers: `cancel`
+//! (cancel_task asked), `timed_out`, `done` (the task exited), `out.*`/`err.*` (the output pumps:
+//! `.fifo`, `.meta` ("written dropped", written `-` when only the log's size says), `.dd` (a
+//! copier's report), `.trunc`, `.wfail`). The tasks directory itself holds the tools each user's
+//! first task chose for the pumps (`.pump-gnu`, `.pump-bytes` or `.pump-slow`; `.awk-mawk` or
+//! `.awk-plain`).
+//!
+//! # Starting
+//!
+//! `start.sh` claims the directory (`mkdir`), writes the claim, and starts the supervisor under
+//! `setsid` with its stdout on the pipe of a command substitution. The supervisor makes the FIFOs,
+//! starts the task under `setsid`, confirms from `/proc` (builtin reads) that the task leads its own
+//! process group, saves `running` and closes that pipe: reading it to its end is start.sh's whole
+//! wait (no polling, no watch). A task that has already ended by then is finished first, so a quick
+//! command comes back with its end. The pumps and the timer start after that answer.
 //!
 //! # The state file
 //!
-//! `state` holds `key=value` lines, one value per line. `start.sh` writes the claim; after that
-//! only the supervisor writes it, whole (temp file and rename). `read_state` in `common.sh` loads
-//! each key into `S_<key>`.
+//! `state` holds blocks of `key=value` lines, one value per line, each block ending with a `.`
+//! line. `start.sh` writes the claim; after that only the supervisor writes it, appending whole
+//! blocks (no rename, no process). `read_state` in `common.sh` loads each key of the last complete
+//! block into `S_<key>` (a block still being appended is ignored; a file without `.` lines, from
+//! an older version, is one block).
 //!
 //! | Key             | Meaning                                                              |
 //! |-----------------|-----------------------------------------------------------------------|

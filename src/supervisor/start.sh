@@ -1,6 +1,9 @@
-# start.sh: claims a task directory, starts the supervisor fully detached, waits for its first
-# state and prints the observed snapshot. Arguments and preamble (MAX_TASKS): see the table in
+# start.sh: claims a task directory, starts the supervisor fully detached, waits for its word and
+# prints the observed snapshot. Arguments and preamble (MAX_TASKS): see the table in
 # src/supervisor/mod.rs.
+# The wait is no watch: the supervisor's stdout is this snippet's pipe, and it closes it once the
+# task runs in its own group (or has already ended): reading that pipe to its end is the wait.
+# Every process started here delays the answer, so this path uses builtins wherever it can.
 
 start() {
     ID=$1 T=$2 TSH=$3 CWD=$4 CMD=$5 SUP=$6 SH=$7 LIMIT=$8
@@ -35,12 +38,12 @@ start() {
         printf '@error claim cannot create %s\n' "$D"
         return
     }
-    # Nobody else writes into a directory this start just claimed: no rename needed here. The
-    # claim time lets delete_task tell a start in progress from a dead one.
+    # Nobody else writes into a directory this start just claimed. The claim time lets
+    # delete_task tell a start in progress from a dead one.
     uptime_cs
     # A claim that cannot be written (a full disk) starts nothing: a supervisor could not record
     # what it observes either.
-    if ! printf 'status=claimed\ntimeout=%s\nclaimed_cs=%s\n' "$T" "$CS" >"$D/state" || ! printf '%s' "$CMD" >"$D/cmd"; then
+    if ! printf 'status=claimed\ntimeout=%s\nclaimed_cs=%s\n.\n' "$T" "$CS" >"$D/state" || ! printf '%s' "$CMD" >"$D/cmd"; then
         rm -rf "$D"
         printf '@error write cannot write the task files in %s (is the disk of the sandbox full?); nothing was started\n' "$D"
         return
@@ -54,25 +57,13 @@ start() {
     fi
     : >"$D/stdout.log"
     : >"$D/stderr.log"
-    # Every descriptor of this call is closed for the supervisor (fd 3 is our stderr): anything
-    # it kept open would hold the caller's exec until the task ends.
-    # The supervisor's arguments follow this snippet's own order (timeout, task shell, cwd, command).
-    setsid "$SH" -c "$SUP" sh supervise "$D" "$T" "$TSH" "$CWD" "$CMD" </dev/null >/dev/null 2>>"$D/supervisor.err" 3>&- &
-    # Wait for the supervisor's first word; a task that ends at once is reported finished.
-    _i=0 _r=0
-    while :; do
-        read_state "$D"
-        is_final && break
-        if [ "$S_status" = running ]; then
-            _r=$((_r + 1))
-            [ "$_r" -ge 4 ] && break
-        elif [ "$_i" -ge 2000 ]; then
-            break
-        fi
-        _i=$((_i + 1))
-        [ "$_i" -ge 3 ] && sleep 0.005
-    done
-    # (A running task is watched for about 25 ms more, so that quick commands come back finished.)
+    # The supervisor's stdout is the pipe of this command substitution; every other descriptor of
+    # this call is closed for it (fd 3 is our stderr): anything it kept open would hold the
+    # caller's exec until the task ends. Its arguments follow this snippet's own order (timeout,
+    # task shell, cwd, command).
+    _word=$(setsid "$SH" -c "$SUP" sh supervise "$D" "$T" "$TSH" "$CWD" "$CMD" </dev/null 2>>"$D/supervisor.err" 3>&- &)
+    # (Empty when the supervisor died before its word: the state then says what it saw.)
+    : "$_word"
     emit "$D" 0 0 "$LIMIT"
 }
 

@@ -1,166 +1,205 @@
-# supervise.sh: the detached supervisor of one task, and its output pumps.
+# supervise.sh: the detached supervisor of one task, its output pumps and its timer.
 # The server prepends MASK_AWK='...' (the masker program), the preamble (LOG_CAP,
-# TERM_GRACE_CS) and common.sh; start.sh runs it fully detached. Arguments: see the table in
-# src/supervisor/mod.rs.
-# It writes DIR/state only through `save` (temp file + rename). Every fork on the way to
-# `running` delays the task, so that path uses builtins wherever it can.
+# TERM_GRACE_CS) and common.sh; start.sh runs it fully detached, with its stdout on start.sh's
+# pipe. Arguments: see the table in src/supervisor/mod.rs.
+# It writes DIR/state only through `save` (a whole block appended). Every process started on the
+# way to `running` delays the answer of start_task: that path uses builtins wherever it can, and
+# no sleep or watch.
 
 save() {
     # One line per value: an error that quotes user input (a cwd) must not forge other keys.
     case $ERR in *"
 "*) ERR=$(printf '%s' "$ERR" | tr '\n' ' ') ;; esac
-    # Temp file + rename. When the temp file cannot be written (a full disk), the state file is
-    # rewritten in place, in the space it already holds: better than losing an observed outcome,
-    # at the cost of a moment in which a reader finds it empty (and says unknown).
-    if ! state_lines "$1" >state.tmp || ! mv -f state.tmp state; then
-        rm -f state.tmp
+    # One block appended, `.` last: readers take the last complete block. When the append fails
+    # (a full disk), the state file is rewritten in place, in the space it already holds: better
+    # than losing an observed outcome, at the cost of a moment in which a reader finds it empty
+    # (and says unknown).
+    if ! state_lines "$1" >>state; then
         state_lines "$1" >state
     fi
 }
 
-# state_lines STATUS: the state file's content; fails when any write fails.
+# state_lines STATUS: one block of the state file; fails when any write fails.
 state_lines() {
     printf 'status=%s\nboot_id=%s\nsup_pid=%s\nsup_start=%s\npgid=%s\ntask_start=%s\ntimeout=%s\nstarted_at=%s\n' \
         "$1" "$BOOT" "$SUP_PID" "$SUP_START" "$TPID" "$TSTART" "$T" "$STARTED" &&
         printf 'finished_at=%s\nexit_code=%s\nerror=%s\nescaped=%s\n' "$FINISHED" "$RC" "$ERR" "$ESCAPED" &&
         if [ -n "$OUT_BYTES" ]; then
             printf 'out_bytes=%s\nerr_bytes=%s\nout_truncated=%s\nerr_truncated=%s\n' "$OUT_BYTES" "$ERR_BYTES" "$OUT_TRUNC" "$ERR_TRUNC"
-        fi
+        fi &&
+        printf '.\n'
 }
 
-# pump NAME FIFO LOG: copies the task's stream into LOG, at most LOG_CAP bytes, draining and counting
-# the rest; writes NAME.meta ("written dropped"), then NAME.done, at the end, and NAME.trunc at
-# the first dropped byte. When writing LOG fails (a full disk) it still drains the stream, so
-# that the task is neither blocked nor killed by SIGPIPE, and marks NAME.trunc and NAME.wfail.
-# Runs as a subshell of the supervisor; opens its FIFO first (the supervisor waits for that),
-# then decides how to copy.
-pump() {
-    exec 5<"$2"
-    if LC_ALL=C awk -v check=1 "$MASK_AWK" </dev/null 2>/dev/null; then
-        _awk='awk'
-        case $(awk -W version </dev/null 2>&1) in *mawk*) _awk="awk -W interactive" ;; esac
-        # The appended newline and mask.awk's leading-newline output keep the log byte-exact.
-        # mawk stops at a failed write, busybox awk goes on; either way the meta file is missing.
-        if ! { cat <&5; echo; } | LC_ALL=C $_awk -v cap="$LOG_CAP" -v meta="$1.meta" -v trunc="$1.trunc" "$MASK_AWK" >>"$3" ||
-            [ ! -s "$1.meta" ]; then
-            : >"$1.trunc"
-            : >"$1.wfail"
-            cat <&5 >/dev/null
-        fi
-        : >"$1.done"
-        return
-    fi
-    exec 6>>"$3"
-    # GNU dd reads once per run and prints the byte count; busybox dd has an exact count_bytes.
-    # The answer is kept per user, so only the first task asks.
-    if [ -e ../.dd-gnu ]; then
-        _dd=gnu
-    elif [ -e ../.dd-bytes ]; then
-        _dd=bytes
+# wants_mask: whether a variable of this environment is a secret to mask. The names and values of
+# /proc/self/environ (this shell's own, which the task inherits) are read with the builtin
+# `read`, which drops the NUL separators: a name that could be a secret's is found without a
+# process, and only then does the masker itself decide (values shorter than its minimum are not
+# masked).
+wants_mask() {
+    _e=''
+    while IFS= read -r _l || [ -n "$_l" ]; do _e="$_e $_l"; done </proc/self/environ
+    case $_e in
+    *[Kk][Ee][Yy]* | *[Tt][Oo][Kk][Ee][Nn]* | *[Ss][Ee][Cc][Rr][Ee][Tt]* | *[Pp][Aa][Ss][Ss][Ww][Oo][Rr][Dd]*)
+        LC_ALL=C awk -v check=1 "$MASK_AWK" </dev/null >/dev/null 2>&1
+        ;;
+    *) return 1 ;;
+    esac
+}
+
+# pick_tools: sets PLAIN (how the unmasked pump copies exactly LOG_CAP bytes) and AWK (the
+# masker's awk with its flags), probed once per OS user and remembered in the tasks directory.
+pick_tools() {
+    if [ -e ../.pump-gnu ]; then
+        PLAIN=gnu
+    elif [ -e ../.pump-bytes ]; then
+        PLAIN=bytes
+    elif [ -e ../.pump-slow ]; then
+        PLAIN=slow
     else
+        # GNU head -c reads no byte past its count, and with an unbuffered stdout (stdbuf) writes
+        # each read at once; busybox dd counts bytes exactly (GNU dd counts a short read of a
+        # pipe as a whole block); anything else copies byte by byte.
         case $(dd --version 2>/dev/null) in
-        *coreutils*) _dd=gnu ;;
-        *) if dd bs=1 count=1 iflag=count_bytes </dev/null >/dev/null 2>&1; then _dd=bytes; else _dd=slow; fi ;;
+        *coreutils*) if stdbuf -o0 head -c 1 </dev/null >/dev/null 2>&1; then PLAIN=gnu; else PLAIN=slow; fi ;;
+        *) if dd bs=1 count=1 iflag=count_bytes </dev/null >/dev/null 2>&1; then PLAIN=bytes; else PLAIN=slow; fi ;;
         esac
-        : >"../.dd-$_dd"
+        : >"../.pump-$PLAIN"
     fi
-    _w=0
-    _left=$LOG_CAP
-    _wfail=
-    if [ "$_dd" = gnu ]; then
-        _small=0
-        while [ "$_left" -gt 0 ]; do
-            # One read of what the pipe holds, written at once: partial lines show immediately.
-            # (GNU dd fails when it cannot write the data, or its count: a full disk either way.)
-            if ! LC_ALL=C dd bs="$_left" count=1 <&5 >&6 2>"$1.dd"; then
-                _wfail=1
-                break
-            fi
-            _n=
-            { read -r _x && read -r _x && read -r _n _x; } <"$1.dd"
-            case $_n in '' | *[!0-9]*) break ;; esac
-            [ "$_n" -eq 0 ] && break
-            _left=$((_left - _n))
-            _w=$((_w + _n))
-            # A trickle of small writes: let it pool instead of spawning one dd per write.
-            if [ "$_n" -lt 4096 ]; then
-                _small=$((_small + 1))
-                [ "$_small" -ge 2 ] && sleep 0.01
-            else
-                _small=0
-            fi
-        done
-        if [ -n "$_wfail" ]; then
-            _w=$(wc -c <"$3")
-        elif [ "$_n" != 0 ] && [ "$_left" -gt 0 ]; then
-            _dd=slow # the count was unreadable: finish exactly, byte by byte
+    [ -n "$MASK" ] || return 0
+    if [ -e ../.awk-mawk ]; then
+        AWK='awk -W interactive'
+    elif [ -e ../.awk-plain ]; then
+        AWK='awk'
+    else
+        # mawk holds lines back unless interactive.
+        case $(awk -W version </dev/null 2>&1) in
+        *mawk*) AWK='awk -W interactive' && : >../.awk-mawk ;;
+        *) AWK='awk' && : >../.awk-plain ;;
+        esac
+    fi
+}
+
+# pump NAME LOG: copies the task's stream (the FIFO NAME.fifo) into LOG, at most LOG_CAP bytes,
+# then drains the rest in one process reading large blocks (one pipe hop, no process per chunk).
+# NAME.trunc appears at the first dropped byte; NAME.meta gets "written dropped" at the end
+# (written is - when only the log's size says). When writing LOG fails (a full disk) it still
+# drains the stream, so that the task is neither blocked nor killed by SIGPIPE, and marks
+# NAME.trunc and NAME.wfail. Runs as a subshell of the supervisor.
+# This shell opens the FIFO first (it never blocks: the supervisor holds both ends) and keeps
+# it open until the stream has been drained; the copiers read it through that descriptor.
+pump() {
+    exec 5<"$1.fifo"
+    _w=- _d=0 _wfail=
+    if [ -n "$MASK" ]; then
+        # The masker reads the FIFO directly; the supervisor writes one newline after the task's
+        # last byte, which with mask.awk's leading-newline output keeps the log byte-exact.
+        # mawk stops at a failed write, busybox awk goes on; either way the meta file is missing.
+        LC_ALL=C $AWK -v cap="$LOG_CAP" -v meta="$1.meta" -v trunc="$1.trunc" "$MASK_AWK" <&5 >>"$2" &
+        _c=$!
+        if wait "$_c" && [ -s "$1.meta" ]; then
+            return 0
         fi
+        _wfail=1
+    else
+        case $PLAIN in
+        gnu) stdbuf -o0 head -c "$LOG_CAP" <&5 >>"$2" &;;
+        bytes) dd bs=65536 iflag=count_bytes count="$LOG_CAP" <&5 >>"$2" 2>/dev/null &;;
+        *) dd bs=1 count="$LOG_CAP" <&5 >>"$2" 2>/dev/null &;;
+        esac
+        _c=$!
+        wait "$_c" || _wfail=1
     fi
-    if [ "$_dd" != gnu ]; then
-        if [ "$_dd" = bytes ]; then
-            dd bs=65536 iflag=count_bytes count="$_left" <&5 >&6 2>/dev/null || _wfail=1
+    _more=
+    if [ -z "$_wfail" ]; then
+        # The copier stopped at the cap or at the end of the stream: one byte more tells which.
+        dd bs=1 count=1 <&5 of=/dev/null 2>"$1.dd"
+        _r=
+        read -r _r _x <"$1.dd"
+        case $_r in 1+0 | 0+1) _more=1 _d=1 ;; esac
+        [ -n "$_more" ] && _w=$LOG_CAP
+    fi
+    if [ -n "$_more$_wfail" ]; then
+        : >"$1.trunc"
+        [ -n "$_wfail" ] && : >"$1.wfail"
+        _rest=
+        if [ "$PLAIN" = gnu ]; then
+            # GNU dd reports what it copied.
+            LC_ALL=C dd bs=1048576 <&5 of=/dev/null 2>"$1.dd"
+            { read -r _x && read -r _x && read -r _rest _x; } <"$1.dd"
+            case $_rest in '' | *[!0-9]*) _rest=0 ;; esac
         else
-            dd bs=1 count="$_left" <&5 >&6 2>/dev/null || _wfail=1
+            _rest=$(wc -c <&5)
         fi
-        _w=$(wc -c <"$3")
-    fi
-    exec 6>&-
-    _d=0
-    if [ "$_w" -ge "$LOG_CAP" ] || [ -n "$_wfail" ]; then
-        _one=$(dd bs=1 count=1 <&5 2>/dev/null | wc -c)
-        if [ "$_one" -gt 0 ] || [ -n "$_wfail" ]; then
-            : >"$1.trunc"
-            [ -n "$_wfail" ] && : >"$1.wfail"
-            _rest=
-            if [ "$_dd" = gnu ] && [ "$_one" -gt 0 ]; then
-                # Large reads drain a fast writer quicker than wc; GNU dd reports the count.
-                LC_ALL=C dd bs=1048576 <&5 of=/dev/null 2>"$1.dd"
-                { read -r _x && read -r _x && read -r _rest _x; } <"$1.dd"
-            fi
-            case $_rest in '' | *[!0-9]*) _rest=$(wc -c <&5) ;; esac
-            _d=$((_one + _rest))
-        fi
+        _d=$((_d + _rest))
     fi
     printf '%s %s\n' "$_w" "$_d" >"$1.meta"
-    : >"$1.done"
 }
 
-# timer: TERM at the deadline, KILL after TERM_GRACE_CS; exits once `done` exists.
-# (The marker file `done` is quoted where shellcheck would take it for the keyword.)
+# start_pumps: decides how to copy (masking or not), then starts one pump per stream.
+# (Redirections of a background child are made with `exec` inside it: on a function call the
+# shell would keep saved copies of the old descriptors open for the call's whole life.)
+start_pumps() {
+    wants_mask && MASK=1
+    pick_tools
+    (
+        exec </dev/null >/dev/null 2>>supervisor.err 7>&- 8>&- 9>&-
+        pump out stdout.log
+    ) &
+    P1=$!
+    (
+        exec </dev/null >/dev/null 2>>supervisor.err 7>&- 8>&- 9>&-
+        pump err stderr.log
+    ) &
+    P2=$!
+    proc_stat "$P1" && P1S=$ST_START
+    proc_stat "$P2" && P2S=$ST_START
+}
+
+# pumps_open: both pumps hold their FIFO (or are gone): the supervisor may let go of its ends.
+pumps_open() {
+    { [ -e "/proc/$P1/fd/5" ] || ! alive "$P1" "$P1S"; } && { [ -e "/proc/$P2/fd/5" ] || ! alive "$P2" "$P2S"; }
+}
+
+# timer: TERM to the task's group at its deadline, KILL after TERM_GRACE_CS. The supervisor
+# ends it (TERM) when the task ends; it then ends its sleep with it.
 timer() {
-    read -r _up _x </proc/uptime
-    _end=$((${_up%.*} + T))
-    while :; do
-        [ -e 'done' ] && return 0
-        read -r _up _x </proc/uptime
-        [ "${_up%.*}" -ge "$_end" ] && break
-        sleep 1
-    done
-    [ -e 'done' ] && return 0
+    _s=
+    trap 'kill -s KILL "$_s" 2>/dev/null; exit 0' TERM
+    sleep "$T" &
+    _s=$!
+    wait "$_s"
     : >timed_out
     sig_task TERM "$TPID" "$TSTART" "$ID"
-    _g=0
-    while [ "$_g" -lt $((TERM_GRACE_CS / 10)) ]; do
-        sleep 0.1
-        [ -e 'done' ] && return 0
-        _g=$((_g + 1))
-    done
+    sleep "$((TERM_GRACE_CS / 100)).$((TERM_GRACE_CS / 10 % 10))$((TERM_GRACE_CS % 10))" &
+    _s=$!
+    wait "$_s"
     sig_task KILL "$TPID" "$TSTART" "$ID"
 }
 
-# kill_escaped: descendants that left the group but kept the task's environment tag.
+# kill_escaped: descendants that left the group but kept the task's environment tag. Only
+# processes of this user (whose environment can be read at all) started since the task (a
+# descendant cannot be older), outside the supervisor's own group (its pumps and timer), are
+# candidates: no other process's environment is read, and all candidates are read by one grep.
 kill_escaped() {
-    command -v grep >/dev/null 2>&1 || return 0
-    # The names are /proc/PID/environ: no spaces, so a word list is exact.
-    # shellcheck disable=SC2013
-    for _f in $(grep -l -a -F "SANDBOX_MCP_TASK=$ID" /proc/[0-9]*/environ 2>/dev/null); do
-        _p=${_f#/proc/}
-        _p=${_p%/environ}
-        case $_p in '' | *[!0-9]* | 0 | 1 | "$$") continue ;; esac
-        if proc_stat "$_p" && [ "$ST_STATE" != Z ] && kill -s KILL "$_p" 2>/dev/null; then
+    case $TSTART in '' | *[!0-9]*) return 0 ;; esac
+    set --
+    for _p in /proc/[0-9]*; do
+        _q=${_p#/proc/}
+        case $_q in "$$" | 1) continue ;; esac
+        proc_stat "$_q" || continue
+        [ "$ST_STATE" != Z ] && [ "$ST_PGID" != "$SUP_PID" ] && [ "$ST_START" -ge "$TSTART" ] && [ -O "$_p" ] &&
+            set -- "$@" "$_p/environ"
+    done
+    [ $# -gt 0 ] || return 0
+    environ_list "SANDBOX_MCP_TASK=$ID" "$@" >escaped.list
+    while read -r _f; do
+        _q=${_f#/proc/}
+        _q=${_q%/environ}
+        case $_q in '' | *[!0-9]* | 0 | 1 | "$$") continue ;; esac
+        if proc_stat "$_q" && [ "$ST_STATE" != Z ] && kill -s KILL "$_q" 2>/dev/null; then
             ESCAPED=$((ESCAPED + 1))
         fi
-    done
+    done <escaped.list
 }
 
 # kill_pumps: stops pumps stuck on a FIFO that something outside the task still holds: the pump
@@ -180,14 +219,9 @@ kill_pumps() {
     for _q in $_ks; do kill -s KILL "$_q" 2>/dev/null; done
 }
 
-# pump_meta NAME: sets _pw _pd _pt from NAME.meta, falling back to the log size.
-pump_meta() {
-    _pw='' _pd=0 _pt=0
-    [ -e "$1.done" ] && read -r _pw _pd <"$1.meta"
-    [ -e "$1.trunc" ] && _pt=1
-    if [ -z "$_pw" ]; then
-        if [ "$1" = out ]; then _pw=$(wc -c <stdout.log); else _pw=$(wc -c <stderr.log); fi
-    fi
+# pumps_done: both pump subshells have exited (zombies until reaped: they are our children).
+pumps_done() {
+    ! alive "$P1" "$P1S" && ! alive "$P2" "$P2S"
 }
 
 # give_up STATUS [ERROR]: a final state before the task ran.
@@ -200,57 +234,10 @@ give_up() {
     exit 0
 }
 
-supervise() {
-    D=$1 T=$2 TSH=$3 CWD=$4 CMD=$5
-    ID=${D##*/}
-    cd "$D" || exit 1
-    umask 077
-    SUP_PID=$$
-    proc_stat "$$" && SUP_START=$ST_START
-    boot_id
-    now
-    STARTED=$NOW
-    TPID='' TSTART='' RC='' ERR='' FINISHED='' OUT_BYTES='' ESCAPED=0
-    # The task shell (for example /bin/bash -l) falls back to /bin/sh where it does not exist.
-    set -f
-    # The task shell is a program and its flags: split on purpose (globbing is off).
-    # shellcheck disable=SC2086
-    set -- $TSH
-    set +f
-    [ -x "$1" ] || TSH=/bin/sh
-    if ! mkfifo out.fifo err.fifo 2>>supervisor.err; then
-        give_up failed_to_start "mkfifo failed: the sandbox needs mkfifo and a filesystem that supports FIFOs"
-    fi
-    # Pumps first: opening a FIFO blocks until both ends are open.
-    pump out out.fifo stdout.log </dev/null >/dev/null 2>>supervisor.err &
-    P1=$!
-    pump err err.fifo stderr.log </dev/null >/dev/null 2>>supervisor.err &
-    P2=$!
-    exec 7>out.fifo 8>err.fifo
-    proc_stat "$P1" && P1S=$ST_START
-    proc_stat "$P2" && P2S=$ST_START
-    [ -e cancel ] && give_up cancelled
-    cd "$CWD" 2>/dev/null || give_up failed_to_start "cwd $CWD no longer exists"
-    set -f
-    # shellcheck disable=SC2086 # the task shell and its flags, split as above
-    SANDBOX_MCP_TASK=$ID setsid $TSH -c "$CMD" </dev/null >&7 2>&8 7>&- 8>&- &
-    TPID=$!
-    set +f
-    exec 7>&- 8>&-
-    cd "$D" || exit 1
-    # The child calls setsid() only after the fork: until /proc shows pgid == pid, a group signal
-    # would reach nobody. Confirm before publishing `running` or arming the timer.
-    _i=0
-    while proc_stat "$TPID" && [ "$ST_PGID" != "$TPID" ] && [ "$ST_STATE" != Z ]; do
-        _i=$((_i + 1))
-        [ "$_i" -ge 500 ] && break
-        [ "$_i" -ge 50 ] && sleep 0.01
-    done
-    if proc_stat "$TPID" && [ "$ST_PGID" = "$TPID" ]; then TSTART=$ST_START; fi
-    save running
-    timer </dev/null >/dev/null 2>&1 &
-    wait "$TPID"
-    RC=$?
+# finish: after the task's leader exited (status in RC): ends what is left of its group and its
+# escapees, lets the pumps finish, and saves the final state.
+finish() {
+    # (The marker file `done` is quoted where shellcheck would take it for the keyword.)
     : >'done'
     # Leftover members of the task's group, also after a normal exit. Signal 0 to the group is a
     # one-syscall test; only when it finds someone does the /proc scan tell zombies from the living.
@@ -265,23 +252,48 @@ supervise() {
         done
     fi
     kill_escaped
+    # The supervisor's ends of the FIFOs go last, once the pumps hold theirs (a pump that opened
+    # its FIFO after that would wait for a writer forever).
     _g=0
-    while [ ! -e out.done ] || [ ! -e err.done ]; do
+    until pumps_open; do
         _g=$((_g + 1))
-        [ "$_g" -eq 40 ] && kill_escaped
-        if [ "$_g" -ge 80 ]; then
+        [ "$_g" -ge 1000 ] && break
+        [ "$_g" -ge 200 ] && sleep 0.005
+    done
+    # The masker's final newline (see pump), then the supervisor's own ends of the FIFOs.
+    # (A pump killed from outside must not take the supervisor with it: no SIGPIPE here; the
+    # task, started earlier, keeps the default.)
+    if [ -n "$MASK" ]; then
+        trap '' PIPE
+        printf '\n' >&7
+        printf '\n' >&8
+        trap - PIPE
+    fi
+    exec 7>&- 8>&-
+    # The pumps usually end within a millisecond of the task: look without a process first,
+    # then poll.
+    _g=0
+    while ! pumps_done; do
+        _g=$((_g + 1))
+        [ "$_g" -le 200 ] && continue
+        [ "$_g" -eq 240 ] && kill_escaped
+        if [ "$_g" -ge 280 ]; then
             # Something outside the task's reach still holds the pipes.
             kill_pumps
             ERR="output pipes were held open by a process outside the task; logs may be incomplete"
             break
         fi
-        # The pumps usually finish within milliseconds of the task: poll fast, then slower.
-        if [ "$_g" -le 20 ]; then sleep 0.005; else sleep 0.05; fi
+        if [ "$_g" -le 220 ]; then sleep 0.005; else sleep 0.05; fi
     done
-    pump_meta out
-    OUT_BYTES=$_pw OUT_TRUNC=$_pt
-    pump_meta err
-    ERR_BYTES=$_pw ERR_TRUNC=$_pt
+    OUT_TRUNC=0 ERR_TRUNC=0
+    [ -e out.trunc ] && OUT_TRUNC=1
+    [ -e err.trunc ] && ERR_TRUNC=1
+    set -f
+    # wc's counts and names, split into fields on purpose (globbing is off).
+    # shellcheck disable=SC2046
+    set -- $(wc -c stdout.log stderr.log 2>/dev/null)
+    set +f
+    OUT_BYTES=${1:-0} ERR_BYTES=${3:-0}
     if [ -e out.wfail ] || [ -e err.wfail ]; then
         ERR="${ERR:+$ERR; }writing the logs failed (is the sandbox's disk full?): they end early and are marked truncated"
     fi
@@ -294,6 +306,76 @@ supervise() {
     else
         save exited
     fi
+}
+
+supervise() {
+    D=$1 T=$2 TSH=$3 CWD=$4 CMD=$5
+    ID=${D##*/}
+    # fd 9: start.sh's pipe, closed once the task is confirmed (that is start.sh's answer).
+    # Only the children that outlive that moment close it, each for itself.
+    exec 9>&1 >/dev/null
+    cd "$D" || exit 1
+    umask 077
+    SUP_PID=$$
+    proc_stat "$$" && SUP_START=$ST_START
+    boot_id
+    now
+    STARTED=$NOW
+    TPID='' TSTART='' RC='' ERR='' FINISHED='' OUT_BYTES='' ESCAPED=0 MASK=
+    # The task shell (for example /bin/bash -l) falls back to /bin/sh where it does not exist.
+    set -f
+    # The task shell is a program and its flags: split on purpose (globbing is off).
+    # shellcheck disable=SC2086
+    set -- $TSH
+    set +f
+    [ -x "$1" ] || TSH=/bin/sh
+    if ! mkfifo out.fifo err.fifo 2>>supervisor.err; then
+        give_up failed_to_start "mkfifo failed: the sandbox needs mkfifo and a filesystem that supports FIFOs"
+    fi
+    # The FIFOs are opened read-write, which never blocks: the task starts at once, and its
+    # first bytes wait in the pipes until the pumps read them.
+    exec 7<>out.fifo 8<>err.fifo
+    [ -e cancel ] && give_up cancelled
+    cd "$CWD" 2>/dev/null || give_up failed_to_start "cwd $CWD no longer exists"
+    set -f
+    # shellcheck disable=SC2086 # the task shell and its flags, split as above
+    SANDBOX_MCP_TASK=$ID setsid $TSH -c "$CMD" </dev/null >&7 2>&8 7>&- 8>&- 9>&- &
+    TPID=$!
+    set +f
+    cd "$D" || exit 1
+    # The child calls setsid() only after the fork: until /proc shows pgid == pid, a group signal
+    # would reach nobody. Confirm before publishing `running` or arming the timer: look without a
+    # process first (setsid takes a fraction of a millisecond), then poll.
+    _i=0
+    while proc_stat "$TPID" && [ "$ST_PGID" != "$TPID" ] && [ "$ST_STATE" != Z ]; do
+        _i=$((_i + 1))
+        [ "$_i" -ge 2500 ] && break
+        [ "$_i" -ge 2000 ] && sleep 0.01
+    done
+    if proc_stat "$TPID" && [ "$ST_PGID" = "$TPID" ]; then TSTART=$ST_START; fi
+    if [ "$ST_STATE" != Z ]; then
+        save running
+        # start.sh's answer: the task runs in its own group. What follows (the pumps, the timer)
+        # is not on the way to it.
+        printf 'running\n' >&9
+        exec 9>&-
+        start_pumps
+        (
+            exec </dev/null >/dev/null 2>&1 7>&- 8>&- 9>&-
+            timer
+        ) &
+        TMR=$!
+        wait "$TPID"
+        RC=$?
+        kill -s TERM "$TMR" 2>/dev/null
+    else
+        # The task has already ended: start.sh answers with its end.
+        start_pumps
+        wait "$TPID"
+        RC=$?
+    fi
+    finish
+    exec 9>&-
 }
 
 case $1 in

@@ -6,6 +6,7 @@
 //! reader (read through a cap), and its drain-on-drop of unread bodies (see [`read_body`]).
 //! Every early answer reads or discards the body first so keep-alive connections stay in sync.
 
+use super::body_budget::{self, Body, BodyBudget};
 use crate::app::App;
 use crate::envelope::{self, RequestMeta};
 use crate::ids;
@@ -19,7 +20,7 @@ use crate::transport::headers;
 use crossbeam_channel::TrySendError;
 use serde_json::Value;
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -68,6 +69,8 @@ pub struct Listener {
     busy: AtomicUsize,
     /// `subscriptions/listen` streams open right now (each holds a listener thread).
     subscriptions: AtomicUsize,
+    /// Memory for request bodies, shared by every connection.
+    budget: Arc<BodyBudget>,
 }
 
 /// How often an open `subscriptions/listen` stream looks for the start of shutdown.
@@ -80,6 +83,7 @@ const LISTEN_KEEPALIVE: Duration = Duration::from_secs(15);
 impl Listener {
     /// The listener of `app`'s HTTP transport.
     pub fn new(app: Arc<App>, sessions: Arc<Sessions>, queue: WorkQueue<Outcome>, loopback: bool) -> Listener {
+        let budget = BodyBudget::new(app.config.body_budget);
         Listener {
             app,
             sessions,
@@ -88,6 +92,7 @@ impl Listener {
             connections: Mutex::new(HashMap::new()),
             busy: AtomicUsize::new(0),
             subscriptions: AtomicUsize::new(0),
+            budget,
         }
     }
 
@@ -228,43 +233,6 @@ fn reason(status: u16) -> &'static str {
     }
 }
 
-enum Body {
-    Ok(Vec<u8>),
-    TooLarge,
-    /// The announced length is absurd; the connection is abandoned without an answer.
-    Abandon,
-}
-
-/// Reads the body through a cap. Over the cap, reads and discards the rest in small chunks (so
-/// that tiny_http, which drains an unread body on drop by allocating all of its remaining
-/// announced length at once, has nothing left to drain), then answers 413.
-fn read_body(req: &mut Request) -> Body {
-    let announced = req.body_length();
-    let mut buf = Vec::new();
-    let reader = req.as_reader();
-    if reader.take(MAX_BODY_BYTES as u64 + 1).read_to_end(&mut buf).is_err() {
-        return Body::Ok(Vec::new());
-    }
-    if buf.len() <= MAX_BODY_BYTES {
-        return Body::Ok(buf);
-    }
-    let mut total = buf.len();
-    let mut chunk = vec![0u8; 64 * 1024];
-    loop {
-        match reader.read(&mut chunk) {
-            Ok(0) => break,
-            Ok(n) => total += n,
-            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => break,
-        }
-    }
-    match announced {
-        // The client stopped early: what tiny_http would still drain may be too big to allocate.
-        Some(n) if n.saturating_sub(total) > MAX_DRAIN_BYTES => Body::Abandon,
-        _ => Body::TooLarge,
-    }
-}
-
 fn origin_allowed(origin: &str) -> bool {
     let rest = origin.strip_prefix("http://").or_else(|| origin.strip_prefix("https://"));
     let Some(rest) = rest else { return false };
@@ -304,7 +272,8 @@ impl Listener {
     }
 
     fn serve(&self, mut req: Request) {
-        let body = read_body(&mut req);
+        let announced = req.body_length();
+        let body = body_budget::read_body(req.as_reader(), announced, MAX_BODY_BYTES, MAX_DRAIN_BYTES, &self.budget);
         if let Body::Abandon = body {
             // The client is gone; dropping the request would try to allocate the unread rest.
             log::warn!("abandoning a connection that announced {:?} bytes and sent far fewer", req.body_length());
@@ -382,7 +351,16 @@ impl Listener {
         match (req.method(), path) {
             (Method::Get, "/healthz") => Answer::json(200, serde_json::json!({"status": "ok"})),
             (Method::Post, "/mcp") => match body {
-                Body::Ok(bytes) => self.post(req, &bytes),
+                Body::Ok(bytes, _held) => self.post(req, &bytes),
+                Body::OverBudget => Answer::rejected(
+                    503,
+                    code::SERVER_BUSY,
+                    "Service Unavailable: request bodies in progress fill the server's memory budget (--body-budget); retry shortly",
+                )
+                .with("Retry-After", "1"),
+                Body::Incomplete => {
+                    Answer::rejected(400, code::INVALID_REQUEST, "Bad Request: the body ended before its announced Content-Length")
+                }
                 _ => Answer::rejected(413, code::INVALID_REQUEST, "Payload Too Large: the body limit is 4 MiB"),
             },
             (Method::Delete, "/mcp") => self.delete(req),

@@ -6,6 +6,9 @@
 
 use crate::support::*;
 use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn finish(m: &mut Mcp, sb: &str, task: &str) -> Value {
@@ -152,6 +155,44 @@ fn a_start_stream_dropped_after_sending_reports_unknown_without_resubmitting() {
         (g["structuredContent"]["state"] == "succeeded").then_some(())
     });
     assert_eq!(m.ok("read_file", json!({"path": "runs.txt"}))["content"], "ran\n", "the command ran exactly once");
+}
+
+/// A request that never left this host (a name that does not resolve, a TLS handshake that
+/// failed) is reported as not sent, never as answered-but-lost: a start is then a plain error,
+/// never `unknown`.
+#[test]
+fn requests_that_failed_before_sending_are_reported_as_not_sent() {
+    // As a new user would try it, with a domain that cannot resolve (with or without DNS).
+    let out = Command::new(bin())
+        .args(["call", "create_sandbox", "{}"])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", std::env::temp_dir())
+        .env("E2B_API_KEY", "e2b_fake")
+        .env("E2B_DOMAIN", "sandbox-mcp-test.invalid")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("cannot reach E2B") && err.contains("could not be resolved") && err.contains("nothing was sent"), "{err}");
+    assert!(!err.contains("was sent but"), "{err}");
+    // envd behind a port that answers the TLS ClientHello with plain HTTP.
+    let not_tls = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = not_tls.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut s in not_tls.incoming().flatten() {
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        }
+    });
+    let e = E2bHome::new("e2b-tls");
+    let mut m = e.stdio_with_envd_at(&format!("https://127.0.0.1:{port}"));
+    m.create();
+    let r = m.call("start_task", json!({"command": "echo ran"}));
+    assert_eq!(r["isError"], true, "a start that cannot have been sent is an error, not `unknown`: {r}");
+    let text = r["content"][0]["text"].as_str().unwrap();
+    assert!(text.contains("cannot reach E2B") && text.contains("TLS handshake") && text.contains("nothing was sent"), "{text}");
 }
 
 #[test]

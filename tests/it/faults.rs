@@ -255,10 +255,11 @@ fn tasks_dir(home: &Home, sb: &str) -> PathBuf {
     home.sandbox_dir(sb).join("home/.sandbox-mcp/tasks")
 }
 
-/// One `key=value` of a task's state file.
+/// One `key=value` of a task's state file (its last value: the file is a series of blocks, the
+/// last one the state).
 fn state_field(dir: &Path, key: &str) -> Option<String> {
     let text = std::fs::read_to_string(dir.join("state")).ok()?;
-    text.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix('=')).map(str::to_string)
+    text.lines().rev().find_map(|l| l.strip_prefix(key)?.strip_prefix('=')).map(str::to_string)
 }
 
 /// The keeper of sandbox `sb`: its pid and start time, from its pid file (waited for).

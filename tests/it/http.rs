@@ -291,3 +291,103 @@ fn a_cancelled_http_call_says_so() {
     };
     assert!(text.is_some_and(|t| t.contains("cancelled")), "{r}");
 }
+
+/// Resident memory of `pid`, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()).unwrap().parse().unwrap()
+}
+
+/// Hostile clients: 200 connections that each send a 4 MiB body but its last bytes, and hold
+/// it. Without a total, the server kept every body (416 MiB of RSS, 197 MiB still held after they
+/// left). The bodies held at once now stay within `--body-budget` (the others are drained) and
+/// the memory returns after the burst.
+#[test]
+fn stalled_bodies_stay_within_the_memory_budget_and_memory_returns() {
+    use std::io::Write;
+    use std::net::TcpStream;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    const CLIENTS: usize = 200;
+    const BODY: usize = 4 << 20;
+    const BUDGET_MIB: u64 = 64;
+    let home = Home::new("bodybudget");
+    let h = Http::start(&home, &["--body-budget", &BUDGET_MIB.to_string()], &[]);
+    let pid = h.child.id();
+    let sid = h.initialize();
+    assert_eq!(h.post(&[("Mcp-Session-Id", &sid)], PING).status, 200);
+    let idle = rss_kib(pid);
+    let sent = Arc::new(AtomicUsize::new(0));
+    let tried = Arc::new(AtomicUsize::new(0));
+    let leave = Arc::new(AtomicBool::new(false));
+    let head = format!("POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {BODY}\r\n\r\n");
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let (addr, head, sent, tried, leave) = (h.addr, head.clone(), sent.clone(), tried.clone(), leave.clone());
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(addr).unwrap();
+                // (tiny_http's pool can leave a connection queued behind busy ones: with every
+                // connection stalled, such a client never gets to send; it gives up.)
+                s.set_write_timeout(Some(Duration::from_secs(20))).unwrap();
+                let body = vec![b' '; BODY - 16];
+                if s.write_all(head.as_bytes()).and_then(|()| s.write_all(&body)).is_ok() {
+                    sent.fetch_add(1, Ordering::SeqCst);
+                }
+                tried.fetch_add(1, Ordering::SeqCst);
+                drop(body);
+                while !leave.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            })
+        })
+        .collect();
+    let mut peak = idle;
+    wait_for(Duration::from_secs(120), "every client to send all but the end of its body, or give up", || {
+        peak = peak.max(rss_kib(pid));
+        (tried.load(Ordering::SeqCst) == CLIENTS).then_some(())
+    });
+    peak = peak.max(rss_kib(pid));
+    let sent = sent.load(Ordering::SeqCst);
+    assert!(sent as u64 >= 2 * BUDGET_MIB / 4, "only {sent} of {CLIENTS} clients got to send: not enough to fill the budget twice");
+    let grew_mib = peak.saturating_sub(idle) / 1024;
+    // The budget, plus the connections' own threads and buffers.
+    assert!(grew_mib <= BUDGET_MIB + 48, "RSS grew by {grew_mib} MiB with {sent} stalled 4 MiB bodies (idle {idle} KiB)");
+    leave.store(true, Ordering::SeqCst);
+    for c in clients {
+        c.join().unwrap();
+    }
+    // Back near the idle RSS once they are gone; a normal request is answered.
+    let after = wait_for(Duration::from_secs(20), "the memory of the burst to return", || {
+        let now = rss_kib(pid);
+        (now <= idle + 16 * 1024).then_some(now)
+    });
+    assert_eq!(h.post(&[("Mcp-Session-Id", &sid)], PING).status, 200);
+    eprintln!("RSS: idle {idle} KiB, peak {peak} KiB with {sent} stalled bodies, {after} KiB after");
+}
+
+/// A body that does not fit in the budget is read to its end and answered 503 with Retry-After;
+/// once the budget is free again, the same request is served.
+#[test]
+fn a_body_beyond_the_budget_gets_503_with_retry_after() {
+    use std::io::Write;
+    let home = Home::new("bodybudget503");
+    let h = Http::start(&home, &["--body-budget", "4"], &[]);
+    let sid = h.initialize();
+    // One client holds a 4 MiB body without its last byte: the whole budget.
+    let mut holder = std::net::TcpStream::connect(h.addr).unwrap();
+    let body = 4usize << 20;
+    let head = format!("POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {body}\r\n\r\n");
+    holder.write_all(head.as_bytes()).unwrap();
+    holder.write_all(&vec![b' '; body - 1]).unwrap();
+    let ping = format!("{PING}{}", " ".repeat(100_000));
+    let r = wait_for(Duration::from_secs(10), "the budget to be taken", || {
+        let r = h.post(&[("Mcp-Session-Id", &sid)], &ping);
+        (r.status == 503).then_some(r)
+    });
+    assert_eq!(r.header("retry-after"), Some("1"), "{}", r.body);
+    assert!(r.body.contains("--body-budget"), "{}", r.body);
+    drop(holder);
+    wait_for(Duration::from_secs(10), "the budget to be given back", || {
+        (h.post(&[("Mcp-Session-Id", &sid)], &ping).status == 200).then_some(())
+    });
+}

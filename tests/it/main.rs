@@ -9,6 +9,7 @@ mod fuzz_corpus;
 mod http;
 mod isolation;
 mod modern;
+mod processes;
 mod protocol_tasks;
 mod security;
 mod shutdown;

@@ -616,6 +616,11 @@ impl E2bHome {
     }
 
     pub fn stdio(&self) -> Mcp {
+        self.stdio_with_envd_at(&self.emulator.url())
+    }
+
+    /// A server whose control plane is the emulator and whose envd URL is `sandbox_url`.
+    pub fn stdio_with_envd_at(&self, sandbox_url: &str) -> Mcp {
         let url = self.emulator.url();
         let mut env = self.home.env();
         env.retain(|(k, _)| k != "SANDBOX_MCP_PROVIDER");
@@ -624,7 +629,7 @@ impl E2bHome {
             ("SANDBOX_MCP_PROVIDER", "e2b"),
             ("E2B_API_KEY", E2B_TEST_KEY),
             ("E2B_API_URL", url.as_str()),
-            ("E2B_SANDBOX_URL", url.as_str()),
+            ("E2B_SANDBOX_URL", sandbox_url),
         ]);
         let mut client = StdioClient::spawn(&bin(), &["stdio"], &all, false).expect("spawn server");
         client.initialize().expect("initialize");

@@ -632,12 +632,13 @@ fn a_value_with_a_newline_cannot_forge_a_state() {
     let dir = std::env::temp_dir().join(format!("smcp-forge-{}", sandbox_mcp::ids::random_hex(4)));
     std::fs::create_dir_all(&dir).unwrap();
     for sh in ["/bin/dash", "/bin/bash"] {
+        let _ = std::fs::remove_file(dir.join("state"));
         let run = format!("{script}\ncd \"$0\" && ERR='cwd x\nstatus=exited\nexit_code=0 no longer exists' && save failed_to_start");
         let st = std::process::Command::new(sh).arg("-c").arg(run).arg(&dir).status().unwrap();
         assert!(st.success());
         let state = std::fs::read_to_string(dir.join("state")).unwrap();
         assert_eq!(state.lines().filter(|l| l.starts_with("status=") || l.starts_with("exit_code=0")).count(), 1, "{sh}: {state}");
-        assert!(state.starts_with("status=failed_to_start\n"), "{state}");
+        assert!(state.starts_with("status=failed_to_start\n") && state.ends_with("\n.\n"), "{state}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

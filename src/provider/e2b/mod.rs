@@ -8,6 +8,7 @@
 //! control plane, and hand the work to the right client. E2B's JSON answers are read into typed
 //! structs through `loose`, which keeps every field optional.
 
+mod connection;
 mod control;
 mod envd;
 mod loose;
@@ -41,7 +42,7 @@ impl E2bProvider {
             .timeout_global(Some(config.request_timeout))
             .user_agent(format!("sandbox-mcp/{}", env!("CARGO_PKG_VERSION")))
             .build();
-        let agent = ureq::Agent::new_with_config(agent_config);
+        let agent = connection::agent(agent_config);
         let domain = config.domain.clone();
         let api_url = config.api_url.clone().unwrap_or_else(|| format!("https://api.{domain}")).trim_end_matches('/').to_string();
         let sandbox_url = config.sandbox_url.as_ref().map(|u| u.trim_end_matches('/').to_string());

@@ -5,6 +5,7 @@
 //! ureq is configured never to turn an HTTP status into an error, so error bodies are kept and
 //! every caller decides what a status means.
 
+use super::connection;
 use super::loose;
 use crate::provider::ProviderError;
 use serde::Deserialize;
@@ -52,10 +53,16 @@ impl ErrorBody {
     }
 }
 
-/// Whether a transport error happened before the request could have reached the server.
+/// Whether a transport error happened before the request could have reached the server: name
+/// resolution, the TCP connection and the TLS handshake (marked by `connection`), or a URL that
+/// could not be used at all.
 pub(super) fn before_sending(err: &ureq::Error) -> bool {
     use ureq::{Error, Timeout};
-    matches!(err, Error::HostNotFound | Error::ConnectionFailed | Error::BadUri(_) | Error::Timeout(Timeout::Resolve | Timeout::Connect))
+    connection::not_sent(err).is_some()
+        || matches!(
+            err,
+            Error::HostNotFound | Error::ConnectionFailed | Error::BadUri(_) | Error::Timeout(Timeout::Resolve | Timeout::Connect)
+        )
         || matches!(err, Error::Io(e) if e.kind() == std::io::ErrorKind::ConnectionRefused)
 }
 
@@ -63,7 +70,13 @@ pub(super) fn before_sending(err: &ureq::Error) -> bool {
 /// answer lost (the request may have been applied).
 pub(super) fn transport_error(what: &str, err: &ureq::Error, timeout: Duration) -> ProviderError {
     if before_sending(err) {
-        ProviderError::Unavailable(format!("cannot reach E2B for {what}: {err}; check the network and E2B_DOMAIN/E2B_API_URL"))
+        let why = match connection::not_sent(err) {
+            Some(n) => n.to_string(),
+            None => err.to_string(),
+        };
+        ProviderError::Unavailable(format!(
+            "cannot reach E2B for {what}: {why}; nothing was sent. Check the network and E2B_DOMAIN/E2B_API_URL"
+        ))
     } else if matches!(err, ureq::Error::Timeout(_)) {
         ProviderError::Timeout { what: what.to_string(), after: timeout }
     } else {

@@ -1,0 +1,248 @@
+//! The memory budget of HTTP request bodies: one total for every body held at once, and the
+//! reading of one body within it.
+//!
+//! A body is held in memory from its first byte until its request is answered, so a client that
+//! sends most of a large body and then stalls keeps that memory for as long as it likes; without a
+//! total, a few hundred such clients hold gigabytes. Each body takes its share of the budget
+//! before the bytes it covers are read (its announced length, or one step at a time when the
+//! length is not announced); a body that does not fit is read to its end and discarded, and its
+//! request answered 503 with `Retry-After`. A body longer than a step is read into a buffer
+//! the allocator maps for it alone (see [`MAPPED`]), so that its memory returns to the system
+//! when the request is done and the server's RSS goes back down after a burst.
+
+use std::io::{self, Read};
+use std::sync::{Arc, Mutex};
+
+/// How much of a body is read, and charged, at a time.
+const STEP: usize = 64 * 1024;
+
+/// The capacity of the buffer of a body longer than one step: more than glibc's largest mapping
+/// threshold (32 MiB on 64-bit), so that the allocator always maps it on its own and unmaps it
+/// when it is freed. Only the pages a body fills become resident; a smaller buffer would come
+/// from the allocator's heaps, which keep freed memory (and the threshold rises after every
+/// large free, up to that maximum).
+const MAPPED: usize = 33 << 20;
+
+/// The total of body bytes held at once, shared by every HTTP connection.
+#[derive(Debug)]
+pub struct BodyBudget {
+    limit: usize,
+    used: Mutex<usize>,
+}
+
+impl BodyBudget {
+    /// A budget of `limit` bytes.
+    pub fn new(limit: usize) -> Arc<BodyBudget> {
+        Arc::new(BodyBudget { limit, used: Mutex::new(0) })
+    }
+
+    /// Bytes held now.
+    pub fn used(&self) -> usize {
+        self.used.lock().map(|u| *u).unwrap_or(0)
+    }
+
+    fn take(&self, n: usize) -> bool {
+        let Ok(mut used) = self.used.lock() else { return false };
+        if *used + n > self.limit {
+            return false;
+        }
+        *used += n;
+        true
+    }
+
+    fn give_back(&self, n: usize) {
+        if let Ok(mut used) = self.used.lock() {
+            *used = used.saturating_sub(n);
+        }
+    }
+}
+
+/// A share of the budget, returned when dropped.
+#[derive(Debug)]
+pub struct Share {
+    budget: Arc<BodyBudget>,
+    bytes: usize,
+}
+
+impl Share {
+    fn new(budget: &Arc<BodyBudget>) -> Share {
+        Share { budget: budget.clone(), bytes: 0 }
+    }
+
+    fn grow(&mut self, n: usize) -> bool {
+        let ok = self.budget.take(n);
+        if ok {
+            self.bytes += n;
+        }
+        ok
+    }
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        self.budget.give_back(self.bytes);
+    }
+}
+
+/// What reading one body gave.
+#[derive(Debug)]
+pub enum Body {
+    /// The whole body, and the share of the budget it holds until dropped.
+    Ok(Vec<u8>, Share),
+    /// Longer than the cap; read to its end and discarded (413).
+    TooLarge,
+    /// Over the budget; read to its end and discarded (503 with `Retry-After`).
+    OverBudget,
+    /// The client stopped sending before its announced length (nothing is parsed; 400).
+    Incomplete,
+    /// The client stopped sending with far more than `max_drain` of its announced length
+    /// missing: the connection is abandoned without an answer.
+    Abandon,
+}
+
+/// Reads one body of at most `cap` bytes from `reader` within `budget`. `announced` is the
+/// declared length, if any. A body that fails to read comes back empty (the request is then
+/// answered as unparsable).
+pub fn read_body(reader: &mut dyn Read, announced: Option<usize>, cap: usize, max_drain: usize, budget: &Arc<BodyBudget>) -> Body {
+    let mut share = Share::new(budget);
+    if let Some(n) = announced {
+        if n > cap {
+            return drain(reader, announced, 0, max_drain, Body::TooLarge);
+        }
+        // The whole announced length at once: a body either fits or is refused before any of it
+        // is kept.
+        if !share.grow(n) {
+            return drain(reader, announced, 0, max_drain, Body::OverBudget);
+        }
+    }
+    let mut body = match announced {
+        Some(n) if n > STEP => Vec::with_capacity(MAPPED),
+        _ => Vec::new(),
+    };
+    loop {
+        let want = match announced {
+            Some(n) => (n - body.len().min(n)).min(STEP),
+            None => STEP,
+        };
+        if want == 0 {
+            break;
+        }
+        if announced.is_none() {
+            if !share.grow(STEP) {
+                return drain(reader, announced, body.len(), max_drain, Body::OverBudget);
+            }
+            if body.len() == STEP {
+                // Past one step: into a buffer of its own mapping (see MAPPED).
+                let mut mapped = Vec::with_capacity(MAPPED);
+                mapped.extend_from_slice(&body);
+                body = mapped;
+            }
+        }
+        let start = body.len();
+        body.resize(start + want, 0);
+        let got = match fill(reader, &mut body[start..]) {
+            Ok(got) => got,
+            Err(_) => return Body::Ok(Vec::new(), share),
+        };
+        body.truncate(start + got);
+        if body.len() > cap {
+            let seen = body.len();
+            drop(body);
+            return drain(reader, announced, seen, max_drain, Body::TooLarge);
+        }
+        if got < want {
+            if announced.is_some_and(|n| body.len() < n) {
+                return Body::Incomplete;
+            }
+            break;
+        }
+    }
+    Body::Ok(body, share)
+}
+
+/// Reads until `buf` is full or the body ends; how much was read.
+fn fill(reader: &mut dyn Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match read_some(reader, &mut buf[got..])? {
+            0 => break,
+            n => got += n,
+        }
+    }
+    Ok(got)
+}
+
+fn read_some(reader: &mut dyn Read, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        match reader.read(buf) {
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other,
+        }
+    }
+}
+
+/// Reads and discards the rest of a body (`seen` bytes of it already read), in small chunks: so
+/// that tiny_http, which drains an unread body on drop by allocating all of its remaining
+/// announced length at once, has nothing left to drain. Answers `then`, or `Abandon` when the
+/// client stopped with more than `max_drain` bytes still announced.
+fn drain(reader: &mut dyn Read, announced: Option<usize>, seen: usize, max_drain: usize, then: Body) -> Body {
+    let mut total = seen;
+    let mut chunk = [0u8; 8 * 1024];
+    while let Ok(n @ 1..) = read_some(reader, &mut chunk) {
+        total += n;
+    }
+    match announced {
+        Some(n) if n.saturating_sub(total) > max_drain => Body::Abandon,
+        _ => then,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CAP: usize = 1000;
+
+    fn read(data: &[u8], announced: Option<usize>, budget: &Arc<BodyBudget>) -> Body {
+        read_body(&mut &data[..], announced, CAP, 10_000, budget)
+    }
+
+    #[test]
+    fn bodies_take_their_share_until_dropped() {
+        let budget = BodyBudget::new(1500);
+        let a = read(&[1u8; 800], Some(800), &budget);
+        assert!(matches!(&a, Body::Ok(b, _) if b.len() == 800));
+        assert_eq!(budget.used(), 800);
+        // A second announced body that does not fit is drained and refused.
+        assert!(matches!(read(&[2u8; 800], Some(800), &budget), Body::OverBudget));
+        assert_eq!(budget.used(), 800);
+        drop(a);
+        assert_eq!(budget.used(), 0);
+        assert!(matches!(read(&[2u8; 800], Some(800), &budget), Body::Ok(b, _) if b == vec![2u8; 800]));
+    }
+
+    #[test]
+    fn unannounced_bodies_are_charged_step_by_step() {
+        let budget = BodyBudget::new(2 * STEP);
+        assert!(matches!(read_body(&mut &[1u8; 10][..], Some(20), CAP, 10_000, &budget), Body::Incomplete));
+        assert_eq!(budget.used(), 0);
+        let data = vec![7u8; 100];
+        let Body::Ok(b, share) = read_body(&mut &data[..], None, 4 * STEP, 10_000, &budget) else { panic!() };
+        assert_eq!(b, data);
+        assert_eq!(budget.used(), STEP, "one step, not filled: the end");
+        drop(share);
+        let long = vec![7u8; 3 * STEP];
+        assert!(matches!(read_body(&mut &long[..], None, 4 * STEP, 10_000, &budget), Body::OverBudget));
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn over_the_cap_is_too_large_and_drained() {
+        let budget = BodyBudget::new(1 << 20);
+        assert!(matches!(read(&[0u8; 1200], Some(1200), &budget), Body::TooLarge));
+        assert!(matches!(read(&[0u8; 1200], None, &budget), Body::TooLarge));
+        assert_eq!(budget.used(), 0);
+        // A client that announced far more than it sent is abandoned.
+        assert!(matches!(read(&[0u8; 10], Some(1 << 30), &budget), Body::Abandon));
+    }
+}

@@ -53,6 +53,11 @@ impl Bench {
         s
     }
 
+    /// The median of samples kept earlier in this run under `key`.
+    pub fn kept_median(&self, key: &str) -> Option<f64> {
+        self.raw.get(key)?["stats"]["median"].as_f64()
+    }
+
     /// Keeps `v` under `key` in the raw results.
     pub fn keep_value(&mut self, key: &str, v: Value) {
         self.raw.insert(key.into(), v);

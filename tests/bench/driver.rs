@@ -34,6 +34,7 @@ mod machine;
 mod options;
 mod probes;
 mod process;
+mod processes;
 mod protocol;
 mod protocol_tasks;
 mod proxy;
@@ -94,6 +95,7 @@ fn run() -> Result<ExitCode> {
     b.section("tasks", "line visibility, waiting read", |b| tasks::visibility_waiting(b, &mut ctl));
     b.section("tasks", "tasks/get vs get_task", |b| protocol_tasks::tasks_get_vs_get_task(b, &mut ctl));
     b.section("tasks", "run_command promoted to a task", |b| protocol_tasks::promotion_latency(b, &mut ctl));
+    b.section("processes", "process creations per tool", processes::process_counts);
     b.section("pueue", "pueue vs task tools", |b| pueue::pueue_vs_tasks(b, &mut ctl));
     b.section("http", "HTTP ping, scaling and starvation", |b| http::http_ping(b, &ctl));
     b.section("protocol", "MCP 2026-07-28 next to 2025-11-25", protocol::modern_wire);

@@ -197,6 +197,16 @@ pub fn pueue_vs_tasks(b: &mut Bench, ctl: &mut Ctl) -> Result<()> {
     let (s_sr, s_cancel) = keep(b, "tasks_stdio_session", &session);
     let (c_sr, c_cancel) = keep(b, "tasks_sandbox_mcp_call", &call);
     b.row(Row::new("pueue", "`pueue add` + `pueue log` until the output shows").lat(&p_sr));
+    if let Some(start) = b.kept_median("start_task_running_command") {
+        let r = start / p_sr.median;
+        b.row(
+            Row::new("pueue", "`start_task` of a still-running command, until its answer (from the tasks group)")
+                .value(dur(start))
+                .vs(format!("pueue add + log {}", dur(p_sr.median)))
+                .ratio(format!("{} pueue", times(r)))
+                .target("faster than pueue (< 1×)", r < 1.0),
+        );
+    }
     for (label, s) in [("stdio session", &s_sr), ("`sandbox-mcp call` per step", &c_sr)] {
         let r = s.median / p_sr.median;
         b.row(

@@ -53,7 +53,7 @@ impl SandboxFs {
     /// Reads a regular file of at most `max_bytes`.
     pub fn read(&self, path: &str, max_bytes: usize) -> Result<Vec<u8>, ProviderError> {
         let inside = inside(path)?;
-        let _as = ActAs::sandbox(self.owner)?;
+        let _as = act_as(self.owner)?;
         let flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK;
         let fd = self.open_at(&inside, flags, Mode::empty()).map_err(|e| errno_error(path, e))?;
         let st = fstat(&fd).map_err(|e| errno_error(path, e))?;
@@ -80,7 +80,7 @@ impl SandboxFs {
     /// Writes a regular file, creating missing parent directories.
     pub fn write(&self, path: &str, data: &[u8]) -> Result<u64, ProviderError> {
         let inside = inside(path)?;
-        let _as = ActAs::sandbox(self.owner)?;
+        let _as = act_as(self.owner)?;
         let (parent, name) = match inside.rsplit_once('/') {
             Some((p, n)) if !n.is_empty() && n != "." && n != ".." => (if p.is_empty() { "/" } else { p }, n),
             _ => return Err(ProviderError::Rejected(format!("{path:?} does not name a file; give a file path"))),
@@ -108,7 +108,7 @@ impl SandboxFs {
     /// Lists a directory (at most `max_entries`, sorted by name; `true` when more were left out).
     pub fn list(&self, path: &str, max_entries: usize) -> Result<(Vec<DirEntry>, bool), ProviderError> {
         let inside = inside(path)?;
-        let _as = ActAs::sandbox(self.owner)?;
+        let _as = act_as(self.owner)?;
         let fd =
             self.open_at(&inside, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).map_err(|e| errno_error(path, e))?;
         let dir = rustix::fs::Dir::read_from(&fd).map_err(|e| errno_error(path, e))?;
@@ -140,7 +140,7 @@ impl SandboxFs {
 
     /// Whether `path` is an existing directory inside the sandbox.
     pub fn is_dir(&self, path: &str) -> bool {
-        let Ok(_as) = ActAs::sandbox(self.owner) else { return false };
+        let Ok(_as) = act_as(self.owner) else { return false };
         inside(path).is_ok_and(|p| self.open_at(&p, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).is_ok())
     }
 
@@ -177,21 +177,23 @@ impl SandboxFs {
 }
 
 /// The calling thread's effective uid and gid switched to a sandbox's root for as long as it
-/// lives (only when the server runs as root; a no-op otherwise). The saved ids stay root, so the
-/// drop can switch back; the kernel clears the effective capabilities while the uid is not 0.
-struct ActAs {
+/// lives (only when the process runs as root and the sandbox's root is not; a no-op otherwise).
+/// The saved ids stay root, so the drop can switch back; the kernel clears the effective
+/// capabilities while the uid is not 0. Linux keeps these ids per thread: no other thread of the
+/// process is affected.
+pub struct ActAs {
     switched: bool,
 }
 
 impl ActAs {
-    fn sandbox((uid, gid): (u32, u32)) -> Result<ActAs, ProviderError> {
+    /// Switches the calling thread to `(uid, gid)`, the host ids of a sandbox's root.
+    pub fn sandbox((uid, gid): (u32, u32)) -> std::io::Result<ActAs> {
         if !rustix::process::geteuid().is_root() || uid == 0 {
             return Ok(ActAs { switched: false });
         }
-        let failed = |e: Errno| ProviderError::Unavailable(format!("cannot take the sandbox's identity for a file operation: {e}"));
-        set_thread_res_gid(None, Some(Gid::from_raw(gid)), None).map_err(failed)?;
+        set_thread_res_gid(None, Some(Gid::from_raw(gid)), None)?;
         let guard = ActAs { switched: true };
-        set_thread_res_uid(None, Some(Uid::from_raw(uid)), None).map_err(failed)?;
+        set_thread_res_uid(None, Some(Uid::from_raw(uid)), None)?;
         Ok(guard)
     }
 }
@@ -204,6 +206,11 @@ impl Drop for ActAs {
             let _ = set_thread_res_gid(None, Some(Gid::ROOT), None);
         }
     }
+}
+
+/// [`ActAs::sandbox`] for a file tool: a failure to switch is a provider error.
+fn act_as(owner: (u32, u32)) -> Result<ActAs, ProviderError> {
+    ActAs::sandbox(owner).map_err(|e| ProviderError::Unavailable(format!("cannot take the sandbox's identity for a file operation: {e}")))
 }
 
 /// The sandbox path of a tool path: absolute as given, relative under the home.

@@ -13,8 +13,7 @@
 
 use super::control::rfc3339;
 use super::http::{HttpReply, HttpRequest};
-use rustix::process::{Gid, Uid};
-use rustix::thread::{set_thread_res_gid, set_thread_res_uid};
+use sandbox_mcp::provider::isolation::files::ActAs;
 use serde_json::{json, Value};
 use std::ffi::OsString;
 use std::fs;
@@ -37,22 +36,6 @@ pub struct Tree {
     home: PathBuf,
     /// The host uid and gid of the sandbox's root, for isolated sandboxes (see [`Tree::act`]).
     owner: Option<(u32, u32)>,
-}
-
-/// The calling thread acting with a sandbox root's host uid and gid while it lives (see
-/// [`Tree::act`]); the thread's own ids come back on drop.
-pub struct ActAs {
-    switched: bool,
-}
-
-impl Drop for ActAs {
-    fn drop(&mut self) {
-        if self.switched {
-            // The saved ids stayed root: the uid first, then the gid that root may set.
-            let _ = set_thread_res_uid(None, Some(Uid::ROOT), None);
-            let _ = set_thread_res_gid(None, Some(Gid::ROOT), None);
-        }
-    }
 }
 
 impl Tree {
@@ -155,15 +138,8 @@ impl Tree {
     /// not even create files on the sandbox's private `/tmp` (a file system of the sandbox's
     /// user namespace, where host root has no id: `EOVERFLOW`). Linux keeps these ids per
     /// thread, so the emulator's other threads are unaffected.
-    pub fn act(&self) -> io::Result<ActAs> {
-        let Some((uid, gid)) = self.owner.filter(|(uid, _)| *uid != 0) else { return Ok(ActAs { switched: false }) };
-        if !rustix::process::geteuid().is_root() {
-            return Ok(ActAs { switched: false });
-        }
-        set_thread_res_gid(None, Some(Gid::from_raw(gid)), None)?;
-        let guard = ActAs { switched: true };
-        set_thread_res_uid(None, Some(Uid::from_raw(uid)), None)?;
-        Ok(guard)
+    pub fn act(&self) -> io::Result<Option<ActAs>> {
+        self.owner.map(ActAs::sandbox).transpose()
     }
 
     /// The user and group names the sandbox sees for host ids `uid` and `gid`: from the host's

@@ -186,10 +186,9 @@ impl LocalProvider {
     /// with it (then every path below the first must be resolved within it, as the file tools do:
     /// an absolute symbolic link inside points at the sandbox's root, not the host's).
     pub fn file_tree(&self, id: &str) -> Result<(PathBuf, PathBuf), ProviderError> {
-        let meta = self.reach(id, Touch::Observe)?;
-        match meta.isolation {
-            Isolation::None => Ok((PathBuf::from("/"), self.home(id))),
-            Isolation::Namespaces => Ok((self.live_init(id)?.root_path(), PathBuf::from(rootfs::HOME))),
+        match self.reach_with_init(id, Touch::Observe)? {
+            (_, Some(init)) => Ok((init.root_path(), PathBuf::from(rootfs::HOME))),
+            (_, None) => Ok((PathBuf::from("/"), self.home(id))),
         }
     }
 
@@ -210,8 +209,8 @@ impl LocalProvider {
         }
     }
 
-    fn sandbox_fs(&self, id: &str, meta: &Meta) -> Result<SandboxFs, ProviderError> {
-        let init = self.live_init(id)?;
+    /// The file system of isolated sandbox `id`, reached as `reach_with_init` found it.
+    fn sandbox_fs(id: &str, meta: &Meta, init: Init) -> Result<SandboxFs, ProviderError> {
         SandboxFs::open(id, init, meta.owner.unwrap_or_else(isolation::sandbox_owner))
     }
 
@@ -295,6 +294,11 @@ impl LocalProvider {
 
     /// Loads a live sandbox, renewing its TTL when asked; an expired one is killed and reported gone.
     fn reach(&self, id: &str, touch: Touch) -> Result<Meta, ProviderError> {
+        self.reach_with_init(id, touch).map(|(meta, _)| meta)
+    }
+
+    /// [`LocalProvider::reach`], also giving an isolated sandbox's init, checked to be running.
+    fn reach_with_init(&self, id: &str, touch: Touch) -> Result<(Meta, Option<Init>), ProviderError> {
         check_local_id(id)?;
         let mut meta = self.load(id)?;
         let now = unix_now();
@@ -302,9 +306,10 @@ impl LocalProvider {
             let _ = self.kill(id, Instant::now() + KILL_SCAN_BUDGET);
             return Err(ProviderError::NotFound { id: id.into() });
         }
-        if meta.isolation == Isolation::Namespaces {
-            self.live_init(id)?;
-        }
+        let init = match meta.isolation {
+            Isolation::Namespaces => Some(self.live_init(id)?),
+            Isolation::None => None,
+        };
         if touch == Touch::Renew {
             let renewed = now + meta.timeout as i64;
             if renewed > meta.expires_at {
@@ -312,7 +317,7 @@ impl LocalProvider {
                 self.store(&meta)?;
             }
         }
-        Ok(meta)
+        Ok((meta, init))
     }
 
     fn spawn_keeper(&self, id: &str) {
@@ -349,7 +354,7 @@ impl LocalProvider {
     fn start_isolated(&self, id: &str) -> Result<Init, ProviderError> {
         let unavailable = |why: String| ProviderError::Unavailable(format!("could not start the isolated sandbox: {why}"));
         let mut child = self.keeper_command(id, true).spawn().map_err(|e| unavailable(format!("could not start its keeper: {e}")))?;
-        let answer = child.stdout.take().map(|out| read_line_within(out, init::START_BUDGET + Duration::from_secs(1)));
+        let answer = child.stdout.take().map(|out| init::read_line_within(out, init::START_BUDGET + Duration::from_secs(1)));
         let _ = child.wait();
         match answer.flatten() {
             Some(line) if line == "ready" => {
@@ -426,7 +431,7 @@ impl LocalProvider {
         cwd: Option<&Path>,
         touch: Touch,
     ) -> Result<Command, ProviderError> {
-        let meta = self.reach(id, touch)?;
+        let (meta, init) = self.reach_with_init(id, touch)?;
         if let Some(bad) = envs.keys().find(|k| k.is_empty() || k.contains('=') || k.contains('\0')) {
             return Err(ProviderError::Rejected(format!("environment variable name {bad:?} is not valid")));
         }
@@ -434,13 +439,12 @@ impl LocalProvider {
             argv.split_first().ok_or_else(|| ProviderError::Rejected("the command is empty; give at least the program to run".into()))?;
         let not_a_dir = |c: &Path| ProviderError::Rejected(format!("cwd {c:?} is not an existing directory in the sandbox"));
         let cgroups = if meta.limits.any() { cgroup::procs_files(id) } else { Vec::new() };
-        let mut cmd = match meta.isolation {
-            Isolation::Namespaces => {
-                let init = self.live_init(id)?;
+        let mut cmd = match init {
+            Some(init) => {
                 let cwd = match cwd {
                     Some(c) => {
                         let c = c.to_str().ok_or_else(|| not_a_dir(c))?;
-                        if !self.sandbox_fs(id, &meta)?.is_dir(c) {
+                        if !Self::sandbox_fs(id, &meta, init)?.is_dir(c) {
                             return Err(not_a_dir(Path::new(c)));
                         }
                         Some(c)
@@ -449,7 +453,7 @@ impl LocalProvider {
                 };
                 enter::command(self.tools()?, init, !meta.host_network, argv, cwd, &cgroups)
             }
-            Isolation::None => {
+            None => {
                 let home = self.home(id);
                 let dir = match cwd {
                     None => home,
@@ -577,14 +581,7 @@ pub fn tagged_pids(id: &str) -> Vec<u32> {
 }
 
 fn keeper_alive(dir: &Path) -> bool {
-    let Ok(text) = fs::read_to_string(dir.join("keeper.pid")) else {
-        return false;
-    };
-    let mut it = text.split_whitespace().map(|s| s.parse::<u64>().ok());
-    let (Some(Some(pid)), Some(Some(start))) = (it.next(), it.next()) else {
-        return false;
-    };
-    matches!(process::proc_stat(pid as u32), Some(st) if st.start == start && st.state != 'Z')
+    Init::read(&dir.join("keeper.pid")).is_some_and(|keeper| keeper.alive())
 }
 
 /// Runs the local provider's internal subcommand that `args` (the program's arguments, without
@@ -603,18 +600,6 @@ pub fn run_internal(args: &[String]) -> Option<anyhow::Result<()>> {
         [command, rest @ ..] if command == init::STAGE_SUBCOMMAND => Some(init::run_stage(rest)),
         _ => None,
     }
-}
-
-/// Reads one line from `pipe`, or `None` at end of file or when `budget` passes.
-fn read_line_within(pipe: impl Read + Send + 'static, budget: Duration) -> Option<String> {
-    let (tx, rx) = crossbeam_channel::bounded(1);
-    let spawned = std::thread::Builder::new().name("sandbox-mcp-keeper-answer".into()).spawn(move || {
-        let mut line = String::new();
-        let ok = io::BufRead::read_line(&mut io::BufReader::new(pipe), &mut line).is_ok_and(|n| n > 0);
-        let _ = tx.send(ok.then(|| line.trim_end().to_string()));
-    });
-    spawned.ok()?;
-    rx.recv_timeout(budget).ok().flatten()
 }
 
 /// The body of `sandbox-mcp keeper ROOT ID SHELL [--start-init]`: starts the init of a new
@@ -875,9 +860,9 @@ impl Provider for LocalProvider {
     }
 
     fn read_file(&self, sandbox_id: &str, path: &str, max_bytes: usize, _deadline: Instant) -> Result<Vec<u8>, ProviderError> {
-        let sandbox = self.reach(sandbox_id, Touch::Renew)?;
-        if sandbox.isolation == Isolation::Namespaces {
-            return self.sandbox_fs(sandbox_id, &sandbox)?.read(path, max_bytes);
+        let (sandbox, init) = self.reach_with_init(sandbox_id, Touch::Renew)?;
+        if let Some(init) = init {
+            return Self::sandbox_fs(sandbox_id, &sandbox, init)?.read(path, max_bytes);
         }
         let full = self.resolve(sandbox_id, path)?;
         let meta = fs::metadata(&full).map_err(|err| file_error(path, err))?;
@@ -903,9 +888,9 @@ impl Provider for LocalProvider {
     }
 
     fn write_file(&self, sandbox_id: &str, path: &str, data: &[u8], _deadline: Instant) -> Result<u64, ProviderError> {
-        let sandbox = self.reach(sandbox_id, Touch::Renew)?;
-        if sandbox.isolation == Isolation::Namespaces {
-            return self.sandbox_fs(sandbox_id, &sandbox)?.write(path, data);
+        let (sandbox, init) = self.reach_with_init(sandbox_id, Touch::Renew)?;
+        if let Some(init) = init {
+            return Self::sandbox_fs(sandbox_id, &sandbox, init)?.write(path, data);
         }
         let full = self.resolve(sandbox_id, path)?;
         if let Some(parent) = full.parent() {
@@ -936,9 +921,9 @@ impl Provider for LocalProvider {
         max_entries: usize,
         _deadline: Instant,
     ) -> Result<(Vec<DirEntry>, bool), ProviderError> {
-        let sandbox = self.reach(sandbox_id, Touch::Renew)?;
-        if sandbox.isolation == Isolation::Namespaces {
-            return self.sandbox_fs(sandbox_id, &sandbox)?.list(path, max_entries);
+        let (sandbox, init) = self.reach_with_init(sandbox_id, Touch::Renew)?;
+        if let Some(init) = init {
+            return Self::sandbox_fs(sandbox_id, &sandbox, init)?.list(path, max_entries);
         }
         let full = self.resolve(sandbox_id, path)?;
         let rd = fs::read_dir(&full).map_err(|err| file_error(path, err))?;

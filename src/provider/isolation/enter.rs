@@ -34,7 +34,13 @@ pub struct Init {
 impl Init {
     /// Reads the record in `dir`; `None` when there is none (yet) or it is malformed.
     pub fn load(dir: &Path) -> Option<Init> {
-        let text = fs::read_to_string(dir.join(INIT_FILE)).ok()?;
+        Init::read(&dir.join(INIT_FILE))
+    }
+
+    /// Reads any `<pid> <start time>` record (a sandbox keeper's `keeper.pid` has the same form);
+    /// `None` when it is missing, malformed, or names pid 0 or 1.
+    pub fn read(file: &Path) -> Option<Init> {
+        let text = fs::read_to_string(file).ok()?;
         let mut it = text.split_whitespace();
         let pid = it.next()?.parse().ok()?;
         let start = it.next()?.parse().ok()?;

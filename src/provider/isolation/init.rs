@@ -114,10 +114,11 @@ pub fn start(tools: &Tools, exe: &Path, home: &Path, host_network: bool, shell: 
     }
 }
 
-/// Reads one line from `pipe`, or `None` at end of file or when `budget` passes.
-fn read_line_within(pipe: impl io::Read + Send + 'static, budget: Duration) -> Option<String> {
+/// Reads one line from `pipe`, or `None` at end of file or when `budget` passes (the answers of
+/// a starting init and of a starting keeper).
+pub(crate) fn read_line_within(pipe: impl io::Read + Send + 'static, budget: Duration) -> Option<String> {
     let (tx, rx) = crossbeam_channel::bounded(1);
-    let spawned = std::thread::Builder::new().name("sandbox-mcp-init-answer".into()).spawn(move || {
+    let spawned = std::thread::Builder::new().name("sandbox-mcp-answer".into()).spawn(move || {
         let mut line = String::new();
         let ok = BufReader::new(pipe).read_line(&mut line).is_ok_and(|n| n > 0);
         let _ = tx.send(ok.then(|| line.trim_end().to_string()));

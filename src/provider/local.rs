@@ -550,6 +550,12 @@ pub fn resolve_inside(home: &Path, path: &str) -> Result<PathBuf, ProviderError>
 /// Pids of the live processes of local sandbox `id`: those whose environment holds the entry
 /// `TAG_VAR=id` (every process a sandbox command starts inherits it). This process and pids 0 and
 /// 1 are never listed. Signal them with [`process::signal_pids`].
+///
+/// A process in the middle of `execve` shows an empty environment for a moment (its new memory
+/// is in place before the environment is laid out in it); a live process that shows none is read
+/// again, for up to [`EXEC_SETTLE`], rather than taken for untagged. (So each process started
+/// with an empty environment, rare outside pid 1, adds that much to a scan.) The environment is
+/// read in one call, so an exec cannot cut it short.
 pub fn tagged_pids(id: &str) -> Vec<u32> {
     let needle = format!("{TAG_VAR}={id}");
     let needle = needle.as_bytes();
@@ -566,18 +572,54 @@ pub fn tagged_pids(id: &str) -> Vec<u32> {
         if pid == me || pid <= 1 {
             continue;
         }
-        buf.clear();
-        let Ok(mut f) = fs::File::open(entry.path().join("environ")) else {
-            continue;
-        };
-        if f.read_to_end(&mut buf).is_err() {
-            continue;
-        }
-        if buf.split(|b| *b == 0).any(|var| var == needle) {
-            pids.push(pid);
+        let settle = Instant::now() + EXEC_SETTLE;
+        loop {
+            match environ_holds(pid, needle, &mut buf) {
+                Environ::Holds(true) => pids.push(pid),
+                Environ::Holds(false) => {}
+                Environ::Unsettled if Instant::now() < settle => {
+                    std::thread::sleep(Duration::from_micros(100));
+                    continue;
+                }
+                Environ::Unsettled => log::debug!("process {pid} showed no environment for {EXEC_SETTLE:?}; taken as not of sandbox {id}"),
+            }
+            break;
         }
     }
     pids
+}
+
+/// How long [`tagged_pids`] reads again a live process that shows no environment.
+const EXEC_SETTLE: Duration = Duration::from_millis(20);
+
+/// Room for a whole environment in the first read of `/proc/<pid>/environ` (larger ones, rare,
+/// are read on in more calls).
+const ENVIRON_READ: usize = 256 * 1024;
+
+/// What `/proc/<pid>/environ` says of a process.
+enum Environ {
+    /// Read: whether it holds the entry looked for (a process that is gone, a zombie or a kernel
+    /// thread holds none).
+    Holds(bool),
+    /// Empty although the process is a live user process: it may be between the two halves of
+    /// an exec.
+    Unsettled,
+}
+
+fn environ_holds(pid: u32, needle: &[u8], buf: &mut Vec<u8>) -> Environ {
+    buf.clear();
+    // One read call: the file reads the memory the process had when it was opened, and an exec
+    // between two reads would end the second one early, cutting the environment short.
+    buf.reserve(ENVIRON_READ);
+    let read = fs::File::open(format!("/proc/{pid}/environ")).and_then(|mut f| f.read_to_end(buf));
+    if read.is_err() {
+        return Environ::Holds(false);
+    }
+    if buf.is_empty() {
+        let live_user_process = process::proc_stat(pid).is_some_and(|st| !st.kernel_thread && !matches!(st.state, 'Z' | 'X' | 'x'));
+        return if live_user_process { Environ::Unsettled } else { Environ::Holds(false) };
+    }
+    Environ::Holds(buf.split(|b| *b == 0).any(|var| var == needle))
 }
 
 fn keeper_alive(dir: &Path) -> bool {
@@ -975,6 +1017,41 @@ fn file_error(path: &str, err: io::Error) -> ProviderError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A process that execs again and again is never missed by a scan (it was, whenever the scan
+    /// read its environment between the two halves of an exec).
+    #[test]
+    fn tagged_pids_sees_a_process_while_it_execs() {
+        let id = format!("{ID_PREFIX}{}", ids::random_hex(12));
+        let script = std::env::temp_dir().join(format!("smcp-reexec-{}.sh", ids::random_hex(4)));
+        fs::write(&script, "[ \"$1\" -gt 0 ] && exec /bin/sh \"$0\" $(( $1 - 1 ))\nexec sleep 60\n").unwrap();
+        let mut child = Command::new("/bin/sh")
+            .arg(&script)
+            .arg("3000")
+            .env(TAG_VAR, &id)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let (mut scans, mut missed) = (0, 0);
+        while Instant::now() < deadline {
+            let sleeping = fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|line| line.starts_with(b"sleep\0"));
+            scans += 1;
+            if !tagged_pids(&id).contains(&pid) {
+                missed += 1;
+            }
+            if sleeping {
+                break;
+            }
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let _ = fs::remove_file(&script);
+        assert_eq!(missed, 0, "{missed} of {scans} scans missed a tagged process that was exec'ing");
+    }
 
     #[test]
     fn ids() {

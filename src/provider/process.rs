@@ -29,7 +29,12 @@ pub struct ProcStat {
     pub pgrp: u32,
     /// Start time in clock ticks since boot.
     pub start: u64,
+    /// A kernel thread (`PF_KTHREAD`): it has no memory, environment or command line of its own.
+    pub kernel_thread: bool,
 }
+
+/// `PF_KTHREAD` in the flags field of `/proc/<pid>/stat`.
+const PF_KTHREAD: u64 = 0x0020_0000;
 
 /// Reads `/proc/<pid>/stat`; `None` when the process is gone.
 pub fn proc_stat(pid: u32) -> Option<ProcStat> {
@@ -37,7 +42,12 @@ pub fn proc_stat(pid: u32) -> Option<ProcStat> {
     // The command name may contain spaces and parentheses: fields start after the last ')'.
     let rest = text.get(text.rfind(')')? + 2..)?;
     let fields: Vec<&str> = rest.split(' ').collect();
-    Some(ProcStat { state: fields.first()?.chars().next()?, pgrp: fields.get(2)?.parse().ok()?, start: fields.get(19)?.parse().ok()? })
+    Some(ProcStat {
+        state: fields.first()?.chars().next()?,
+        pgrp: fields.get(2)?.parse().ok()?,
+        start: fields.get(19)?.parse().ok()?,
+        kernel_thread: fields.get(6)?.parse::<u64>().ok()? & PF_KTHREAD != 0,
+    })
 }
 
 /// Whether a live (non-zombie) process is in group `pgid`.

@@ -104,8 +104,10 @@ mod tests {
     fn stops_and_continues_only_the_tagged_processes() {
         let id = format!("local-{}", sandbox_mcp::ids::random_hex(12));
         let spawn = |tag: &str| {
-            Command::new("/bin/sh")
-                .args(["-c", "exec sleep 60"])
+            // One exec only: while a process execs, /proc shows it no environment for a moment,
+            // so a second exec after the tag became visible could hide it from `freeze`.
+            Command::new("sleep")
+                .arg("60")
                 .env(local::TAG_VAR, tag)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())

@@ -5,21 +5,21 @@
 //! - **namespaces** ([`super::isolation`]): its own user, mount, pid, ipc and uts namespaces
 //!   (network unless it asked for the host's), a read-only view of the host's system
 //!   directories, its home read-write, private `/tmp`, `/proc` and `/dev`, held by an init
-//!   process; every command and snippet enters them with `nsenter`, and file tools resolve paths
-//!   inside its root;
+//!   process, which starts every command and snippet on request (its spawner; `nsenter` for
+//!   sandboxes made before it), and file tools resolve paths inside its root;
 //! - **none**: commands run on the host as the server's user, tagged with the sandbox id, and
 //!   file tools are confined to the sandbox home (the README says what this does not isolate).
 //!
 //! Layout: `<root>/sandboxes/<id>/meta.json` (0600, written by temp file + rename),
 //! `<root>/sandboxes/<id>/home/` (the sandbox's home: `HOME` and default cwd), `keeper.pid` and,
-//! with namespaces, `init.pid`. A detached keeper process (`sandbox-mcp keeper`) starts the init
+//! with namespaces, `init.pid` and `spawn.sock` (the init's spawner). A detached keeper process (`sandbox-mcp keeper`) starts the init
 //! of an isolated sandbox and ends the sandbox at expiry even when no server runs.
 
 use crate::ids;
 use crate::mask::Masker;
 use crate::provider::isolation::enter::{self, Init};
 use crate::provider::isolation::files::{self as sandbox_files, SandboxFs};
-use crate::provider::isolation::{self, cgroup, init, rootfs, Isolation, Tools};
+use crate::provider::isolation::{self, cgroup, init, rootfs, spawner, Isolation, Tools};
 use crate::provider::process::{self, Running, Spawn};
 use crate::provider::{
     unix_now, CreateRequest, DirEntry, EntryKind, ExecOutput, ExecRequest, Limits, Provider, ProviderError, SandboxInfo, Touch,
@@ -431,6 +431,23 @@ impl LocalProvider {
         cwd: Option<&Path>,
         touch: Touch,
     ) -> Result<Command, ProviderError> {
+        match self.launch(id, argv, envs, cwd, touch, false)? {
+            Launch::Host(cmd) => Ok(cmd),
+            Launch::Spawner { .. } => Err(ProviderError::Unavailable("internal error: a host command was asked for".into())),
+        }
+    }
+
+    /// How `argv` starts in live sandbox `id`, as [`LocalProvider::command`] describes; with
+    /// `spawner`, an isolated sandbox whose init serves spawn requests starts it through them.
+    fn launch(
+        &self,
+        id: &str,
+        argv: &[String],
+        envs: &BTreeMap<String, String>,
+        cwd: Option<&Path>,
+        touch: Touch,
+        spawner: bool,
+    ) -> Result<Launch, ProviderError> {
         let (meta, init) = self.reach_with_init(id, touch)?;
         if let Some(bad) = envs.keys().find(|k| k.is_empty() || k.contains('=') || k.contains('\0')) {
             return Err(ProviderError::Rejected(format!("environment variable name {bad:?} is not valid")));
@@ -438,7 +455,6 @@ impl LocalProvider {
         let (program, args) =
             argv.split_first().ok_or_else(|| ProviderError::Rejected("the command is empty; give at least the program to run".into()))?;
         let not_a_dir = |c: &Path| ProviderError::Rejected(format!("cwd {c:?} is not an existing directory in the sandbox"));
-        let cgroups = if meta.limits.any() { cgroup::procs_files(id) } else { Vec::new() };
         let mut cmd = match init {
             Some(init) => {
                 let cwd = match cwd {
@@ -451,6 +467,13 @@ impl LocalProvider {
                     }
                     None => None,
                 };
+                let socket = self.dir(id).join(spawner::SOCKET_FILE);
+                if spawner && socket.exists() {
+                    // The init's children are in its namespaces and cgroups already.
+                    let env = self.env_for(id, &meta, envs);
+                    return Ok(Launch::Spawner { socket, argv: argv.to_vec(), env, cwd: cwd.map(str::to_string) });
+                }
+                let cgroups = if meta.limits.any() { cgroup::procs_files(id) } else { Vec::new() };
                 enter::command(self.tools()?, init, !meta.host_network, argv, cwd, &cgroups)
             }
             None => {
@@ -460,14 +483,23 @@ impl LocalProvider {
                     Some(c) if home.join(c).is_dir() => home.join(c),
                     Some(c) => return Err(not_a_dir(c)),
                 };
+                let cgroups = if meta.limits.any() { cgroup::procs_files(id) } else { Vec::new() };
                 let mut cmd = enter::joined(&cgroups, Path::new(program));
                 cmd.args(args).current_dir(dir);
                 cmd
             }
         };
         cmd.env_clear().envs(self.env_for(id, &meta, envs)).process_group(0);
-        Ok(cmd)
+        Ok(Launch::Host(cmd))
     }
+}
+
+/// How a command starts in a local sandbox.
+enum Launch {
+    /// As a child of this process.
+    Host(Command),
+    /// As a child of the sandbox's init, through its spawner's socket.
+    Spawner { socket: PathBuf, argv: Vec<String>, env: Vec<(String, String)>, cwd: Option<String> },
 }
 
 /// The limits of a create request, as a tool error names them.
@@ -622,6 +654,23 @@ fn environ_holds(pid: u32, needle: &[u8], buf: &mut Vec<u8>) -> Environ {
     Environ::Holds(buf.split(|b| *b == 0).any(|var| var == needle))
 }
 
+/// Binds the spawner's socket in sandbox directory `dir` for a new init; `None` (commands then
+/// enter with nsenter) when it cannot be bound, for instance when the path is too long for a
+/// socket address.
+fn bind_spawner(dir: &Path) -> Option<std::os::unix::net::UnixListener> {
+    let path = dir.join(spawner::SOCKET_FILE);
+    let _ = fs::remove_file(&path);
+    let bound = std::os::unix::net::UnixListener::bind(&path)
+        .and_then(|listener| fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).map(|()| listener));
+    match bound {
+        Ok(listener) => Some(listener),
+        Err(err) => {
+            log::warn!("could not bind {}: {err}; commands in this sandbox enter it with nsenter", path.display());
+            None
+        }
+    }
+}
+
 fn keeper_alive(dir: &Path) -> bool {
     Init::read(&dir.join("keeper.pid")).is_some_and(|keeper| keeper.alive())
 }
@@ -674,7 +723,7 @@ fn run_keeper(root: &Path, id: &str, shell: &Path, start_init: bool) -> anyhow::
         Ok(meta) if start_init && meta.isolation == Isolation::Namespaces && Init::load(&dir).is_none() => {
             let started = provider.tools().map_err(|e| e.to_string()).and_then(|tools| {
                 let home = provider.home(id);
-                init::start(tools, &provider.exe, &home, meta.host_network, shell)
+                init::start(tools, &provider.exe, &home, meta.host_network, shell, bind_spawner(&dir))
             });
             match started {
                 Ok(started) => {
@@ -849,7 +898,7 @@ impl Provider for LocalProvider {
             }
         };
         if let Some(init) = init {
-            while init.alive() && Instant::now() < budget {
+            while !init.ended() && Instant::now() < budget {
                 std::thread::sleep(Duration::from_millis(2));
             }
         }
@@ -890,9 +939,13 @@ impl Provider for LocalProvider {
     }
 
     fn exec(&self, sandbox_id: &str, req: &ExecRequest, touch: Touch) -> Result<ExecOutput, ProviderError> {
-        let cmd = self.command(sandbox_id, &req.argv, &req.envs, req.cwd.as_deref().map(Path::new), touch)?;
+        let launch = self.launch(sandbox_id, &req.argv, &req.envs, req.cwd.as_deref().map(Path::new), touch, true)?;
         let spawn = Spawn { output_cap: req.output_cap, deadline: req.deadline, cancel: req.cancel.as_deref() };
-        process::run(cmd, &spawn, &self.shell, &self.running).map_err(|err| {
+        let ran = match launch {
+            Launch::Host(cmd) => process::run(cmd, &spawn, &self.shell, &self.running),
+            Launch::Spawner { socket, argv, env, cwd } => process::run_remote(&socket, &argv, env, cwd.as_deref(), &spawn, &self.running),
+        };
+        ran.map_err(|err| {
             if !self.dir(sandbox_id).exists() {
                 // Killed or expired between the check above and the start.
                 return ProviderError::NotFound { id: sandbox_id.to_string() };

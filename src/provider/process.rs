@@ -1,13 +1,17 @@
-//! Running a host child process with a deadline: its own process group, capped concurrent
-//! stdout/stderr capture, and a group kill on timeout or cancel.
+//! Running a child process with a deadline: its own process group, capped concurrent
+//! stdout/stderr capture, and a group kill on timeout or cancel. The child is either the server's
+//! own ([`run`]) or one that the init of an isolated sandbox started on request ([`run_remote`],
+//! see `isolation::spawner`); both are waited for by one loop.
 //!
 //! Group signals go through the shell's builtin `kill` (never an external `kill` binary, whose
 //! procps version turns `kill -SIG -PGID` into "signal everything"), only to a group whose leader
 //! is our own unreaped child, and never to group 0 or 1.
 
+use crate::provider::isolation::spawner::{self, Remote};
 use crate::provider::ExecOutput;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::{self, Read};
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -73,6 +77,10 @@ pub struct Spawn<'a> {
 #[derive(Default)]
 pub struct Running {
     groups: Mutex<HashSet<u32>>,
+    /// Commands started by a sandbox's spawner, by a number of this process's choosing: the
+    /// connection on which their group's kill is asked for.
+    remote: Mutex<HashMap<u64, UnixStream>>,
+    next_remote: std::sync::atomic::AtomicU64,
 }
 
 impl Running {
@@ -88,6 +96,20 @@ impl Running {
         }
     }
 
+    fn insert_remote(&self, killer: UnixStream) -> u64 {
+        let key = self.next_remote.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut r) = self.remote.lock() {
+            r.insert(key, killer);
+        }
+        key
+    }
+
+    fn remove_remote(&self, key: u64) {
+        if let Ok(mut r) = self.remote.lock() {
+            r.remove(&key);
+        }
+    }
+
     /// Kills every group still registered (server shutdown).
     pub fn kill_all(&self, shell: &Path) {
         let groups: Vec<u32> = match self.groups.lock() {
@@ -96,6 +118,11 @@ impl Running {
         };
         for pgid in groups {
             signal_group(shell, pgid, "KILL");
+        }
+        if let Ok(r) = self.remote.lock() {
+            for conn in r.values() {
+                spawner::send_kill(conn);
+            }
         }
     }
 }
@@ -160,8 +187,107 @@ pub fn run(mut cmd: Command, spawn: &Spawn<'_>, shell: &Path, running: &Running)
     let started = Instant::now();
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
     let mut child = cmd.spawn()?;
-    running.insert(child.id());
-    wait_with_output(&mut child, spawn, shell, running, started)
+    let pgid = child.id();
+    running.insert(pgid);
+    let pipes = [child.stdout.take().map(|p| Box::new(p) as Pipe), child.stderr.take().map(|p| Box::new(p) as Pipe)];
+    // Invariant: `pgid` leaves `running` when the child is reaped, so shutdown never signals a
+    // group id that may already belong to someone else.
+    let out = wait_with_output(&mut HostChild { child, shell, pgid }, pipes, spawn, started);
+    running.remove(pgid);
+    out
+}
+
+/// Runs `argv` with exactly `env` from `cwd` inside an isolated sandbox, started by the sandbox's
+/// spawner listening on `socket`; otherwise as [`run`]. `Err` only when it could not be started.
+pub fn run_remote(
+    socket: &Path,
+    argv: &[String],
+    env: Vec<(String, String)>,
+    cwd: Option<&str>,
+    spawn: &Spawn<'_>,
+    running: &Running,
+) -> io::Result<ExecOutput> {
+    let started = Instant::now();
+    let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map(|(read, write)| (std::fs::File::from(read), write));
+    let (out_read, out_write) = pipe()?;
+    let (err_read, err_write) = pipe()?;
+    let remote = Remote::spawn(socket, argv, env, cwd, &out_write, &err_write)?;
+    // Only the command holds the write ends now: the pipes end with it (and its group).
+    drop((out_write, err_write));
+    let key = running.insert_remote(remote.killer()?);
+    let pipes = [Some(Box::new(out_read) as Pipe), Some(Box::new(err_read) as Pipe)];
+    let out = wait_with_output(&mut RemoteChild { remote, members_left: false }, pipes, spawn, started);
+    running.remove_remote(key);
+    out
+}
+
+/// A pipe a reader thread drains.
+type Pipe = Box<dyn Read + Send>;
+
+/// What the wait loop needs of a child, wherever it was started.
+trait Waited {
+    /// Its exit status (128 + N for signal N) once it has ended; never blocks.
+    fn try_wait(&mut self) -> io::Result<Option<i32>>;
+    /// Kills its whole process group and waits for it.
+    fn kill_and_wait(&mut self) -> io::Result<i32>;
+    /// Whether members of its group remain (they may hold the pipes), once it has ended.
+    fn members_left(&self) -> bool;
+}
+
+/// A child of this process.
+struct HostChild<'a> {
+    child: Child,
+    shell: &'a Path,
+    pgid: u32,
+}
+
+fn status_code(status: std::process::ExitStatus) -> i32 {
+    status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+}
+
+impl Waited for HostChild<'_> {
+    fn try_wait(&mut self) -> io::Result<Option<i32>> {
+        Ok(self.child.try_wait()?.map(status_code))
+    }
+
+    fn kill_and_wait(&mut self) -> io::Result<i32> {
+        // Invariant: the child is not reaped before the last group signal, so `pgid` stays ours.
+        if !signal_group(self.shell, self.pgid, "KILL") {
+            // The group could not be signalled (no fork possible?): at least end our child.
+            let _ = self.child.kill();
+        }
+        Ok(status_code(self.child.wait()?))
+    }
+
+    fn members_left(&self) -> bool {
+        group_has_live_members(self.pgid)
+    }
+}
+
+/// A command a sandbox's spawner started.
+struct RemoteChild {
+    remote: Remote,
+    members_left: bool,
+}
+
+impl Waited for RemoteChild {
+    fn try_wait(&mut self) -> io::Result<Option<i32>> {
+        Ok(self.remote.try_wait()?.map(|end| {
+            self.members_left = end.members_left;
+            end.code
+        }))
+    }
+
+    fn kill_and_wait(&mut self) -> io::Result<i32> {
+        self.remote.kill();
+        let end = self.remote.wait()?;
+        self.members_left = end.members_left;
+        Ok(end.code)
+    }
+
+    fn members_left(&self) -> bool {
+        self.members_left
+    }
 }
 
 /// Output captured from one pipe so far. Shared with its reader thread so that the caller can
@@ -218,36 +344,19 @@ fn take(capture: Option<&SharedCapture>) -> Capture {
     }
 }
 
-fn wait_with_output(child: &mut Child, spawn: &Spawn<'_>, shell: &Path, running: &Running, started: Instant) -> io::Result<ExecOutput> {
-    let pgid = child.id();
-    // Invariant: `pgid` leaves `running` when the child is reaped, so shutdown never signals a
-    // group id that may already belong to someone else.
-    let reaped = |res: io::Result<std::process::ExitStatus>| {
-        running.remove(pgid);
-        res
-    };
+fn wait_with_output(child: &mut dyn Waited, pipes: [Option<Pipe>; 2], spawn: &Spawn<'_>, started: Instant) -> io::Result<ExecOutput> {
     let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(2);
-    let mut readers = Vec::new();
-    if let Some(out) = child.stdout.take() {
-        readers.push(spawn_reader(out, spawn.output_cap, done_tx.clone()));
-    }
-    if let Some(err) = child.stderr.take() {
-        readers.push(spawn_reader(err, spawn.output_cap, done_tx.clone()));
-    }
+    let readers: Vec<SharedCapture> =
+        pipes.into_iter().flatten().map(|pipe| spawn_reader(pipe, spawn.output_cap, done_tx.clone())).collect();
     drop(done_tx);
     let mut pipes_open = readers.len();
     let mut timed_out = false;
     let mut step = Duration::from_micros(50);
-    // Invariant: the child is not reaped before the last group signal, so `pgid` stays ours.
-    let status = loop {
+    let exit_code = loop {
         let cancelled = spawn.cancel.is_some_and(|c| c.load(Ordering::Relaxed));
         if Instant::now() >= spawn.deadline || cancelled {
             timed_out = true;
-            if !signal_group(shell, pgid, "KILL") {
-                // The group could not be signalled (no fork possible?): at least end our child.
-                let _ = child.kill();
-            }
-            break reaped(child.wait())?;
+            break child.kill_and_wait()?;
         }
         if pipes_open > 0 {
             let wait = step.min(spawn.deadline.saturating_duration_since(Instant::now()));
@@ -265,13 +374,8 @@ fn wait_with_output(child: &mut Child, spawn: &Spawn<'_>, shell: &Path, running:
         } else {
             thread::sleep(step.min(spawn.deadline.saturating_duration_since(Instant::now())));
         }
-        match child.try_wait() {
-            Ok(Some(status)) => break reaped(Ok(status))?,
-            Ok(None) => {}
-            Err(err) => {
-                running.remove(pgid);
-                return Err(err);
-            }
+        if let Some(code) = child.try_wait()? {
+            break code;
         }
         step = (step * 2).min(Duration::from_millis(10));
     };
@@ -279,11 +383,11 @@ fn wait_with_output(child: &mut Child, spawn: &Spawn<'_>, shell: &Path, running:
     // merely late (a busy machine) or a background process kept them: wait for the readers while
     // the child's group is empty (bounded), but do not let a background member hold the call.
     let first = Duration::from_millis(if timed_out { 500 } else { 50 });
-    drain_readers(&done_rx, pipes_open, pgid, first, Duration::from_millis(50));
+    drain_readers_while(&done_rx, pipes_open, || !child.members_left(), first, Duration::from_millis(50));
     let out = take(readers.first());
     let err = take(readers.get(1));
     Ok(ExecOutput {
-        exit_code: status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)),
+        exit_code,
         stdout: out.kept,
         stderr: err.kept,
         stdout_truncated: out.truncated,
@@ -298,7 +402,18 @@ fn wait_with_output(child: &mut Child, spawn: &Spawn<'_>, shell: &Path, running:
 /// the readers are merely late (a busy machine) or a background process kept them. Waits first
 /// `first`, then in `window` steps while the group is empty (up to [`LATE_READER_WAIT`]), and
 /// stops early when a live group member may hold the pipes. Returns how many are still open.
-pub fn drain_readers(done: &crossbeam_channel::Receiver<()>, mut open: usize, pgid: u32, first: Duration, window: Duration) -> usize {
+pub fn drain_readers(done: &crossbeam_channel::Receiver<()>, open: usize, pgid: u32, first: Duration, window: Duration) -> usize {
+    drain_readers_while(done, open, || !group_has_live_members(pgid), first, window)
+}
+
+/// [`drain_readers`], with `group_empty` telling whether the child's group is empty.
+fn drain_readers_while(
+    done: &crossbeam_channel::Receiver<()>,
+    mut open: usize,
+    group_empty: impl Fn() -> bool,
+    first: Duration,
+    window: Duration,
+) -> usize {
     let exited = Instant::now();
     let mut until = exited + first;
     while open > 0 {
@@ -306,7 +421,7 @@ pub fn drain_readers(done: &crossbeam_channel::Receiver<()>, mut open: usize, pg
             Ok(()) => open -= 1,
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                if group_has_live_members(pgid) || exited.elapsed() >= LATE_READER_WAIT {
+                if !group_empty() || exited.elapsed() >= LATE_READER_WAIT {
                     break;
                 }
                 until = Instant::now() + window;

@@ -67,7 +67,7 @@ pub fn isolation_rows(b: &mut Bench, _ctl: &mut Ctl) -> Result<()> {
     let floor = b.keep("isolation.floor.sh_c_true", &xs[2]);
     let r = isolated.median / floor.median;
     b.row(
-        Row::new("isolation", "`run_command \"true\"`, isolated sandbox (namespaces, through nsenter)")
+        Row::new("isolation", "`run_command \"true\"`, isolated sandbox (namespaces, started by its init)")
             .lat(&isolated)
             .vs(format!("`sh -c true` {}", dur(floor.median)))
             .ratio(format!("{} floor", times(r)))

@@ -303,6 +303,79 @@ fn the_init_reaps_a_thousand_orphans_within_a_second() {
     assert_eq!(out.trim(), "0", "zombies left after 1 s");
 }
 
+/// The parent pid of the shell a command runs in, as the sandbox sees it.
+const PARENT_OF_THE_SHELL: &str = "read -r l </proc/$$/stat; set -- ${l##*) }; echo $2";
+
+/// Commands are started by the sandbox's init (its spawner): born inside, children of pid 1,
+/// killed as a group on timeout, in the directory asked for. A sandbox without the spawner's
+/// socket (one made by an older server) still runs commands: they enter with nsenter.
+#[test]
+fn commands_are_started_by_the_init_or_entered_without_its_spawner() {
+    for home in homes("iso-spawn") {
+        let who = who(&home);
+        let mut m = home.stdio();
+        let sb = m.create();
+        assert_own_pid_namespace(&mut m);
+        assert!(home.sandbox_dir(&sb).join("spawn.sock").exists(), "{who}: no spawner socket");
+        let (_, parent, _) = sh(&mut m, PARENT_OF_THE_SHELL);
+        assert_eq!(parent.trim(), "1", "{who}: the command was not started by the init");
+        let nap = unique_sleep();
+        let t = m.ok("run_command", json!({"command": format!("sleep {nap} & sleep {nap}; echo never"), "timeout": 1}));
+        assert_eq!(
+            (t["exit_code"].as_i64(), t["timed_out"].as_bool(), t["stdout"].as_str()),
+            (Some(124), Some(true), Some("")),
+            "{who}: {t}"
+        );
+        wait_for(Duration::from_secs(5), &format!("{who}: both sleeps to end with their group"), || {
+            pids_of_argv(&["sleep", &nap]).is_empty().then_some(())
+        });
+        assert_eq!(sh(&mut m, "mkdir -p sub/dir").0, 0);
+        let d = m.ok("run_command", json!({"command": "pwd", "cwd": "sub/dir"}));
+        assert_eq!(d["stdout"], "/home/user/sub/dir\n", "{who}: {d}");
+        let d = m.ok("run_command", json!({"command": "pwd", "cwd": "/tmp"}));
+        assert_eq!(d["stdout"], "/tmp\n", "{who}: {d}");
+        let e = m.ok("run_command", json!({"command": "exit 7"}));
+        assert_eq!(e["exit_code"], 7, "{who}: {e}");
+        let e = m.ok("run_command", json!({"command": "kill -s TERM $$"}));
+        assert_eq!(e["exit_code"], 143, "{who}: {e}");
+        std::fs::remove_file(home.sandbox_dir(&sb).join("spawn.sock")).unwrap();
+        let (code, parent, err) = sh(&mut m, PARENT_OF_THE_SHELL);
+        assert_eq!(code, 0, "{who}: {err}");
+        assert_ne!(parent.trim(), "1", "{who}: without the socket the command enters with nsenter (its parent is outside)");
+        assert_eq!(m.ok("kill_sandbox", json!({"sandbox_id": sb}))["killed"], true);
+    }
+}
+
+/// A command that runs when its sandbox's init is killed ends its call at once, as killed by
+/// SIGKILL (137), rather than holding it until its timeout.
+#[test]
+fn a_command_running_when_its_init_dies_ends_as_killed() {
+    let Some(home) = isolated_home("iso-spawn-dies") else { return };
+    let mut m = home.stdio();
+    let sb = m.create();
+    let nap = unique_sleep();
+    let caller = {
+        let mut other = home.stdio();
+        let (sb, nap) = (sb.clone(), nap.clone());
+        std::thread::spawn(move || other.ok("run_command", json!({"sandbox_id": sb, "command": format!("sleep {nap}"), "timeout": 120})))
+    };
+    pid_of_argv(&["sleep", &nap]);
+    let init = std::fs::read_to_string(home.sandbox_dir(&sb).join("init.pid")).unwrap();
+    let mut it = init.split_whitespace();
+    let (pid, start): (u32, u64) = (it.next().unwrap().parse().unwrap(), it.next().unwrap().parse().unwrap());
+    // Verified before the signal: the recorded start time is that process's.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split(' ').collect();
+    assert_eq!(fields[19].parse::<u64>().unwrap(), start);
+    assert!(pid > 1);
+    let t0 = Instant::now();
+    std::process::Command::new("/bin/sh").args(["-c", &format!("kill -s KILL {pid}")]).status().unwrap();
+    let out = caller.join().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(10), "the call waited {:?}", t0.elapsed());
+    assert_eq!((out["exit_code"].as_i64(), out["timed_out"].as_bool()), (Some(137), Some(false)), "{out}");
+    m.ok("kill_sandbox", json!({"sandbox_id": sb}));
+}
+
 #[test]
 fn kill_sandbox_ends_setsid_double_fork_and_nohup_escapees() {
     for home in homes("iso-killall") {

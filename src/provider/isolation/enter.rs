@@ -1,7 +1,9 @@
 //! Entering an isolated sandbox: the record of its init, and the command line that runs a
 //! program inside its namespaces.
 //!
-//! Every exec of any server process goes through `nsenter --target <init>`: user, mount, pid,
+//! Commands run through the init's spawner (see `spawner`) where they can; what cannot (a process
+//! whose pipes the caller holds itself, as the emulator's envd streams; a sandbox made before the
+//! spawner existed) goes through `nsenter --target <init>`: user, mount, pid,
 //! ipc and uts namespaces (network and cgroup when the sandbox has its own), root and working
 //! directory taken from the init, credentials those of the sandbox's root. `nsenter` forks once
 //! more so that the program is born inside the pid namespace; both stay in one process group on
@@ -59,6 +61,20 @@ impl Init {
     /// Whether this exact process still runs (same pid, same start time, not a zombie).
     pub fn alive(&self) -> bool {
         matches!(process::proc_stat(self.pid), Some(st) if st.start == self.start && st.state != 'Z')
+    }
+
+    /// Whether this init has ended entirely, every thread of it. Its first thread can be a zombie
+    /// while another still runs: the last one to exit is the one that ends every process of the
+    /// pid namespace, so until then [`Init::alive`] may already be false while the sandbox's
+    /// processes still run.
+    pub fn ended(&self) -> bool {
+        if !matches!(process::proc_stat(self.pid), Some(st) if st.start == self.start) {
+            return true;
+        }
+        let Ok(tasks) = fs::read_dir(format!("/proc/{}/task", self.pid)) else { return true };
+        let running =
+            |stat: String| stat.rfind(") ").and_then(|at| stat[at + 2..].chars().next()).is_some_and(|s| !matches!(s, 'Z' | 'X' | 'x'));
+        !tasks.flatten().any(|task| fs::read_to_string(task.path().join("stat")).is_ok_and(running))
     }
 
     /// The init's root directory as seen from the host.

@@ -7,15 +7,17 @@
 //! own) binds the home onto [`HANDOFF`], drops to the sandbox's uid and only then creates the
 //! user namespace. The init assembles the root filesystem, brings up the
 //! loopback interface of a private network namespace, answers one line — `ready <host pid>
-//! <start time>` or `error <what failed>` — and from then on only reaps orphans, forever: the
-//! sandbox ends when something sends this init SIGKILL (no other signal reaches a pid-namespace
-//! init from outside), and the kernel then ends every process inside.
+//! <start time>` or `error <what failed>` — and from then on serves the sandbox's spawner (commands
+//! started on request, see [`spawner`](super::spawner)) and reaps orphans, forever: the sandbox
+//! ends when something sends this init SIGKILL (no other signal reaches a pid-namespace init from
+//! outside), and the kernel then ends every process inside.
 
 use super::rootfs::{self, Plan};
-use super::Tools;
+use super::{spawner, Tools};
 use crate::provider::process;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Write};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -53,8 +55,16 @@ pub fn has_cgroup_namespace() -> bool {
 }
 
 /// Starts the init of a sandbox whose home is `home`, with a private network unless
-/// `host_network`, and waits for its answer.
-pub fn start(tools: &Tools, exe: &Path, home: &Path, host_network: bool, shell: &Path) -> Result<Started, String> {
+/// `host_network`, and waits for its answer. With `spawner`, the init serves spawn requests on
+/// that listening socket (handed over as its stdin).
+pub fn start(
+    tools: &Tools,
+    exe: &Path,
+    home: &Path,
+    host_network: bool,
+    shell: &Path,
+    spawner: Option<UnixListener>,
+) -> Result<Started, String> {
     let as_root = rustix::process::getuid().is_root();
     let mut cmd = if as_root {
         let mut c = Command::new(&tools.unshare);
@@ -79,9 +89,16 @@ pub fn start(tools: &Tools, exe: &Path, home: &Path, host_network: bool, shell: 
     if !host_network {
         cmd.arg("--loopback");
     }
+    let stdin = match spawner {
+        Some(listener) => {
+            cmd.arg(SPAWNER_FLAG);
+            Stdio::from(std::os::fd::OwnedFd::from(listener))
+        }
+        None => Stdio::null(),
+    };
     let mut holder = cmd
         .env_clear()
-        .stdin(Stdio::null())
+        .stdin(stdin)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -150,18 +167,24 @@ pub fn run_stage(args: &[String]) -> anyhow::Result<()> {
     Err(err.into())
 }
 
-/// The body of `sandbox-mcp sandbox-init --home PATH [--bind-file PATH] [--loopback]`, pid 1 of
-/// a new pid namespace. Returns only on a setup failure (after answering `error ...`).
+/// The flag that tells the init its stdin is the spawner's listening socket.
+const SPAWNER_FLAG: &str = "--spawner";
+
+/// The body of `sandbox-mcp sandbox-init --home PATH [--bind-file PATH] [--loopback]
+/// [--spawner]`, pid 1 of a new pid namespace. Returns only on a setup failure (after answering
+/// `error ...`).
 pub fn run(args: &[String]) -> anyhow::Result<()> {
     let mut extra_file = None;
     let mut home = None;
     let mut loopback = false;
+    let mut serve = false;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--home" => home = it.next().map(PathBuf::from),
             "--bind-file" => extra_file = it.next().map(PathBuf::from),
             "--loopback" => loopback = true,
+            SPAWNER_FLAG => serve = true,
             other => anyhow::bail!("unknown argument {other:?}"),
         }
     }
@@ -184,6 +207,8 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
             anyhow::bail!("{err}");
         }
     };
+    // The listening socket moves off stdin, closed on exec so that no command inherits it.
+    let listener = if serve { Some(UnixListener::from(rustix::io::fcntl_dupfd_cloexec(io::stdin(), 3)?)) } else { None };
     writeln!(out, "ready {pid} {start}")?;
     out.flush()?;
     drop(out);
@@ -192,7 +217,10 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     rustix::stdio::dup2_stdin(&null)?;
     rustix::stdio::dup2_stdout(&null)?;
     rustix::stdio::dup2_stderr(&null)?;
-    reap_forever()
+    match listener {
+        Some(listener) => spawner::serve(listener),
+        None => reap_forever(),
+    }
 }
 
 /// This process's pid and start time as the keeper sees them, read from the host's `/proc`

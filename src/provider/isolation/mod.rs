@@ -5,8 +5,9 @@
 //! unless it asked for the host's network; cgroup where the kernel has it). Their holder is the
 //! sandbox's **init**: pid 1 of its pid namespace, this binary's `sandbox-init` subcommand,
 //! started through util-linux `unshare` by the sandbox's keeper. The init assembles the root
-//! filesystem ([`rootfs`]), reports that it is ready, and then only reaps orphans. Every later
-//! exec enters the namespaces with `nsenter` ([`enter`]); file tools reach the sandbox's root
+//! filesystem ([`rootfs`]), reports that it is ready, and then serves and reaps. Every later
+//! exec is started by the init on the server's request ([`spawner`]), or enters the namespaces with
+//! `nsenter` ([`enter`]) where the spawner cannot serve; file tools reach the sandbox's root
 //! through `/proc/<init>/root` without ever leaving it ([`files`]); limits are cgroups
 //! ([`cgroup`]). Ending the init makes the kernel end every process of the sandbox.
 //!
@@ -19,6 +20,7 @@ pub mod enter;
 pub mod files;
 pub mod init;
 pub mod rootfs;
+pub mod spawner;
 
 use crate::config::IsolationMode;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,374 @@
+//! The spawner of an isolated sandbox: its init starts commands on the server's request, so a
+//! command is born inside every namespace and cgroup of the sandbox without a host process
+//! entering them (no `nsenter` exec, no extra fork on the way).
+//!
+//! The keeper binds a unix socket, [`SOCKET_FILE`] in the sandbox's directory on the host (out of
+//! the sandbox's sight), and hands the listening socket to the init as its stdin. One connection
+//! per command:
+//!
+//! 1. The server sends a request — a little-endian `u32` length, then JSON `{"argv": [...],
+//!    "env": [[name, value], ...], "cwd": "/path" | null}` — with the write ends of the command's
+//!    stdout and stderr pipes attached (`SCM_RIGHTS`, on the first bytes).
+//! 2. The init starts the command (stdin `/dev/null`, a process group of its own, the working
+//!    directory inside the sandbox; the home when none) and answers `started` or
+//!    `error <what failed>`.
+//! 3. The server may send `kill`: the init sends SIGKILL to the command's process group, while the
+//!    command is not reaped yet (so the group id is still the command's).
+//! 4. When the init reaps the command it sends `exit <code> <members>` or
+//!    `signal <number> <members>`, `<members>` being 1 when processes of the command's group
+//!    remain (they may hold its pipes), else 0.
+//!
+//! A connection that closes before the end line means the init is gone: the sandbox was killed,
+//! and so was the command. A server that goes away leaves its commands running, as a server that
+//! started them directly would.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, IoSlice, IoSliceMut, Read, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// The spawner's socket, in a sandbox's directory.
+pub const SOCKET_FILE: &str = "spawn.sock";
+
+/// The largest request accepted (argv and environment are bounded far below this by the tools).
+const MAX_REQUEST: usize = 4 << 20;
+
+/// The exit code reported when the connection closed before the end line: the init, and with it
+/// every process of the sandbox, was killed (128 + SIGKILL).
+pub const KILLED_WITH_THE_SANDBOX: i32 = 128 + 9;
+
+/// How long the server waits for `started` and, after `kill`, for the end line.
+const ANSWER_BUDGET: Duration = Duration::from_secs(10);
+
+/// What the server asks the init to start.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Request {
+    argv: Vec<String>,
+    env: Vec<(String, String)>,
+    cwd: Option<String>,
+}
+
+/// How a command ended, as the init saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ended {
+    /// The exit status; 128 + N when killed by signal N.
+    pub code: i32,
+    /// Whether processes of the command's group remained when it was reaped.
+    pub members_left: bool,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Server side
+
+/// A command the init of a sandbox started for this server.
+pub struct Remote {
+    conn: UnixStream,
+    pending: Vec<u8>,
+    ended: Option<Ended>,
+}
+
+impl Remote {
+    /// Asks the spawner listening on `socket` to run `argv` with exactly `env`, from `cwd` (inside
+    /// the sandbox; its home when `None`), with stdout and stderr the given pipe ends (the caller
+    /// closes its own copies once this returns). Returns once the command runs.
+    pub fn spawn(
+        socket: &Path,
+        argv: &[String],
+        env: Vec<(String, String)>,
+        cwd: Option<&str>,
+        stdout: impl AsFd,
+        stderr: impl AsFd,
+    ) -> io::Result<Remote> {
+        let conn = UnixStream::connect(socket)?;
+        let body = serde_json::to_vec(&Request { argv: argv.to_vec(), env, cwd: cwd.map(str::to_string) }).map_err(io::Error::other)?;
+        let len = u32::try_from(body.len()).ok().filter(|n| (*n as usize) <= MAX_REQUEST).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, format!("the command and its environment are too large ({} bytes)", body.len()))
+        })?;
+        let mut message = Vec::with_capacity(4 + body.len());
+        message.extend_from_slice(&len.to_le_bytes());
+        message.extend_from_slice(&body);
+        let fds = [stdout.as_fd(), stderr.as_fd()];
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+        let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+        if !control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)) {
+            return Err(io::Error::other("no room to pass the command's pipes"));
+        }
+        let sent = rustix::net::sendmsg(&conn, &[IoSlice::new(&message)], &mut control, rustix::net::SendFlags::empty())?;
+        (&conn).write_all(&message[sent..])?;
+        conn.set_read_timeout(Some(ANSWER_BUDGET))?;
+        let mut remote = Remote { conn, pending: Vec::new(), ended: None };
+        match remote.read_line()? {
+            Some(line) if line == "started" => Ok(remote),
+            Some(line) => Err(io::Error::other(line.strip_prefix("error ").unwrap_or(&line).to_string())),
+            None => Err(io::Error::new(io::ErrorKind::NotFound, "the sandbox's init is gone")),
+        }
+    }
+
+    /// A handle that can ask for the command's group to be killed from another thread (server
+    /// shutdown).
+    pub fn killer(&self) -> io::Result<UnixStream> {
+        self.conn.try_clone()
+    }
+
+    /// Asks the init to SIGKILL the command's process group. `false` when the request could not
+    /// be sent (the init is gone, and the command with it).
+    pub fn kill(&self) -> bool {
+        send_kill(&self.conn)
+    }
+
+    /// The end of the command, if it has ended; never blocks.
+    pub fn try_wait(&mut self) -> io::Result<Option<Ended>> {
+        if self.ended.is_none() {
+            self.conn.set_nonblocking(true)?;
+            let line = self.read_line();
+            self.conn.set_nonblocking(false)?;
+            match line {
+                Ok(line) => self.ended = Some(parse_end(line.as_deref())),
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(self.ended)
+    }
+
+    /// Waits for the end of the command (after [`Remote::kill`]), at most [`ANSWER_BUDGET`].
+    pub fn wait(&mut self) -> io::Result<Ended> {
+        if let Some(ended) = self.ended {
+            return Ok(ended);
+        }
+        let line = self.read_line()?;
+        let ended = parse_end(line.as_deref());
+        self.ended = Some(ended);
+        Ok(ended)
+    }
+
+    /// One line from the init (without its newline), `None` at end of file.
+    fn read_line(&mut self) -> io::Result<Option<String>> {
+        let mut buf = [0u8; 256];
+        loop {
+            if let Some(at) = self.pending.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.pending.drain(..=at).collect();
+                return Ok(Some(String::from_utf8_lossy(&line[..at]).into_owned()));
+            }
+            match (&self.conn).read(&mut buf) {
+                Ok(0) => return Ok(None),
+                Ok(n) => self.pending.extend_from_slice(&buf[..n]),
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(err) => return Err(err),
+            }
+        }
+    }
+}
+
+/// Sends `kill` on a spawner connection.
+pub fn send_kill(conn: &UnixStream) -> bool {
+    let mut conn = conn;
+    conn.write_all(b"kill\n").is_ok()
+}
+
+/// Reads an end line; a missing or unreadable one means the sandbox (and the command) was killed.
+fn parse_end(line: Option<&str>) -> Ended {
+    let killed = Ended { code: KILLED_WITH_THE_SANDBOX, members_left: false };
+    let Some(line) = line else {
+        return killed;
+    };
+    let mut it = line.split(' ');
+    let (kind, number, members) = (it.next(), it.next().and_then(|n| n.parse::<i32>().ok()), it.next());
+    let members_left = members == Some("1");
+    match (kind, number) {
+        (Some("exit"), Some(code)) => Ended { code, members_left },
+        (Some("signal"), Some(signal)) => Ended { code: 128 + signal, members_left },
+        _ => {
+            log::warn!("the sandbox's spawner sent {line:?} instead of an end line; taking the command as killed");
+            killed
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Init side
+
+/// The commands the init started and has not reaped, with the connection each one's end goes to.
+#[derive(Default)]
+struct Children {
+    by_pid: Mutex<HashMap<i32, UnixStream>>,
+    /// Signalled when a command starts, so a reaper with nothing to wait for looks again at once.
+    started: Condvar,
+}
+
+/// Serves spawn requests on `listener` and reaps every child and orphan, forever (the body of a
+/// sandbox's init once it is ready).
+pub fn serve(listener: UnixListener) -> ! {
+    let children = Arc::new(Children::default());
+    let reaper = children.clone();
+    if std::thread::Builder::new().name("reaper".into()).stack_size(64 * 1024).spawn(move || reap(&reaper)).is_err() {
+        // Without a reaper thread, reap here and serve nothing: commands fall back to nsenter.
+        drop(listener);
+        reap(&children);
+    }
+    loop {
+        match listener.accept() {
+            Ok((conn, _)) => {
+                let children = children.clone();
+                let spawned = std::thread::Builder::new().name("spawn".into()).stack_size(64 * 1024).spawn(move || answer(conn, &children));
+                if spawned.is_err() {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+/// Reaps children forever; a reaped command's end goes to its connection.
+fn reap(children: &Children) -> ! {
+    loop {
+        match rustix::process::wait(rustix::process::WaitOptions::empty()) {
+            Ok(Some((pid, status))) => {
+                let pid = pid.as_raw_nonzero().get();
+                let mut by_pid = children.by_pid.lock().unwrap_or_else(PoisonError::into_inner);
+                if let Some(mut conn) = by_pid.remove(&pid) {
+                    drop(by_pid);
+                    let members =
+                        u8::from(rustix::process::Pid::from_raw(pid).is_some_and(|g| rustix::process::test_kill_process_group(g).is_ok()));
+                    let line = match (status.exit_status(), status.terminating_signal()) {
+                        (Some(code), _) => format!("exit {code} {members}\n"),
+                        (None, Some(signal)) => format!("signal {signal} {members}\n"),
+                        (None, None) => format!("signal 9 {members}\n"),
+                    };
+                    let _ = conn.write_all(line.as_bytes());
+                }
+            }
+            Ok(None) | Err(rustix::io::Errno::INTR) => {}
+            Err(_) => {
+                // No child at all: wait for a command to start (an orphan can only come from a
+                // child, but commands entered with nsenter leave orphans too: look again soon).
+                let by_pid = children.by_pid.lock().unwrap_or_else(PoisonError::into_inner);
+                let _ = children.started.wait_timeout(by_pid, Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+/// Serves one connection: reads the request, starts the command, then obeys `kill` until the
+/// server closes the connection.
+fn answer(conn: UnixStream, children: &Children) {
+    let started = receive(&conn).and_then(|(request, stdout, stderr)| start(request, stdout, stderr, &conn, children));
+    let pid = match started {
+        Ok(pid) => pid,
+        Err(err) => {
+            let _ = (&conn).write_all(format!("error {}\n", err.to_string().replace('\n', " ")).as_bytes());
+            return;
+        }
+    };
+    let mut lines = BufReader::new(&conn);
+    let mut line = String::new();
+    while lines.read_line(&mut line).is_ok_and(|n| n > 0) {
+        if line.trim_end() == "kill" {
+            let by_pid = children.by_pid.lock().unwrap_or_else(PoisonError::into_inner);
+            // Only while the command is unreaped does its group id surely name its group.
+            if pid > 1 && by_pid.contains_key(&pid) {
+                if let Some(group) = rustix::process::Pid::from_raw(pid) {
+                    let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+                }
+            }
+        }
+        line.clear();
+    }
+}
+
+/// Reads one request and the two pipe ends attached to it.
+fn receive(conn: &UnixStream) -> io::Result<(Request, OwnedFd, OwnedFd)> {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
+    let got = rustix::net::recvmsg(conn, &mut [IoSliceMut::new(&mut buf)], &mut control, rustix::net::RecvFlags::CMSG_CLOEXEC)?;
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    for message in control.drain() {
+        if let rustix::net::RecvAncillaryMessage::ScmRights(received) = message {
+            fds.extend(received);
+        }
+    }
+    let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, format!("malformed spawn request: {what}"));
+    let (Some(stderr), Some(stdout), true) = (fds.pop(), fds.pop(), fds.is_empty()) else {
+        return Err(bad("it must carry exactly two pipe ends"));
+    };
+    let mut data = buf[..got.bytes].to_vec();
+    let mut prefix = [0u8; 4];
+    if data.len() < 4 {
+        (conn as &UnixStream).read_exact(&mut prefix[data.len()..])?;
+        prefix[..data.len()].copy_from_slice(&data);
+        data.clear();
+    } else {
+        prefix.copy_from_slice(&data[..4]);
+        data.drain(..4);
+    }
+    let len = u32::from_le_bytes(prefix) as usize;
+    if len > MAX_REQUEST || data.len() > len {
+        return Err(bad("wrong length"));
+    }
+    let mut rest = vec![0u8; len - data.len()];
+    (conn as &UnixStream).read_exact(&mut rest)?;
+    data.extend_from_slice(&rest);
+    let request: Request = serde_json::from_slice(&data).map_err(|e| bad(&e.to_string()))?;
+    Ok((request, stdout, stderr))
+}
+
+/// Starts the command of `request` and records it (answering `started` under the same lock, so
+/// the end line can never come first).
+fn start(request: Request, stdout: OwnedFd, stderr: OwnedFd, conn: &UnixStream, children: &Children) -> io::Result<i32> {
+    let Some((program, args)) = request.argv.split_first() else {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "the command is empty"));
+    };
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .env_clear()
+        .envs(request.env)
+        .current_dir(request.cwd.as_deref().unwrap_or(super::rootfs::HOME))
+        .stdin(File::open("/dev/null")?)
+        .stdout(Stdio::from(stdout))
+        .stderr(Stdio::from(stderr))
+        .process_group(0);
+    let record = conn.try_clone()?;
+    let mut by_pid = children.by_pid.lock().unwrap_or_else(PoisonError::into_inner);
+    // The child is never waited for through `Child`: the reaper reaps it.
+    let child = cmd.spawn().map_err(|e| io::Error::new(e.kind(), format!("could not start {program}: {e}")))?;
+    let pid = i32::try_from(child.id()).map_err(io::Error::other)?;
+    by_pid.insert(pid, record);
+    (conn as &UnixStream).write_all(b"started\n")?;
+    drop(by_pid);
+    children.started.notify_one();
+    Ok(pid)
+}
+
+/// Whether a spawner answers on `socket` within `budget` (a connection that is accepted).
+pub fn reachable(socket: &Path, budget: Duration) -> bool {
+    let deadline = Instant::now() + budget;
+    while Instant::now() < deadline {
+        if UnixStream::connect(socket).is_ok() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn end_lines() {
+        assert_eq!(parse_end(Some("exit 3 0")), Ended { code: 3, members_left: false });
+        assert_eq!(parse_end(Some("signal 15 1")), Ended { code: 143, members_left: true });
+        assert_eq!(parse_end(None), Ended { code: KILLED_WITH_THE_SANDBOX, members_left: false });
+        assert_eq!(parse_end(Some("nonsense")).code, KILLED_WITH_THE_SANDBOX);
+    }
+}

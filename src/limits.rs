@@ -78,11 +78,17 @@ pub const SANDBOX_PROCESSES_MAX: i64 = 65_536;
 /// `subscriptions/listen` streams open at once over HTTP (each holds a listener thread).
 pub const MAX_HTTP_SUBSCRIPTIONS: usize = 16;
 
+/// Task ids one `subscriptions/listen` may name (`notifications.taskIds`); -32602 beyond. Each
+/// task still working costs one state read per check of the subscription.
+pub const MAX_SUBSCRIBED_TASKS: usize = 16;
+
 /// Longest `wait` of `get_task`, in seconds.
 pub const MAX_WAIT_S: i64 = 60;
 
-/// Calls waiting at once (a `get_task` with `wait`); one more is answered at once, as if its
-/// wait had ended. Over HTTP each holds a listener thread, so the server adds this many.
+/// Calls waiting at once (a `get_task` with `wait`, a `tasks/result`, a 2026 run_command that
+/// may become a task, a subscription following tasks); one more is answered at once, as if its
+/// wait had ended (a subscription is ended with -32000). Over HTTP each waiting call holds a
+/// listener thread, so the server adds this many.
 pub const MAX_WAITING_CALLS: usize = 64;
 
 /// How often a waiting call reads its task again: the local provider (a shell started on the

@@ -354,17 +354,26 @@ pub fn create_result_2026(handle: &Handle, s: &Snapshot) -> Value {
 /// 2026-07-28 `tasks/get`: the task, with the `CallToolResult` inline once completed and a
 /// JSON-RPC error inline when failed (an outcome that cannot be observed).
 pub fn get_2026(app: &App, handle: &Handle) -> Result<Value, RpcError> {
-    let s = read(app, handle, STATE_ONLY)?;
-    let mut m = task_fields_2026(handle, &s);
-    match status(&s) {
-        ("completed", _) | ("cancelled", _) => {
+    detailed_2026(app, handle, &state(app, handle)?)
+}
+
+/// A task's state without its logs; -32602 when it does not exist or its sandbox is gone.
+pub fn state(app: &App, handle: &Handle) -> Result<Snapshot, RpcError> {
+    read(app, handle, STATE_ONLY)
+}
+
+/// The 2026-07-28 task of `tasks/get` (and of `notifications/tasks`) for state `s` just read:
+/// the task fields, with the `CallToolResult` inline once completed (read now) and a JSON-RPC
+/// error inline when failed.
+pub fn detailed_2026(app: &App, handle: &Handle, s: &Snapshot) -> Result<Value, RpcError> {
+    let mut m = task_fields_2026(handle, s);
+    match status(s) {
+        ("completed", _) => {
             if let Some(mut r) = result(app, handle)? {
                 if let Value::Object(o) = &mut r {
                     o.remove("_meta");
                 }
-                if s.state != TaskState::Cancelled {
-                    m.insert("result".into(), r);
-                }
+                m.insert("result".into(), r);
             }
         }
         ("failed", message) => {

@@ -154,13 +154,17 @@ pub enum Refusal {
     UnknownMethod,
 }
 
-/// A `subscriptions/listen` request accepted: the stream starts with `ack`, stays open while
-/// nothing changes (the tool list never does), and ends with the closing result at shutdown.
+/// A `subscriptions/listen` request accepted: the stream starts with `ack`, then carries a
+/// `notifications/tasks` for each status of the `tasks` it names (the transport parks a
+/// `subscription::TaskWatch` for them with the waiter; the tool list never changes), and ends
+/// with the closing result at shutdown.
 pub struct Listen {
     /// The request id, which is also the subscription id.
     pub id: Value,
     /// The serialized `notifications/subscriptions/acknowledged` message.
     pub ack: String,
+    /// The tasks named in `notifications.taskIds` (the tasks extension).
+    pub tasks: Vec<mcp_tasks::Handle>,
 }
 
 /// Checks a transport adds to a 2026-07-28 request once its `_meta` is read and before its
@@ -214,16 +218,7 @@ fn modern(app: &App, session: &Arc<Session>, id: &Value, method: &str, params: O
             Err(err) => Route::Reply(jsonrpc::error(id, &err).to_string()),
         },
         "tasks/get" | "tasks/cancel" | "tasks/update" if meta.extension(envelope::TASKS_EXTENSION).is_none() => {
-            let err = RpcError::new(
-                code::MISSING_CLIENT_CAPABILITY,
-                format!(
-                    "{method} belongs to the tasks extension: declare {} in _meta {}.extensions to use it",
-                    envelope::TASKS_EXTENSION,
-                    envelope::CLIENT_CAPABILITIES_KEY
-                ),
-            )
-            .with_data(json!({"requiredCapabilities": {"extensions": {envelope::TASKS_EXTENSION: {}}}}));
-            refuse(err, Refusal::Envelope)
+            refuse(missing_tasks_extension(method), Refusal::Envelope)
         }
         "tasks/get" | "tasks/cancel" | "tasks/update" => {
             let method = mcp_tasks::task_id_param(params.as_ref()).map(|task| match method {
@@ -239,8 +234,9 @@ fn modern(app: &App, session: &Arc<Session>, id: &Value, method: &str, params: O
                 Err(err) => Route::Reply(jsonrpc::error(id, &err).to_string()),
             }
         }
-        "subscriptions/listen" => match subscription::acknowledge(id, params.as_ref()) {
-            Ok(ack) => Route::Listen(Listen { id: id.clone(), ack: ack.to_string() }),
+        "subscriptions/listen" => match listen(app, id, params.as_ref(), &meta) {
+            Ok(listen) => Route::Listen(listen),
+            Err(err) if err.code == code::MISSING_CLIENT_CAPABILITY => refuse(err, Refusal::Envelope),
             Err(err) => Route::Reply(jsonrpc::error(id, &err).to_string()),
         },
         // No resource exists here, so every URI is one that is not found (-32602 since
@@ -253,6 +249,32 @@ fn modern(app: &App, session: &Arc<Session>, id: &Value, method: &str, params: O
         }
         _ => refuse(RpcError::new(code::METHOD_NOT_FOUND, modern_unknown(method)), Refusal::UnknownMethod),
     }
+}
+
+/// MissingRequiredClientCapability (-32021) for `what`, which belongs to the tasks extension.
+fn missing_tasks_extension(what: &str) -> RpcError {
+    RpcError::new(
+        code::MISSING_CLIENT_CAPABILITY,
+        format!(
+            "{what} belongs to the tasks extension: declare {} in _meta {}.extensions to use it",
+            envelope::TASKS_EXTENSION,
+            envelope::CLIENT_CAPABILITIES_KEY
+        ),
+    )
+    .with_data(json!({"requiredCapabilities": {"extensions": {envelope::TASKS_EXTENSION: {}}}}))
+}
+
+/// A `subscriptions/listen` request: its filter read, and the task ids it names checked (they
+/// need the tasks extension declared, and each must be a handle of this server: -32602
+/// otherwise; whether the task exists is learnt when it is first read).
+fn listen(app: &App, id: &Value, params: Option<&Value>, meta: &RequestMeta) -> Result<Listen, RpcError> {
+    let filter = subscription::read(params)?;
+    let named = filter.task_ids.as_deref().unwrap_or_default();
+    if !named.is_empty() && meta.extension(envelope::TASKS_EXTENSION).is_none() {
+        return Err(missing_tasks_extension("subscriptions/listen with notifications.taskIds"));
+    }
+    let tasks = named.iter().map(|text| mcp_tasks::Handle::parse(app, text)).collect::<Result<Vec<_>, _>>()?;
+    Ok(Listen { id: id.clone(), ack: filter.acknowledgement(id).to_string(), tasks })
 }
 
 /// The message for a method a 2026-07-28 request cannot use.
@@ -956,6 +978,34 @@ mod tests {
         let Route::Listen(listen) = route(&t.app, &session, msg(&sub)) else { panic!("a subscription") };
         assert_eq!(listen.id, 5);
         assert!(listen.ack.contains("notifications/subscriptions/acknowledged"));
+    }
+
+    #[test]
+    fn a_subscription_naming_tasks_needs_the_extension_and_handles_of_this_server() {
+        let t = test_app();
+        let session = Arc::new(Session::new("t", false));
+        let id = format!("{}.local-{}", "a".repeat(32), "0".repeat(24));
+        let with_extension = |line: String| {
+            line.replace(r#"clientCapabilities":{}"#, r#"clientCapabilities":{"extensions":{"io.modelcontextprotocol/tasks":{}}}"#)
+        };
+        let asks = |ids: &str| modern_line("6", "subscriptions/listen", &format!(r#""notifications":{{"taskIds":{ids}}}"#));
+        match route(&t.app, &session, msg(&asks(&format!(r#"["{id}"]"#)))) {
+            Route::Refused(reply, Refusal::Envelope) => assert!(reply.contains("-32021"), "{reply}"),
+            _ => panic!("task ids without the extension are refused"),
+        }
+        // An empty list asks for nothing, so it needs nothing.
+        let Route::Listen(empty) = route(&t.app, &session, msg(&asks("[]"))) else { panic!("a subscription") };
+        assert!(empty.tasks.is_empty());
+        let Route::Listen(listen) = route(&t.app, &session, msg(&with_extension(asks(&format!(r#"["{id}","{id}"]"#))))) else {
+            panic!("a subscription")
+        };
+        assert_eq!(listen.tasks.iter().map(mcp_tasks::Handle::encode).collect::<Vec<_>>(), vec![id.clone()]);
+        let ack: Value = serde_json::from_str(&listen.ack).unwrap();
+        assert_eq!(ack["params"]["notifications"]["taskIds"], json!([id]));
+        for bad in [r#"["nope"]"#.to_string(), format!(r#"["{}"]"#, id.to_uppercase()), "[7]".to_string()] {
+            let v = answer(&t.app, &session, &with_extension(asks(&bad)));
+            assert_eq!(error_code(&v), code::INVALID_PARAMS, "{bad}: {v}");
+        }
     }
 
     #[test]

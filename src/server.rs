@@ -42,9 +42,8 @@ impl std::fmt::Display for Stop {
 
 /// Starts the worker pool and the waiter; each worker runs [`protocol::execute`] and answers with
 /// `R`, or parks a call that waits with the waiter, which answers it.
-fn start_workers<R: From<Outcome> + Send + 'static>(app: &Arc<App>) -> Result<WorkQueue<R>> {
+fn start_workers<R: From<Outcome> + Send + 'static>(app: &Arc<App>, waiter: Waiter) -> Result<WorkQueue<R>> {
     let handler_app = app.clone();
-    let waiter = Waiter::start().context("starting the waiter thread")?;
     let (queue, _handles) =
         queue::spawn_workers(app.config.workers, app.config.queue_capacity, move |work: Work| {
             match protocol::execute(&handler_app, work) {
@@ -83,7 +82,8 @@ fn watch_signals(stop: Sender<Stop>) -> Result<()> {
 /// Serves MCP over stdin/stdout until stdin ends or a signal arrives, then ends the session.
 pub fn run_stdio(config: Config) -> Result<()> {
     let app = Arc::new(App::new(config)?);
-    let queue = start_workers::<Out>(&app)?;
+    let waiter = Waiter::start().context("starting the waiter thread")?;
+    let queue = start_workers::<Out>(&app, waiter.clone())?;
     let (reply_tx, reply_rx) = crossbeam_channel::unbounded::<Out>();
     stdio::spawn_writer(reply_rx).context("starting the stdout writer")?;
     let session = Arc::new(Session::new("stdio", false));
@@ -107,7 +107,7 @@ pub fn run_stdio(config: Config) -> Result<()> {
     {
         let (app, session, queue, replies) = (app.clone(), session.clone(), feed_tx, reply_tx.clone());
         thread::Builder::new().name("sandbox-mcp-stdin".into()).spawn(move || {
-            stdio::run_reader(&app, &session, &queue, &replies, MAX_BODY_BYTES);
+            stdio::run_reader(&app, &session, &queue, &replies, &waiter, MAX_BODY_BYTES);
             let _ = stop_tx.send(Stop::Eof);
         })?;
     }
@@ -150,13 +150,14 @@ fn flush(replies: &Sender<Out>, wait: Duration) {
 /// Serves MCP over HTTP until SIGTERM/SIGINT, then ends every session.
 pub fn run_http(config: Config) -> Result<()> {
     let app = Arc::new(App::new(config)?);
-    let queue = start_workers::<Outcome>(&app)?;
+    let waiter = Waiter::start().context("starting the waiter thread")?;
+    let queue = start_workers::<Outcome>(&app, waiter.clone())?;
     let sessions = Arc::new(Sessions::default());
     let listen = app.config.listen;
     // One listener per job that can be in flight (queued, running or waiting) plus spare ones, so
     // a cheap request (ping, tools/list, a 503) always finds a free listener.
     let n_threads = app.config.workers + app.config.queue_capacity + MAX_WAITING_CALLS + 4;
-    let listener = Listener::new(app.clone(), sessions.clone(), queue, listen.ip().is_loopback());
+    let listener = Listener::new(app.clone(), sessions.clone(), queue, waiter, listen.ip().is_loopback());
     let server = HttpServer::start(listen, n_threads, listener)?;
     log::info!("listening on http://{}/mcp ({} provider)", server.addr, app.provider.name());
     if !listen.ip().is_loopback() && app.config.http_token.is_none() {

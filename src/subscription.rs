@@ -1,26 +1,45 @@
 //! `subscriptions/listen` (MCP 2026-07-28): the notification filter a client asks for, the part
 //! of it this server honours, the acknowledgement that opens a subscription, the result that
-//! closes it, and the subscriptions open on a stdio connection.
+//! closes it, the subscriptions open on a stdio connection, and the [`TaskWatch`] that pushes
+//! `notifications/tasks` for the task ids a subscription named.
 //!
 //! The server has tools only, and its tool list never changes: it honours `toolsListChanged`
 //! (a stream that stays quiet) and leaves out the prompt and resource kinds, which it does not
-//! have. Every message of a subscription carries its id (the `subscriptions/listen` request id)
-//! in `_meta`.
+//! have. `taskIds` (the tasks extension) is honoured for a request that declared the extension:
+//! each named task's status is pushed once when the subscription starts following it and once
+//! more when it ends. Every message of a subscription carries its id (the
+//! `subscriptions/listen` request id) in `_meta`.
 
+use crate::app::App;
 use crate::envelope::{self, SUBSCRIPTION_ID_KEY};
 use crate::jsonrpc::{code, RpcError};
+use crate::limits::{MAX_SUBSCRIBED_TASKS, MAX_WAITING_CALLS};
+use crate::mcp_tasks::{self, Handle};
+use crate::queue::Outcome;
+use crate::waiter::{self, Waiter, Watch};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-/// The notification kinds a client may ask for, and whether this server honours them.
+/// The notification kinds a client may ask for, and whether this server honours them
+/// (`taskIds` is read on its own: it is a list, and honoured per request).
 const KINDS: &[(&str, bool)] =
     &[("toolsListChanged", true), ("promptsListChanged", false), ("resourcesListChanged", false), ("resourceSubscriptions", false)];
 
-/// The `notifications/subscriptions/acknowledged` message opening subscription `id`, from the
-/// request's params: its `notifications` filter must be an object of known kinds (booleans, and
-/// a list of strings for `resourceSubscriptions`); unknown kinds are ignored.
-pub fn acknowledge(id: &Value, params: Option<&Value>) -> Result<Value, RpcError> {
+/// A `subscriptions/listen` filter, read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Filter {
+    honoured: Map<String, Value>,
+    /// The `taskIds` asked for (each once, in the order given); `None` when the filter has none.
+    pub task_ids: Option<Vec<String>>,
+}
+
+/// Reads the request's `notifications` filter: an object of known kinds (booleans, a list of
+/// strings for `resourceSubscriptions`, at most [`MAX_SUBSCRIBED_TASKS`] strings for `taskIds`);
+/// unknown kinds are ignored.
+pub fn read(params: Option<&Value>) -> Result<Filter, RpcError> {
     let invalid = |m: &str| RpcError::new(code::INVALID_PARAMS, format!("subscriptions/listen: {m}"));
     let Some(Value::Object(filter)) = params.and_then(|p| p.get("notifications")) else {
         return Err(invalid("params.notifications must be an object such as {\"toolsListChanged\": true}"));
@@ -41,11 +60,45 @@ pub fn acknowledge(id: &Value, params: Option<&Value>) -> Result<Value, RpcError
             honoured.insert(kind.to_string(), Value::Bool(true));
         }
     }
-    Ok(json!({
-        "jsonrpc": "2.0",
-        "method": "notifications/subscriptions/acknowledged",
-        "params": {"_meta": {SUBSCRIPTION_ID_KEY: id}, "notifications": honoured},
-    }))
+    let task_ids = match filter.get("taskIds") {
+        None => None,
+        Some(Value::Array(ids)) => {
+            let mut unique: Vec<String> = Vec::new();
+            for id in ids {
+                let Value::String(id) = id else {
+                    return Err(invalid("notifications.taskIds must be a list of taskId strings, as tools/call returned them"));
+                };
+                if !unique.contains(id) {
+                    unique.push(id.clone());
+                }
+            }
+            if unique.len() > MAX_SUBSCRIBED_TASKS {
+                return Err(invalid(&format!(
+                    "notifications.taskIds names {} tasks; one subscription follows at most {MAX_SUBSCRIBED_TASKS}: split them over several subscriptions",
+                    unique.len()
+                )));
+            }
+            Some(unique)
+        }
+        Some(_) => return Err(invalid("notifications.taskIds must be a list of taskId strings, as tools/call returned them")),
+    };
+    Ok(Filter { honoured, task_ids })
+}
+
+impl Filter {
+    /// The `notifications/subscriptions/acknowledged` message opening subscription `id`: the
+    /// kinds honoured, and `taskIds` as asked when the filter had it.
+    pub fn acknowledgement(&self, id: &Value) -> Value {
+        let mut notifications = self.honoured.clone();
+        if let Some(ids) = &self.task_ids {
+            notifications.insert("taskIds".into(), json!(ids));
+        }
+        json!({
+            "jsonrpc": "2.0",
+            "method": "notifications/subscriptions/acknowledged",
+            "params": {"_meta": {SUBSCRIPTION_ID_KEY: id}, "notifications": notifications},
+        })
+    }
 }
 
 /// The response that ends subscription `id` gracefully (the server is shutting down).
@@ -55,76 +108,313 @@ pub fn closing(id: &Value) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "result": result})
 }
 
-/// The subscriptions open on one stdio connection, by serialized request id.
+/// The `notifications/tasks` message of subscription `id` for `task` (what `tasks/get` would
+/// answer, without `resultType`).
+pub fn task_notification(id: &Value, task: Value) -> Value {
+    let mut params = match task {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    };
+    params.remove("resultType");
+    params.insert("_meta".into(), json!({SUBSCRIPTION_ID_KEY: id}));
+    json!({"jsonrpc": "2.0", "method": "notifications/tasks", "params": params})
+}
+
+/// The subscriptions open on one stdio connection, by serialized request id, each with the flag
+/// that tells its [`TaskWatch`] it is still open.
 #[derive(Debug, Default)]
 pub struct Open {
-    ids: Mutex<BTreeMap<String, Value>>,
+    ids: Mutex<BTreeMap<String, (Value, Arc<AtomicBool>)>>,
 }
 
 impl Open {
-    /// Records an open subscription; false when one with the same id is already open.
-    pub fn open(&self, id: &Value) -> bool {
+    /// Records an open subscription and returns its open flag; `None` when one with the same
+    /// id is already open.
+    pub fn open(&self, id: &Value) -> Option<Arc<AtomicBool>> {
         let mut ids = self.ids.lock().unwrap_or_else(|p| p.into_inner());
         let key = id.to_string();
         if ids.contains_key(&key) {
-            return false;
+            return None;
         }
-        ids.insert(key, id.clone());
-        true
+        let flag = Arc::new(AtomicBool::new(true));
+        ids.insert(key, (id.clone(), flag.clone()));
+        Some(flag)
     }
 
     /// Ends a subscription the client cancelled; nothing more is sent for it.
     pub fn cancel(&self, id: &Value) {
-        self.ids.lock().unwrap_or_else(|p| p.into_inner()).remove(&id.to_string());
+        if let Some((_, flag)) = self.ids.lock().unwrap_or_else(|p| p.into_inner()).remove(&id.to_string()) {
+            flag.store(false, Ordering::SeqCst);
+        }
     }
 
     /// Removes and returns every open subscription (shutdown closes them).
     pub fn take_all(&self) -> Vec<Value> {
-        std::mem::take(&mut *self.ids.lock().unwrap_or_else(|p| p.into_inner())).into_values().collect()
+        let all = std::mem::take(&mut *self.ids.lock().unwrap_or_else(|p| p.into_inner()));
+        all.into_values()
+            .map(|(id, flag)| {
+                flag.store(false, Ordering::SeqCst);
+                id
+            })
+            .collect()
     }
+}
+
+/// Where a subscription's notifications go: `send` hands one serialized message to the
+/// transport (false once the subscriber is gone), `open` is cleared when the subscription ends.
+pub struct Sink {
+    send: Box<dyn Fn(String) -> bool + Send>,
+    open: Arc<AtomicBool>,
+}
+
+impl Sink {
+    /// A sink sending through `send` while `open` is set.
+    pub fn new(send: impl Fn(String) -> bool + Send + 'static, open: Arc<AtomicBool>) -> Sink {
+        Sink { send: Box::new(send), open }
+    }
+
+    fn is_open(&self) -> bool {
+        self.open.load(Ordering::SeqCst)
+    }
+}
+
+/// One task a subscription follows, and the status last pushed for it.
+struct Followed {
+    handle: Handle,
+    sent: Option<&'static str>,
+}
+
+/// Follows the tasks a subscription named, parked with the waiter like a waiting call (same
+/// cadence: every `waiter::poll_interval`, one state read per task still working). Pushes a
+/// task's status when first read and whenever it changes; a task that ended, or that does not
+/// exist (deleted, its sandbox gone: never a made-up status), is no longer followed. The watch
+/// leaves the waiter when no task is left, the subscription ends, or the server shuts down; the
+/// subscription itself stays open until the client or the shutdown ends it.
+pub struct TaskWatch {
+    app: Arc<App>,
+    id: Value,
+    tasks: Vec<Followed>,
+    sink: Sink,
+    until: Instant,
+    every: Duration,
+}
+
+impl TaskWatch {
+    /// A watch for subscription `id` over `tasks`, pushing into `sink`.
+    pub fn new(app: Arc<App>, id: Value, tasks: Vec<Handle>, sink: Sink) -> TaskWatch {
+        let every = waiter::poll_interval(app.provider.as_ref());
+        let tasks = tasks.into_iter().map(|handle| Followed { handle, sent: None }).collect();
+        // No task runs longer than the longest task timeout, so following ends by then.
+        TaskWatch { app, id, tasks, sink, until: Instant::now() + mcp_tasks::RESULT_WAIT, every }
+    }
+
+    /// The tasks still followed.
+    pub fn following(&self) -> usize {
+        self.tasks.len()
+    }
+}
+
+/// What a finished [`TaskWatch`] answers: nothing is written for it.
+fn over() -> Outcome {
+    Outcome::Cancelled(Value::Null)
+}
+
+impl Watch for TaskWatch {
+    fn check(&mut self) -> Option<Outcome> {
+        let mut i = 0;
+        while i < self.tasks.len() {
+            if !self.sink.is_open() || self.app.is_draining() {
+                return Some(over());
+            }
+            let task = &mut self.tasks[i];
+            let state = match mcp_tasks::state(&self.app, &task.handle) {
+                Ok(s) => s,
+                Err(err) if err.code == code::INVALID_PARAMS => {
+                    log::debug!("subscription {} stops following {}: {}", self.id, task.handle.encode(), err.message);
+                    self.tasks.swap_remove(i);
+                    continue;
+                }
+                // Cannot read it now (a remote hiccup): try again at the next check.
+                Err(err) => {
+                    log::debug!("subscription {}: {} could not be read: {}", self.id, task.handle.encode(), err.message);
+                    i += 1;
+                    continue;
+                }
+            };
+            let status = mcp_tasks::status(&state).0;
+            if task.sent != Some(status) {
+                match mcp_tasks::detailed_2026(&self.app, &task.handle, &state) {
+                    Ok(detailed) => {
+                        if !(self.sink.send)(task_notification(&self.id, detailed).to_string()) {
+                            return Some(over());
+                        }
+                        task.sent = Some(status);
+                    }
+                    Err(err) => {
+                        log::debug!("subscription {}: {} could not be read: {}", self.id, task.handle.encode(), err.message);
+                        i += 1;
+                        continue;
+                    }
+                }
+            }
+            // Any status but working is terminal for the protocol (as tasks/get reports it).
+            if status != "working" {
+                self.tasks.swap_remove(i);
+                continue;
+            }
+            i += 1;
+        }
+        self.tasks.is_empty().then(over)
+    }
+
+    fn give_up(self: Box<Self>) -> Outcome {
+        over()
+    }
+
+    fn until(&self) -> Instant {
+        self.until
+    }
+
+    fn every(&self) -> Duration {
+        self.every
+    }
+}
+
+/// Parks a [`TaskWatch`] for subscription `id` with the waiter. When [`MAX_WAITING_CALLS`]
+/// already wait, the error to end the subscription with (its tasks cannot be followed).
+pub fn follow(app: &Arc<App>, waiter: &Waiter, id: &Value, tasks: Vec<Handle>, sink: Sink) -> Result<(), RpcError> {
+    let watch = TaskWatch::new(app.clone(), id.clone(), tasks, sink);
+    waiter.park(Box::new(watch), Box::new(|_| {})).map_err(|_| {
+        RpcError::new(
+            code::SERVER_BUSY,
+            format!(
+                "server busy: {MAX_WAITING_CALLS} calls are already waiting, so this subscription cannot follow its tasks; \
+subscribe again in a few seconds, or poll tasks/get"
+            ),
+        )
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{Args, Config};
+    use crate::provider::local::LocalProvider;
+    use std::path::Path;
 
     #[test]
     fn the_acknowledgement_keeps_only_honoured_kinds() {
         let params = json!({"notifications": {"toolsListChanged": true, "promptsListChanged": true, "resourceSubscriptions": ["file:///x"], "future": 1}});
-        let ack = acknowledge(&json!(7), Some(&params)).unwrap();
+        let ack = read(Some(&params)).unwrap().acknowledgement(&json!(7));
         assert_eq!(ack["method"], "notifications/subscriptions/acknowledged");
         assert_eq!(ack["params"]["_meta"][SUBSCRIPTION_ID_KEY], 7);
         assert_eq!(ack["params"]["notifications"], json!({"toolsListChanged": true}));
-        let quiet = acknowledge(&json!("s"), Some(&json!({"notifications": {"toolsListChanged": false}}))).unwrap();
+        let quiet = read(Some(&json!({"notifications": {"toolsListChanged": false}}))).unwrap().acknowledgement(&json!("s"));
         assert_eq!(quiet["params"]["notifications"], json!({}));
         assert_eq!(quiet["params"]["_meta"][SUBSCRIPTION_ID_KEY], "s");
         assert!(ack.get("id").is_none(), "a notification has no id");
     }
 
     #[test]
+    fn task_ids_are_read_once_each_and_acknowledged() {
+        let params = json!({"notifications": {"taskIds": ["a", "b", "a"], "toolsListChanged": true}});
+        let filter = read(Some(&params)).unwrap();
+        assert_eq!(filter.task_ids, Some(vec!["a".to_string(), "b".to_string()]));
+        let ack = filter.acknowledgement(&json!(1));
+        assert_eq!(ack["params"]["notifications"], json!({"toolsListChanged": true, "taskIds": ["a", "b"]}));
+        let none = read(Some(&json!({"notifications": {}}))).unwrap();
+        assert_eq!(none.task_ids, None);
+        assert!(none.acknowledgement(&json!(1))["params"]["notifications"].get("taskIds").is_none());
+        let empty = read(Some(&json!({"notifications": {"taskIds": []}}))).unwrap();
+        assert_eq!(empty.acknowledgement(&json!(1))["params"]["notifications"]["taskIds"], json!([]));
+    }
+
+    #[test]
     fn a_malformed_filter_is_invalid_params() {
+        let too_many: Vec<String> = (0..=MAX_SUBSCRIBED_TASKS).map(|i| format!("t{i}")).collect();
         for params in [
             None,
             Some(json!({})),
             Some(json!({"notifications": []})),
             Some(json!({"notifications": {"toolsListChanged": "yes"}})),
             Some(json!({"notifications": {"resourceSubscriptions": [1]}})),
+            Some(json!({"notifications": {"taskIds": "x"}})),
+            Some(json!({"notifications": {"taskIds": [1]}})),
+            Some(json!({"notifications": {"taskIds": too_many}})),
         ] {
-            assert_eq!(acknowledge(&json!(1), params.as_ref()).unwrap_err().code, code::INVALID_PARAMS, "{params:?}");
+            assert_eq!(read(params.as_ref()).unwrap_err().code, code::INVALID_PARAMS, "{params:?}");
         }
+    }
+
+    #[test]
+    fn a_task_notification_is_the_task_with_the_subscription_id() {
+        let task = json!({"resultType": "complete", "taskId": "t", "status": "completed", "result": {"isError": false}});
+        let n = task_notification(&json!("sub"), task);
+        assert_eq!(n["method"], "notifications/tasks");
+        assert!(n.get("id").is_none());
+        assert_eq!(n["params"]["taskId"], "t");
+        assert_eq!(n["params"]["result"], json!({"isError": false}));
+        assert!(n["params"].get("resultType").is_none(), "a notification is not a result");
+        assert_eq!(n["params"]["_meta"][SUBSCRIPTION_ID_KEY], "sub");
     }
 
     #[test]
     fn open_subscriptions_are_cancelled_or_taken_at_shutdown() {
         let open = Open::default();
-        assert!(open.open(&json!(1)));
-        assert!(!open.open(&json!(1)), "one subscription per id");
-        assert!(open.open(&json!("1")));
+        let one = open.open(&json!(1)).unwrap();
+        assert!(open.open(&json!(1)).is_none(), "one subscription per id");
+        let other = open.open(&json!("1")).unwrap();
         open.cancel(&json!(1));
+        assert!(!one.load(Ordering::SeqCst), "a cancelled subscription is closed");
+        assert!(other.load(Ordering::SeqCst));
         assert_eq!(open.take_all(), vec![json!("1")]);
+        assert!(!other.load(Ordering::SeqCst), "shutdown closes it");
         assert!(open.take_all().is_empty());
         let closing = closing(&json!(4));
         assert_eq!((closing["id"].as_i64(), closing["result"]["resultType"].as_str()), (Some(4), Some("complete")));
         assert_eq!(closing["result"]["_meta"][SUBSCRIPTION_ID_KEY], 4);
+    }
+
+    /// An app on a local provider under a fresh directory (removed by the caller).
+    fn test_app(dir: &Path) -> Arc<App> {
+        let home = dir.to_string_lossy().into_owned();
+        let env = move |k: &str| match k {
+            "SANDBOX_MCP_HOME" => Some(home.clone()),
+            "SANDBOX_MCP_PROVIDER" => Some("local".to_string()),
+            _ => None,
+        };
+        let config = Config::load(&Args::default(), &env).unwrap();
+        let provider = LocalProvider::new(dir, Path::new("/bin/sh")).unwrap();
+        Arc::new(App::with_provider(config, Arc::new(provider)))
+    }
+
+    #[test]
+    fn a_task_watch_ends_when_its_subscription_does_or_no_task_is_left() {
+        let dir = std::env::temp_dir().join(format!("smcp-subscription-{}", crate::ids::random_hex(8)));
+        let app = test_app(&dir);
+        let handle = Handle::parse(&app, &format!("{}.local-{}", "0".repeat(32), "0".repeat(24))).unwrap();
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let sink = |open: bool| {
+            let sent = sent.clone();
+            Sink::new(
+                move |line| {
+                    sent.lock().unwrap().push(line);
+                    true
+                },
+                Arc::new(AtomicBool::new(open)),
+            )
+        };
+        // Closed: it ends without reading anything.
+        let mut closed = TaskWatch::new(app.clone(), json!(1), vec![handle.clone()], sink(false));
+        assert_eq!(closed.check(), Some(over()));
+        assert_eq!(closed.following(), 1, "nothing was read");
+        // A task that does not exist is dropped without a notification (never a made-up
+        // status), and with no task left the watch ends.
+        let mut unknown = TaskWatch::new(app.clone(), json!(2), vec![handle], sink(true));
+        assert_eq!(unknown.check(), Some(over()));
+        assert_eq!(unknown.following(), 0);
+        assert!(sent.lock().unwrap().is_empty());
+        assert!(unknown.every() <= Duration::from_secs(1) && unknown.until() > Instant::now() + Duration::from_secs(3600));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -17,12 +17,13 @@ use crate::queue::Outcome;
 use crate::session::{Session, Sessions};
 use crate::subscription;
 use crate::transport::headers;
+use crate::waiter::Waiter;
 use crossbeam_channel::TrySendError;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::io::Write;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -69,6 +70,8 @@ pub struct Listener {
     busy: AtomicUsize,
     /// `subscriptions/listen` streams open right now (each holds a listener thread).
     subscriptions: AtomicUsize,
+    /// Follows the tasks a subscription names.
+    waiter: Waiter,
     /// Memory for request bodies, shared by every connection.
     budget: Arc<BodyBudget>,
 }
@@ -82,7 +85,7 @@ const LISTEN_KEEPALIVE: Duration = Duration::from_secs(15);
 
 impl Listener {
     /// The listener of `app`'s HTTP transport.
-    pub fn new(app: Arc<App>, sessions: Arc<Sessions>, queue: WorkQueue<Outcome>, loopback: bool) -> Listener {
+    pub fn new(app: Arc<App>, sessions: Arc<Sessions>, queue: WorkQueue<Outcome>, waiter: Waiter, loopback: bool) -> Listener {
         let budget = BodyBudget::new(app.config.body_budget);
         Listener {
             app,
@@ -92,6 +95,7 @@ impl Listener {
             connections: Mutex::new(HashMap::new()),
             busy: AtomicUsize::new(0),
             subscriptions: AtomicUsize::new(0),
+            waiter,
             budget,
         }
     }
@@ -283,7 +287,7 @@ impl Listener {
         let too_large = matches!(body, Body::TooLarge);
         let mut answer = self.answer(&req, body);
         if let Some(listen) = answer.listen.take() {
-            self.hold(req, &listen);
+            self.hold(req, listen);
             return;
         }
         answer.close |= too_large || self.should_close(req.remote_addr());
@@ -487,17 +491,30 @@ drop the Mcp-Session-Id header, or send the request without that _meta inside th
         }
     }
 
-    /// Holds a `subscriptions/listen` stream: the acknowledgement first, then SSE comments every
-    /// [`LISTEN_KEEPALIVE`] until the client goes away, or the closing result when shutdown
-    /// begins. The stream is the body of a `Connection: close` answer (written raw, as tiny_http
-    /// has no streaming response of unknown length). The slot taken in [`Listener::routed`] is
-    /// given back when this returns.
-    fn hold(&self, req: Request, listen: &Listen) {
+    /// Holds a `subscriptions/listen` stream: the acknowledgement first, then the task
+    /// notifications the waiter sends for the tasks it names (see `subscription::TaskWatch`),
+    /// and SSE comments after [`LISTEN_KEEPALIVE`] of quiet, until the client goes away, or the
+    /// closing result when shutdown begins. The stream is the body of a `Connection: close`
+    /// answer (written raw, as tiny_http has no streaming response of unknown length). The slot
+    /// taken in [`Listener::routed`] is given back when this returns.
+    fn hold(&self, req: Request, listen: Listen) {
         let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nX-Accel-Buffering: no\r\nConnection: close\r\n\r\n";
         let mut writer = req.into_writer();
         let event = |v: &str| format!("event: message\ndata: {v}\n\n");
         let mut sent =
             writer.write_all(head.as_bytes()).and_then(|()| writer.write_all(event(&listen.ack).as_bytes())).and_then(|()| writer.flush());
+        // Notifications arrive on `rx`; this end keeps a sender, so `rx` never disconnects.
+        let (tx, rx) = crossbeam_channel::unbounded::<String>();
+        let open = Arc::new(AtomicBool::new(true));
+        if sent.is_ok() && !listen.tasks.is_empty() {
+            let (out, still) = (tx.clone(), open.clone());
+            let sink = subscription::Sink::new(move |line| still.load(Ordering::SeqCst) && out.send(line).is_ok(), open.clone());
+            if let Err(err) = subscription::follow(&self.app, &self.waiter, &listen.id, listen.tasks, sink) {
+                // The subscription ends with that error as its response.
+                let _ = writer.write_all(event(&jsonrpc::error(&listen.id, &err).to_string()).as_bytes()).and_then(|()| writer.flush());
+                sent = Err(std::io::Error::other("its tasks could not be followed"));
+            }
+        }
         let mut quiet_since = Instant::now();
         while sent.is_ok() {
             if self.app.is_draining() {
@@ -505,12 +522,16 @@ drop the Mcp-Session-Id header, or send the request without that _meta inside th
                 sent = writer.write_all(event(&closing).as_bytes()).and_then(|()| writer.flush());
                 break;
             }
-            thread::sleep(LISTEN_POLL);
-            if quiet_since.elapsed() >= LISTEN_KEEPALIVE {
+            if let Ok(line) = rx.recv_timeout(LISTEN_POLL) {
+                sent = writer.write_all(event(&line).as_bytes()).and_then(|()| writer.flush());
+                quiet_since = Instant::now();
+            } else if quiet_since.elapsed() >= LISTEN_KEEPALIVE {
                 sent = writer.write_all(b":\n\n").and_then(|()| writer.flush());
                 quiet_since = Instant::now();
             }
         }
+        open.store(false, Ordering::SeqCst);
+        drop(tx);
         if let Err(err) = sent {
             log::debug!("subscription {} ended: {err}", listen.id);
         }

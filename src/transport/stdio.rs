@@ -9,9 +9,12 @@ use crate::jsonrpc::{self, code, RpcError};
 use crate::protocol::{self, Route, WorkQueue};
 use crate::queue::Outcome;
 use crate::session::Session;
+use crate::subscription;
+use crate::waiter::Waiter;
 use crossbeam_channel::{Receiver, Sender};
 use serde_json::Value;
 use std::io::{self, BufRead, Write};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 
@@ -129,7 +132,7 @@ pub fn read_line(input: &mut impl BufRead, buf: &mut Vec<u8>, max: usize) -> io:
 /// `queue` must not block (the server passes the unbounded channel of a feeder thread, see
 /// `server::run_stdio`): this thread also reads the pings and cancellations that must be
 /// answered and honoured while tool calls wait for a worker.
-pub fn run_reader(app: &App, session: &Arc<Session>, queue: &WorkQueue<Out>, replies: &Sender<Out>, max_line: usize) {
+pub fn run_reader(app: &Arc<App>, session: &Arc<Session>, queue: &WorkQueue<Out>, replies: &Sender<Out>, waiter: &Waiter, max_line: usize) {
     let stdin = io::stdin();
     let mut input = io::BufReader::with_capacity(256 * 1024, stdin.lock());
     let mut buf = Vec::new();
@@ -152,19 +155,30 @@ pub fn run_reader(app: &App, session: &Arc<Session>, queue: &WorkQueue<Out>, rep
             // Answered on this thread: no hand-off to the writer for cheap requests.
             Route::Reply(line) | Route::Refused(line, _) => write_lines([line.as_str()]),
             // The subscription stays open until the client cancels it or the server shuts down
-            // (`server::run_stdio` then closes it); nothing is ever sent in between, because the
-            // tool list never changes.
-            Route::Listen(listen) => {
-                if session.subscriptions.open(&listen.id) {
+            // (`server::run_stdio` then closes it). In between come only the task notifications
+            // of the tasks it named (the tool list never changes): the waiter follows them and
+            // sends them through the writer, after the acknowledgement written here.
+            Route::Listen(listen) => match session.subscriptions.open(&listen.id) {
+                Some(open) => {
                     write_lines([listen.ack.as_str()]);
-                } else {
+                    if !listen.tasks.is_empty() {
+                        let (out, still) = (replies.clone(), open.clone());
+                        let sink =
+                            subscription::Sink::new(move |line| still.load(Ordering::SeqCst) && out.send(Out::Line(line)).is_ok(), open);
+                        if let Err(err) = subscription::follow(app, waiter, &listen.id, listen.tasks, sink) {
+                            session.subscriptions.cancel(&listen.id);
+                            write_lines([jsonrpc::error(&listen.id, &err).to_string().as_str()]);
+                        }
+                    }
+                }
+                None => {
                     let err = RpcError::new(
                         code::INVALID_REQUEST,
                         format!("a subscription with id {} is already open; use a new id per request", listen.id),
                     );
                     write_lines([jsonrpc::error(&listen.id, &err).to_string().as_str()]);
                 }
-            }
+            },
             Route::Call(work) => {
                 if queue.send(work.into_job(replies.clone())).is_err() {
                     return;

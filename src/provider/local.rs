@@ -583,11 +583,10 @@ pub fn resolve_inside(home: &Path, path: &str) -> Result<PathBuf, ProviderError>
 /// `TAG_VAR=id` (every process a sandbox command starts inherits it). This process and pids 0 and
 /// 1 are never listed. Signal them with [`process::signal_pids`].
 ///
-/// A process in the middle of `execve` shows an empty environment for a moment (its new memory
-/// is in place before the environment is laid out in it); a live process that shows none is read
-/// again, for up to [`EXEC_SETTLE`], rather than taken for untagged. (So each process started
-/// with an empty environment, rare outside pid 1, adds that much to a scan.) The environment is
-/// read in one call, so an exec cannot cut it short.
+/// A process in the middle of `execve` shows an empty environment and command line for a moment
+/// (its new memory is in place before they are laid out in it); such a process is read again, for
+/// up to [`EXEC_SETTLE`], rather than taken for untagged. The environment is read in one call, so
+/// an exec cannot cut it short.
 pub fn tagged_pids(id: &str) -> Vec<u32> {
     let needle = format!("{TAG_VAR}={id}");
     let needle = needle.as_bytes();
@@ -621,8 +620,13 @@ pub fn tagged_pids(id: &str) -> Vec<u32> {
     pids
 }
 
-/// How long [`tagged_pids`] reads again a live process that shows no environment.
+/// How long [`tagged_pids`] reads again a live process that shows no environment and no command
+/// line.
 const EXEC_SETTLE: Duration = Duration::from_millis(20);
+
+/// How many times, 100 µs apart, a process with a command line but no environment is read again
+/// before its environment is taken to be empty.
+const EMPTY_LOOKS: usize = 5;
 
 /// Room for a whole environment in the first read of `/proc/<pid>/environ` (larger ones, rare,
 /// are read on in more calls).
@@ -633,8 +637,8 @@ enum Environ {
     /// Read: whether it holds the entry looked for (a process that is gone, a zombie or a kernel
     /// thread holds none).
     Holds(bool),
-    /// Empty although the process is a live user process: it may be between the two halves of
-    /// an exec.
+    /// Empty, with an empty command line, although the process is a live user process: it is
+    /// between the two halves of an exec.
     Unsettled,
 }
 
@@ -649,7 +653,29 @@ fn environ_holds(pid: u32, needle: &[u8], buf: &mut Vec<u8>) -> Environ {
     }
     if buf.is_empty() {
         let live_user_process = process::proc_stat(pid).is_some_and(|st| !st.kernel_thread && !matches!(st.state, 'Z' | 'X' | 'x'));
-        return if live_user_process { Environ::Unsettled } else { Environ::Holds(false) };
+        if !live_user_process {
+            return Environ::Holds(false);
+        }
+        // Mid-exec the command line is empty too (it is laid out a moment before the
+        // environment). A process with a command line but no environment either has an empty
+        // environment of its own (programs started with a cleared one, such as the holders of
+        // isolated sandboxes) or is just finishing its exec: a few short looks tell.
+        let has_command_line = fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|line| !line.is_empty());
+        if !has_command_line {
+            return Environ::Unsettled;
+        }
+        for _ in 0..EMPTY_LOOKS {
+            std::thread::sleep(Duration::from_micros(100));
+            buf.clear();
+            let again = fs::File::open(format!("/proc/{pid}/environ")).and_then(|mut f| f.read_to_end(buf));
+            if again.is_err() {
+                return Environ::Holds(false);
+            }
+            if !buf.is_empty() {
+                return Environ::Holds(buf.split(|b| *b == 0).any(|var| var == needle));
+            }
+        }
+        return Environ::Holds(false);
     }
     Environ::Holds(buf.split(|b| *b == 0).any(|var| var == needle))
 }
@@ -1080,7 +1106,7 @@ mod tests {
         fs::write(&script, "[ \"$1\" -gt 0 ] && exec /bin/sh \"$0\" $(( $1 - 1 ))\nexec sleep 60\n").unwrap();
         let mut child = Command::new("/bin/sh")
             .arg(&script)
-            .arg("3000")
+            .arg("1500")
             .env(TAG_VAR, &id)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

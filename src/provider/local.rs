@@ -1132,6 +1132,23 @@ mod tests {
         assert_eq!(missed, 0, "{missed} of {scans} scans missed a tagged process that was exec'ing");
     }
 
+    /// A process started with an empty environment is read as untagged at once, not waited on as
+    /// if it were mid-exec (each scan waited 20 ms per such process, and the holders of isolated
+    /// sandboxes are such processes).
+    #[test]
+    fn an_empty_environment_is_not_taken_for_an_exec() {
+        let mut child = Command::new("sleep").arg("60").env_clear().stdin(Stdio::null()).spawn().unwrap();
+        let pid = child.id();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|l| l.starts_with(b"sleep\0")) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let seen = environ_holds(pid, b"X=y", &mut Vec::new());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(matches!(seen, Environ::Holds(false)));
+    }
+
     #[test]
     fn ids() {
         assert!(check_local_id("local-0123456789abcdef01234567").is_ok());

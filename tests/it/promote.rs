@@ -1,0 +1,120 @@
+//! A plain run_command (no task parameters, no tasks extension) still running at `--task-after`
+//! goes on under the task supervisor and is answered `running` with its task (ARCHITECTURE.md,
+//! "Long run_command calls"), isolated and without isolation.
+
+use crate::support::*;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+const AFTER: [(&str, &str); 1] = [("SANDBOX_MCP_TASK_AFTER", "1")];
+
+fn homes(name: &str) -> Vec<Home> {
+    vec![Home::new(name), Home::unisolated(&format!("{name}-none"))]
+}
+
+/// get_task with `wait` until the task reaches a final state.
+fn final_state(m: &mut Mcp, sb: &str, task: &str) -> Value {
+    wait_for(Duration::from_secs(20), "the task to end", || {
+        let v = m.ok("get_task", json!({"sandbox_id": sb, "task_id": task, "wait": 5}));
+        (v["state"] != "running").then_some(v)
+    })
+}
+
+fn running(out: &Value) -> (String, String) {
+    assert_eq!(out["state"], "running", "{out}");
+    assert_eq!((out["exit_code"].clone(), out["timed_out"].clone()), (Value::Null, json!(false)), "{out}");
+    assert!(out["message"].as_str().unwrap().contains("get_task"), "{out}");
+    (out["sandbox_id"].as_str().unwrap().to_string(), out["task_id"].as_str().unwrap().to_string())
+}
+
+#[test]
+fn a_long_run_command_becomes_a_task_and_ends_as_one() {
+    for home in homes("promote") {
+        let mut m = home.stdio_with(&AFTER);
+        let sb = m.create();
+        // Quick: as before, plus state.
+        let quick = m.ok("run_command", json!({"sandbox_id": sb, "command": "echo hi; exit 3"}));
+        assert_eq!(quick["state"], "completed");
+        assert_eq!((quick["exit_code"].as_i64(), quick["stdout"].as_str()), (Some(3), Some("hi\n")), "{quick}");
+        assert!(quick.get("task_id").is_none(), "{quick}");
+        // Long: answered at about --task-after with the output so far.
+        let t0 = Instant::now();
+        let out = m.ok("run_command", json!({"sandbox_id": sb, "command": "printf A; sleep 3; printf B"}));
+        let took = t0.elapsed();
+        let (sb2, task) = running(&out);
+        assert_eq!(sb2, sb);
+        assert!(took >= Duration::from_millis(950) && took < Duration::from_millis(1900), "answered after {took:?}");
+        assert_eq!(out["stdout"], "A", "{out}");
+        let done = final_state(&mut m, &sb, &task);
+        assert_eq!((done["state"].as_str(), done["exit_code"].as_i64()), (Some("succeeded"), Some(0)), "{done}");
+        assert_eq!(done["stdout"], "AB", "{done}");
+        // An exit code other than 0, stderr on both sides, and a trailing newline kept.
+        let out = m.ok("run_command", json!({"sandbox_id": sb, "command": "echo x >&2; sleep 1.5; echo y >&2; echo z; exit 7"}));
+        let (_, task) = running(&out);
+        let done = final_state(&mut m, &sb, &task);
+        assert_eq!((done["state"].as_str(), done["exit_code"].as_i64()), (Some("failed"), Some(7)), "{done}");
+        assert_eq!((done["stdout"].as_str(), done["stderr"].as_str()), (Some("z\n"), Some("x\ny\n")), "{done}");
+        // A command whose own EXIT trap replaces the recording one: the server that reaps it
+        // records the code.
+        let out = m.ok("run_command", json!({"sandbox_id": sb, "command": "trap 'echo bye' EXIT; sleep 1.5; exit 5"}));
+        let (_, task) = running(&out);
+        let done = final_state(&mut m, &sb, &task);
+        assert_eq!((done["exit_code"].as_i64(), done["stdout"].as_str()), (Some(5), Some("bye\n")), "{done}");
+        m.close();
+    }
+}
+
+#[test]
+fn a_promoted_command_survives_sigkill_of_the_server() {
+    for home in homes("promote-kill") {
+        let mut a = home.stdio_with(&AFTER);
+        let sb = a.create();
+        let out = a.ok("run_command", json!({"sandbox_id": sb, "command": "printf A; sleep 3; printf B"}));
+        let (_, task) = running(&out);
+        let pid = a.client.pid();
+        assert!(pid > 1);
+        std::process::Command::new("/bin/sh").args(["-c", &format!("kill -s KILL {pid}")]).status().unwrap();
+        let mut b = home.stdio_with(&AFTER);
+        let done = final_state(&mut b, &sb, &task);
+        assert_eq!((done["state"].as_str(), done["exit_code"].as_i64()), (Some("succeeded"), Some(0)), "{done}");
+        assert_eq!(done["stdout"], "AB", "{done}");
+        b.ok("kill_sandbox", json!({"sandbox_id": sb}));
+        b.close();
+    }
+}
+
+#[test]
+fn a_promoted_command_is_cancelled_timed_out_and_masked() {
+    for home in homes("promote-stop") {
+        let mut m = home.stdio_with(&AFTER);
+        let sb = m.create();
+        // cancel_task: cancelled within 3 s.
+        let out = m.ok("run_command", json!({"sandbox_id": sb, "command": "sleep 60"}));
+        let (_, task) = running(&out);
+        let t0 = Instant::now();
+        let c = m.ok("cancel_task", json!({"sandbox_id": sb, "task_id": task}));
+        let c = if c["state"] == "running" { final_state(&mut m, &sb, &task) } else { c };
+        assert_eq!(c["state"], "cancelled", "{c}");
+        assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+        // Its remaining timeout is enforced.
+        let t0 = Instant::now();
+        let out = m.ok("run_command", json!({"sandbox_id": sb, "command": "sleep 60", "timeout": 3}));
+        let (_, task) = running(&out);
+        let done = final_state(&mut m, &sb, &task);
+        assert_eq!(done["state"], "timed_out", "{done}");
+        let took = t0.elapsed();
+        assert!(took >= Duration::from_secs(3) && took < Duration::from_secs(8), "timed out after {took:?}");
+        // A secret of the call's environment is masked before and after the handover.
+        let secret = "s3cr3t-value-42";
+        let out = m.ok(
+            "run_command",
+            json!({"sandbox_id": sb, "command": "echo \"$API_TOKEN\"; sleep 1.5; echo \"$API_TOKEN\" >&2; echo \"$API_TOKEN\"", "envs": {"API_TOKEN": secret}}),
+        );
+        let (_, task) = running(&out);
+        assert_eq!(out["stdout"], "***\n", "{out}");
+        let done = final_state(&mut m, &sb, &task);
+        assert_eq!((done["stdout"].as_str(), done["stderr"].as_str()), (Some("***\n***\n"), Some("***\n")), "{done}");
+        assert!(!done.to_string().contains(secret), "{done}");
+        m.close();
+    }
+}

@@ -60,6 +60,25 @@ fn a_long_run_command_becomes_a_task_and_ends_as_one() {
         let (_, task) = running(&out);
         let done = final_state(&mut m, &sb, &task);
         assert_eq!((done["exit_code"].as_i64(), done["stdout"].as_str()), (Some(5), Some("bye\n")), "{done}");
+        // Killed by a signal (no trap runs): the server that reaps it records 128 + 9.
+        let out = m.ok("run_command", json!({"sandbox_id": sb, "command": "sleep 1.5; kill -s KILL $$"}));
+        let (_, task) = running(&out);
+        let done = final_state(&mut m, &sb, &task);
+        assert_eq!((done["state"].as_str(), done["exit_code"].as_i64()), (Some("failed"), Some(137)), "{done}");
+        // A handover that fails (here the tasks directory cannot exist: a file has its name) is
+        // no loss: the call waits for the command as before.
+        let t0 = Instant::now();
+        let out = m.ok(
+            "run_command",
+            json!({"sandbox_id": sb, "command": "mkdir -p .sandbox-mcp && rm -rf .sandbox-mcp/tasks && : >.sandbox-mcp/tasks; printf A; sleep 2; printf B"}),
+        );
+        assert_eq!(
+            (out["state"].as_str(), out["exit_code"].as_i64(), out["stdout"].as_str()),
+            (Some("completed"), Some(0), Some("AB")),
+            "{out}"
+        );
+        assert!(t0.elapsed() >= Duration::from_secs(2), "{:?}", t0.elapsed());
+        m.ok("run_command", json!({"sandbox_id": sb, "command": "rm -f .sandbox-mcp/tasks"}));
         m.close();
     }
 }
@@ -78,8 +97,20 @@ fn a_promoted_command_survives_sigkill_of_the_server() {
         let done = final_state(&mut b, &sb, &task);
         assert_eq!((done["state"].as_str(), done["exit_code"].as_i64()), (Some("succeeded"), Some(0)), "{done}");
         assert_eq!(done["stdout"], "AB", "{done}");
-        b.ok("kill_sandbox", json!({"sandbox_id": sb}));
-        b.close();
+        // With the recording trap replaced and the server gone, nobody observes the exit status:
+        // unknown, never succeeded.
+        let out = b.ok("run_command", json!({"sandbox_id": sb, "command": "trap 'echo bye' EXIT; sleep 2; exit 0"}));
+        let (_, task) = running(&out);
+        let pid = b.client.pid();
+        assert!(pid > 1);
+        std::process::Command::new("/bin/sh").args(["-c", &format!("kill -s KILL {pid}")]).status().unwrap();
+        let mut c = home.stdio_with(&AFTER);
+        let done = final_state(&mut c, &sb, &task);
+        assert_eq!((done["state"].as_str(), done["exit_code"].clone()), (Some("unknown"), Value::Null), "{done}");
+        assert!(done["error"].as_str().unwrap_or("").contains("exit code"), "{done}");
+        assert_eq!(done["stdout"], "bye\n", "{done}");
+        c.ok("kill_sandbox", json!({"sandbox_id": sb}));
+        c.close();
     }
 }
 

@@ -149,3 +149,40 @@ fn a_promoted_command_is_cancelled_timed_out_and_masked() {
         m.close();
     }
 }
+
+/// A promoted command under one shell: masking of a sandbox secret on both sides of the
+/// handover, exit code, a last line without newline, a TERM-ignoring command at its timeout.
+fn shell_scenario(home: &Home, extra_env: &[(&str, &str)]) {
+    let mut env = AFTER.to_vec();
+    env.extend_from_slice(extra_env);
+    let mut m = home.stdio_with(&env);
+    let sb = m.ok("create_sandbox", json!({"envs": {"SERVICE_TOKEN": "tok-123456789"}}))["sandbox_id"].as_str().unwrap().to_string();
+    let out = m.ok(
+        "run_command",
+        json!({"sandbox_id": sb, "command": "echo a tok-123456789; sleep 1.5; echo tok-123456789 >&2; printf end; exit 3"}),
+    );
+    let (_, task) = running(&out);
+    assert_eq!(out["stdout"], "a ***\n", "{out}");
+    let done = final_state(&mut m, &sb, &task);
+    assert_eq!((done["state"].as_str(), done["exit_code"].as_i64()), (Some("failed"), Some(3)), "{done}");
+    assert_eq!((done["stdout"].as_str(), done["stderr"].as_str()), (Some("a ***\nend"), Some("***\n")), "{done}");
+    let t0 = Instant::now();
+    let out = m.ok("run_command", json!({"sandbox_id": sb, "command": "trap '' TERM; echo started; sleep 30", "timeout": 2}));
+    let (_, task) = running(&out);
+    let done = final_state(&mut m, &sb, &task);
+    assert_eq!((done["state"].as_str(), done["stdout"].as_str()), (Some("timed_out"), Some("started\n")), "{done}");
+    assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
+    m.close();
+}
+
+#[test]
+fn promotion_works_under_dash_bash_and_busybox() {
+    shell_scenario(&Home::with_shell("promote-dash", std::path::Path::new("/bin/dash")), &[]);
+    shell_scenario(&Home::with_shell("promote-bash", std::path::Path::new("/bin/bash")), &[]);
+    let bin = crate::tasks::busybox_bin();
+    // Unisolated: the busybox-only PATH is a host directory an isolated sandbox does not see.
+    let home = Home::with_shell("promote-busybox", &bin.join("sh")).with_isolation("none");
+    let path = bin.display().to_string();
+    shell_scenario(&home, &[("PATH", &path)]);
+    let _ = std::fs::remove_dir_all(&bin);
+}

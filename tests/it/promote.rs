@@ -186,3 +186,23 @@ fn promotion_works_under_dash_bash_and_busybox() {
     shell_scenario(&home, &[("PATH", &path)]);
     let _ = std::fs::remove_dir_all(&bin);
 }
+
+#[test]
+fn a_plain_http_run_command_becomes_a_task() {
+    let home = Home::new("promote-http");
+    let h = Http::start(&home, &["--task-after", "1"], &[]);
+    let session = h.initialize();
+    let sb = h.call(&session, "create_sandbox", json!({}))["result"]["structuredContent"]["sandbox_id"].as_str().unwrap().to_string();
+    let t0 = Instant::now();
+    let r = h.call(&session, "run_command", json!({"sandbox_id": sb, "command": "echo one; sleep 2; echo two"}));
+    let out = &r["result"]["structuredContent"];
+    let (_, task) = running(out);
+    assert!(t0.elapsed() < Duration::from_millis(1900), "{:?}", t0.elapsed());
+    let done = wait_for(Duration::from_secs(20), "the task to end", || {
+        let v = h.call(&session, "get_task", json!({"sandbox_id": sb, "task_id": task, "wait": 5}))["result"]["structuredContent"].clone();
+        (v["state"] != "running").then_some(v)
+    });
+    assert_eq!((done["state"].as_str(), done["stdout"].as_str()), (Some("succeeded"), Some("one\ntwo\n")), "{done}");
+    h.call(&session, "kill_sandbox", json!({"sandbox_id": sb}));
+    assert!(h.stop().success());
+}

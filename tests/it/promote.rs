@@ -20,6 +20,35 @@ fn final_state(m: &mut Mcp, sb: &str, task: &str) -> Value {
     })
 }
 
+/// `v` has every field run_command's outputSchema requires, each of a type it allows.
+fn conforms(m: &mut Mcp, v: &Value) {
+    let tools = m.request("tools/list", json!({}));
+    let tool = tools["result"]["tools"].as_array().unwrap().iter().find(|t| t["name"] == "run_command").unwrap().clone();
+    let schema = &tool["outputSchema"];
+    for key in schema["required"].as_array().unwrap() {
+        assert!(v.get(key.as_str().unwrap()).is_some(), "{key} is missing from {v}");
+    }
+    for (key, value) in v.as_object().unwrap() {
+        let spec = &schema["properties"][key];
+        let types: Vec<&str> = match &spec["type"] {
+            Value::String(t) => vec![t.as_str()],
+            Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
+            other => panic!("{key} has no type in the schema: {other}"),
+        };
+        let actual = match value {
+            Value::Null => "null",
+            Value::Bool(_) => "boolean",
+            Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
+            Value::String(_) => "string",
+            _ => "other",
+        };
+        assert!(types.contains(&actual), "{key} is {actual}, the schema says {types:?}");
+        if let Some(allowed) = spec["enum"].as_array() {
+            assert!(allowed.contains(value), "{key} {value} is not one of {allowed:?}");
+        }
+    }
+}
+
 fn running(out: &Value) -> (String, String) {
     assert_eq!(out["state"], "running", "{out}");
     assert_eq!((out["exit_code"].clone(), out["timed_out"].clone()), (Value::Null, json!(false)), "{out}");
@@ -35,6 +64,7 @@ fn a_long_run_command_becomes_a_task_and_ends_as_one() {
         // Quick: as before, plus state.
         let quick = m.ok("run_command", json!({"sandbox_id": sb, "command": "echo hi; exit 3"}));
         assert_eq!(quick["state"], "completed");
+        conforms(&mut m, &quick);
         assert_eq!((quick["exit_code"].as_i64(), quick["stdout"].as_str()), (Some(3), Some("hi\n")), "{quick}");
         assert!(quick.get("task_id").is_none(), "{quick}");
         // Long: answered at about --task-after with the output so far.
@@ -42,6 +72,7 @@ fn a_long_run_command_becomes_a_task_and_ends_as_one() {
         let out = m.ok("run_command", json!({"sandbox_id": sb, "command": "printf A; sleep 3; printf B"}));
         let took = t0.elapsed();
         let (sb2, task) = running(&out);
+        conforms(&mut m, &out);
         assert_eq!(sb2, sb);
         assert!(took >= Duration::from_millis(950) && took < Duration::from_millis(1900), "answered after {took:?}");
         assert_eq!(out["stdout"], "A", "{out}");

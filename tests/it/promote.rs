@@ -91,6 +91,20 @@ fn a_long_run_command_becomes_a_task_and_ends_as_one() {
         let (_, task) = running(&out);
         let done = final_state(&mut m, &sb, &task);
         assert_eq!((done["exit_code"].as_i64(), done["stdout"].as_str()), (Some(5), Some("bye\n")), "{done}");
+        // The 1 MiB cap counts both sides of the handover.
+        let out = m.ok(
+            "run_command",
+            json!({"sandbox_id": sb, "command": "head -c 1500000 /dev/zero | tr '\\0' a; sleep 1.5; printf more; echo end >&2"}),
+        );
+        let (_, task) = running(&out);
+        assert_eq!((out["stdout"].as_str().map(str::len), out["stdout_truncated"].as_bool()), (Some(1 << 20), Some(true)));
+        let done = final_state(&mut m, &sb, &task);
+        assert_eq!(
+            (done["state"].as_str(), done["stdout_bytes"].as_i64(), done["stdout_truncated"].as_bool(), done["stderr"].as_str()),
+            (Some("succeeded"), Some(1 << 20), Some(true), Some("end\n")),
+            "{}",
+            done["stderr"]
+        );
         // Killed by a signal (no trap runs): the server that reaps it records 128 + 9.
         let out = m.ok("run_command", json!({"sandbox_id": sb, "command": "sleep 1.5; kill -s KILL $$"}));
         let (_, task) = running(&out);

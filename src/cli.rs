@@ -47,7 +47,9 @@ pub fn call(config: Config, words: &[String]) -> Result<i32> {
     if words.len() > 2 {
         bail!("too many words after the tool name; pass the arguments as one JSON object");
     }
-    let app = App::new(config)?;
+    // The caller of `call` waits for the end, however long: a run_command is never handed over to
+    // a task at --task-after here.
+    let app = App::new(Config { task_after: Duration::ZERO, ..config })?;
     let session = Session::new("call", true);
     session.initialize("2025-11-25");
     let cancel = Arc::new(AtomicBool::new(false));

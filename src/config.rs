@@ -207,13 +207,13 @@ options! {
         default: Text("64"),
         help: "capacity of the work queue; HTTP answers 503 when it is full",
     };
-    /// When a 2026-07-28 run_command becomes a task, in seconds.
+    /// When a run_command still running becomes a task, in seconds.
     TASK_AFTER = OptionSpec {
         flag: Some("--task-after"),
         takes_value: true,
         env: Some("SANDBOX_MCP_TASK_AFTER"),
         default: Text("25"),
-        help: "seconds after which a run_command of a client with the tasks extension is answered as a task (0 = never)",
+        help: "seconds after which a run_command still running is answered as a task: a protocol task with the tasks extension, else state running with a task_id (0 = never)",
     };
     /// Idle time after which an HTTP session ends, in seconds.
     SESSION_IDLE = OptionSpec {

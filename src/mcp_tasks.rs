@@ -259,6 +259,7 @@ fn command_result(s: &Snapshot, out: &[u8], err: &[u8]) -> Value {
         _ => 0,
     };
     json!({
+        "state": "completed",
         "exit_code": if timed_out { crate::tools::TIMED_OUT_EXIT_CODE as i64 } else { s.exit_code.unwrap_or(-1) },
         "stdout": String::from_utf8_lossy(out),
         "stderr": String::from_utf8_lossy(err),
@@ -432,6 +433,16 @@ mod tests {
 
     fn snap(state: TaskState, exit_code: Option<i64>) -> Snapshot {
         Snapshot { state, exit_code, ..Snapshot::unconfirmed("0123456789abcdef0123456789abcdef", 5, "gone".into()) }
+    }
+
+    #[test]
+    fn a_task_result_has_every_field_run_command_requires() {
+        let schema = (tools::find("run_command").unwrap().output_schema)();
+        let result = command_result(&snap(TaskState::Succeeded, Some(0)), b"out", b"");
+        for key in schema["required"].as_array().unwrap() {
+            assert!(result.get(key.as_str().unwrap()).is_some(), "{key} is missing from {result}");
+        }
+        assert_eq!(result["state"], "completed");
     }
 
     #[test]

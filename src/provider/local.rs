@@ -16,18 +16,22 @@
 //! of an isolated sandbox and ends the sandbox at expiry even when no server runs.
 
 use crate::ids;
+use crate::limits;
 use crate::mask::Masker;
 use crate::provider::isolation::enter::{self, Init};
 use crate::provider::isolation::files::{self as sandbox_files, SandboxFs};
 use crate::provider::isolation::{self, cgroup, init, rootfs, spawner, Isolation, Tools};
-use crate::provider::process::{self, Running, Spawn};
+use crate::provider::process::{self, Ran, Running, Spawn};
 use crate::provider::{
-    unix_now, CreateRequest, DirEntry, EntryKind, ExecOutput, ExecRequest, Limits, Provider, ProviderError, SandboxInfo, Touch,
+    unix_now, CreateRequest, DirEntry, EntryKind, ExecEnd, ExecOutput, ExecRequest, Limits, Promotion, Provider, ProviderError,
+    SandboxInfo, Touch,
 };
+use crate::supervisor::{self, Adoption, Call};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{self, Read, Write};
+use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Component, Path, PathBuf};
@@ -42,6 +46,10 @@ const CREATING_PREFIX: &str = ".creating-";
 
 /// Environment variable carried by every process of a sandbox (value: the sandbox id).
 pub const TAG_VAR: &str = "SANDBOX_MCP_SANDBOX";
+
+/// Environment variable carried by every process of a task (value: the task id); a promotable
+/// run_command carries it from its start.
+pub const TASK_TAG_VAR: &str = "SANDBOX_MCP_TASK";
 
 /// Host variables passed through to sandbox commands; nothing else of the server's environment is.
 const ALLOWED_ENV: &[&str] = &["PATH", "LANG", "TERM", "TZ"];
@@ -432,7 +440,7 @@ impl LocalProvider {
         touch: Touch,
     ) -> Result<Command, ProviderError> {
         match self.launch(id, argv, envs, cwd, touch, false)? {
-            Launch::Host(cmd) => Ok(cmd),
+            Launch::Host(cmd, _) => Ok(cmd),
             Launch::Spawner { .. } => Err(ProviderError::Unavailable("internal error: a host command was asked for".into())),
         }
     }
@@ -474,7 +482,9 @@ impl LocalProvider {
                     return Ok(Launch::Spawner { socket, argv: argv.to_vec(), env, cwd: cwd.map(str::to_string) });
                 }
                 let cgroups = if meta.limits.any() { cgroup::procs_files(id) } else { Vec::new() };
-                enter::command(self.tools()?, init, !meta.host_network, argv, cwd, &cgroups)
+                let mut cmd = enter::command(self.tools()?, init, !meta.host_network, argv, cwd, &cgroups);
+                cmd.env_clear().envs(self.env_for(id, &meta, envs)).process_group(0);
+                return Ok(Launch::Host(cmd, false));
             }
             None => {
                 let home = self.home(id);
@@ -490,14 +500,207 @@ impl LocalProvider {
             }
         };
         cmd.env_clear().envs(self.env_for(id, &meta, envs)).process_group(0);
-        Ok(Launch::Host(cmd))
+        Ok(Launch::Host(cmd, true))
+    }
+}
+
+/// The tasks directory, relative to a sandbox's home (as `task_root` in the snippets has it).
+const TASKS_DIR: &str = ".sandbox-mcp/tasks";
+
+/// How long the adopt snippet may take to answer.
+const ADOPT_BUDGET: Duration = Duration::from_secs(10);
+
+impl LocalProvider {
+    /// Runs `req` like `exec`; with `promotion`, a command still running at its time is adopted by
+    /// the task supervisor (when that fails, it is waited for as if nothing had happened).
+    fn run_exec(&self, id: &str, req: &ExecRequest, touch: Touch, promotion: Option<&Promotion<'_>>) -> Result<ExecEnd, ProviderError> {
+        let launch = self.launch(id, &req.argv, &req.envs, req.cwd.as_deref().map(Path::new), touch, true)?;
+        let spawn = Spawn {
+            output_cap: req.output_cap,
+            deadline: req.deadline,
+            cancel: req.cancel.as_deref(),
+            promote_at: promotion.map(|p| p.at),
+        };
+        let start_error = |err: io::Error| {
+            if !self.dir(id).exists() {
+                // Killed or expired between the check above and the start.
+                return ProviderError::NotFound { id: id.to_string() };
+            }
+            ProviderError::Unavailable(format!("could not start {:?} in sandbox {id}: {err}", req.argv.first()))
+        };
+        let ran = match launch {
+            Launch::Host(cmd, inside) => process::run(cmd, &spawn, &self.shell, &self.running, inside),
+            Launch::Spawner { socket, argv, env, cwd } => process::run_remote(&socket, &argv, env, cwd.as_deref(), &spawn, &self.running),
+        }
+        .map_err(start_error)?;
+        let handover = match ran {
+            Ran::Done(out) => return Ok(ExecEnd::Done(out)),
+            Ran::Promoted(handover) => handover,
+        };
+        let Some(promotion) = promotion else {
+            return Err(ProviderError::Unavailable("internal error: a command was handed over without a promotion".into()));
+        };
+        let lost = |err: io::Error| ProviderError::Unavailable(format!("lost track of the command in sandbox {id}: {err}"));
+        match self.adopt(id, req, promotion, &handover) {
+            Ok(on_end) => {
+                let (stdout, stdout_truncated, stderr, stderr_truncated) = handover.captured();
+                let out = ExecOutput {
+                    exit_code: 0,
+                    stdout: stdout.to_vec(),
+                    stderr: stderr.to_vec(),
+                    stdout_truncated,
+                    stderr_truncated,
+                    timed_out: false,
+                    duration: handover.elapsed(),
+                };
+                let budget = req.deadline.saturating_duration_since(Instant::now())
+                    + supervisor::snippet::TIMEOUT_KILL_GRACE
+                    + Duration::from_secs(30);
+                handover.release(budget, on_end);
+                Ok(ExecEnd::Promoted(out))
+            }
+            Err(err) => {
+                log::warn!("sandbox {id}: a command could not become task {} ({err}); waiting for it as before", promotion.task_id);
+                handover.resume(&spawn).map(ExecEnd::Done).map_err(lost)
+            }
+        }
+    }
+
+    /// Hands a running command over to the supervisor's adopt mode: stages the output captured so
+    /// far (masked, capped), runs `start.sh adopt` with the pipes' read ends as its stdin and
+    /// stderr, and reads its answer. Returns what to do once the server reaps the command: write
+    /// its exit code into the task directory when its shell's `EXIT` trap did not.
+    fn adopt(&self, id: &str, req: &ExecRequest, p: &Promotion<'_>, h: &process::Handover<'_>) -> Result<process::OnEnd, String> {
+        let (meta, init) = self.reach_with_init(id, Touch::Observe).map_err(|e| e.to_string())?;
+        let fs = match init {
+            Some(init) => Some(Self::sandbox_fs(id, &meta, init).map_err(|e| e.to_string())?),
+            None => None,
+        };
+        let (stdout, out_cut, stderr, err_cut) = h.captured();
+        let mut pre = [0usize; 2];
+        let mut cut = [out_cut, err_cut];
+        for (i, (bytes, suffix)) in [(stdout, "stdout.log"), (stderr, "stderr.log")].into_iter().enumerate() {
+            if bytes.is_empty() {
+                continue;
+            }
+            let mut masked = p.masker.mask_bytes(bytes);
+            if masked.len() > limits::MAX_LOG_BYTES {
+                masked.truncate(limits::MAX_LOG_BYTES);
+                cut[i] = true;
+            }
+            pre[i] = masked.len();
+            let rel = format!("{TASKS_DIR}/.adopt-{}.{suffix}", p.task_id);
+            match &fs {
+                Some(fs) => fs.write(&rel, &masked).map(drop).map_err(|e| format!("staging the output so far: {e}"))?,
+                None => {
+                    let path = self.home(id).join(&rel);
+                    if let Some(parent) = path.parent() {
+                        fs::DirBuilder::new()
+                            .recursive(true)
+                            .mode(0o700)
+                            .create(parent)
+                            .map_err(|e| format!("creating {parent:?}: {e}"))?;
+                    }
+                    fs::OpenOptions::new()
+                        .write(true)
+                        .create(true)
+                        .truncate(true)
+                        .mode(0o600)
+                        .open(&path)
+                        .and_then(|mut f| f.write_all(&masked))
+                        .map_err(|e| format!("staging the output so far in {path:?}: {e}"))?;
+                }
+            }
+        }
+        let elapsed = h.elapsed();
+        let left = p.timeout.saturating_sub(elapsed).max(Duration::from_millis(10));
+        let left = format!("{}.{:02}", left.as_secs(), left.subsec_millis() / 10);
+        let started_at = unix_now() - elapsed.as_secs() as i64;
+        let adoption = Adoption {
+            task_id: p.task_id,
+            timeout: p.timeout.as_secs().max(1) as i64,
+            left: &left,
+            pgid: h.pgid(),
+            pre: (pre[0], pre[1]),
+            truncated: (cut[0], cut[1]),
+            started_at,
+            command: p.command,
+        };
+        let argv = Call::Adopt(adoption).argv(self);
+        // The adopter gets the command's environment (its masker reads it), without the task tag.
+        let mut envs = req.envs.clone();
+        envs.remove(TASK_TAG_VAR);
+        let dup = |pipe: Option<&fs::File>| -> Result<Stdio, String> {
+            match pipe {
+                Some(f) => f.try_clone().map(Stdio::from).map_err(|e| format!("duplicating a pipe: {e}")),
+                None => fs::File::open("/dev/null").map(Stdio::from).map_err(|e| format!("opening /dev/null: {e}")),
+            }
+        };
+        let [out_pipe, err_pipe] = h.pipes();
+        let (answer_read, answer_write) =
+            rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| format!("making the answer pipe: {e}"))?;
+        let deadline = Instant::now() + ADOPT_BUDGET;
+        let launch = self.launch(id, &argv, &envs, None, Touch::Observe, true).map_err(|e| e.to_string())?;
+        let answer = match launch {
+            Launch::Spawner { socket, argv, env, .. } => {
+                let null = fs::File::open("/dev/null").map_err(|e| format!("opening /dev/null: {e}"))?;
+                let out_fd = out_pipe.map_or(null.as_fd(), |f| f.as_fd());
+                let err_fd = err_pipe.map_or(null.as_fd(), |f| f.as_fd());
+                let mut remote = spawner::Remote::spawn(&socket, &argv, env, None, &answer_write, err_fd, Some(out_fd))
+                    .map_err(|e| format!("starting the adopter: {e}"))?;
+                drop(answer_write);
+                let answer = process::read_until_end(fs::File::from(answer_read), deadline);
+                let _ = remote.wait_within(deadline.saturating_duration_since(Instant::now()));
+                answer
+            }
+            Launch::Host(mut cmd, _) => {
+                cmd.stdin(dup(out_pipe)?).stdout(Stdio::from(answer_write)).stderr(dup(err_pipe)?);
+                let child = cmd.spawn();
+                // (The command holds our copies of its stdio until dropped.)
+                drop(cmd);
+                let mut child = child.map_err(|e| format!("starting the adopter: {e}"))?;
+                let answer = process::read_until_end(fs::File::from(answer_read), deadline);
+                let _ = child.wait();
+                answer
+            }
+        }
+        .map_err(|e| format!("reading the adopter's answer: {e}"))?;
+        let answer = String::from_utf8_lossy(&answer);
+        if !answer.lines().any(|l| l == "@adopted running") {
+            let why = answer.lines().find_map(|l| l.strip_prefix("@error ")).unwrap_or("no answer");
+            return Err(format!("the supervisor did not adopt it: {why}"));
+        }
+        let task_dir = format!("{TASKS_DIR}/{}", p.task_id);
+        let host_dir = self.home(id).join(&task_dir);
+        Ok(Box::new(move |code: Option<i32>| {
+            let Some(code) = code else { return };
+            let text = format!("{code}\n");
+            match fs {
+                Some(fs) => {
+                    let file = format!("{task_dir}/exit_code");
+                    if fs.is_dir(&task_dir) && fs.read(&file, 64).is_err() {
+                        let _ = fs.write(&file, text.as_bytes());
+                    }
+                }
+                None => {
+                    let file = host_dir.join("exit_code");
+                    if host_dir.is_dir() && !file.exists() {
+                        let tmp = host_dir.join(".exit_code.tmp");
+                        if fs::write(&tmp, text).and_then(|()| fs::rename(&tmp, &file)).is_err() {
+                            log::debug!("could not record the exit code in {host_dir:?}");
+                        }
+                    }
+                }
+            }
+        }))
     }
 }
 
 /// How a command starts in a local sandbox.
 enum Launch {
-    /// As a child of this process.
-    Host(Command),
+    /// As a child of this process; `true` when its pid is also its pid as the sandbox sees it
+    /// (no isolation; with `nsenter` it is not).
+    Host(Command, bool),
     /// As a child of the sandbox's init, through its spawner's socket.
     Spawner { socket: PathBuf, argv: Vec<String>, env: Vec<(String, String)>, cwd: Option<String> },
 }
@@ -965,19 +1168,28 @@ impl Provider for LocalProvider {
     }
 
     fn exec(&self, sandbox_id: &str, req: &ExecRequest, touch: Touch) -> Result<ExecOutput, ProviderError> {
-        let launch = self.launch(sandbox_id, &req.argv, &req.envs, req.cwd.as_deref().map(Path::new), touch, true)?;
-        let spawn = Spawn { output_cap: req.output_cap, deadline: req.deadline, cancel: req.cancel.as_deref() };
-        let ran = match launch {
-            Launch::Host(cmd) => process::run(cmd, &spawn, &self.shell, &self.running),
-            Launch::Spawner { socket, argv, env, cwd } => process::run_remote(&socket, &argv, env, cwd.as_deref(), &spawn, &self.running),
+        match self.run_exec(sandbox_id, req, touch, None)? {
+            ExecEnd::Done(out) | ExecEnd::Promoted(out) => Ok(out),
+        }
+    }
+
+    fn promotion_dir(&self, sandbox_id: &str, task_id: &str) -> Option<String> {
+        let meta = self.load(sandbox_id).ok()?;
+        let home = match meta.isolation {
+            Isolation::Namespaces => rootfs::HOME.to_string(),
+            Isolation::None => self.home(sandbox_id).to_str()?.to_string(),
         };
-        ran.map_err(|err| {
-            if !self.dir(sandbox_id).exists() {
-                // Killed or expired between the check above and the start.
-                return ProviderError::NotFound { id: sandbox_id.to_string() };
-            }
-            ProviderError::Unavailable(format!("could not start {:?} in sandbox {sandbox_id}: {err}", req.argv.first()))
-        })
+        Some(format!("{home}/{TASKS_DIR}/{task_id}"))
+    }
+
+    fn exec_or_promote(
+        &self,
+        sandbox_id: &str,
+        req: &ExecRequest,
+        touch: Touch,
+        promotion: &Promotion<'_>,
+    ) -> Result<ExecEnd, ProviderError> {
+        self.run_exec(sandbox_id, req, touch, Some(promotion))
     }
 
     fn read_file(&self, sandbox_id: &str, path: &str, max_bytes: usize, _deadline: Instant) -> Result<Vec<u8>, ProviderError> {

@@ -113,6 +113,30 @@ pub struct ExecOutput {
     pub duration: Duration,
 }
 
+/// A command that may be handed over to the task supervisor while it runs: a plain
+/// `run_command` still running at `--task-after` (ARCHITECTURE.md, "Long run_command calls").
+pub struct Promotion<'a> {
+    /// When a command still running is handed over.
+    pub at: Instant,
+    /// The task it becomes.
+    pub task_id: &'a str,
+    /// The command line as the caller gave it (the task's `cmd`).
+    pub command: &'a str,
+    /// The command's whole timeout (its remaining part goes on under the supervisor).
+    pub timeout: Duration,
+    /// Masks the output captured before the handover (the same masker as the tool result's).
+    pub masker: &'a Masker,
+}
+
+/// How an execution that may be promoted ended.
+#[derive(Debug)]
+pub enum ExecEnd {
+    /// It ended (or was killed) while the call waited.
+    Done(ExecOutput),
+    /// It still runs, as the task of its [`Promotion`]; the output captured before (unmasked).
+    Promoted(ExecOutput),
+}
+
 /// Type of a directory entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EntryKind {
@@ -255,6 +279,25 @@ pub trait Provider: Send + Sync {
 
     /// Runs one command to completion (or its deadline) and returns its capped output.
     fn exec(&self, sandbox_id: &str, req: &ExecRequest, touch: Touch) -> Result<ExecOutput, ProviderError>;
+
+    /// The directory of task `task_id`, as the sandbox's shell sees it, when this provider can
+    /// hand a running [`Provider::exec_or_promote`] over to the task supervisor; `None` otherwise.
+    fn promotion_dir(&self, _sandbox_id: &str, _task_id: &str) -> Option<String> {
+        None
+    }
+
+    /// [`Provider::exec`], except that a command still running at `promotion.at` may go on as
+    /// task `promotion.task_id` ([`ExecEnd::Promoted`]). Providers that cannot promote wait as
+    /// `exec` does.
+    fn exec_or_promote(
+        &self,
+        sandbox_id: &str,
+        req: &ExecRequest,
+        touch: Touch,
+        _promotion: &Promotion<'_>,
+    ) -> Result<ExecEnd, ProviderError> {
+        self.exec(sandbox_id, req, touch).map(ExecEnd::Done)
+    }
 
     /// Reads a whole file of at most `max_bytes`.
     fn read_file(&self, sandbox_id: &str, path: &str, max_bytes: usize, deadline: Instant) -> Result<Vec<u8>, ProviderError>;

@@ -10,7 +10,9 @@
 use crate::provider::isolation::spawner::{self, Remote};
 use crate::provider::ExecOutput;
 use std::collections::{HashMap, HashSet};
+use std::fs::File;
 use std::io::{self, Read};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
@@ -64,6 +66,7 @@ pub fn group_has_live_members(pgid: u32) -> bool {
 }
 
 /// How one child runs: what is kept of its output, and when it is stopped.
+#[derive(Clone, Copy)]
 pub struct Spawn<'a> {
     /// Bytes kept per stream.
     pub output_cap: usize,
@@ -71,6 +74,8 @@ pub struct Spawn<'a> {
     pub deadline: Instant,
     /// Kill early when this becomes true.
     pub cancel: Option<&'a AtomicBool>,
+    /// When a command still running is handed over instead of waited for (`None`: never).
+    pub promote_at: Option<Instant>,
 }
 
 /// Process groups of children that are running now, so that shutdown can stop them.
@@ -182,47 +187,154 @@ exit $rc"#;
 
 /// Runs `cmd` (program, arguments, environment and working directory already set) to completion
 /// or deadline, with stdin `/dev/null`, stdout and stderr captured, in a process group of its own.
+/// With [`Spawn::promote_at`] and `promotable` (the child's pid is also its pid as the sandbox
+/// sees it), a child still running at that moment is handed over instead ([`Ran::Promoted`]).
 /// `Err` only when the child could not be started.
-pub fn run(mut cmd: Command, spawn: &Spawn<'_>, shell: &Path, running: &Running) -> io::Result<ExecOutput> {
+pub fn run<'a>(mut cmd: Command, spawn: &Spawn<'_>, shell: &'a Path, running: &'a Running, promotable: bool) -> io::Result<Ran<'a>> {
     let started = Instant::now();
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
     let mut child = cmd.spawn()?;
     let pgid = child.id();
     running.insert(pgid);
-    let pipes = [child.stdout.take().map(|p| Box::new(p) as Pipe), child.stderr.take().map(|p| Box::new(p) as Pipe)];
-    // Invariant: `pgid` leaves `running` when the child is reaped, so shutdown never signals a
-    // group id that may already belong to someone else.
-    let out = wait_with_output(&mut HostChild { child, shell, pgid }, pipes, spawn, started);
-    running.remove(pgid);
-    out
+    let pipes = [child.stdout.take().map(|p| File::from(OwnedFd::from(p))), child.stderr.take().map(|p| File::from(OwnedFd::from(p)))];
+    // Invariant: `pgid` leaves `running` when the child is reaped (or handed over), so shutdown
+    // never signals a group id that may already belong to someone else.
+    let inside = promotable.then_some(pgid);
+    wait_with_output(Kid::Host(HostChild { child, shell, pgid }), pipes, Default::default(), spawn, started, running, inside)
 }
 
 /// Runs `argv` with exactly `env` from `cwd` inside an isolated sandbox, started by the sandbox's
-/// spawner listening on `socket`; otherwise as [`run`]. `Err` only when it could not be started.
-pub fn run_remote(
+/// spawner listening on `socket`; otherwise as [`run`] (a command is handed over only when the
+/// spawner told its pid). `Err` only when it could not be started.
+pub fn run_remote<'a>(
     socket: &Path,
     argv: &[String],
     env: Vec<(String, String)>,
     cwd: Option<&str>,
     spawn: &Spawn<'_>,
-    running: &Running,
-) -> io::Result<ExecOutput> {
+    running: &'a Running,
+) -> io::Result<Ran<'a>> {
     let started = Instant::now();
-    let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map(|(read, write)| (std::fs::File::from(read), write));
+    let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map(|(read, write)| (File::from(read), write));
     let (out_read, out_write) = pipe()?;
     let (err_read, err_write) = pipe()?;
-    let remote = Remote::spawn(socket, argv, env, cwd, &out_write, &err_write)?;
+    let remote = Remote::spawn(socket, argv, env, cwd, &out_write, &err_write, None)?;
     // Only the command holds the write ends now: the pipes end with it (and its group).
     drop((out_write, err_write));
     let key = running.insert_remote(remote.killer()?);
-    let pipes = [Some(Box::new(out_read) as Pipe), Some(Box::new(err_read) as Pipe)];
-    let out = wait_with_output(&mut RemoteChild { remote, members_left: false }, pipes, spawn, started);
-    running.remove_remote(key);
-    out
+    let inside = remote.pid();
+    let pipes = [Some(out_read), Some(err_read)];
+    wait_with_output(
+        Kid::Remote(RemoteChild { remote, members_left: false }, key),
+        pipes,
+        Default::default(),
+        spawn,
+        started,
+        running,
+        inside,
+    )
 }
 
-/// A pipe a reader thread drains.
-type Pipe = Box<dyn Read + Send>;
+/// How a run ended.
+pub enum Ran<'a> {
+    /// The command ended (or was killed at its deadline).
+    Done(ExecOutput),
+    /// The command still ran at [`Spawn::promote_at`]: it is handed over, still running.
+    Promoted(Handover<'a>),
+}
+
+/// A command still running at its promotion time: its child (still ours, unreaped), the read ends
+/// of its pipes (taken from the stopped readers) and what they had captured.
+pub struct Handover<'a> {
+    child: Kid<'a>,
+    pipes: [Option<File>; 2],
+    captured: [Capture; 2],
+    started: Instant,
+    running: &'a Running,
+    pgid: u32,
+}
+
+impl<'a> Handover<'a> {
+    /// The command's process group (its leader's pid) as the sandbox sees it.
+    pub fn pgid(&self) -> u32 {
+        self.pgid
+    }
+
+    /// The read ends of stdout and stderr (`None` for a stream that had already ended).
+    pub fn pipes(&self) -> [Option<&File>; 2] {
+        [self.pipes[0].as_ref(), self.pipes[1].as_ref()]
+    }
+
+    /// The output captured so far: stdout, whether it went over the cap, stderr, likewise.
+    pub fn captured(&self) -> (&[u8], bool, &[u8], bool) {
+        (&self.captured[0].kept, self.captured[0].truncated, &self.captured[1].kept, self.captured[1].truncated)
+    }
+
+    /// Time since the command started.
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Takes the command back (its adoption failed): waits for it as if it had never been handed
+    /// over, with what was captured so far kept.
+    pub fn resume(self, spawn: &Spawn<'_>) -> io::Result<ExecOutput> {
+        let spawn = Spawn { promote_at: None, ..*spawn };
+        match wait_with_output(self.child, self.pipes, self.captured, &spawn, self.started, self.running, None)? {
+            Ran::Done(out) => Ok(out),
+            Ran::Promoted(_) => Err(io::Error::other("internal error: a resumed command was handed over again")),
+        }
+    }
+
+    /// Lets the command go on without this call (it was adopted): closes this process's read ends,
+    /// leaves shutdown's kill list, and reaps it on a thread of its own, at most `budget` (its
+    /// remaining timeout and grace), then calls `on_end` with its exit status (`None` when it could
+    /// not be observed).
+    pub fn release(self, budget: Duration, on_end: OnEnd) {
+        let Handover { child, pipes, running, .. } = self;
+        drop(pipes);
+        let body: Box<dyn FnOnce() + Send> = match child {
+            Kid::Host(HostChild { mut child, pgid, .. }) => {
+                running.remove(pgid);
+                // The command's timeout is enforced by its adopter, so the wait ends.
+                Box::new(move || on_end(child.wait().ok().map(status_code)))
+            }
+            Kid::Remote(RemoteChild { mut remote, .. }, key) => {
+                running.remove_remote(key);
+                Box::new(move || on_end(remote.wait_within(budget).ok().map(|e| e.code)))
+            }
+        };
+        if let Err(err) = thread::Builder::new().name("sandbox-mcp-reap".into()).stack_size(128 * 1024).spawn(body) {
+            log::warn!("could not start a thread to reap a command handed over to its task: {err}");
+        }
+    }
+}
+
+/// What to do with a handed-over command's exit status once it is reaped (`None`: not observed).
+pub type OnEnd = Box<dyn FnOnce(Option<i32>) + Send>;
+
+/// A child, wherever it was started.
+enum Kid<'a> {
+    Host(HostChild<'a>),
+    /// With its key in [`Running`].
+    Remote(RemoteChild, u64),
+}
+
+impl Kid<'_> {
+    fn waited(&mut self) -> &mut dyn Waited {
+        match self {
+            Kid::Host(c) => c,
+            Kid::Remote(c, _) => c,
+        }
+    }
+
+    /// Leaves shutdown's kill list (the child was reaped).
+    fn forget(&self, running: &Running) {
+        match self {
+            Kid::Host(c) => running.remove(c.pgid),
+            Kid::Remote(_, key) => running.remove_remote(*key),
+        }
+    }
+}
 
 /// What the wait loop needs of a child, wherever it was started.
 trait Waited {
@@ -302,13 +414,51 @@ struct Capture {
 
 type SharedCapture = Arc<Mutex<Capture>>;
 
-fn spawn_reader(mut pipe: impl Read + Send + 'static, cap: usize, done: crossbeam_channel::Sender<()>) -> SharedCapture {
-    let shared = SharedCapture::default();
-    let mine = shared.clone();
-    let body = move || {
+/// How long a stoppable reader waits in `poll` before it looks at its stop flag again.
+const READER_POLL: rustix::event::Timespec = rustix::event::Timespec { tv_sec: 0, tv_nsec: 20_000_000 };
+
+/// One pipe's reader thread. A stoppable one polls its pipe and looks at its stop flag between
+/// reads; stopped, it hands its pipe back (the bytes not read yet stay in the pipe).
+struct Reader {
+    capture: SharedCapture,
+    stop: Option<Arc<AtomicBool>>,
+    thread: Option<thread::JoinHandle<Option<File>>>,
+}
+
+impl Reader {
+    /// Stops a stoppable reader: what it captured, and its pipe (`None` when the pipe had ended).
+    fn stop(self) -> (Capture, Option<File>) {
+        if let Some(stop) = &self.stop {
+            stop.store(true, Ordering::Relaxed);
+        }
+        let pipe = self.thread.and_then(|t| t.join().ok()).flatten();
+        let captured = match self.capture.lock() {
+            Ok(mut c) => Capture { kept: std::mem::take(&mut c.kept), truncated: c.truncated, taken: false },
+            Err(_) => Capture::default(),
+        };
+        (captured, pipe)
+    }
+}
+
+fn spawn_reader(pipe: File, cap: usize, done: crossbeam_channel::Sender<()>, stoppable: bool, initial: Capture) -> Reader {
+    let capture = Arc::new(Mutex::new(initial));
+    let stop = stoppable.then(|| Arc::new(AtomicBool::new(false)));
+    let (mine, flag) = (capture.clone(), stop.clone());
+    let body = move || -> Option<File> {
         let mut buf = vec![0u8; 64 * 1024];
         loop {
-            match pipe.read(&mut buf) {
+            if let Some(flag) = &flag {
+                if flag.load(Ordering::Relaxed) {
+                    return Some(pipe);
+                }
+                let mut fds = [rustix::event::PollFd::new(&pipe, rustix::event::PollFlags::IN)];
+                match rustix::event::poll(&mut fds, Some(&READER_POLL)) {
+                    Ok(0) | Err(rustix::io::Errno::INTR) => continue,
+                    Ok(_) => {}
+                    Err(_) => break,
+                }
+            }
+            match (&pipe).read(&mut buf) {
                 Ok(0) => break,
                 Ok(n) => {
                     let Ok(mut c) = mine.lock() else { break };
@@ -324,18 +474,23 @@ fn spawn_reader(mut pipe: impl Read + Send + 'static, cap: usize, done: crossbea
             }
         }
         let _ = done.send(());
+        None
     };
-    if let Err(err) = thread::Builder::new().name("sandbox-mcp-pipe".into()).stack_size(128 * 1024).spawn(body) {
-        log::error!("could not start a pipe reader thread: {err}");
-    }
-    shared
+    let thread = match thread::Builder::new().name("sandbox-mcp-pipe".into()).stack_size(128 * 1024).spawn(body) {
+        Ok(t) => Some(t),
+        Err(err) => {
+            log::error!("could not start a pipe reader thread: {err}");
+            None
+        }
+    };
+    Reader { capture, stop, thread }
 }
 
-fn take(capture: Option<&SharedCapture>) -> Capture {
-    let Some(capture) = capture else {
+fn take(reader: Option<&Reader>) -> Capture {
+    let Some(reader) = reader else {
         return Capture::default();
     };
-    match capture.lock() {
+    match reader.capture.lock() {
         Ok(mut c) => {
             c.taken = true;
             Capture { kept: std::mem::take(&mut c.kept), truncated: c.truncated, taken: true }
@@ -344,22 +499,58 @@ fn take(capture: Option<&SharedCapture>) -> Capture {
     }
 }
 
-fn wait_with_output(child: &mut dyn Waited, pipes: [Option<Pipe>; 2], spawn: &Spawn<'_>, started: Instant) -> io::Result<ExecOutput> {
+/// Waits for `child` with readers on `pipes` (starting from `initial`), as [`run`] describes.
+/// `inside`: the child's pid as the sandbox sees it, when it may be handed over.
+fn wait_with_output<'a>(
+    mut child: Kid<'a>,
+    pipes: [Option<File>; 2],
+    initial: [Capture; 2],
+    spawn: &Spawn<'_>,
+    started: Instant,
+    running: &'a Running,
+    inside: Option<u32>,
+) -> io::Result<Ran<'a>> {
+    let promote_at = spawn.promote_at.filter(|_| inside.is_some());
     let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(2);
-    let readers: Vec<SharedCapture> =
-        pipes.into_iter().flatten().map(|pipe| spawn_reader(pipe, spawn.output_cap, done_tx.clone())).collect();
+    let mut ended = [Capture::default(), Capture::default()];
+    let mut readers: [Option<Reader>; 2] = [None, None];
+    for (i, (pipe, initial)) in pipes.into_iter().zip(initial).enumerate() {
+        match pipe {
+            Some(pipe) => readers[i] = Some(spawn_reader(pipe, spawn.output_cap, done_tx.clone(), promote_at.is_some(), initial)),
+            // A stream that had already ended keeps what it captured.
+            None => ended[i] = initial,
+        }
+    }
     drop(done_tx);
-    let mut pipes_open = readers.len();
+    let mut pipes_open = readers.iter().flatten().count();
     let mut timed_out = false;
     let mut step = Duration::from_micros(50);
     let exit_code = loop {
         let cancelled = spawn.cancel.is_some_and(|c| c.load(Ordering::Relaxed));
         if Instant::now() >= spawn.deadline || cancelled {
             timed_out = true;
-            break child.kill_and_wait()?;
+            match child.waited().kill_and_wait() {
+                Ok(code) => break code,
+                Err(err) => return Err(forget(&child, running, err)),
+            }
         }
+        if let (Some(at), Some(pgid)) = (promote_at, inside) {
+            if Instant::now() >= at {
+                match child.waited().try_wait() {
+                    Ok(Some(code)) => break code,
+                    Ok(None) => {}
+                    Err(err) => return Err(forget(&child, running, err)),
+                }
+                let [out, err] = readers;
+                let [out_ended, err_ended] = ended;
+                let (out, out_pipe) = out.map_or((out_ended, None), Reader::stop);
+                let (err, err_pipe) = err.map_or((err_ended, None), Reader::stop);
+                return Ok(Ran::Promoted(Handover { child, pipes: [out_pipe, err_pipe], captured: [out, err], started, running, pgid }));
+            }
+        }
+        let until = promote_at.map_or(spawn.deadline, |at| at.min(spawn.deadline));
         if pipes_open > 0 {
-            let wait = step.min(spawn.deadline.saturating_duration_since(Instant::now()));
+            let wait = step.min(until.saturating_duration_since(Instant::now()));
             match done_rx.recv_timeout(wait) {
                 Ok(()) => {
                     pipes_open -= 1;
@@ -372,21 +563,26 @@ fn wait_with_output(child: &mut dyn Waited, pipes: [Option<Pipe>; 2], spawn: &Sp
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => pipes_open = 0,
             }
         } else {
-            thread::sleep(step.min(spawn.deadline.saturating_duration_since(Instant::now())));
+            thread::sleep(step.min(until.saturating_duration_since(Instant::now())));
         }
-        if let Some(code) = child.try_wait()? {
-            break code;
+        match child.waited().try_wait() {
+            Ok(Some(code)) => break code,
+            Ok(None) => {}
+            Err(err) => return Err(forget(&child, running, err)),
         }
         step = (step * 2).min(Duration::from_millis(10));
     };
+    child.forget(running);
     // The pipes normally close with the child. If they are still open, either the readers are
     // merely late (a busy machine) or a background process kept them: wait for the readers while
     // the child's group is empty (bounded), but do not let a background member hold the call.
     let first = Duration::from_millis(if timed_out { 500 } else { 50 });
+    let child = child.waited();
     drain_readers_while(&done_rx, pipes_open, || !child.members_left(), first, Duration::from_millis(50));
-    let out = take(readers.first());
-    let err = take(readers.get(1));
-    Ok(ExecOutput {
+    let [out_ended, err_ended] = ended;
+    let out = readers[0].as_ref().map_or(out_ended, |r| take(Some(r)));
+    let err = readers[1].as_ref().map_or(err_ended, |r| take(Some(r)));
+    Ok(Ran::Done(ExecOutput {
         exit_code,
         stdout: out.kept,
         stderr: err.kept,
@@ -394,7 +590,14 @@ fn wait_with_output(child: &mut dyn Waited, pipes: [Option<Pipe>; 2], spawn: &Sp
         stderr_truncated: err.truncated,
         timed_out,
         duration: started.elapsed(),
-    })
+    }))
+}
+
+/// A wait that failed: the child leaves shutdown's kill list (its group id is no longer surely
+/// its own), and the error is passed on.
+fn forget(child: &Kid<'_>, running: &Running, err: io::Error) -> io::Error {
+    child.forget(running);
+    err
 }
 
 /// After a child that led group `pgid` exited: waits for `open` pipe readers to report the end of
@@ -431,6 +634,31 @@ fn drain_readers_while(
     open
 }
 
+/// Reads `pipe` to its end, at most until `deadline` (then `TimedOut`).
+pub fn read_until_end(pipe: File, deadline: Instant) -> io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "no end within the time allowed"));
+        }
+        let wait = rustix::event::Timespec { tv_sec: left.as_secs() as i64, tv_nsec: i64::from(left.subsec_nanos()) };
+        let mut fds = [rustix::event::PollFd::new(&pipe, rustix::event::PollFlags::IN)];
+        match rustix::event::poll(&mut fds, Some(&wait)) {
+            Ok(0) | Err(rustix::io::Errno::INTR) => continue,
+            Ok(_) => {}
+            Err(err) => return Err(err.into()),
+        }
+        match (&pipe).read(&mut buf) {
+            Ok(0) => return Ok(out),
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+            Err(err) => return Err(err),
+        }
+    }
+}
+
 /// Whether `path` names an executable file.
 pub fn is_executable(path: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
@@ -450,8 +678,11 @@ mod tests {
     fn run_sh(script: &str, deadline: Duration) -> ExecOutput {
         let mut cmd = Command::new("/bin/sh");
         cmd.args(["-c", script]).env_clear().env("PATH", "/usr/bin:/bin").current_dir("/");
-        let spawn = Spawn { output_cap: 1 << 20, deadline: Instant::now() + deadline, cancel: None };
-        run(cmd, &spawn, Path::new("/bin/sh"), &Running::default()).unwrap()
+        let spawn = Spawn { output_cap: 1 << 20, deadline: Instant::now() + deadline, cancel: None, promote_at: None };
+        match run(cmd, &spawn, Path::new("/bin/sh"), &Running::default(), false).unwrap() {
+            Ran::Done(out) => out,
+            Ran::Promoted(_) => panic!("handed over without a promotion time"),
+        }
     }
 
     /// Regression: on a saturated machine the pipe readers can lag the child's exit by more than

@@ -11,7 +11,9 @@
 //! | Snippet     | `$1`, `$2`, ...                                                          |
 //! |-------------|---------------------------------------------------------------------------|
 //! | `start`     | ID TIMEOUT TASK_SHELL CWD COMMAND SUPERVISE_PROGRAM SH PAGE_LIMIT          |
+//! | `start` (adopt) | `adopt` ID TIMEOUT LEFT PGID OUT_PRE ERR_PRE OUT_TRUNC ERR_TRUNC STARTED_AT COMMAND SUPERVISE_PROGRAM SH |
 //! | `supervise` | `supervise` DIR TIMEOUT TASK_SHELL CWD COMMAND (passed on by `start.sh`)   |
+//! | `supervise` (adopt) | `adopt` DIR TIMEOUT LEFT PGID OUT_PRE ERR_PRE STARTED_AT (passed on by `start.sh`) |
 //! | `status`    | ID OUT_OFFSET ERR_OFFSET LIMIT                                             |
 //! | `cancel`    | ID OUT_OFFSET ERR_OFFSET LIMIT                                             |
 //! | `list`      | (none)                                                                     |
@@ -25,7 +27,8 @@
 //! # Task directory
 //!
 //! `$HOME/.sandbox-mcp/tasks/ID/` holds `state`, `cmd`, `stdout.log`, `stderr.log`,
-//! `supervisor.err`, `escaped.list` (the escapee scan's finds), and markers: `cancel`
+//! `supervisor.err`, `escaped.list` (the escapee scan's finds), `exit_code` (an adopted command's
+//! exit status, written by its shell's `EXIT` trap or by the server that reaped it), and markers: `cancel`
 //! (cancel_task asked), `timed_out`, `done` (the task exited), `out.*`/`err.*` (the output pumps:
 //! `.fifo`, `.meta` ("written dropped", written `-` when only the log's size says), `.dd` (a
 //! copier's report), `.trunc`, `.wfail`). The tasks directory itself holds the tools each user's
@@ -40,6 +43,13 @@
 //! process group, saves `running` and closes that pipe: reading it to its end is start.sh's whole
 //! wait (no polling, no watch). A task that has already ended by then is finished first, so a quick
 //! command comes back with its end. The pumps and the timer start after that answer.
+//!
+//! `start.sh adopt` (a run_command promoted at `--task-after`) claims the directory the same way,
+//! moves in the output the server captured before (staged as `tasks/.adopt-ID.stdout.log` and `.stderr.log`),
+//! and starts the supervisor's `adopt` mode with the command's pipes on fds 7 and 8: the same
+//! pumps (capped at what is left of `LOG_CAP`), timer (what is left of the timeout), `finish` and
+//! `save`; the end is the command's leader leaving, polled, and the exit code is read from
+//! `exit_code` (none: `exited` without a code, which reads as unknown).
 //!
 //! # The state file
 //!
@@ -86,7 +96,7 @@ use std::time::{Duration, Instant};
 
 pub mod snippet;
 
-pub use snippet::{mask_awk, Call, Launch, Snippet};
+pub use snippet::{mask_awk, Adoption, Call, Launch, Snippet};
 
 /// The keys of an `@task` block that [`parse_answer`] and [`parse_list`] read (the table in the
 /// module doc says what each means).

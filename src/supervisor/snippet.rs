@@ -143,11 +143,34 @@ pub struct Launch<'a> {
     pub page_limit: u64,
 }
 
+/// What adopting a running command asks for (`start.sh`'s adopt mode).
+#[derive(Debug, Clone, Copy)]
+pub struct Adoption<'a> {
+    /// The new task's id.
+    pub task_id: &'a str,
+    /// The command's whole timeout, in seconds.
+    pub timeout: i64,
+    /// What is left of it, in seconds with two decimals.
+    pub left: &'a str,
+    /// The command's process group as the sandbox sees it.
+    pub pgid: u32,
+    /// Bytes of stdout and stderr already staged (captured before).
+    pub pre: (usize, usize),
+    /// Whether each staged part was cut at the cap.
+    pub truncated: (bool, bool),
+    /// When the command started, Unix seconds.
+    pub started_at: i64,
+    /// The command line.
+    pub command: &'a str,
+}
+
 /// One call of a snippet with its arguments.
 #[derive(Debug, Clone, Copy)]
 pub enum Call<'a> {
     /// Start a task.
     Start(Launch<'a>),
+    /// Adopt a running command as a task.
+    Adopt(Adoption<'a>),
     /// Read one task.
     Status {
         /// The task.
@@ -175,7 +198,7 @@ impl Call<'_> {
     /// The snippet this call runs.
     pub fn snippet(&self) -> Snippet {
         match self {
-            Call::Start(_) => Snippet::Start,
+            Call::Start(_) | Call::Adopt(_) => Snippet::Start,
             Call::Status { .. } => Snippet::Status,
             Call::Cancel { .. } => Snippet::Cancel,
             Call::List => Snippet::List,
@@ -199,6 +222,25 @@ impl Call<'_> {
                     Snippet::Supervise.source().to_string(),
                     sh,
                     l.page_limit.to_string(),
+                ]
+            }
+            Call::Adopt(a) => {
+                let sh = provider.posix_sh("", &[]).into_iter().next().unwrap_or_else(|| "/bin/sh".into());
+                let flag = |b: bool| u8::from(b).to_string();
+                vec![
+                    "adopt".to_string(),
+                    a.task_id.to_string(),
+                    a.timeout.to_string(),
+                    a.left.to_string(),
+                    a.pgid.to_string(),
+                    a.pre.0.to_string(),
+                    a.pre.1.to_string(),
+                    flag(a.truncated.0),
+                    flag(a.truncated.1),
+                    a.started_at.to_string(),
+                    a.command.to_string(),
+                    Snippet::Supervise.source().to_string(),
+                    sh,
                 ]
             }
             Call::Status { task_id, window } | Call::Cancel { task_id, window } => {

@@ -79,7 +79,8 @@ pick_tools() {
     fi
 }
 
-# pump NAME LOG: copies the task's stream (the FIFO NAME.fifo) into LOG, at most LOG_CAP bytes,
+# pump NAME LOG [PRE]: copies the task's stream (the FIFO NAME.fifo; in adopt mode the pipe
+# already on fd 5) into LOG, at most LOG_CAP bytes less the PRE bytes LOG already holds,
 # then drains the rest in one process reading large blocks (one pipe hop, no process per chunk).
 # NAME.trunc appears at the first dropped byte; NAME.meta gets "written dropped" at the end
 # (written is - when only the log's size says). When writing LOG fails (a full disk) it still
@@ -88,13 +89,23 @@ pick_tools() {
 # This shell opens the FIFO first (it never blocks: the supervisor holds both ends) and keeps
 # it open until the stream has been drained; the copiers read it through that descriptor.
 pump() {
-    exec 5<"$1.fifo"
+    [ -n "$ADOPT" ] || exec 5<"$1.fifo"
+    _cap=$((LOG_CAP - ${3:-0}))
+    [ "$_cap" -ge 0 ] || _cap=0
     _w=- _d=0 _wfail=
     if [ -n "$MASK" ]; then
         # The masker reads the FIFO directly; the supervisor writes one newline after the task's
         # last byte, which with mask.awk's leading-newline output keeps the log byte-exact.
         # mawk stops at a failed write, busybox awk goes on; either way the meta file is missing.
-        LC_ALL=C $AWK -v cap="$LOG_CAP" -v meta="$1.meta" -v trunc="$1.trunc" "$MASK_AWK" <&5 >>"$2" &
+        # An adopted pipe is not the supervisor's to write to: cat adds the newline instead.
+        if [ -n "$ADOPT" ]; then
+            {
+                cat
+                printf '\n'
+            } <&5 | LC_ALL=C $AWK -v cap="$_cap" -v meta="$1.meta" -v trunc="$1.trunc" "$MASK_AWK" >>"$2" &
+        else
+            LC_ALL=C $AWK -v cap="$_cap" -v meta="$1.meta" -v trunc="$1.trunc" "$MASK_AWK" <&5 >>"$2" &
+        fi
         _c=$!
         if wait "$_c" && [ -s "$1.meta" ]; then
             return 0
@@ -102,9 +113,9 @@ pump() {
         _wfail=1
     else
         case $PLAIN in
-        gnu) stdbuf -o0 head -c "$LOG_CAP" <&5 >>"$2" &;;
-        bytes) dd bs=65536 iflag=count_bytes count="$LOG_CAP" <&5 >>"$2" 2>/dev/null &;;
-        *) dd bs=1 count="$LOG_CAP" <&5 >>"$2" 2>/dev/null &;;
+        gnu) stdbuf -o0 head -c "$_cap" <&5 >>"$2" &;;
+        bytes) dd bs=65536 iflag=count_bytes count="$_cap" <&5 >>"$2" 2>/dev/null &;;
+        *) dd bs=1 count="$_cap" <&5 >>"$2" 2>/dev/null &;;
         esac
         _c=$!
         wait "$_c" || _wfail=1
@@ -135,20 +146,23 @@ pump() {
     printf '%s %s\n' "$_w" "$_d" >"$1.meta"
 }
 
-# start_pumps: decides how to copy (masking or not), then starts one pump per stream.
+# start_pumps: decides how to copy (masking or not), then starts one pump per stream (in adopt
+# mode each takes its pipe from fd 7 or 8 onto fd 5 first).
 # (Redirections of a background child are made with `exec` inside it: on a function call the
 # shell would keep saved copies of the old descriptors open for the call's whole life.)
 start_pumps() {
     wants_mask && MASK=1
     pick_tools
     (
+        [ -z "$ADOPT" ] || exec 5<&7
         exec </dev/null >/dev/null 2>>supervisor.err 7>&- 8>&- 9>&-
-        pump out stdout.log
+        pump out stdout.log "$OUT_PRE"
     ) &
     P1=$!
     (
+        [ -z "$ADOPT" ] || exec 5<&8
         exec </dev/null >/dev/null 2>>supervisor.err 7>&- 8>&- 9>&-
-        pump err stderr.log
+        pump err stderr.log "$ERR_PRE"
     ) &
     P2=$!
     proc_stat "$P1" && P1S=$ST_START
@@ -160,12 +174,12 @@ pumps_open() {
     { [ -e "/proc/$P1/fd/5" ] || ! alive "$P1" "$P1S"; } && { [ -e "/proc/$P2/fd/5" ] || ! alive "$P2" "$P2S"; }
 }
 
-# timer: TERM to the task's group at its deadline, KILL after TERM_GRACE_CS. The supervisor
-# ends it (TERM) when the task ends; it then ends its sleep with it.
+# timer: TERM to the task's group at its deadline (T seconds, or LEFT in adopt mode), KILL after
+# TERM_GRACE_CS. The supervisor ends it (TERM) when the task ends; it then ends its sleep with it.
 timer() {
     _s=
     trap 'kill -s KILL "$_s" 2>/dev/null; exit 0' TERM
-    sleep "$T" &
+    sleep "${LEFT:-$T}" &
     _s=$!
     wait "$_s"
     : >timed_out
@@ -263,7 +277,7 @@ finish() {
     # The masker's final newline (see pump), then the supervisor's own ends of the FIFOs.
     # (A pump killed from outside must not take the supervisor with it: no SIGPIPE here; the
     # task, started earlier, keeps the default.)
-    if [ -n "$MASK" ]; then
+    if [ -n "$MASK" ] && [ -z "$ADOPT" ]; then
         trap '' PIPE
         printf '\n' >&7
         printf '\n' >&8
@@ -378,9 +392,62 @@ supervise() {
     exec 9>&-
 }
 
+# adopt DIR TIMEOUT LEFT PGID OUT_PRE ERR_PRE STARTED_AT: supervises a command that runs already
+# (a run_command promoted at --task-after; start.sh's adopt claimed DIR). Its pipes' read ends
+# are fds 7 and 8, its group PGID; the logs hold OUT_PRE and ERR_PRE bytes captured before. The
+# command is not this shell's child: its end is its leader leaving (or turning zombie), polled,
+# and its exit code is the one its shell's EXIT trap, or the server that reaps it, writes into
+# DIR/exit_code (none: the outcome is unknown, never a success).
+adopt() {
+    D=$1 T=$2 LEFT=$3 TPID=$4 OUT_PRE=$5 ERR_PRE=$6 STARTED=$7
+    ID=${D##*/}
+    exec 9>&1 >/dev/null
+    cd "$D" || exit 1
+    umask 077
+    SUP_PID=$$
+    proc_stat "$$" && SUP_START=$ST_START
+    boot_id
+    TSTART='' RC='' ERR='' FINISHED='' OUT_BYTES='' ESCAPED=0 MASK='' ADOPT=1
+    if proc_stat "$TPID" && [ "$ST_PGID" = "$TPID" ]; then TSTART=$ST_START; fi
+    save running
+    printf 'running\n' >&9
+    exec 9>&-
+    start_pumps
+    # Only the pumps hold the pipes now.
+    exec 7<&- 8<&-
+    (
+        exec </dev/null >/dev/null 2>&1 9>&-
+        timer
+    ) &
+    TMR=$!
+    _i=0
+    while [ ! -s exit_code ] && alive "$TPID" "$TSTART"; do
+        _i=$((_i + 1))
+        if [ "$_i" -le 100 ]; then sleep 0.1; else sleep 0.5; fi
+    done
+    # The trap writes the code just before its shell exits; the server writes it once it reaped
+    # a command whose trap did not (give it a moment).
+    _i=0
+    while :; do
+        RC=''
+        [ -e exit_code ] && read -r RC _x <exit_code
+        case $RC in '' | *[!0-9]*) RC='' ;; *) break ;; esac
+        _i=$((_i + 1))
+        [ "$_i" -ge 30 ] && break
+        sleep 0.1
+    done
+    kill -s TERM "$TMR" 2>/dev/null
+    [ -n "$RC" ] || ERR="its exit code was not observed (its EXIT trap was replaced, or a signal ended it, after its server was gone)"
+    finish
+}
+
 case $1 in
 supervise)
     shift
     supervise "$@"
+    ;;
+adopt)
+    shift
+    adopt "$@"
     ;;
 esac

@@ -2,8 +2,10 @@
 
 use super::args::{Args, Kind, Param};
 use super::{Ctx, Tool, ToolError, SANDBOX_ID};
+use crate::ids;
 use crate::limits;
-use crate::provider::{ExecRequest, Touch};
+use crate::provider::local::TASK_TAG_VAR;
+use crate::provider::{ExecEnd, ExecRequest, Promotion, Touch};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -40,18 +42,24 @@ pub const RUN: Tool = Tool {
     description:
         "Run a shell command in a sandbox and wait for it (at most timeout seconds; on timeout its whole process group is killed). \
 A non-zero exit_code is a normal result, not an error. stdout and stderr keep the first 1 MiB each (then *_truncated is true). \
-Values of secret-named environment variables are masked as ***. For anything long-running use start_task instead.",
+Values of secret-named environment variables are masked as ***. A command still running after the server's --task-after seconds \
+(25 by default) may go on as a background task: the answer then has state \"running\", a task_id, exit_code null and the output so far; \
+continue with get_task (with wait) or stop it with cancel_task. For anything long-running you may also use start_task directly.",
     params: &[COMMAND, SANDBOX_ID, CWD, ENVS, TIMEOUT],
     output_schema: || {
         json!({"type": "object", "properties": {
-            "exit_code": {"type": "integer", "description": "exit status; 128+N when killed by signal N; 124 on timeout"},
-            "stdout": {"type": "string"},
+            "state": {"type": "string", "enum": ["completed", "running"], "description": "completed: the command ended (or timed out); running: it goes on as task task_id"},
+            "exit_code": {"type": ["integer", "null"], "description": "exit status; 128+N when killed by signal N; 124 on timeout; null while running"},
+            "stdout": {"type": "string", "description": "output so far when running"},
             "stderr": {"type": "string"},
             "stdout_truncated": {"type": "boolean"},
             "stderr_truncated": {"type": "boolean"},
             "timed_out": {"type": "boolean"},
-            "duration_ms": {"type": "integer"}
-        }, "required": ["exit_code", "stdout", "stderr", "stdout_truncated", "stderr_truncated", "timed_out", "duration_ms"]})
+            "duration_ms": {"type": "integer"},
+            "task_id": {"type": "string", "description": "when running: the task to read with get_task"},
+            "sandbox_id": {"type": "string", "description": "when running: the task's sandbox"},
+            "message": {"type": "string", "description": "when running: what to do next"}
+        }, "required": ["state", "exit_code", "stdout", "stderr", "stdout_truncated", "stderr_truncated", "timed_out", "duration_ms"]})
     },
     read_only: false,
     destructive: false,
@@ -90,23 +98,62 @@ fn run(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
     let id = super::target_sandbox(ctx, sandbox_id)?;
     let provider = &ctx.app.provider;
     let masker = provider.env_masker(&id, &envs)?;
-    let req = ExecRequest {
+    let started = Instant::now();
+    let after = ctx.app.config.task_after;
+    // A command that may outlive --task-after is made adoptable from its start (the task tag, and
+    // an EXIT trap that records its exit code once its task directory exists); see
+    // ARCHITECTURE.md, "Long run_command calls".
+    let task_id = ids::task_id();
+    let dir = if !after.is_zero() && timeout > after { provider.promotion_dir(&id, &task_id) } else { None };
+    let mut req = ExecRequest {
         argv: provider.shell(command),
         envs,
         cwd: cwd.map(str::to_string),
         output_cap: limits::MAX_LOG_BYTES,
-        deadline: Instant::now() + timeout,
+        deadline: started + timeout,
         cancel: Some(ctx.cancel.clone()),
     };
-    let out = provider.exec(&id, &req, Touch::Renew)?;
+    let text = |bytes: &[u8]| String::from_utf8_lossy(&masker.mask_bytes(bytes)).into_owned();
+    let out = match dir {
+        None => provider.exec(&id, &req, Touch::Renew)?,
+        Some(dir) => {
+            req.argv = provider.shell(&adoptable(command, &dir));
+            req.envs.insert(TASK_TAG_VAR.to_string(), task_id.clone());
+            let promotion = Promotion { at: started + after, task_id: &task_id, command, timeout, masker: &masker };
+            match provider.exec_or_promote(&id, &req, Touch::Renew, &promotion)? {
+                ExecEnd::Done(out) => out,
+                ExecEnd::Promoted(out) => {
+                    // The task outlives the session, like start_task's.
+                    ctx.session.retain(&id);
+                    let message = format!(
+                        "The command is still running, now as background task {task_id} in sandbox {id}. Call get_task with this task_id \
+and sandbox_id (wait: up to 60 seconds per call) for its further output and its exit code, or cancel_task to stop it."
+                    );
+                    return Ok(json!({
+                        "state": "running",
+                        "exit_code": Value::Null,
+                        "stdout": text(&out.stdout),
+                        "stderr": text(&out.stderr),
+                        "stdout_truncated": out.stdout_truncated,
+                        "stderr_truncated": out.stderr_truncated,
+                        "timed_out": false,
+                        "duration_ms": out.duration.as_millis() as u64,
+                        "task_id": task_id,
+                        "sandbox_id": id,
+                        "message": message,
+                    }));
+                }
+            }
+        }
+    };
     if ctx.cancel.load(std::sync::atomic::Ordering::Relaxed) {
         if ctx.app.is_draining() {
             return Err(ToolError::new("the server is shutting down; the command was stopped before it finished"));
         }
         return Err(ToolError::new("the request was cancelled; the command was stopped"));
     }
-    let text = |bytes: &[u8]| String::from_utf8_lossy(&masker.mask_bytes(bytes)).into_owned();
     Ok(json!({
+        "state": "completed",
         "exit_code": if out.timed_out { TIMED_OUT_EXIT_CODE } else { out.exit_code },
         "stdout": text(&out.stdout),
         "stderr": text(&out.stderr),
@@ -115,6 +162,20 @@ fn run(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
         "timed_out": out.timed_out,
         "duration_ms": out.duration.as_millis() as u64,
     }))
+}
+
+/// `command` preceded by an `EXIT` trap that writes its exit status into `dir/exit_code` once
+/// `dir` exists (it does once the command became a task), with builtins only: a quick command pays
+/// nothing for it. A command that sets its own `EXIT` trap replaces this one.
+fn adoptable(command: &str, dir: &str) -> String {
+    let dir = sh_quote(dir);
+    let trap = format!("_rc=$?; [ -d {dir} ] && echo \"$_rc\" >{dir}/exit_code; exit \"$_rc\"");
+    format!("trap {} EXIT; {command}", sh_quote(&trap))
+}
+
+/// `s` as one single-quoted shell word.
+fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
 }
 
 #[cfg(test)]
@@ -128,5 +189,23 @@ mod tests {
             let req = Request::read(&args).unwrap();
             assert_eq!(req.command, "a");
         }
+    }
+
+    #[test]
+    fn the_exit_trap_records_the_status_only_once_the_directory_exists() {
+        let tmp = std::env::temp_dir().join(format!("sandbox-mcp-trap-{}", std::process::id()));
+        let dir = tmp.join("it's here");
+        let run = |cmd: &str| {
+            let script = adoptable(cmd, dir.to_str().unwrap());
+            std::process::Command::new("/bin/sh").args(["-c", &script]).status().unwrap().code()
+        };
+        assert_eq!(run("exit 7"), Some(7));
+        assert!(!dir.exists());
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_eq!(run("false"), Some(1));
+        assert_eq!(std::fs::read_to_string(dir.join("exit_code")).unwrap(), "1\n");
+        assert_eq!(run("(exit 7)"), Some(7));
+        assert_eq!(std::fs::read_to_string(dir.join("exit_code")).unwrap(), "7\n");
+        std::fs::remove_dir_all(&tmp).unwrap();
     }
 }

@@ -95,6 +95,7 @@ fn run() -> Result<ExitCode> {
     b.section("tasks", "line visibility, waiting read", |b| tasks::visibility_waiting(b, &mut ctl));
     b.section("tasks", "tasks/get vs get_task", |b| protocol_tasks::tasks_get_vs_get_task(b, &mut ctl));
     b.section("tasks", "run_command promoted to a task", |b| protocol_tasks::promotion_latency(b, &mut ctl));
+    b.section("tasks", "plain run_command promoted", |b| protocol_tasks::plain_promotion_latency(b, &mut ctl));
     b.section("tasks", "task end, waiting read", |b| protocol_tasks::end_to_waiting_answer(b, &mut ctl));
     b.section("processes", "process creations per tool", processes::process_counts);
     b.section("pueue", "pueue vs task tools", |b| pueue::pueue_vs_tasks(b, &mut ctl));

@@ -10,6 +10,7 @@ mod http;
 mod isolation;
 mod modern;
 mod processes;
+mod promote;
 mod protocol_tasks;
 mod security;
 mod shutdown;

@@ -158,9 +158,15 @@ fn an_extension_task_survives_sigkill_of_the_server() {
     // Quick: answered inline, as run_command always was.
     let quick = run_2026(&mut a, &sb, "echo hi", true);
     assert_eq!((quick["resultType"].as_str(), quick["structuredContent"]["stdout"].as_str()), (Some("complete"), Some("hi\n")), "{quick}");
-    // Long, without the extension: never a task.
+    // Long, without the extension: never a protocol task; an ordinary result saying that the
+    // command goes on as a task of the supervisor (get_task reads it).
     let plain = run_2026(&mut a, &sb, "sleep 1.5; exit 4", false);
-    assert_eq!((plain["resultType"].as_str(), plain["structuredContent"]["exit_code"].as_i64()), (Some("complete"), Some(4)), "{plain}");
+    assert_eq!(
+        (plain["resultType"].as_str(), plain["structuredContent"]["state"].as_str()),
+        (Some("complete"), Some("running")),
+        "{plain}"
+    );
+    assert!(plain["structuredContent"]["task_id"].is_string(), "{plain}");
     // Long, with the extension: a task after about --task-after.
     let t0 = Instant::now();
     let task = run_2026(&mut a, &sb, "printf BEFORE; sleep 3; printf AFTER; exit 4", true);

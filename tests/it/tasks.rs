@@ -31,7 +31,7 @@ fn task_dir(home: &Home, sb: &str, task: &str) -> PathBuf {
 }
 
 /// A directory whose only commands are busybox applets.
-fn busybox_bin() -> PathBuf {
+pub fn busybox_bin() -> PathBuf {
     let busybox = ["/usr/bin/busybox", "/bin/busybox"]
         .iter()
         .map(PathBuf::from)

@@ -25,7 +25,9 @@ fn run_command_reports_exit_codes_as_data_and_clears_the_environment() {
     let names: Vec<&str> = env.lines().filter_map(|l| l.split_once('=').map(|(k, _)| k)).collect();
     for name in &names {
         assert!(
-            ["PATH", "LANG", "TERM", "TZ", "HOME", "GREETING", "SANDBOX_MCP_SANDBOX", "PWD", "SHLVL", "_", "OLDPWD"].contains(name),
+            // (SANDBOX_MCP_TASK: the task a run_command longer than --task-after may become.)
+            ["PATH", "LANG", "TERM", "TZ", "HOME", "GREETING", "SANDBOX_MCP_SANDBOX", "SANDBOX_MCP_TASK", "PWD", "SHLVL", "_", "OLDPWD"]
+                .contains(name),
             "unexpected variable {name}"
         );
     }

@@ -7,11 +7,13 @@
 //! per command:
 //!
 //! 1. The server sends a request — a little-endian `u32` length, then JSON `{"argv": [...],
-//!    "env": [[name, value], ...], "cwd": "/path" | null}` — with the write ends of the command's
-//!    stdout and stderr pipes attached (`SCM_RIGHTS`, on the first bytes).
-//! 2. The init starts the command (stdin `/dev/null`, a process group of its own, the working
-//!    directory inside the sandbox; the home when none) and answers `started` or
-//!    `error <what failed>`.
+//!    "env": [[name, value], ...], "cwd": "/path" | null}` — with the command's stdout and stderr
+//!    (the write ends of its pipes) attached (`SCM_RIGHTS`, on the first bytes), and optionally a
+//!    third descriptor, its stdin.
+//! 2. The init starts the command (stdin the third descriptor, else `/dev/null`; a process group
+//!    of its own; the working directory inside the sandbox, the home when none) and answers
+//!    `started <pid>` (the pid inside the sandbox; an init of an older version answers `started`)
+//!    or `error <what failed>`.
 //! 3. The server may send `kill`: the init sends SIGKILL to the command's process group, while the
 //!    command is not reaped yet (so the group id is still the command's).
 //! 4. When the init reaps the command it sends `exit <code> <members>` or
@@ -72,12 +74,14 @@ pub struct Remote {
     conn: UnixStream,
     pending: Vec<u8>,
     ended: Option<Ended>,
+    pid: Option<u32>,
 }
 
 impl Remote {
     /// Asks the spawner listening on `socket` to run `argv` with exactly `env`, from `cwd` (inside
     /// the sandbox; its home when `None`), with stdout and stderr the given pipe ends (the caller
-    /// closes its own copies once this returns). Returns once the command runs.
+    /// closes its own copies once this returns), and stdin `stdin` (`/dev/null` when `None`).
+    /// Returns once the command runs.
     pub fn spawn(
         socket: &Path,
         argv: &[String],
@@ -85,6 +89,7 @@ impl Remote {
         cwd: Option<&str>,
         stdout: impl AsFd,
         stderr: impl AsFd,
+        stdin: Option<std::os::fd::BorrowedFd<'_>>,
     ) -> io::Result<Remote> {
         let conn = UnixStream::connect(socket)?;
         let body = serde_json::to_vec(&Request { argv: argv.to_vec(), env, cwd: cwd.map(str::to_string) }).map_err(io::Error::other)?;
@@ -94,8 +99,9 @@ impl Remote {
         let mut message = Vec::with_capacity(4 + body.len());
         message.extend_from_slice(&len.to_le_bytes());
         message.extend_from_slice(&body);
-        let fds = [stdout.as_fd(), stderr.as_fd()];
-        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+        let mut fds = vec![stdout.as_fd(), stderr.as_fd()];
+        fds.extend(stdin);
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(3))];
         let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
         if !control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)) {
             return Err(io::Error::other("no room to pass the command's pipes"));
@@ -103,12 +109,27 @@ impl Remote {
         let sent = rustix::net::sendmsg(&conn, &[IoSlice::new(&message)], &mut control, rustix::net::SendFlags::empty())?;
         (&conn).write_all(&message[sent..])?;
         conn.set_read_timeout(Some(ANSWER_BUDGET))?;
-        let mut remote = Remote { conn, pending: Vec::new(), ended: None };
+        let mut remote = Remote { conn, pending: Vec::new(), ended: None, pid: None };
         match remote.read_line()? {
             Some(line) if line == "started" => Ok(remote),
+            Some(line) if line.starts_with("started ") => {
+                remote.pid = line["started ".len()..].parse().ok().filter(|p| *p > 1);
+                Ok(remote)
+            }
             Some(line) => Err(io::Error::other(line.strip_prefix("error ").unwrap_or(&line).to_string())),
             None => Err(io::Error::new(io::ErrorKind::NotFound, "the sandbox's init is gone")),
         }
+    }
+
+    /// The command's pid (and process group) inside the sandbox, when the init told it.
+    pub fn pid(&self) -> Option<u32> {
+        self.pid
+    }
+
+    /// Waits for the end of the command at most `budget` (a command handed over to its task).
+    pub fn wait_within(&mut self, budget: Duration) -> io::Result<Ended> {
+        self.conn.set_read_timeout(Some(budget.max(Duration::from_millis(1))))?;
+        self.wait()
     }
 
     /// A handle that can ask for the command's group to be killed from another thread (server
@@ -260,7 +281,7 @@ fn reap(children: &Children) -> ! {
 /// Serves one connection: reads the request, starts the command, then obeys `kill` until the
 /// server closes the connection.
 fn answer(conn: UnixStream, children: &Children) {
-    let started = receive(&conn).and_then(|(request, stdout, stderr)| start(request, stdout, stderr, &conn, children));
+    let started = receive(&conn).and_then(|(request, fds)| start(request, fds, &conn, children));
     let pid = match started {
         Ok(pid) => pid,
         Err(err) => {
@@ -284,10 +305,17 @@ fn answer(conn: UnixStream, children: &Children) {
     }
 }
 
-/// Reads one request and the two pipe ends attached to it.
-fn receive(conn: &UnixStream) -> io::Result<(Request, OwnedFd, OwnedFd)> {
+/// The descriptors of one command: stdout, stderr and perhaps stdin.
+struct Stdio3 {
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    stdin: Option<OwnedFd>,
+}
+
+/// Reads one request and the two or three descriptors attached to it.
+fn receive(conn: &UnixStream) -> io::Result<(Request, Stdio3)> {
     let mut buf = vec![0u8; 64 * 1024];
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(3))];
     let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
     let got = rustix::net::recvmsg(conn, &mut [IoSliceMut::new(&mut buf)], &mut control, rustix::net::RecvFlags::CMSG_CLOEXEC)?;
     let mut fds: Vec<OwnedFd> = Vec::new();
@@ -297,8 +325,9 @@ fn receive(conn: &UnixStream) -> io::Result<(Request, OwnedFd, OwnedFd)> {
         }
     }
     let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, format!("malformed spawn request: {what}"));
+    let stdin = if fds.len() == 3 { fds.pop() } else { None };
     let (Some(stderr), Some(stdout), true) = (fds.pop(), fds.pop(), fds.is_empty()) else {
-        return Err(bad("it must carry exactly two pipe ends"));
+        return Err(bad("it must carry two or three descriptors"));
     };
     let mut data = buf[..got.bytes].to_vec();
     let mut prefix = [0u8; 4];
@@ -318,12 +347,12 @@ fn receive(conn: &UnixStream) -> io::Result<(Request, OwnedFd, OwnedFd)> {
     (conn as &UnixStream).read_exact(&mut rest)?;
     data.extend_from_slice(&rest);
     let request: Request = serde_json::from_slice(&data).map_err(|e| bad(&e.to_string()))?;
-    Ok((request, stdout, stderr))
+    Ok((request, Stdio3 { stdout, stderr, stdin }))
 }
 
-/// Starts the command of `request` and records it (answering `started` under the same lock, so
-/// the end line can never come first).
-fn start(request: Request, stdout: OwnedFd, stderr: OwnedFd, conn: &UnixStream, children: &Children) -> io::Result<i32> {
+/// Starts the command of `request` and records it (answering `started <pid>` under the same lock,
+/// so the end line can never come first).
+fn start(request: Request, fds: Stdio3, conn: &UnixStream, children: &Children) -> io::Result<i32> {
     let Some((program, args)) = request.argv.split_first() else {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "the command is empty"));
     };
@@ -332,9 +361,12 @@ fn start(request: Request, stdout: OwnedFd, stderr: OwnedFd, conn: &UnixStream, 
         .env_clear()
         .envs(request.env)
         .current_dir(request.cwd.as_deref().unwrap_or(super::rootfs::HOME))
-        .stdin(File::open("/dev/null")?)
-        .stdout(Stdio::from(stdout))
-        .stderr(Stdio::from(stderr))
+        .stdin(match fds.stdin {
+            Some(fd) => Stdio::from(fd),
+            None => Stdio::from(File::open("/dev/null")?),
+        })
+        .stdout(Stdio::from(fds.stdout))
+        .stderr(Stdio::from(fds.stderr))
         .process_group(0);
     let record = conn.try_clone()?;
     let mut by_pid = children.by_pid.lock().unwrap_or_else(PoisonError::into_inner);
@@ -342,7 +374,7 @@ fn start(request: Request, stdout: OwnedFd, stderr: OwnedFd, conn: &UnixStream, 
     let child = cmd.spawn().map_err(|e| io::Error::new(e.kind(), format!("could not start {program}: {e}")))?;
     let pid = i32::try_from(child.id()).map_err(io::Error::other)?;
     by_pid.insert(pid, record);
-    (conn as &UnixStream).write_all(b"started\n")?;
+    (conn as &UnixStream).write_all(format!("started {pid}\n").as_bytes())?;
     drop(by_pid);
     children.started.notify_one();
     Ok(pid)

@@ -113,9 +113,10 @@ impl Demo {
     }
 }
 
-/// The demo's last step: a 2026-07-28 client that declares the tasks extension runs a command
+/// The demo's last steps: a 2026-07-28 client that declares the tasks extension runs a command
 /// longer than `--task-after` (2 s here): the call answers with a task, read to its end through
-/// `tasks/get`.
+/// `tasks/get`. Then a plain client does the same (local provider): the call answers
+/// `state: "running"` with a task_id, read to its end with a waiting `get_task`.
 fn long_command_as_task(d: &mut Demo, sandbox: &str, provider: &str) -> Result<()> {
     d.args = vec!["--provider".into(), provider.into(), "--task-after".into(), "2".into(), "stdio".into()];
     let mut c = d.server("session 3, --task-after 2")?;
@@ -149,6 +150,26 @@ fn long_command_as_task(d: &mut Demo, sandbox: &str, provider: &str) -> Result<(
         last["status"] == json!("completed") && result["stdout"] == json!("LONG-DONE") && result["exit_code"] == json!(0),
         "tasks/get returned the complete result (exit 0, LONG-DONE)",
     );
+    if provider == "local" {
+        let t0 = Instant::now();
+        let plain =
+            d.call(&mut c, "run_command", json!({"sandbox_id": sandbox, "command": "printf PLAIN-; sleep 4; printf DONE", "timeout": 60}))?;
+        println!("   (answered after {} ms)", t0.elapsed().as_millis());
+        d.expect(
+            plain["state"] == json!("running") && plain["exit_code"].is_null() && plain["stdout"] == json!("PLAIN-"),
+            "a plain client's long run_command was answered running, with a task_id and the output so far, at --task-after",
+        );
+        let task = plain["task_id"].as_str().unwrap_or_default().to_string();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut last = plain.clone();
+        while last["state"] == json!("running") && Instant::now() < deadline {
+            last = d.call(&mut c, "get_task", json!({"sandbox_id": sandbox, "task_id": task, "stdout_offset": 6, "wait": 10}))?;
+        }
+        d.expect(
+            last["state"] == json!("succeeded") && last["exit_code"] == json!(0) && last["stdout"] == json!("DONE"),
+            "a waiting get_task read the rest (DONE) and exit 0",
+        );
+    }
     c.close(Duration::from_secs(5))?;
     Ok(())
 }

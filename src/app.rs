@@ -74,3 +74,41 @@ impl App {
         self.draining.load(Ordering::SeqCst)
     }
 }
+
+/// An app for unit tests that route requests without a running server.
+#[cfg(test)]
+pub mod testing {
+    use super::App;
+    use crate::config::{Args, Config};
+    use crate::provider::local::LocalProvider;
+    use std::path::{Path, PathBuf};
+    use std::sync::Arc;
+
+    /// An app on a local provider under a fresh temporary directory (removed on drop).
+    pub struct TestApp {
+        /// The app.
+        pub app: Arc<App>,
+        /// Its state root.
+        pub dir: PathBuf,
+    }
+
+    impl Drop for TestApp {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    /// A [`TestApp`] whose directory name starts with `smcp-<name>-`.
+    pub fn test_app(name: &str) -> TestApp {
+        let dir = std::env::temp_dir().join(format!("smcp-{name}-{}", crate::ids::random_hex(8)));
+        let home = dir.to_string_lossy().into_owned();
+        let env = move |k: &str| match k {
+            "SANDBOX_MCP_HOME" => Some(home.clone()),
+            "SANDBOX_MCP_PROVIDER" => Some("local".to_string()),
+            _ => None,
+        };
+        let config = Config::load(&Args::default(), &env).unwrap();
+        let provider = LocalProvider::new(&dir, Path::new("/bin/sh")).unwrap();
+        TestApp { app: Arc::new(App::with_provider(config, Arc::new(provider))), dir }
+    }
+}

@@ -719,34 +719,11 @@ pub const SHUTTING_DOWN: &str =
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Args, Config};
-    use crate::provider::local::LocalProvider;
-    use std::path::{Path, PathBuf};
+    use crate::app::testing::{self, TestApp};
 
-    /// An app on a local provider under a fresh temporary directory (removed on drop). Routing
-    /// never reaches the provider; `execute` here only takes paths that do not either.
-    struct TestApp {
-        app: Arc<App>,
-        dir: PathBuf,
-    }
-
-    impl Drop for TestApp {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
-
+    /// Routing never reaches the provider; `execute` here only takes paths that do not either.
     fn test_app() -> TestApp {
-        let dir = std::env::temp_dir().join(format!("smcp-protocol-{}", crate::ids::random_hex(8)));
-        let home = dir.to_string_lossy().into_owned();
-        let env = move |k: &str| match k {
-            "SANDBOX_MCP_HOME" => Some(home.clone()),
-            "SANDBOX_MCP_PROVIDER" => Some("local".to_string()),
-            _ => None,
-        };
-        let config = Config::load(&Args::default(), &env).unwrap();
-        let provider = LocalProvider::new(&dir, Path::new("/bin/sh")).unwrap();
-        TestApp { app: Arc::new(App::with_provider(config, Arc::new(provider))), dir }
+        testing::test_app("protocol")
     }
 
     fn msg(line: &str) -> Incoming {

@@ -298,9 +298,6 @@ subscribe again in a few seconds, or poll tasks/get"
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Args, Config};
-    use crate::provider::local::LocalProvider;
-    use std::path::Path;
 
     #[test]
     fn the_acknowledgement_keeps_only_honoured_kinds() {
@@ -375,23 +372,10 @@ mod tests {
         assert_eq!(closing["result"]["_meta"][SUBSCRIPTION_ID_KEY], 4);
     }
 
-    /// An app on a local provider under a fresh directory (removed by the caller).
-    fn test_app(dir: &Path) -> Arc<App> {
-        let home = dir.to_string_lossy().into_owned();
-        let env = move |k: &str| match k {
-            "SANDBOX_MCP_HOME" => Some(home.clone()),
-            "SANDBOX_MCP_PROVIDER" => Some("local".to_string()),
-            _ => None,
-        };
-        let config = Config::load(&Args::default(), &env).unwrap();
-        let provider = LocalProvider::new(dir, Path::new("/bin/sh")).unwrap();
-        Arc::new(App::with_provider(config, Arc::new(provider)))
-    }
-
     #[test]
     fn a_task_watch_ends_when_its_subscription_does_or_no_task_is_left() {
-        let dir = std::env::temp_dir().join(format!("smcp-subscription-{}", crate::ids::random_hex(8)));
-        let app = test_app(&dir);
+        let t = crate::app::testing::test_app("subscription");
+        let app = t.app.clone();
         let handle = Handle::parse(&app, &format!("{}.local-{}", "0".repeat(32), "0".repeat(24))).unwrap();
         let sent = Arc::new(Mutex::new(Vec::new()));
         let sink = |open: bool| {
@@ -415,6 +399,5 @@ mod tests {
         assert_eq!(unknown.following(), 0);
         assert!(sent.lock().unwrap().is_empty());
         assert!(unknown.every() <= Duration::from_secs(1) && unknown.until() > Instant::now() + Duration::from_secs(3600));
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -360,16 +360,8 @@ fn a_command_running_when_its_init_dies_ends_as_killed() {
         std::thread::spawn(move || other.ok("run_command", json!({"sandbox_id": sb, "command": format!("sleep {nap}"), "timeout": 120})))
     };
     pid_of_argv(&["sleep", &nap]);
-    let init = std::fs::read_to_string(home.sandbox_dir(&sb).join("init.pid")).unwrap();
-    let mut it = init.split_whitespace();
-    let (pid, start): (u32, u64) = (it.next().unwrap().parse().unwrap(), it.next().unwrap().parse().unwrap());
-    // Verified before the signal: the recorded start time is that process's.
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split(' ').collect();
-    assert_eq!(fields[19].parse::<u64>().unwrap(), start);
-    assert!(pid > 1);
     let t0 = Instant::now();
-    std::process::Command::new("/bin/sh").args(["-c", &format!("kill -s KILL {pid}")]).status().unwrap();
+    kill_init(&home, &sb);
     let out = caller.join().unwrap();
     assert!(t0.elapsed() < Duration::from_secs(10), "the call waited {:?}", t0.elapsed());
     assert_eq!((out["exit_code"].as_i64(), out["timed_out"].as_bool()), (Some(137), Some(false)), "{out}");
@@ -401,12 +393,10 @@ fn kill_sandbox_ends_setsid_double_fork_and_nohup_escapees() {
     }
 }
 
-#[test]
-fn a_dead_init_reports_the_sandbox_gone_and_kill_sandbox_cleans_up() {
-    let Some(home) = isolated_home("iso-deadinit") else { return };
-    let mut m = home.stdio();
-    let sb = m.create();
-    let init = std::fs::read_to_string(home.sandbox_dir(&sb).join("init.pid")).unwrap();
+/// Sends SIGKILL to the init of sandbox `sb` (through the shell builtin, by its own pid, after
+/// checking that the recorded start time is that process's); returns its pid.
+fn kill_init(home: &Home, sb: &str) -> u32 {
+    let init = std::fs::read_to_string(home.sandbox_dir(sb).join("init.pid")).unwrap();
     let mut it = init.split_whitespace();
     let (pid, start): (u32, u64) = (it.next().unwrap().parse().unwrap(), it.next().unwrap().parse().unwrap());
     // Verified before the signal: the recorded start time is that process's.
@@ -415,6 +405,15 @@ fn a_dead_init_reports_the_sandbox_gone_and_kill_sandbox_cleans_up() {
     assert_eq!(fields[19].parse::<u64>().unwrap(), start);
     assert!(pid > 1);
     std::process::Command::new("/bin/sh").args(["-c", &format!("kill -s KILL {pid}")]).status().unwrap();
+    pid
+}
+
+#[test]
+fn a_dead_init_reports_the_sandbox_gone_and_kill_sandbox_cleans_up() {
+    let Some(home) = isolated_home("iso-deadinit") else { return };
+    let mut m = home.stdio();
+    let sb = m.create();
+    let pid = kill_init(&home, &sb);
     wait_for(Duration::from_secs(5), "the init to die", || (!pid_alive(pid)).then_some(()));
     let t0 = Instant::now();
     for (tool, args) in [

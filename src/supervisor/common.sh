@@ -223,6 +223,11 @@ emit_state() {
         fi
         ;;
     esac
+    state_keys
+}
+
+# state_keys: the state lines of an answer, from the S_* and E_* variables.
+state_keys() {
     printf 'status=%s\nexit_code=%s\nstarted_at=%s\nfinished_at=%s\ntimeout=%s\nerror=%s\nescaped=%s\nlive=%s\ngroup=%s\n' \
         "$S_status" "$S_exit_code" "$S_started_at" "$S_finished_at" "$S_timeout" "$S_error" "$S_escaped" "$E_live" "$E_group"
 }

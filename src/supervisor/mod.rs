@@ -27,19 +27,26 @@
 //! `$HOME/.sandbox-mcp/tasks/ID/` holds `state`, `cmd`, `stdout.log`, `stderr.log`,
 //! `supervisor.err`, `escaped.list` (the escapee scan's finds), and markers: `cancel`
 //! (cancel_task asked), `timed_out`, `done` (the task exited), `out.*`/`err.*` (the output pumps:
-//! `.fifo`, `.meta` ("written dropped", written `-` when only the log's size says), `.dd` (a
-//! copier's report), `.trunc`, `.wfail`). The tasks directory itself holds the tools each user's
-//! first task chose for the pumps (`.pump-gnu`, `.pump-bytes` or `.pump-slow`; `.awk-mawk` or
-//! `.awk-plain`).
+//! `.meta` ("written dropped", written `-` when only the log's size says), `.dd` (a copier's
+//! report), `.trunc`, `.wfail`, and `.fifo` only where the shell keeps here-documents in files, see
+//! Starting). The tasks directory itself holds the tools each user's first task chose for the pumps
+//! (`.pump-gnu`, `.pump-bytes` or `.pump-slow`; `.awk-mawk` or `.awk-plain`).
 //!
 //! # Starting
 //!
-//! `start.sh` claims the directory (`mkdir`), writes the claim, and starts the supervisor under
-//! `setsid` with its stdout on the pipe of a command substitution. The supervisor makes the FIFOs,
-//! starts the task under `setsid`, confirms from `/proc` (builtin reads) that the task leads its own
-//! process group, saves `running` and closes that pipe: reading it to its end is start.sh's whole
-//! wait (no polling, no watch). A task that has already ended by then is finished first, so a quick
-//! command comes back with its end. The pumps and the timer start after that answer.
+//! `start.sh` checks what it can with builtins (setsid exists, the cwd), then runs two things at
+//! once, as a pipeline inside a command substitution: the claim (count, `mkdir` the directory,
+//! write the claim, count again) and the supervisor, started with `setsid` and reading the claim's
+//! one line (`go`, or an `@error` it passes on as the answer and starts nothing). Until that line,
+//! the supervisor only does what needs no directory: it reads its own identity and makes the
+//! task's two output pipes (a here-document reopened read-write through `/proc/self/fd`: no
+//! process; a shell that keeps here-documents in files gets FIFOs from `mkfifo` instead). Then it
+//! starts the task under `setsid`, confirms that the task leads its own process group (signal 0 to
+//! the group, one system call per look, no sleep), saves `running` and prints the snapshot on the
+//! substitution's pipe, which it then closes: reading that pipe to its end is start.sh's whole wait
+//! (no polling, no watch), and start.sh prints what it read. A task that has already ended by then
+//! is finished first and start.sh reads its end, so a quick command comes back with it. The pumps
+//! and the timer start after that answer.
 //!
 //! # The state file
 //!

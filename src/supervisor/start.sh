@@ -1,27 +1,18 @@
-# start.sh: claims a task directory, starts the supervisor fully detached, waits for its word and
-# prints the observed snapshot. Arguments and preamble (MAX_TASKS): see the table in
-# src/supervisor/mod.rs.
+# start.sh: claims a task directory and starts the supervisor fully detached, both at once, waits
+# for the supervisor's word and prints the observed snapshot. Arguments and preamble (MAX_TASKS):
+# see the table in src/supervisor/mod.rs.
 # The wait is no watch: the supervisor's stdout is this snippet's pipe, and it closes it once the
 # task runs in its own group (or has already ended): reading that pipe to its end is the wait.
-# Every process started here delays the answer, so this path uses builtins wherever it can.
+# Every process started here delays the answer, so this path uses builtins wherever it can, and
+# the claim (a `mkdir`) runs beside the supervisor's own start (a `setsid` and a shell) instead of
+# before it.
 
-start() {
-    ID=$1 T=$2 TSH=$3 CWD=$4 CMD=$5 SUP=$6 SH=$7 LIMIT=$8
-    exec 3>&2 2>/dev/null
-    umask 077
-    task_root
-    command -v setsid >/dev/null || {
-        printf '@error nosetsid the sandbox has no setsid command, which background tasks need\n'
-        return
-    }
-    [ -n "$CWD" ] || CWD=$HOME
-    # The supervisor works from the task directory: make a relative cwd absolute here, where it
-    # means what run_command means by it.
-    case $CWD in /*) ;; *) CWD=$PWD/$CWD ;; esac
-    [ -d "$CWD" ] || {
-        printf '@error nocwd cwd %s is not an existing directory\n' "$CWD"
-        return
-    }
+# claim: counts, claims the directory D (mkdir), counts again and writes the claim, then prints
+# one line for the supervisor: `go`, or `@error KIND MESSAGE` (nothing claimed: the supervisor
+# passes the line on as start.sh's answer and starts nothing). Runs as the first command of a
+# pipeline whose second is the supervisor.
+claim() {
+    exec 3>&-
     [ -d "$ROOT" ] || { mkdir -p "$ROOT" && chmod 700 "$HOME/.sandbox-mcp" "$ROOT"; } || {
         printf '@error noroot cannot create %s\n' "$ROOT"
         return
@@ -33,7 +24,6 @@ start() {
         printf '@error limit %s\n' "$_n"
         return
     }
-    D=$ROOT/$ID
     mkdir "$D" || {
         printf '@error claim cannot create %s\n' "$D"
         return
@@ -57,13 +47,41 @@ start() {
     fi
     : >"$D/stdout.log"
     : >"$D/stderr.log"
-    # The supervisor's stdout is the pipe of this command substitution; every other descriptor of
-    # this call is closed for it (fd 3 is our stderr): anything it kept open would hold the
-    # caller's exec until the task ends. Its arguments follow this snippet's own order (timeout,
-    # task shell, cwd, command).
-    _word=$(setsid "$SH" -c "$SUP" sh supervise "$D" "$T" "$TSH" "$CWD" "$CMD" </dev/null 2>>"$D/supervisor.err" 3>&- &)
-    # (Empty when the supervisor died before its word: the state then says what it saw.)
-    : "$_word"
+    printf 'go\n'
+}
+
+start() {
+    ID=$1 T=$2 TSH=$3 CWD=$4 CMD=$5 SUP=$6 SH=$7 LIMIT=$8
+    exec 3>&2 2>/dev/null
+    umask 077
+    task_root
+    command -v setsid >/dev/null || {
+        printf '@error nosetsid the sandbox has no setsid command, which background tasks need\n'
+        return
+    }
+    [ -n "$CWD" ] || CWD=$HOME
+    # The supervisor works from the task directory: make a relative cwd absolute here, where it
+    # means what run_command means by it.
+    case $CWD in /*) ;; *) CWD=$PWD/$CWD ;; esac
+    [ -d "$CWD" ] || {
+        printf '@error nocwd cwd %s is not an existing directory\n' "$CWD"
+        return
+    }
+    D=$ROOT/$ID
+    # The claim's line is the supervisor's stdin; the supervisor's stdout is the pipe of this
+    # command substitution. Every other descriptor of this call is closed for both (fd 3 is our
+    # stderr): anything they kept open would hold the caller's exec until the task ends. The
+    # supervisor's arguments follow this snippet's own order (timeout, task shell, cwd, command).
+    _word=$(claim | setsid "$SH" -c "$SUP" sh supervise "$D" "$T" "$TSH" "$CWD" "$CMD" 3>&- &)
+    # The supervisor's word: the snapshot of the running task, a refused claim (passed on), or
+    # nothing when the task has already ended or the supervisor died before its word (the state
+    # then says what it saw).
+    case $_word in
+    @task* | @error*)
+        printf '%s\n' "$_word"
+        return
+        ;;
+    esac
     emit "$D" 0 0 "$LIMIT"
 }
 

@@ -1,7 +1,8 @@
 # supervise.sh: the detached supervisor of one task, its output pumps and its timer.
 # The server prepends MASK_AWK='...' (the masker program), the preamble (LOG_CAP,
 # TERM_GRACE_CS) and common.sh; start.sh runs it fully detached, with its stdout on start.sh's
-# pipe. Arguments: see the table in src/supervisor/mod.rs.
+# pipe and its stdin on the claim's (see start.sh). Arguments: see the table in
+# src/supervisor/mod.rs.
 # It writes DIR/state only through `save` (a whole block appended). Every process started on the
 # way to `running` delays the answer of start_task: that path uses builtins wherever it can, and
 # no sleep or watch.
@@ -79,19 +80,40 @@ pick_tools() {
     fi
 }
 
-# pump NAME LOG: copies the task's stream (the FIFO NAME.fifo) into LOG, at most LOG_CAP bytes,
+# open_pipes: fds 7 and 8 become the task's stdout and stderr pipes, each open for reading and
+# writing, so that no open blocks and no write fails before the pumps read: the task starts at
+# once, and its first bytes wait in the pipes. A short here-document is a pipe in dash, busybox
+# ash and bash 5.1+ (no process); once its line is read, reopening it through /proc/self/fd gives
+# a descriptor that reads and writes. Sets PIPES to `proc` when that worked; otherwise (a shell
+# that keeps here-documents in files) the caller makes FIFOs in the task directory (`mkfifo`, one
+# process). Each pump opens its own read end from these (OUT_PIPE, ERR_PIPE).
+open_pipes() {
+    PIPES=''
+    exec 7<<'E'
+x
+E
+    exec 8<<'E'
+x
+E
+    [ -p /proc/self/fd/7 ] && [ -p /proc/self/fd/8 ] || return 0
+    read -r _x <&7
+    read -r _x <&8
+    command exec 7<>/proc/self/fd/7 8<>/proc/self/fd/8 && PIPES=proc
+}
+
+# pump NAME LOG: copies the task's stream (fd 5, its read end of the pipe) into LOG, at most LOG_CAP bytes,
 # then drains the rest in one process reading large blocks (one pipe hop, no process per chunk).
 # NAME.trunc appears at the first dropped byte; NAME.meta gets "written dropped" at the end
 # (written is - when only the log's size says). When writing LOG fails (a full disk) it still
 # drains the stream, so that the task is neither blocked nor killed by SIGPIPE, and marks
 # NAME.trunc and NAME.wfail. Runs as a subshell of the supervisor.
-# This shell opens the FIFO first (it never blocks: the supervisor holds both ends) and keeps
-# it open until the stream has been drained; the copiers read it through that descriptor.
+# The subshell opens its read end as fd 5 before the call (it never blocks: the supervisor holds
+# both ends) and keeps it open until the stream has been drained; the copiers read it through that
+# descriptor.
 pump() {
-    exec 5<"$1.fifo"
     _w=- _d=0 _wfail=
     if [ -n "$MASK" ]; then
-        # The masker reads the FIFO directly; the supervisor writes one newline after the task's
+        # The masker reads the pipe directly; the supervisor writes one newline after the task's
         # last byte, which with mask.awk's leading-newline output keeps the log byte-exact.
         # mawk stops at a failed write, busybox awk goes on; either way the meta file is missing.
         LC_ALL=C $AWK -v cap="$LOG_CAP" -v meta="$1.meta" -v trunc="$1.trunc" "$MASK_AWK" <&5 >>"$2" &
@@ -142,12 +164,12 @@ start_pumps() {
     wants_mask && MASK=1
     pick_tools
     (
-        exec </dev/null >/dev/null 2>>supervisor.err 7>&- 8>&- 9>&-
+        exec </dev/null >/dev/null 2>>supervisor.err 5<"$OUT_PIPE" 7>&- 8>&- 9>&-
         pump out stdout.log
     ) &
     P1=$!
     (
-        exec </dev/null >/dev/null 2>>supervisor.err 7>&- 8>&- 9>&-
+        exec </dev/null >/dev/null 2>>supervisor.err 5<"$ERR_PIPE" 7>&- 8>&- 9>&-
         pump err stderr.log
     ) &
     P2=$!
@@ -155,7 +177,7 @@ start_pumps() {
     proc_stat "$P2" && P2S=$ST_START
 }
 
-# pumps_open: both pumps hold their FIFO (or are gone): the supervisor may let go of its ends.
+# pumps_open: both pumps hold their read ends (or are gone): the supervisor may let go of its ends.
 pumps_open() {
     { [ -e "/proc/$P1/fd/5" ] || ! alive "$P1" "$P1S"; } && { [ -e "/proc/$P2/fd/5" ] || ! alive "$P2" "$P2S"; }
 }
@@ -314,8 +336,8 @@ supervise() {
     # fd 9: start.sh's pipe, closed once the task is confirmed (that is start.sh's answer).
     # Only the children that outlive that moment close it, each for itself.
     exec 9>&1 >/dev/null
-    cd "$D" || exit 1
     umask 077
+    # What needs no task directory comes first: start.sh's claim runs beside this.
     SUP_PID=$$
     proc_stat "$$" && SUP_START=$ST_START
     boot_id
@@ -329,12 +351,32 @@ supervise() {
     set -- $TSH
     set +f
     [ -x "$1" ] || TSH=/bin/sh
-    if ! mkfifo out.fifo err.fifo 2>>supervisor.err; then
-        give_up failed_to_start "mkfifo failed: the sandbox needs mkfifo and a filesystem that supports FIFOs"
+    open_pipes
+    # The claim's one line (see start.sh): a refusal is start.sh's answer, and an interrupted
+    # claim (no line) starts nothing.
+    _claim=''
+    IFS= read -r _claim
+    exec </dev/null
+    case $_claim in
+    go) ;;
+    @error*)
+        printf '%s\n' "$_claim" >&9
+        exit 0
+        ;;
+    *) exit 0 ;;
+    esac
+    cd "$D" || exit 1
+    exec 2>>supervisor.err
+    if [ "$PIPES" = proc ]; then
+        OUT_PIPE=/proc/self/fd/7 ERR_PIPE=/proc/self/fd/8
+    else
+        # FIFOs, opened read-write for the same reasons as the pipes.
+        if ! mkfifo out.fifo err.fifo 2>>supervisor.err; then
+            give_up failed_to_start "mkfifo failed: the sandbox needs mkfifo and a filesystem that supports FIFOs"
+        fi
+        exec 7<>out.fifo 8<>err.fifo
+        OUT_PIPE=out.fifo ERR_PIPE=err.fifo
     fi
-    # The FIFOs are opened read-write, which never blocks: the task starts at once, and its
-    # first bytes wait in the pipes until the pumps read them.
-    exec 7<>out.fifo 8<>err.fifo
     [ -e cancel ] && give_up cancelled
     cd "$CWD" 2>/dev/null || give_up failed_to_start "cwd $CWD no longer exists"
     set -f
@@ -343,21 +385,34 @@ supervise() {
     TPID=$!
     set +f
     cd "$D" || exit 1
-    # The child calls setsid() only after the fork: until /proc shows pgid == pid, a group signal
-    # would reach nobody. Confirm before publishing `running` or arming the timer: look without a
-    # process first (setsid takes a fraction of a millisecond), then poll.
+    # The child calls setsid() only after the fork: until its group exists, a group signal would
+    # reach nobody. Confirm before publishing `running` or arming the timer. A group whose id is
+    # the task's pid can only be the task's (a pid is not reused while a group holds it), and
+    # signal 0 to it is one system call: look that way without a process first (setsid takes a
+    # fraction of a millisecond), reading /proc only now and then to notice a task that ended
+    # before its setsid(), then poll.
     _i=0
-    while proc_stat "$TPID" && [ "$ST_PGID" != "$TPID" ] && [ "$ST_STATE" != Z ]; do
+    until sig_group 0 "$TPID"; do
         _i=$((_i + 1))
-        [ "$_i" -ge 2500 ] && break
-        [ "$_i" -ge 2000 ] && sleep 0.01
+        if [ $((_i % 64)) -eq 0 ]; then
+            if ! proc_stat "$TPID" || [ "$ST_STATE" = Z ]; then break; fi
+        fi
+        [ "$_i" -ge 4500 ] && break
+        [ "$_i" -ge 4000 ] && sleep 0.01
     done
     if proc_stat "$TPID" && [ "$ST_PGID" = "$TPID" ]; then TSTART=$ST_START; fi
     if [ "$ST_STATE" != Z ]; then
         save running
-        # start.sh's answer: the task runs in its own group. What follows (the pumps, the timer)
-        # is not on the way to it.
-        printf 'running\n' >&9
+        # start.sh's answer: the task runs in its own group. This shell prints the snapshot
+        # itself (it knows every value; the logs are still empty, since the pumps start after
+        # it), so that start.sh has nothing left to read. What follows (the pumps, the timer) is
+        # not on the way to it.
+        S_status=running S_exit_code='' S_started_at=$STARTED S_finished_at='' S_timeout=$T S_error='' S_escaped=0 E_live=1 E_group=-
+        {
+            printf '@task %s\n' "$ID"
+            state_keys
+            printf 'out_size=0\nerr_size=0\nout_truncated=0\nerr_truncated=0\n@end\n'
+        } >&9
         exec 9>&-
         start_pumps
         (

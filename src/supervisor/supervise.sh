@@ -47,11 +47,15 @@ wants_mask() {
     esac
 }
 
-# pick_tools: sets PLAIN (how the unmasked pump copies exactly LOG_CAP bytes) and AWK (the
-# masker's awk with its flags), probed once per OS user and remembered in the tasks directory.
+# pick_tools: sets PLAIN (how the unmasked pump copies exactly LOG_CAP bytes), PRELOAD (see
+# below) and AWK (the masker's awk with its flags), probed once per OS user and remembered in the
+# tasks directory.
 pick_tools() {
+    PRELOAD=''
     if [ -e ../.pump-gnu ]; then
         PLAIN=gnu
+        read -r PRELOAD <../.pump-gnu
+        case $PRELOAD in /*/libstdbuf.so) ;; *) PRELOAD='' ;; esac
     elif [ -e ../.pump-bytes ]; then
         PLAIN=bytes
     elif [ -e ../.pump-slow ]; then
@@ -64,7 +68,23 @@ pick_tools() {
         *coreutils*) if stdbuf -o0 head -c 1 </dev/null >/dev/null 2>&1; then PLAIN=gnu; else PLAIN=slow; fi ;;
         *) if dd bs=1 count=1 iflag=count_bytes </dev/null >/dev/null 2>&1; then PLAIN=bytes; else PLAIN=slow; fi ;;
         esac
-        : >"../.pump-$PLAIN"
+        # stdbuf only sets two variables (the library it preloads, and _STDBUF_O) and runs its
+        # command: setting them here saves each pump a program start. PRELOAD is that library,
+        # as stdbuf itself names it, once head is seen to start with it; otherwise empty, and
+        # the pumps run stdbuf.
+        if [ "$PLAIN" = gnu ]; then
+            # (Single quotes on purpose: the variable is the inner shell's.)
+            # shellcheck disable=SC2016
+            PRELOAD=$(stdbuf -o0 sh -c 'printf %s "$LD_PRELOAD"' 2>/dev/null)
+            PRELOAD=${PRELOAD%%:*}
+            case $PRELOAD in
+            */libstdbuf.so)
+                _STDBUF_O=0 LD_PRELOAD=$PRELOAD head -c 1 </dev/null >/dev/null 2>&1 || PRELOAD=''
+                ;;
+            *) PRELOAD='' ;;
+            esac
+        fi
+        printf '%s\n' "$PRELOAD" >"../.pump-$PLAIN"
     fi
     [ -n "$MASK" ] || return 0
     if [ -e ../.awk-mawk ]; then
@@ -124,7 +144,13 @@ pump() {
         _wfail=1
     else
         case $PLAIN in
-        gnu) stdbuf -o0 head -c "$LOG_CAP" <&5 >>"$2" &;;
+        gnu)
+            if [ -n "$PRELOAD" ]; then
+                _STDBUF_O=0 LD_PRELOAD=$PRELOAD${LD_PRELOAD:+:$LD_PRELOAD} head -c "$LOG_CAP" <&5 >>"$2" &
+            else
+                stdbuf -o0 head -c "$LOG_CAP" <&5 >>"$2" &
+            fi
+            ;;
         bytes) dd bs=65536 iflag=count_bytes count="$LOG_CAP" <&5 >>"$2" 2>/dev/null &;;
         *) dd bs=1 count="$LOG_CAP" <&5 >>"$2" 2>/dev/null &;;
         esac

@@ -14,7 +14,13 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 const COMMON: &str = include_str!("common.sh");
+const INSPECT: &str = include_str!("inspect.sh");
 const MASK_AWK: &str = include_str!("mask.awk");
+
+/// The line of a snippet's file where `inspect.sh` (and, for the supervisor, the masker) is sent;
+/// at the start of the file when it has none. A shell parses its program as it runs it: what
+/// comes after this line is parsed only when the snippet gets there.
+const INSPECT_HERE: &str = "# @inspect\n";
 
 /// After a task's timeout: how long its group has between TERM and KILL.
 pub const TIMEOUT_KILL_GRACE: Duration = Duration::from_secs(2);
@@ -73,20 +79,28 @@ impl Snippet {
         }
     }
 
-    /// The whole program: the supervisor's masker, the preamble, `common.sh` and the snippet's
-    /// file, each passed through `shape` (compaction for the wire, nothing for the linter).
+    /// The whole program: the preamble, `common.sh`, the snippet's file up to its `# @inspect`
+    /// line, `inspect.sh` (after the supervisor's masker), then the rest of the file, each passed
+    /// through `shape` (compaction for the wire, nothing for the linter).
     fn assemble(self, shape: fn(&str) -> String) -> String {
         let mut out = String::new();
+        for (name, value) in self.constants() {
+            out.push_str(&format!("{name}={value}\n"));
+        }
+        out.push_str(&shape(COMMON));
+        let file = self.file();
+        let (head, tail) = match file.find(INSPECT_HERE) {
+            Some(at) => (&file[..at], &file[at + INSPECT_HERE.len()..]),
+            None => ("", file),
+        };
+        out.push_str(&shape(head));
         if self == Snippet::Supervise {
             // (A comment: kept for the linter, dropped from what is sent.)
             out.push_str(&shape("# shellcheck disable=SC2016 # an awk program: its $ fields are awk's, not the shell's\n"));
             out.push_str(&format!("MASK_AWK='{}'\n", mask_program(shape)));
         }
-        for (name, value) in self.constants() {
-            out.push_str(&format!("{name}={value}\n"));
-        }
-        out.push_str(&shape(COMMON));
-        out.push_str(&shape(self.file()));
+        out.push_str(&shape(INSPECT));
+        out.push_str(&shape(tail));
         out
     }
 
@@ -229,6 +243,10 @@ mod tests {
         for (i, snippet) in Snippet::ALL.into_iter().enumerate() {
             assert_eq!(snippet as usize, i, "Snippet::ALL must list the snippets in declaration order");
             assert!(snippet.source().len() > 100, "{snippet:?}");
+        }
+        // Start and the supervisor parse the helpers that read tasks only after their answer.
+        for snippet in [Snippet::Start, Snippet::Supervise] {
+            assert_eq!(snippet.file().matches(INSPECT_HERE).count(), 1, "{snippet:?}");
         }
         // The start request must leave room for a 65,536-character command within 96 KiB.
         let overhead = Snippet::Start.source().len() + Snippet::Supervise.source().len();

@@ -5,7 +5,7 @@
 # task runs in its own group (or has already ended): reading that pipe to its end is the wait.
 # Every process started here delays the answer, so this path uses builtins wherever it can, and
 # the claim (a `mkdir`) runs beside the supervisor's own start (a `setsid` and a shell) instead of
-# before it.
+# before it. A relayed answer ends the snippet (`exit`), so that it never parses inspect.sh.
 
 # claim: counts, claims the directory D (mkdir), counts again and writes the claim, then prints
 # one line for the supervisor: `go`, or `@error KIND MESSAGE` (nothing claimed: the supervisor
@@ -57,7 +57,7 @@ start() {
     task_root
     command -v setsid >/dev/null || {
         printf '@error nosetsid the sandbox has no setsid command, which background tasks need\n'
-        return
+        exit 0
     }
     [ -n "$CWD" ] || CWD=$HOME
     # The supervisor works from the task directory: make a relative cwd absolute here, where it
@@ -65,7 +65,7 @@ start() {
     case $CWD in /*) ;; *) CWD=$PWD/$CWD ;; esac
     [ -d "$CWD" ] || {
         printf '@error nocwd cwd %s is not an existing directory\n' "$CWD"
-        return
+        exit 0
     }
     D=$ROOT/$ID
     # The claim's line is the supervisor's stdin; the supervisor's stdout is the pipe of this
@@ -79,10 +79,13 @@ start() {
     case $_word in
     @task* | @error*)
         printf '%s\n' "$_word"
-        return
+        exit 0
         ;;
     esac
-    emit "$D" 0 0 "$LIMIT"
 }
 
 start "$@"
+# Only a task that has already ended (or a supervisor that died before its word) gets here: its
+# state and logs are read with inspect.sh's helpers, sent at the next line.
+# @inspect
+emit "$D" 0 0 "$LIMIT"

@@ -1,11 +1,11 @@
 # supervise.sh: the detached supervisor of one task, its output pumps and its timer.
-# The server prepends MASK_AWK='...' (the masker program), the preamble (LOG_CAP,
-# TERM_GRACE_CS) and common.sh; start.sh runs it fully detached, with its stdout on start.sh's
-# pipe and its stdin on the claim's (see start.sh). Arguments: see the table in
-# src/supervisor/mod.rs.
+# The server prepends the preamble (LOG_CAP, TERM_GRACE_CS) and common.sh, and sends
+# MASK_AWK='...' (the masker program) and inspect.sh at the `# @inspect` line, after the answer;
+# start.sh runs it fully detached, with its stdout on start.sh's pipe and its stdin on the
+# claim's (see start.sh). Arguments: see the table in src/supervisor/mod.rs.
 # It writes DIR/state only through `save` (a whole block appended). Every process started on the
-# way to `running` delays the answer of start_task: that path uses builtins wherever it can, and
-# no sleep or watch.
+# way to `running` delays the answer of start_task, and so does every line parsed: that path uses
+# builtins wherever it can, no sleep or watch, and comes first in this file.
 
 save() {
     # One line per value: an error that quotes user input (a cwd) must not forge other keys.
@@ -30,6 +30,137 @@ state_lines() {
         fi &&
         printf '.\n'
 }
+
+# open_pipes: fds 7 and 8 become the task's stdout and stderr pipes, each open for reading and
+# writing, so that no open blocks and no write fails before the pumps read: the task starts at
+# once, and its first bytes wait in the pipes. A short here-document is a pipe in dash, busybox
+# ash and bash 5.1+ (no process); once its line is read, reopening it through /proc/self/fd gives
+# a descriptor that reads and writes. Sets PIPES to `proc` when that worked; otherwise (a shell
+# that keeps here-documents in files) the caller makes FIFOs in the task directory (`mkfifo`, one
+# process). Each pump opens its own read end from these (OUT_PIPE, ERR_PIPE).
+open_pipes() {
+    PIPES=''
+    exec 7<<'E'
+x
+E
+    exec 8<<'E'
+x
+E
+    [ -p /proc/self/fd/7 ] && [ -p /proc/self/fd/8 ] || return 0
+    read -r _x <&7
+    read -r _x <&8
+    command exec 7<>/proc/self/fd/7 8<>/proc/self/fd/8 && PIPES=proc
+}
+
+# give_up STATUS [ERROR]: a final state before the task ran.
+give_up() {
+    exec 7>&- 8>&-
+    ERR=${2-}
+    now
+    FINISHED=$NOW
+    save "$1"
+    exit 0
+}
+
+# launch DIR TIMEOUT TASK_SHELL CWD COMMAND: everything up to start.sh's answer: waits for the
+# claim, starts the task in its own group, confirms it and answers (RUNNING=1), or finds that the
+# task has already ended (RUNNING empty).
+launch() {
+    D=$1 T=$2 TSH=$3 CWD=$4 CMD=$5
+    ID=${D##*/}
+    # fd 9: start.sh's pipe, closed once the task is confirmed (that is start.sh's answer).
+    # Only the children that outlive that moment close it, each for itself.
+    exec 9>&1 >/dev/null
+    umask 077
+    # What needs no task directory comes first: start.sh's claim runs beside this.
+    SUP_PID=$$
+    proc_stat "$$" && SUP_START=$ST_START
+    boot_id
+    now
+    STARTED=$NOW
+    TPID='' TSTART='' RC='' ERR='' FINISHED='' OUT_BYTES='' ESCAPED=0 MASK='' RUNNING='' TMR=
+    # The task shell (for example /bin/bash -l) falls back to /bin/sh where it does not exist.
+    set -f
+    # The task shell is a program and its flags: split on purpose (globbing is off).
+    # shellcheck disable=SC2086
+    set -- $TSH
+    set +f
+    [ -x "$1" ] || TSH=/bin/sh
+    open_pipes
+    # The claim's one line (see start.sh): a refusal is start.sh's answer, and an interrupted
+    # claim (no line) starts nothing.
+    _claim=''
+    IFS= read -r _claim
+    exec </dev/null
+    case $_claim in
+    go) ;;
+    @error*)
+        printf '%s\n' "$_claim" >&9
+        exit 0
+        ;;
+    *) exit 0 ;;
+    esac
+    cd "$D" || exit 1
+    exec 2>>supervisor.err
+    if [ "$PIPES" = proc ]; then
+        OUT_PIPE=/proc/self/fd/7 ERR_PIPE=/proc/self/fd/8
+    else
+        # FIFOs, opened read-write for the same reasons as the pipes.
+        if ! mkfifo out.fifo err.fifo 2>>supervisor.err; then
+            give_up failed_to_start "mkfifo failed: the sandbox needs mkfifo and a filesystem that supports FIFOs"
+        fi
+        exec 7<>out.fifo 8<>err.fifo
+        OUT_PIPE=out.fifo ERR_PIPE=err.fifo
+    fi
+    [ -e cancel ] && give_up cancelled
+    cd "$CWD" 2>/dev/null || give_up failed_to_start "cwd $CWD no longer exists"
+    set -f
+    # shellcheck disable=SC2086 # the task shell and its flags, split as above
+    SANDBOX_MCP_TASK=$ID setsid $TSH -c "$CMD" </dev/null >&7 2>&8 7>&- 8>&- 9>&- &
+    TPID=$!
+    set +f
+    cd "$D" || exit 1
+    # The child calls setsid() only after the fork: until its group exists, a group signal would
+    # reach nobody. Confirm before publishing `running` or arming the timer. A group whose id is
+    # the task's pid can only be the task's (a pid is not reused while a group holds it), and
+    # signal 0 to it is one system call: look that way without a process first (setsid takes a
+    # fraction of a millisecond), reading /proc only now and then to notice a task that ended
+    # before its setsid(), then poll.
+    _i=0
+    until sig_group 0 "$TPID"; do
+        _i=$((_i + 1))
+        if [ $((_i % 64)) -eq 0 ]; then
+            if ! proc_stat "$TPID" || [ "$ST_STATE" = Z ]; then break; fi
+        fi
+        [ "$_i" -ge 4500 ] && break
+        [ "$_i" -ge 4000 ] && sleep 0.01
+    done
+    if proc_stat "$TPID" && [ "$ST_PGID" = "$TPID" ]; then TSTART=$ST_START; fi
+    if [ "$ST_STATE" != Z ]; then
+        save running
+        # start.sh's answer: the task runs in its own group. This shell prints the snapshot
+        # itself (it knows every value; the logs are still empty, since the pumps start after
+        # it), so that start.sh has nothing left to read. What follows (the pumps, the timer) is
+        # not on the way to it.
+        S_status=running S_exit_code='' S_started_at=$STARTED S_finished_at='' S_timeout=$T S_error='' S_escaped=0 E_live=1 E_group=-
+        {
+            printf '@task %s\n' "$ID"
+            state_keys
+            printf 'out_size=0\nerr_size=0\nout_truncated=0\nerr_truncated=0\n@end\n'
+        } >&9
+        exec 9>&-
+        RUNNING=1
+    fi
+    # (The task has already ended otherwise: start.sh answers with its end, once `finish` below
+    # has saved it.)
+}
+
+[ "$1" = supervise ] || exit 0
+shift
+launch "$@"
+# What follows is parsed only after the answer: the masker, inspect.sh, the pumps, the timer and
+# the end of the task.
+# @inspect
 
 # wants_mask: whether a variable of this environment is a secret to mask. The names and values of
 # /proc/self/environ (this shell's own, which the task inherits) are read with the builtin
@@ -98,27 +229,6 @@ pick_tools() {
         *) AWK='awk' && : >../.awk-plain ;;
         esac
     fi
-}
-
-# open_pipes: fds 7 and 8 become the task's stdout and stderr pipes, each open for reading and
-# writing, so that no open blocks and no write fails before the pumps read: the task starts at
-# once, and its first bytes wait in the pipes. A short here-document is a pipe in dash, busybox
-# ash and bash 5.1+ (no process); once its line is read, reopening it through /proc/self/fd gives
-# a descriptor that reads and writes. Sets PIPES to `proc` when that worked; otherwise (a shell
-# that keeps here-documents in files) the caller makes FIFOs in the task directory (`mkfifo`, one
-# process). Each pump opens its own read end from these (OUT_PIPE, ERR_PIPE).
-open_pipes() {
-    PIPES=''
-    exec 7<<'E'
-x
-E
-    exec 8<<'E'
-x
-E
-    [ -p /proc/self/fd/7 ] && [ -p /proc/self/fd/8 ] || return 0
-    read -r _x <&7
-    read -r _x <&8
-    command exec 7<>/proc/self/fd/7 8<>/proc/self/fd/8 && PIPES=proc
 }
 
 # pump NAME LOG: copies the task's stream (fd 5, its read end of the pipe) into LOG, at most LOG_CAP bytes,
@@ -272,16 +382,6 @@ pumps_done() {
     ! alive "$P1" "$P1S" && ! alive "$P2" "$P2S"
 }
 
-# give_up STATUS [ERROR]: a final state before the task ran.
-give_up() {
-    exec 7>&- 8>&-
-    ERR=${2-}
-    now
-    FINISHED=$NOW
-    save "$1"
-    exit 0
-}
-
 # finish: after the task's leader exited (status in RC): ends what is left of its group and its
 # escapees, lets the pumps finish, and saves the final state.
 finish() {
@@ -356,112 +456,16 @@ finish() {
     fi
 }
 
-supervise() {
-    D=$1 T=$2 TSH=$3 CWD=$4 CMD=$5
-    ID=${D##*/}
-    # fd 9: start.sh's pipe, closed once the task is confirmed (that is start.sh's answer).
-    # Only the children that outlive that moment close it, each for itself.
-    exec 9>&1 >/dev/null
-    umask 077
-    # What needs no task directory comes first: start.sh's claim runs beside this.
-    SUP_PID=$$
-    proc_stat "$$" && SUP_START=$ST_START
-    boot_id
-    now
-    STARTED=$NOW
-    TPID='' TSTART='' RC='' ERR='' FINISHED='' OUT_BYTES='' ESCAPED=0 MASK=
-    # The task shell (for example /bin/bash -l) falls back to /bin/sh where it does not exist.
-    set -f
-    # The task shell is a program and its flags: split on purpose (globbing is off).
-    # shellcheck disable=SC2086
-    set -- $TSH
-    set +f
-    [ -x "$1" ] || TSH=/bin/sh
-    open_pipes
-    # The claim's one line (see start.sh): a refusal is start.sh's answer, and an interrupted
-    # claim (no line) starts nothing.
-    _claim=''
-    IFS= read -r _claim
-    exec </dev/null
-    case $_claim in
-    go) ;;
-    @error*)
-        printf '%s\n' "$_claim" >&9
-        exit 0
-        ;;
-    *) exit 0 ;;
-    esac
-    cd "$D" || exit 1
-    exec 2>>supervisor.err
-    if [ "$PIPES" = proc ]; then
-        OUT_PIPE=/proc/self/fd/7 ERR_PIPE=/proc/self/fd/8
-    else
-        # FIFOs, opened read-write for the same reasons as the pipes.
-        if ! mkfifo out.fifo err.fifo 2>>supervisor.err; then
-            give_up failed_to_start "mkfifo failed: the sandbox needs mkfifo and a filesystem that supports FIFOs"
-        fi
-        exec 7<>out.fifo 8<>err.fifo
-        OUT_PIPE=out.fifo ERR_PIPE=err.fifo
-    fi
-    [ -e cancel ] && give_up cancelled
-    cd "$CWD" 2>/dev/null || give_up failed_to_start "cwd $CWD no longer exists"
-    set -f
-    # shellcheck disable=SC2086 # the task shell and its flags, split as above
-    SANDBOX_MCP_TASK=$ID setsid $TSH -c "$CMD" </dev/null >&7 2>&8 7>&- 8>&- 9>&- &
-    TPID=$!
-    set +f
-    cd "$D" || exit 1
-    # The child calls setsid() only after the fork: until its group exists, a group signal would
-    # reach nobody. Confirm before publishing `running` or arming the timer. A group whose id is
-    # the task's pid can only be the task's (a pid is not reused while a group holds it), and
-    # signal 0 to it is one system call: look that way without a process first (setsid takes a
-    # fraction of a millisecond), reading /proc only now and then to notice a task that ended
-    # before its setsid(), then poll.
-    _i=0
-    until sig_group 0 "$TPID"; do
-        _i=$((_i + 1))
-        if [ $((_i % 64)) -eq 0 ]; then
-            if ! proc_stat "$TPID" || [ "$ST_STATE" = Z ]; then break; fi
-        fi
-        [ "$_i" -ge 4500 ] && break
-        [ "$_i" -ge 4000 ] && sleep 0.01
-    done
-    if proc_stat "$TPID" && [ "$ST_PGID" = "$TPID" ]; then TSTART=$ST_START; fi
-    if [ "$ST_STATE" != Z ]; then
-        save running
-        # start.sh's answer: the task runs in its own group. This shell prints the snapshot
-        # itself (it knows every value; the logs are still empty, since the pumps start after
-        # it), so that start.sh has nothing left to read. What follows (the pumps, the timer) is
-        # not on the way to it.
-        S_status=running S_exit_code='' S_started_at=$STARTED S_finished_at='' S_timeout=$T S_error='' S_escaped=0 E_live=1 E_group=-
-        {
-            printf '@task %s\n' "$ID"
-            state_keys
-            printf 'out_size=0\nerr_size=0\nout_truncated=0\nerr_truncated=0\n@end\n'
-        } >&9
-        exec 9>&-
-        start_pumps
-        (
-            exec </dev/null >/dev/null 2>&1 7>&- 8>&- 9>&-
-            timer
-        ) &
-        TMR=$!
-        wait "$TPID"
-        RC=$?
-        kill -s TERM "$TMR" 2>/dev/null
-    else
-        # The task has already ended: start.sh answers with its end.
-        start_pumps
-        wait "$TPID"
-        RC=$?
-    fi
-    finish
-    exec 9>&-
-}
-
-case $1 in
-supervise)
-    shift
-    supervise "$@"
-    ;;
-esac
+start_pumps
+if [ -n "$RUNNING" ]; then
+    (
+        exec </dev/null >/dev/null 2>&1 7>&- 8>&- 9>&-
+        timer
+    ) &
+    TMR=$!
+fi
+wait "$TPID"
+RC=$?
+[ -n "$TMR" ] && kill -s TERM "$TMR" 2>/dev/null
+finish
+exec 9>&-

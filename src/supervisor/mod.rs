@@ -46,7 +46,9 @@
 //! substitution's pipe, which it then closes: reading that pipe to its end is start.sh's whole wait
 //! (no polling, no watch), and start.sh prints what it read. A task that has already ended by then
 //! is finished first and start.sh reads its end, so a quick command comes back with it. The pumps
-//! and the timer start after that answer.
+//! and the timer start after that answer, once start.sh has exited (the supervisor reads, blocked,
+//! a pipe that only start.sh holds open for writing), so that they do not compete with passing
+//! the answer on.
 //!
 //! # The state file
 //!

@@ -12,7 +12,7 @@
 # passes the line on as start.sh's answer and starts nothing). Runs as the first command of a
 # pipeline whose second is the supervisor.
 claim() {
-    exec 3>&-
+    exec 3>&- 4>&-
     [ -d "$ROOT" ] || { mkdir -p "$ROOT" && chmod 700 "$HOME/.sandbox-mcp" "$ROOT"; } || {
         printf '@error noroot cannot create %s\n' "$ROOT"
         return
@@ -68,6 +68,14 @@ start() {
         exit 0
     }
     D=$ROOT/$ID
+    # fd 4: a pipe that only this shell holds open for writing, until it exits (a here-document
+    # reopened read-write, as in supervise.sh's open_pipes; no process). The supervisor waits for
+    # its end before it starts the pumps and the timer, which would otherwise compete with the
+    # rest of this answer for the processor. (Where it is no pipe, the supervisor does not wait.)
+    exec 4<<'E'
+x
+E
+    [ -p /proc/self/fd/4 ] && read -r _x <&4 && command exec 4<>/proc/self/fd/4
     # The claim's line is the supervisor's stdin; the supervisor's stdout is the pipe of this
     # command substitution. Every other descriptor of this call is closed for both (fd 3 is our
     # stderr): anything they kept open would hold the caller's exec until the task ends. The

@@ -71,6 +71,10 @@ launch() {
     # fd 9: start.sh's pipe, closed once the task is confirmed (that is start.sh's answer).
     # Only the children that outlive that moment close it, each for itself.
     exec 9>&1 >/dev/null
+    # fd 6: start.sh's pipe that ends when start.sh exits (see there), read-only; fd 4 is this
+    # shell's read-write copy of it, which would keep it open.
+    if [ -p /proc/self/fd/4 ]; then exec 6</proc/self/fd/4; else exec 6</dev/null; fi
+    exec 4>&-
     umask 077
     # What needs no task directory comes first: start.sh's claim runs beside this.
     SUP_PID=$$
@@ -116,7 +120,7 @@ launch() {
     cd "$CWD" 2>/dev/null || give_up failed_to_start "cwd $CWD no longer exists"
     set -f
     # shellcheck disable=SC2086 # the task shell and its flags, split as above
-    SANDBOX_MCP_TASK=$ID setsid $TSH -c "$CMD" </dev/null >&7 2>&8 7>&- 8>&- 9>&- &
+    SANDBOX_MCP_TASK=$ID setsid $TSH -c "$CMD" </dev/null >&7 2>&8 6<&- 7>&- 8>&- 9>&- &
     TPID=$!
     set +f
     cd "$D" || exit 1
@@ -149,8 +153,13 @@ launch() {
             printf 'out_size=0\nerr_size=0\nout_truncated=0\nerr_truncated=0\n@end\n'
         } >&9
         exec 9>&-
+        # Nothing more is on the way to the answer, but start.sh, the provider's exec and the
+        # server still have to pass it on: wait (blocked, using no processor) until start.sh
+        # has exited.
+        read -r _x <&6
         RUNNING=1
     fi
+    exec 6<&-
     # (The task has already ended otherwise: start.sh answers with its end, once `finish` below
     # has saved it.)
 }

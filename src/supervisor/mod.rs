@@ -30,32 +30,44 @@
 //! `supervisor.err`, `escaped.list` (the escapee scan's finds), `exit_code` (an adopted command's
 //! exit status, written by its shell's `EXIT` trap or by the server that reaped it), and markers: `cancel`
 //! (cancel_task asked), `timed_out`, `done` (the task exited), `out.*`/`err.*` (the output pumps:
-//! `.fifo`, `.meta` ("written dropped", written `-` when only the log's size says), `.dd` (a
-//! copier's report), `.trunc`, `.wfail`). The tasks directory itself holds the tools each user's
-//! first task chose for the pumps (`.pump-gnu`, `.pump-bytes` or `.pump-slow`; `.awk-mawk` or
-//! `.awk-plain`).
+//! `.meta` ("written dropped", written `-` when only the log's size says), `.dd` (a copier's
+//! report), `.trunc`, `.wfail`, and `.fifo` only where the shell keeps here-documents in files, see
+//! Starting). The tasks directory itself holds the tools each user's first task chose for the pumps
+//! (`.pump-gnu`, `.pump-bytes` or `.pump-slow`; `.awk-mawk` or `.awk-plain`).
 //!
 //! # Starting
 //!
-//! `start.sh` claims the directory (`mkdir`), writes the claim, and starts the supervisor under
-//! `setsid` with its stdout on the pipe of a command substitution. The supervisor makes the FIFOs,
-//! starts the task under `setsid`, confirms from `/proc` (builtin reads) that the task leads its own
-//! process group, saves `running` and closes that pipe: reading it to its end is start.sh's whole
-//! wait (no polling, no watch). A task that has already ended by then is finished first, so a quick
-//! command comes back with its end. The pumps and the timer start after that answer.
+//! `start.sh` checks what it can with builtins (setsid exists, the cwd), then runs two things at
+//! once, as a pipeline inside a command substitution: the claim (count, `mkdir` the directory,
+//! write the claim, count again) and the supervisor, started with `setsid` and reading the claim's
+//! one line (`go`, or an `@error` it passes on as the answer and starts nothing). Until that line,
+//! the supervisor only does what needs no directory: it reads its own identity and makes the
+//! task's two output pipes (a here-document reopened read-write through `/proc/self/fd`: no
+//! process; a shell that keeps here-documents in files gets FIFOs from `mkfifo` instead). Then it
+//! starts the task under `setsid`, confirms that the task leads its own process group (signal 0 to
+//! the group, one system call per look, no sleep), saves `running` and prints the snapshot on the
+//! substitution's pipe, which it then closes: reading that pipe to its end is start.sh's whole wait
+//! (no polling, no watch), and start.sh prints what it read. A task that has already ended by then
+//! is finished first and start.sh reads its end, so a quick command comes back with it. The pumps
+//! and the timer start after that answer, once start.sh has exited (the supervisor reads, blocked,
+//! a pipe that only start.sh holds open for writing), so that they do not compete with passing
+//! the answer on.
 //!
-//! `start.sh adopt` (a run_command promoted at `--task-after`) claims the directory the same way,
+//! `start.sh adopt` (a run_command promoted at `--task-after`) claims the directory with the same
+//! `claim`, before its supervisor starts rather than beside it (no start_task waits on it), then
 //! moves in the output the server captured before (staged as `tasks/.adopt-ID.stdout.log` and `.stderr.log`),
 //! and starts the supervisor's `adopt` mode with the command's pipes on fds 7 and 8: the same
 //! pumps (capped at what is left of `LOG_CAP`), timer (what is left of the timeout), `finish` and
 //! `save`; the end is the command's leader leaving, polled, and the exit code is read from
-//! `exit_code` (none: `exited` without a code, which reads as unknown).
+//! `exit_code` (none: `exited` without a code, which reads as unknown). Both adopt modes live in
+//! their own files (`start-adopt.sh`, `supervise-adopt.sh`), sent at the `# @adopt` line of
+//! `start.sh` and `supervise.sh` only in an adoption's programs ([`Snippet::adopt_source`]).
 //!
 //! # The state file
 //!
 //! `state` holds blocks of `key=value` lines, one value per line, each block ending with a `.`
 //! line. `start.sh` writes the claim; after that only the supervisor writes it, appending whole
-//! blocks (no rename, no process). `read_state` in `common.sh` loads each key of the last complete
+//! blocks (no rename, no process). `read_state` in `inspect.sh` loads each key of the last complete
 //! block into `S_<key>` (a block still being appended is ignored; a file without `.` lines, from
 //! an older version, is one block).
 //!

@@ -14,7 +14,19 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 const COMMON: &str = include_str!("common.sh");
+const INSPECT: &str = include_str!("inspect.sh");
 const MASK_AWK: &str = include_str!("mask.awk");
+
+/// The line of a snippet's file where `inspect.sh` (and, for the supervisor, the masker) is sent;
+/// at the start of the file when it has none. A shell parses its program as it runs it: what
+/// comes after this line is parsed only when the snippet gets there.
+const INSPECT_HERE: &str = "# @inspect\n";
+
+/// The line of `start.sh` and `supervise.sh` where the program of an adoption (a running
+/// run_command handed over to the supervisor) gets its adopt mode, `start-adopt.sh` or
+/// `supervise-adopt.sh`; the program of a start has nothing there, so that a start_task request
+/// does not carry it.
+const ADOPT_HERE: &str = "# @adopt\n";
 
 /// After a task's timeout: how long its group has between TERM and KILL.
 pub const TIMEOUT_KILL_GRACE: Duration = Duration::from_secs(2);
@@ -73,20 +85,49 @@ impl Snippet {
         }
     }
 
-    /// The whole program: the supervisor's masker, the preamble, `common.sh` and the snippet's
-    /// file, each passed through `shape` (compaction for the wire, nothing for the linter).
+    /// The whole program: the preamble, `common.sh`, the snippet's file up to its `# @inspect`
+    /// line, `inspect.sh` (after the supervisor's masker), then the rest of the file, each passed
+    /// through `shape` (compaction for the wire, nothing for the linter).
     fn assemble(self, shape: fn(&str) -> String) -> String {
+        self.assemble_for(shape, false)
+    }
+
+    /// The adopt mode's own file, for `start.sh` and `supervise.sh`.
+    fn adopt_file(self) -> Option<&'static str> {
+        match self {
+            Snippet::Start => Some(include_str!("start-adopt.sh")),
+            Snippet::Supervise => Some(include_str!("supervise-adopt.sh")),
+            _ => None,
+        }
+    }
+
+    /// [`Snippet::assemble`], with the adopt mode's file at the `# @adopt` line when `adopt`.
+    fn assemble_for(self, shape: fn(&str) -> String, adopt: bool) -> String {
         let mut out = String::new();
+        for (name, value) in self.constants() {
+            out.push_str(&format!("{name}={value}\n"));
+        }
+        out.push_str(&shape(COMMON));
+        let file = self.file();
+        let (head, tail) = match file.find(INSPECT_HERE) {
+            Some(at) => (&file[..at], &file[at + INSPECT_HERE.len()..]),
+            None => ("", file),
+        };
+        out.push_str(&shape(head));
         if self == Snippet::Supervise {
             // (A comment: kept for the linter, dropped from what is sent.)
             out.push_str(&shape("# shellcheck disable=SC2016 # an awk program: its $ fields are awk's, not the shell's\n"));
             out.push_str(&format!("MASK_AWK='{}'\n", mask_program(shape)));
         }
-        for (name, value) in self.constants() {
-            out.push_str(&format!("{name}={value}\n"));
+        out.push_str(&shape(INSPECT));
+        match (tail.find(ADOPT_HERE), self.adopt_file()) {
+            (Some(at), Some(adopt_file)) if adopt => {
+                out.push_str(&shape(&tail[..at]));
+                out.push_str(&shape(adopt_file));
+                out.push_str(&shape(&tail[at + ADOPT_HERE.len()..]));
+            }
+            _ => out.push_str(&shape(tail)),
         }
-        out.push_str(&shape(COMMON));
-        out.push_str(&shape(self.file()));
         out
     }
 
@@ -94,6 +135,14 @@ impl Snippet {
     pub fn source(self) -> &'static str {
         static SOURCES: OnceLock<[String; 6]> = OnceLock::new();
         let all = SOURCES.get_or_init(|| Snippet::ALL.map(|s| s.assemble(compact)));
+        &all[self as usize]
+    }
+
+    /// The program of an adoption as sent to the sandbox: [`Snippet::source`] with the adopt
+    /// mode (`start.sh` and `supervise.sh`; the others have none).
+    pub fn adopt_source(self) -> &'static str {
+        static SOURCES: OnceLock<[String; 6]> = OnceLock::new();
+        let all = SOURCES.get_or_init(|| Snippet::ALL.map(|s| s.assemble_for(compact, true)));
         &all[self as usize]
     }
 }
@@ -239,7 +288,7 @@ impl Call<'_> {
                     flag(a.truncated.1),
                     a.started_at.to_string(),
                     a.command.to_string(),
-                    Snippet::Supervise.source().to_string(),
+                    Snippet::Supervise.adopt_source().to_string(),
                     sh,
                 ]
             }
@@ -255,7 +304,11 @@ impl Call<'_> {
     pub fn argv(&self, provider: &dyn Provider) -> Vec<String> {
         let args = self.args(provider);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        provider.posix_sh(self.snippet().source(), &args)
+        let program = match self {
+            Call::Adopt(_) => self.snippet().adopt_source(),
+            _ => self.snippet().source(),
+        };
+        provider.posix_sh(program, &args)
     }
 }
 
@@ -272,9 +325,21 @@ mod tests {
             assert_eq!(snippet as usize, i, "Snippet::ALL must list the snippets in declaration order");
             assert!(snippet.source().len() > 100, "{snippet:?}");
         }
+        // Start and the supervisor parse the helpers that read tasks only after their answer.
+        for snippet in [Snippet::Start, Snippet::Supervise] {
+            assert_eq!(snippet.file().matches(INSPECT_HERE).count(), 1, "{snippet:?}");
+            // The adopt mode comes after that line, only in an adoption's program.
+            let at = snippet.file().find(INSPECT_HERE).unwrap_or(0);
+            assert_eq!(snippet.file()[at..].matches(ADOPT_HERE).count(), 1, "{snippet:?}");
+            assert!(!snippet.source().contains("\nadopt() {"), "{snippet:?}");
+            assert!(snippet.adopt_source().contains("\nadopt() {"), "{snippet:?}");
+        }
         // The start request must leave room for a 65,536-character command within 96 KiB.
         let overhead = Snippet::Start.source().len() + Snippet::Supervise.source().len();
         assert!(overhead < 24 * 1024, "snippets are {overhead} bytes");
+        // An adoption's request carries the same with the adopt modes, and the command line.
+        let overhead = Snippet::Start.adopt_source().len() + Snippet::Supervise.adopt_source().len();
+        assert!(overhead < 28 * 1024, "the adoption's snippets are {overhead} bytes");
     }
 
     #[test]
@@ -307,8 +372,10 @@ mod tests {
             "shellcheck is not installed; `make setup` (tests/interop/setup.sh) installs it, or run `apt-get install -y shellcheck`"
         );
         let mut failures = String::new();
-        for snippet in Snippet::ALL {
-            let text = snippet.assemble(str::to_string);
+        let programs = Snippet::ALL.into_iter().map(|s| (s, false)).chain([(Snippet::Start, true), (Snippet::Supervise, true)]);
+        for (snippet, adopt) in programs {
+            let text = snippet.assemble_for(str::to_string, adopt);
+            let snippet = if adopt { format!("{snippet:?} (adopt)") } else { format!("{snippet:?}") };
             let mut child = Command::new("shellcheck")
                 .args(["-s", "sh", "-f", "gcc", "-"])
                 .stdin(Stdio::piped())
@@ -320,7 +387,7 @@ mod tests {
             let out = child.wait_with_output().expect("shellcheck finishes");
             if !out.status.success() {
                 let report = String::from_utf8_lossy(&out.stdout);
-                failures.push_str(&format!("{snippet:?}:\n"));
+                failures.push_str(&format!("{snippet}:\n"));
                 for line in report.lines() {
                     // `-:LINE:COL: ...`: show the offending line of the assembled script.
                     let at = line.split(':').nth(1).and_then(|n| n.parse::<usize>().ok());

@@ -1,17 +1,17 @@
-# start.sh: claims a task directory, starts the supervisor fully detached, waits for its word and
-# prints the observed snapshot. Arguments and preamble (MAX_TASKS): see the table in
-# src/supervisor/mod.rs.
+# start.sh: claims a task directory and starts the supervisor fully detached, both at once, waits
+# for the supervisor's word and prints the observed snapshot. Arguments and preamble (MAX_TASKS):
+# see the table in src/supervisor/mod.rs.
 # The wait is no watch: the supervisor's stdout is this snippet's pipe, and it closes it once the
 # task runs in its own group (or has already ended): reading that pipe to its end is the wait.
-# Every process started here delays the answer, so this path uses builtins wherever it can.
+# Every process started here delays the answer, so this path uses builtins wherever it can, and
+# the claim (a `mkdir`) runs beside the supervisor's own start (a `setsid` and a shell) instead of
+# before it. A relayed answer ends the snippet (`exit`), so that it never parses inspect.sh.
 
-# claim: checks for setsid, then creates and claims the task directory D=$ROOT/$ID (state `claimed`, the cmd file);
-# prints an `@error` line and fails when it cannot. Needs ID, T, CMD and ROOT.
+# claim: counts, claims the directory D=$ROOT/$ID (mkdir), counts again and writes the claim
+# (state `claimed`, the cmd file); prints an `@error KIND MESSAGE` line and fails when it cannot
+# (nothing is then claimed). Needs ID, T, CMD, ROOT and D. start runs it as the first command of
+# a pipeline whose second is the supervisor, adopt before its supervisor.
 claim() {
-    command -v setsid >/dev/null || {
-        printf '@error nosetsid the sandbox has no setsid command, which background tasks need\n'
-        return 1
-    }
     [ -d "$ROOT" ] || { mkdir -p "$ROOT" && chmod 700 "$HOME/.sandbox-mcp" "$ROOT"; } || {
         printf '@error noroot cannot create %s\n' "$ROOT"
         return 1
@@ -23,7 +23,6 @@ claim() {
         printf '@error limit %s\n' "$_n"
         return 1
     }
-    D=$ROOT/$ID
     mkdir "$D" || {
         printf '@error claim cannot create %s\n' "$D"
         return 1
@@ -52,61 +51,55 @@ start() {
     exec 3>&2 2>/dev/null
     umask 077
     task_root
+    command -v setsid >/dev/null || {
+        printf '@error nosetsid the sandbox has no setsid command, which background tasks need\n'
+        exit 0
+    }
     [ -n "$CWD" ] || CWD=$HOME
     # The supervisor works from the task directory: make a relative cwd absolute here, where it
     # means what run_command means by it.
     case $CWD in /*) ;; *) CWD=$PWD/$CWD ;; esac
     [ -d "$CWD" ] || {
         printf '@error nocwd cwd %s is not an existing directory\n' "$CWD"
-        return
+        exit 0
     }
-    claim || return
-    : >"$D/stdout.log"
-    : >"$D/stderr.log"
-    # The supervisor's stdout is the pipe of this command substitution; every other descriptor of
-    # this call is closed for it (fd 3 is our stderr): anything it kept open would hold the
-    # caller's exec until the task ends. Its arguments follow this snippet's own order (timeout,
-    # task shell, cwd, command).
-    _word=$(setsid "$SH" -c "$SUP" sh supervise "$D" "$T" "$TSH" "$CWD" "$CMD" </dev/null 2>>"$D/supervisor.err" 3>&- &)
-    # (Empty when the supervisor died before its word: the state then says what it saw.)
-    : "$_word"
-    emit "$D" 0 0 "$LIMIT"
+    D=$ROOT/$ID
+    # fd 4: a pipe that only this shell holds open for writing, until it exits (a here-document
+    # reopened read-write, as in supervise.sh's open_pipes; no process). The supervisor waits for
+    # its end before it starts the pumps and the timer, which would otherwise compete with the
+    # rest of this answer for the processor. (Where it is no pipe, the supervisor does not wait.)
+    exec 4<<'E'
+x
+E
+    [ -p /proc/self/fd/4 ] && read -r _x <&4 && command exec 4<>/proc/self/fd/4
+    # The claim's line is the supervisor's stdin; the supervisor's stdout is the pipe of this
+    # command substitution. Every other descriptor of this call is closed for both (fd 3 is our
+    # stderr): anything they kept open would hold the caller's exec until the task ends. The
+    # supervisor's arguments follow this snippet's own order (timeout, task shell, cwd, command).
+    # The claim's end of it prints `go` once the directory is claimed, or the refusal.
+    _word=$({
+        exec 3>&- 4>&-
+        claim && {
+            : >"$D/stdout.log"
+            : >"$D/stderr.log"
+            printf 'go\n'
+        }
+    } | setsid "$SH" -c "$SUP" sh supervise "$D" "$T" "$TSH" "$CWD" "$CMD" 3>&- &)
+    # The supervisor's word: the snapshot of the running task, a refused claim (passed on), or
+    # nothing when the task has already ended or the supervisor died before its word (the state
+    # then says what it saw).
+    case $_word in
+    @task* | @error*)
+        printf '%s\n' "$_word"
+        exit 0
+        ;;
+    esac
 }
 
-# adopt ID TIMEOUT LEFT PGID OUT_PRE ERR_PRE OUT_TRUNC ERR_TRUNC STARTED_AT COMMAND SUPERVISE_PROGRAM SH:
-# a run_command still running at --task-after becomes task ID. Its stdout and stderr pipes'
-# read ends arrive as this snippet's stdin and stderr. Claims the directory like a start, moves
-# in the output the server captured before (staged by the server as $ROOT/.adopt-ID.stdout.log
-# and .stderr.log, already masked; OUT_PRE and ERR_PRE bytes, OUT_TRUNC and ERR_TRUNC 1 when it was cut at
-# the cap), then starts the supervisor in its adopt mode fully detached with the pipes on fds 7
-# and 8, and prints `@adopted WORD` (WORD: the supervisor's, `running`) or `@error ...`.
-adopt() {
-    ID=$1 T=$2 LEFT=$3 TPID=$4 OUT_PRE=$5 ERR_PRE=$6 OUT_TR=$7 ERR_TR=$8 STARTED=$9
-    CMD=${10} SUP=${11} SH=${12}
-    exec 7<&0 8<&2 </dev/null 2>/dev/null
-    umask 077
-    task_root
-    claim || {
-        rm -f "$ROOT/.adopt-$ID".*
-        return
-    }
-    # (The server may have made the directories holding the staged files: they are private.)
-    chmod 700 "$HOME/.sandbox-mcp" "$ROOT"
-    for _l in stdout.log stderr.log; do
-        mv -f "$ROOT/.adopt-$ID.$_l" "$D/$_l" || : >"$D/$_l"
-    done
-    chmod 600 "$D/stdout.log" "$D/stderr.log"
-    [ "$OUT_TR" = 1 ] && : >"$D/out.trunc"
-    [ "$ERR_TR" = 1 ] && : >"$D/err.trunc"
-    # As in start: the supervisor's word comes through the pipe of this command substitution.
-    _word=$(setsid "$SH" -c "$SUP" sh adopt "$D" "$T" "$LEFT" "$TPID" "$OUT_PRE" "$ERR_PRE" "$STARTED" </dev/null 2>>"$D/supervisor.err" &)
-    printf '@adopted %s\n' "$_word"
-}
-
-case $1 in
-adopt)
-    shift
-    adopt "$@"
-    ;;
-*) start "$@" ;;
-esac
+[ "$1" = adopt ] || start "$@"
+# Only an adoption, a task that has already ended, or a supervisor that died before its word
+# gets here: inspect.sh's helpers, sent at the next line, read the state and the logs.
+# @inspect
+# An adoption's program has start-adopt.sh at the next line (it ends there); a start's has nothing.
+# @adopt
+emit "$D" 0 0 "$LIMIT"

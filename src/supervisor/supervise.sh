@@ -1,10 +1,13 @@
 # supervise.sh: the detached supervisor of one task, its output pumps and its timer.
-# The server prepends MASK_AWK='...' (the masker program), the preamble (LOG_CAP,
-# TERM_GRACE_CS) and common.sh; start.sh runs it fully detached, with its stdout on start.sh's
-# pipe. Arguments: see the table in src/supervisor/mod.rs.
+# The server prepends the preamble (LOG_CAP, TERM_GRACE_CS) and common.sh, and sends
+# MASK_AWK='...' (the masker program) and inspect.sh at the `# @inspect` line, after the answer;
+# start.sh runs it fully detached, with its stdout on start.sh's pipe and its stdin on the
+# claim's (see start.sh). An adoption's start.sh runs it in adopt mode, which skips `launch` and
+# runs `adopt` from supervise-adopt.sh, sent at the `# @adopt` line only in an adoption's program.
+# Arguments: see the table in src/supervisor/mod.rs.
 # It writes DIR/state only through `save` (a whole block appended). Every process started on the
-# way to `running` delays the answer of start_task: that path uses builtins wherever it can, and
-# no sleep or watch.
+# way to `running` delays the answer of start_task, and so does every line parsed: that path uses
+# builtins wherever it can, no sleep or watch, and comes first in this file.
 
 save() {
     # One line per value: an error that quotes user input (a cwd) must not forge other keys.
@@ -30,6 +33,151 @@ state_lines() {
         printf '.\n'
 }
 
+# open_pipes: fds 7 and 8 become the task's stdout and stderr pipes, each open for reading and
+# writing, so that no open blocks and no write fails before the pumps read: the task starts at
+# once, and its first bytes wait in the pipes. A short here-document is a pipe in dash, busybox
+# ash and bash 5.1+ (no process); once its line is read, reopening it through /proc/self/fd gives
+# a descriptor that reads and writes. Sets PIPES to `proc` when that worked; otherwise (a shell
+# that keeps here-documents in files) the caller makes FIFOs in the task directory (`mkfifo`, one
+# process). Each pump opens its own read end from these (OUT_PIPE, ERR_PIPE).
+open_pipes() {
+    PIPES=''
+    exec 7<<'E'
+x
+E
+    exec 8<<'E'
+x
+E
+    [ -p /proc/self/fd/7 ] && [ -p /proc/self/fd/8 ] || return 0
+    read -r _x <&7
+    read -r _x <&8
+    command exec 7<>/proc/self/fd/7 8<>/proc/self/fd/8 && PIPES=proc
+}
+
+# give_up STATUS [ERROR]: a final state before the task ran.
+give_up() {
+    exec 7>&- 8>&-
+    ERR=${2-}
+    now
+    FINISHED=$NOW
+    save "$1"
+    exit 0
+}
+
+# launch DIR TIMEOUT TASK_SHELL CWD COMMAND: everything up to start.sh's answer: waits for the
+# claim, starts the task in its own group, confirms it and answers (RUNNING=1), or finds that the
+# task has already ended (RUNNING empty).
+launch() {
+    D=$1 T=$2 TSH=$3 CWD=$4 CMD=$5
+    ID=${D##*/}
+    # fd 9: start.sh's pipe, closed once the task is confirmed (that is start.sh's answer).
+    # Only the children that outlive that moment close it, each for itself.
+    exec 9>&1 >/dev/null
+    # fd 6: start.sh's pipe that ends when start.sh exits (see there), read-only; fd 4 is this
+    # shell's read-write copy of it, which would keep it open.
+    if [ -p /proc/self/fd/4 ]; then exec 6</proc/self/fd/4; else exec 6</dev/null; fi
+    exec 4>&-
+    umask 077
+    # What needs no task directory comes first: start.sh's claim runs beside this.
+    SUP_PID=$$
+    proc_stat "$$" && SUP_START=$ST_START
+    boot_id
+    now
+    STARTED=$NOW
+    TPID='' TSTART='' RC='' ERR='' FINISHED='' OUT_BYTES='' ESCAPED=0 MASK='' RUNNING='' TMR=
+    ADOPT='' LEFT='' OUT_PRE=0 ERR_PRE=0
+    # The task shell (for example /bin/bash -l) falls back to /bin/sh where it does not exist.
+    set -f
+    # The task shell is a program and its flags: split on purpose (globbing is off).
+    # shellcheck disable=SC2086
+    set -- $TSH
+    set +f
+    [ -x "$1" ] || TSH=/bin/sh
+    open_pipes
+    # The claim's one line (see start.sh): a refusal is start.sh's answer, and an interrupted
+    # claim (no line) starts nothing.
+    _claim=''
+    IFS= read -r _claim
+    exec </dev/null
+    case $_claim in
+    go) ;;
+    @error*)
+        printf '%s\n' "$_claim" >&9
+        exit 0
+        ;;
+    *) exit 0 ;;
+    esac
+    cd "$D" || exit 1
+    exec 2>>supervisor.err
+    if [ "$PIPES" = proc ]; then
+        OUT_PIPE=/proc/self/fd/7 ERR_PIPE=/proc/self/fd/8
+    else
+        # FIFOs, opened read-write for the same reasons as the pipes.
+        if ! mkfifo out.fifo err.fifo 2>>supervisor.err; then
+            give_up failed_to_start "mkfifo failed: the sandbox needs mkfifo and a filesystem that supports FIFOs"
+        fi
+        exec 7<>out.fifo 8<>err.fifo
+        OUT_PIPE=out.fifo ERR_PIPE=err.fifo
+    fi
+    [ -e cancel ] && give_up cancelled
+    cd "$CWD" 2>/dev/null || give_up failed_to_start "cwd $CWD no longer exists"
+    set -f
+    # shellcheck disable=SC2086 # the task shell and its flags, split as above
+    SANDBOX_MCP_TASK=$ID setsid $TSH -c "$CMD" </dev/null >&7 2>&8 6<&- 7>&- 8>&- 9>&- &
+    TPID=$!
+    set +f
+    cd "$D" || exit 1
+    # The child calls setsid() only after the fork: until its group exists, a group signal would
+    # reach nobody. Confirm before publishing `running` or arming the timer. A group whose id is
+    # the task's pid can only be the task's (a pid is not reused while a group holds it), and
+    # signal 0 to it is one system call: look that way without a process first (setsid takes a
+    # fraction of a millisecond), reading /proc only now and then to notice a task that ended
+    # before its setsid(), then poll.
+    _i=0
+    until sig_group 0 "$TPID"; do
+        _i=$((_i + 1))
+        if [ $((_i % 64)) -eq 0 ]; then
+            if ! proc_stat "$TPID" || [ "$ST_STATE" = Z ]; then break; fi
+        fi
+        [ "$_i" -ge 4500 ] && break
+        [ "$_i" -ge 4000 ] && sleep 0.01
+    done
+    if proc_stat "$TPID" && [ "$ST_PGID" = "$TPID" ]; then TSTART=$ST_START; fi
+    if [ "$ST_STATE" != Z ]; then
+        save running
+        # start.sh's answer: the task runs in its own group. This shell prints the snapshot
+        # itself (it knows every value; the logs are still empty, since the pumps start after
+        # it), so that start.sh has nothing left to read. What follows (the pumps, the timer) is
+        # not on the way to it.
+        S_status=running S_exit_code='' S_started_at=$STARTED S_finished_at='' S_timeout=$T S_error='' S_escaped=0 E_live=1 E_group=-
+        {
+            printf '@task %s\n' "$ID"
+            state_keys
+            printf 'out_size=0\nerr_size=0\nout_truncated=0\nerr_truncated=0\n@end\n'
+        } >&9
+        exec 9>&-
+        # Nothing more is on the way to the answer, but start.sh, the provider's exec and the
+        # server still have to pass it on: wait (blocked, using no processor) until start.sh
+        # has exited.
+        read -r _x <&6
+        RUNNING=1
+    fi
+    exec 6<&-
+    # (The task has already ended otherwise: start.sh answers with its end, once `finish` below
+    # has saved it.)
+}
+
+MODE=$1
+shift
+case $MODE in
+supervise) launch "$@" ;;
+adopt) ;;
+*) exit 0 ;;
+esac
+# What follows is parsed only after the answer (adopt mode has none to hurry): the masker,
+# inspect.sh, the pumps, the timer and the end of the task.
+# @inspect
+
 # wants_mask: whether a variable of this environment is a secret to mask. The names and values of
 # /proc/self/environ (this shell's own, which the task inherits) are read with the builtin
 # `read`, which drops the NUL separators: a name that could be a secret's is found without a
@@ -46,11 +194,15 @@ wants_mask() {
     esac
 }
 
-# pick_tools: sets PLAIN (how the unmasked pump copies exactly LOG_CAP bytes) and AWK (the
-# masker's awk with its flags), probed once per OS user and remembered in the tasks directory.
+# pick_tools: sets PLAIN (how the unmasked pump copies exactly LOG_CAP bytes), PRELOAD (see
+# below) and AWK (the masker's awk with its flags), probed once per OS user and remembered in the
+# tasks directory.
 pick_tools() {
+    PRELOAD=''
     if [ -e ../.pump-gnu ]; then
         PLAIN=gnu
+        read -r PRELOAD <../.pump-gnu
+        case $PRELOAD in /*/libstdbuf.so) ;; *) PRELOAD='' ;; esac
     elif [ -e ../.pump-bytes ]; then
         PLAIN=bytes
     elif [ -e ../.pump-slow ]; then
@@ -63,7 +215,23 @@ pick_tools() {
         *coreutils*) if stdbuf -o0 head -c 1 </dev/null >/dev/null 2>&1; then PLAIN=gnu; else PLAIN=slow; fi ;;
         *) if dd bs=1 count=1 iflag=count_bytes </dev/null >/dev/null 2>&1; then PLAIN=bytes; else PLAIN=slow; fi ;;
         esac
-        : >"../.pump-$PLAIN"
+        # stdbuf only sets two variables (the library it preloads, and _STDBUF_O) and runs its
+        # command: setting them here saves each pump a program start. PRELOAD is that library,
+        # as stdbuf itself names it, once head is seen to start with it; otherwise empty, and
+        # the pumps run stdbuf.
+        if [ "$PLAIN" = gnu ]; then
+            # (Single quotes on purpose: the variable is the inner shell's.)
+            # shellcheck disable=SC2016
+            PRELOAD=$(stdbuf -o0 sh -c 'printf %s "$LD_PRELOAD"' 2>/dev/null)
+            PRELOAD=${PRELOAD%%:*}
+            case $PRELOAD in
+            */libstdbuf.so)
+                _STDBUF_O=0 LD_PRELOAD=$PRELOAD head -c 1 </dev/null >/dev/null 2>&1 || PRELOAD=''
+                ;;
+            *) PRELOAD='' ;;
+            esac
+        fi
+        printf '%s\n' "$PRELOAD" >"../.pump-$PLAIN"
     fi
     [ -n "$MASK" ] || return 0
     if [ -e ../.awk-mawk ]; then
@@ -79,22 +247,22 @@ pick_tools() {
     fi
 }
 
-# pump NAME LOG [PRE]: copies the task's stream (the FIFO NAME.fifo; in adopt mode the pipe
-# already on fd 5) into LOG, at most LOG_CAP bytes less the PRE bytes LOG already holds,
+# pump NAME LOG [PRE]: copies the task's stream (fd 5, its read end of the pipe; in adopt mode
+# the command's own pipe) into LOG, at most LOG_CAP bytes less the PRE bytes LOG already holds,
 # then drains the rest in one process reading large blocks (one pipe hop, no process per chunk).
 # NAME.trunc appears at the first dropped byte; NAME.meta gets "written dropped" at the end
 # (written is - when only the log's size says). When writing LOG fails (a full disk) it still
 # drains the stream, so that the task is neither blocked nor killed by SIGPIPE, and marks
 # NAME.trunc and NAME.wfail. Runs as a subshell of the supervisor.
-# This shell opens the FIFO first (it never blocks: the supervisor holds both ends) and keeps
-# it open until the stream has been drained; the copiers read it through that descriptor.
+# The subshell opens its read end as fd 5 before the call (it never blocks: the supervisor holds
+# both ends) and keeps it open until the stream has been drained; the copiers read it through that
+# descriptor.
 pump() {
-    [ -n "$ADOPT" ] || exec 5<"$1.fifo"
     _cap=$((LOG_CAP - ${3:-0}))
     [ "$_cap" -ge 0 ] || _cap=0
     _w=- _d=0 _wfail=
     if [ -n "$MASK" ]; then
-        # The masker reads the FIFO directly; the supervisor writes one newline after the task's
+        # The masker reads the pipe directly; the supervisor writes one newline after the task's
         # last byte, which with mask.awk's leading-newline output keeps the log byte-exact.
         # mawk stops at a failed write, busybox awk goes on; either way the meta file is missing.
         # An adopted pipe is not the supervisor's to write to: cat adds the newline instead.
@@ -113,7 +281,13 @@ pump() {
         _wfail=1
     else
         case $PLAIN in
-        gnu) stdbuf -o0 head -c "$_cap" <&5 >>"$2" &;;
+        gnu)
+            if [ -n "$PRELOAD" ]; then
+                _STDBUF_O=0 LD_PRELOAD=$PRELOAD${LD_PRELOAD:+:$LD_PRELOAD} head -c "$_cap" <&5 >>"$2" &
+            else
+                stdbuf -o0 head -c "$_cap" <&5 >>"$2" &
+            fi
+            ;;
         bytes) dd bs=65536 iflag=count_bytes count="$_cap" <&5 >>"$2" 2>/dev/null &;;
         *) dd bs=1 count="$_cap" <&5 >>"$2" 2>/dev/null &;;
         esac
@@ -146,21 +320,21 @@ pump() {
     printf '%s %s\n' "$_w" "$_d" >"$1.meta"
 }
 
-# start_pumps: decides how to copy (masking or not), then starts one pump per stream (in adopt
-# mode each takes its pipe from fd 7 or 8 onto fd 5 first).
+# start_pumps: decides how to copy (masking or not), then starts one pump per stream, each with
+# its read end as fd 5 (in adopt mode a copy of the command's pipe on fd 7 or 8).
 # (Redirections of a background child are made with `exec` inside it: on a function call the
 # shell would keep saved copies of the old descriptors open for the call's whole life.)
 start_pumps() {
     wants_mask && MASK=1
     pick_tools
     (
-        [ -z "$ADOPT" ] || exec 5<&7
+        if [ -n "$ADOPT" ]; then exec 5<&7; else exec 5<"$OUT_PIPE"; fi
         exec </dev/null >/dev/null 2>>supervisor.err 7>&- 8>&- 9>&-
         pump out stdout.log "$OUT_PRE"
     ) &
     P1=$!
     (
-        [ -z "$ADOPT" ] || exec 5<&8
+        if [ -n "$ADOPT" ]; then exec 5<&8; else exec 5<"$ERR_PIPE"; fi
         exec </dev/null >/dev/null 2>>supervisor.err 7>&- 8>&- 9>&-
         pump err stderr.log "$ERR_PRE"
     ) &
@@ -169,7 +343,7 @@ start_pumps() {
     proc_stat "$P2" && P2S=$ST_START
 }
 
-# pumps_open: both pumps hold their FIFO (or are gone): the supervisor may let go of its ends.
+# pumps_open: both pumps hold their read ends (or are gone): the supervisor may let go of its ends.
 pumps_open() {
     { [ -e "/proc/$P1/fd/5" ] || ! alive "$P1" "$P1S"; } && { [ -e "/proc/$P2/fd/5" ] || ! alive "$P2" "$P2S"; }
 }
@@ -236,16 +410,6 @@ kill_pumps() {
 # pumps_done: both pump subshells have exited (zombies until reaped: they are our children).
 pumps_done() {
     ! alive "$P1" "$P1S" && ! alive "$P2" "$P2S"
-}
-
-# give_up STATUS [ERROR]: a final state before the task ran.
-give_up() {
-    exec 7>&- 8>&-
-    ERR=${2-}
-    now
-    FINISHED=$NOW
-    save "$1"
-    exit 0
 }
 
 # finish: after the task's leader exited (status in RC): ends what is left of its group and its
@@ -322,132 +486,19 @@ finish() {
     fi
 }
 
-supervise() {
-    D=$1 T=$2 TSH=$3 CWD=$4 CMD=$5
-    ID=${D##*/}
-    # fd 9: start.sh's pipe, closed once the task is confirmed (that is start.sh's answer).
-    # Only the children that outlive that moment close it, each for itself.
-    exec 9>&1 >/dev/null
-    cd "$D" || exit 1
-    umask 077
-    SUP_PID=$$
-    proc_stat "$$" && SUP_START=$ST_START
-    boot_id
-    now
-    STARTED=$NOW
-    TPID='' TSTART='' RC='' ERR='' FINISHED='' OUT_BYTES='' ESCAPED=0 MASK=
-    # The task shell (for example /bin/bash -l) falls back to /bin/sh where it does not exist.
-    set -f
-    # The task shell is a program and its flags: split on purpose (globbing is off).
-    # shellcheck disable=SC2086
-    set -- $TSH
-    set +f
-    [ -x "$1" ] || TSH=/bin/sh
-    if ! mkfifo out.fifo err.fifo 2>>supervisor.err; then
-        give_up failed_to_start "mkfifo failed: the sandbox needs mkfifo and a filesystem that supports FIFOs"
-    fi
-    # The FIFOs are opened read-write, which never blocks: the task starts at once, and its
-    # first bytes wait in the pipes until the pumps read them.
-    exec 7<>out.fifo 8<>err.fifo
-    [ -e cancel ] && give_up cancelled
-    cd "$CWD" 2>/dev/null || give_up failed_to_start "cwd $CWD no longer exists"
-    set -f
-    # shellcheck disable=SC2086 # the task shell and its flags, split as above
-    SANDBOX_MCP_TASK=$ID setsid $TSH -c "$CMD" </dev/null >&7 2>&8 7>&- 8>&- 9>&- &
-    TPID=$!
-    set +f
-    cd "$D" || exit 1
-    # The child calls setsid() only after the fork: until /proc shows pgid == pid, a group signal
-    # would reach nobody. Confirm before publishing `running` or arming the timer: look without a
-    # process first (setsid takes a fraction of a millisecond), then poll.
-    _i=0
-    while proc_stat "$TPID" && [ "$ST_PGID" != "$TPID" ] && [ "$ST_STATE" != Z ]; do
-        _i=$((_i + 1))
-        [ "$_i" -ge 2500 ] && break
-        [ "$_i" -ge 2000 ] && sleep 0.01
-    done
-    if proc_stat "$TPID" && [ "$ST_PGID" = "$TPID" ]; then TSTART=$ST_START; fi
-    if [ "$ST_STATE" != Z ]; then
-        save running
-        # start.sh's answer: the task runs in its own group. What follows (the pumps, the timer)
-        # is not on the way to it.
-        printf 'running\n' >&9
-        exec 9>&-
-        start_pumps
-        (
-            exec </dev/null >/dev/null 2>&1 7>&- 8>&- 9>&-
-            timer
-        ) &
-        TMR=$!
-        wait "$TPID"
-        RC=$?
-        kill -s TERM "$TMR" 2>/dev/null
-    else
-        # The task has already ended: start.sh answers with its end.
-        start_pumps
-        wait "$TPID"
-        RC=$?
-    fi
-    finish
-    exec 9>&-
-}
-
-# adopt DIR TIMEOUT LEFT PGID OUT_PRE ERR_PRE STARTED_AT: supervises a command that runs already
-# (a run_command promoted at --task-after; start.sh's adopt claimed DIR). Its pipes' read ends
-# are fds 7 and 8, its group PGID; the logs hold OUT_PRE and ERR_PRE bytes captured before. The
-# command is not this shell's child: its end is its leader leaving (or turning zombie), polled,
-# and its exit code is the one its shell's EXIT trap, or the server that reaps it, writes into
-# DIR/exit_code (none: the outcome is unknown, never a success).
-adopt() {
-    D=$1 T=$2 LEFT=$3 TPID=$4 OUT_PRE=$5 ERR_PRE=$6 STARTED=$7
-    ID=${D##*/}
-    exec 9>&1 >/dev/null
-    cd "$D" || exit 1
-    umask 077
-    SUP_PID=$$
-    proc_stat "$$" && SUP_START=$ST_START
-    boot_id
-    TSTART='' RC='' ERR='' FINISHED='' OUT_BYTES='' ESCAPED=0 MASK='' ADOPT=1
-    if proc_stat "$TPID" && [ "$ST_PGID" = "$TPID" ]; then TSTART=$ST_START; fi
-    save running
-    printf 'running\n' >&9
-    exec 9>&-
-    start_pumps
-    # Only the pumps hold the pipes now.
-    exec 7<&- 8<&-
+# An adoption's supervisor has supervise-adopt.sh at the next line (it ends there); a start's
+# has nothing.
+# @adopt
+start_pumps
+if [ -n "$RUNNING" ]; then
     (
-        exec </dev/null >/dev/null 2>&1 9>&-
+        exec </dev/null >/dev/null 2>&1 7>&- 8>&- 9>&-
         timer
     ) &
     TMR=$!
-    _i=0
-    while [ ! -s exit_code ] && alive "$TPID" "$TSTART"; do
-        _i=$((_i + 1))
-        if [ "$_i" -le 100 ]; then sleep 0.1; else sleep 0.5; fi
-    done
-    # The trap writes the code just before its shell exits; the server writes it once it reaped
-    # a command whose trap did not (give it a moment).
-    _i=0
-    while :; do
-        RC=''
-        [ -e exit_code ] && read -r RC _x <exit_code
-        case $RC in '' | *[!0-9]*) RC='' ;; *) break ;; esac
-        _i=$((_i + 1))
-        [ "$_i" -ge 30 ] && break
-        sleep 0.1
-    done
-    kill -s TERM "$TMR" 2>/dev/null
-    [ -n "$RC" ] || ERR="its exit code was not observed (its EXIT trap was replaced, or a signal ended it, after its server was gone)"
-    finish
-}
-
-case $1 in
-supervise)
-    shift
-    supervise "$@"
-    ;;
-adopt)
-    shift
-    adopt "$@"
-    ;;
-esac
+fi
+wait "$TPID"
+RC=$?
+[ -n "$TMR" ] && kill -s TERM "$TMR" 2>/dev/null
+finish
+exec 9>&-

@@ -21,7 +21,7 @@ use std::time::Duration;
 /// own (such as `nsenter`), and for cancel_task two more polls on a busy machine.
 const MAX_RUN_COMMAND: u64 = 2; // the shell (`true` is a builtin)
 const MAX_GET_TASK: u64 = 3; // the snippet's shell, dd for the stdout page
-const MAX_START_TASK: u64 = 13; // shell, mkdir, a subshell, supervisor, mkfifo, the task, 2 pumps + 2 copiers, the timer + its sleep
+const MAX_START_TASK: u64 = 13; // shell, the substitution's subshell, the claim's subshell + mkdir, supervisor, the task, 2 pumps + 2 copiers, the timer + its sleep
 const MAX_CANCEL_TASK: u64 = 9; // shell, the supervisor's end (2 pump probes, wc), polls
 
 enum Counter {

@@ -182,6 +182,9 @@ impl Remote {
                 Ok(0) => return Ok(None),
                 Ok(n) => self.pending.extend_from_slice(&buf[..n]),
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                // An init that dies with a request of ours unread (a `kill` racing the sandbox's
+                // own end) resets the connection: that is its end too.
+                Err(err) if err.kind() == io::ErrorKind::ConnectionReset => return Ok(None),
                 Err(err) => return Err(err),
             }
         }
@@ -395,6 +398,18 @@ pub fn reachable(socket: &Path, budget: Duration) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The init died while a `kill` of ours was still unread: the connection is reset, and the
+    /// command counts as killed with the sandbox (it used to be an error, which a server shutting
+    /// down reported as "the sandbox does not exist").
+    #[test]
+    fn a_reset_connection_is_the_commands_end() {
+        let (ours, init) = UnixStream::pair().unwrap();
+        let mut remote = Remote { conn: ours, pending: Vec::new(), ended: None, pid: None };
+        assert!(remote.kill());
+        drop(init);
+        assert_eq!(remote.wait().unwrap(), Ended { code: KILLED_WITH_THE_SANDBOX, members_left: false });
+    }
 
     #[test]
     fn end_lines() {

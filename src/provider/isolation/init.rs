@@ -98,6 +98,7 @@ pub fn start(
     };
     let mut holder = cmd
         .env_clear()
+        .env("LC_ALL", "C")
         .stdin(stdin)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

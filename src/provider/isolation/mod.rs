@@ -112,7 +112,7 @@ fn run_probe() -> Result<(), String> {
     let tools = tools()?;
     let mut cmd = sandbox_command(&tools, &tools.unshare);
     cmd.args(init::UNSHARE_FLAGS).arg("--net").arg("--").arg("/bin/sh").arg("-c").arg(":");
-    let out = cmd.env_clear().stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).output();
+    let out = cmd.env_clear().env("LC_ALL", "C").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).output();
     match out {
         Ok(out) if out.status.success() => Ok(()),
         Ok(out) => Err(blocked_because(String::from_utf8_lossy(&out.stderr).trim())),

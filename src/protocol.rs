@@ -663,17 +663,9 @@ impl Watch for ResultWatch {
     }
 }
 
-/// The response to `call` with its `CallToolResult`.
-fn answer(app: &App, call: &ToolCall, mut result: Value) -> Outcome {
-    if call.meta.is_some() {
-        envelope::complete(&mut result);
-    }
-    let response = jsonrpc::result(&call.id, result);
-    if call.in_flight.is_cancelled() && !app.is_draining() {
-        Outcome::Cancelled(response)
-    } else {
-        Outcome::Answer(response)
-    }
+/// The response to `call` with its `CallToolResult` (which never carries a `resultType`).
+fn answer(app: &App, call: &ToolCall, result: Value) -> Outcome {
+    rpc_answer(app, call, Ok(result))
 }
 
 /// A tool call parked with the waiter: it holds the call (and so its in-flight registration)

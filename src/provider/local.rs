@@ -855,41 +855,44 @@ enum Environ {
 }
 
 fn environ_holds(pid: u32, needle: &[u8], buf: &mut Vec<u8>) -> Environ {
-    buf.clear();
-    // One read call: the file reads the memory the process had when it was opened, and an exec
-    // between two reads would end the second one early, cutting the environment short.
-    buf.reserve(ENVIRON_READ);
-    let read = fs::File::open(format!("/proc/{pid}/environ")).and_then(|mut f| f.read_to_end(buf));
-    if read.is_err() {
+    let holds = |buf: &[u8]| Environ::Holds(buf.split(|b| *b == 0).any(|var| var == needle));
+    if read_environ(pid, buf).is_err() {
         return Environ::Holds(false);
     }
-    if buf.is_empty() {
-        let live_user_process = process::proc_stat(pid).is_some_and(|st| !st.kernel_thread && !matches!(st.state, 'Z' | 'X' | 'x'));
-        if !live_user_process {
+    if !buf.is_empty() {
+        return holds(buf);
+    }
+    let live_user_process = process::proc_stat(pid).is_some_and(|st| !st.kernel_thread && !matches!(st.state, 'Z' | 'X' | 'x'));
+    if !live_user_process {
+        return Environ::Holds(false);
+    }
+    // Mid-exec the command line is empty too (it is laid out a moment before the environment).
+    // A process with a command line but no environment either has an empty environment of its
+    // own (programs started with a cleared one) or is just finishing its exec: a few short looks
+    // tell.
+    let has_command_line = fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|line| !line.is_empty());
+    if !has_command_line {
+        return Environ::Unsettled;
+    }
+    for _ in 0..EMPTY_LOOKS {
+        std::thread::sleep(Duration::from_micros(100));
+        if read_environ(pid, buf).is_err() {
             return Environ::Holds(false);
         }
-        // Mid-exec the command line is empty too (it is laid out a moment before the
-        // environment). A process with a command line but no environment either has an empty
-        // environment of its own (programs started with a cleared one, such as the holders of
-        // isolated sandboxes) or is just finishing its exec: a few short looks tell.
-        let has_command_line = fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|line| !line.is_empty());
-        if !has_command_line {
-            return Environ::Unsettled;
+        if !buf.is_empty() {
+            return holds(buf);
         }
-        for _ in 0..EMPTY_LOOKS {
-            std::thread::sleep(Duration::from_micros(100));
-            buf.clear();
-            let again = fs::File::open(format!("/proc/{pid}/environ")).and_then(|mut f| f.read_to_end(buf));
-            if again.is_err() {
-                return Environ::Holds(false);
-            }
-            if !buf.is_empty() {
-                return Environ::Holds(buf.split(|b| *b == 0).any(|var| var == needle));
-            }
-        }
-        return Environ::Holds(false);
     }
-    Environ::Holds(buf.split(|b| *b == 0).any(|var| var == needle))
+    Environ::Holds(false)
+}
+
+/// Reads `/proc/<pid>/environ` into `buf` (emptied first) in one read call: the file reads the
+/// memory the process had when it was opened, and an exec between two reads would end the second
+/// one early, cutting the environment short.
+fn read_environ(pid: u32, buf: &mut Vec<u8>) -> io::Result<()> {
+    buf.clear();
+    buf.reserve(ENVIRON_READ);
+    fs::File::open(format!("/proc/{pid}/environ")).and_then(|mut f| f.read_to_end(buf)).map(|_| ())
 }
 
 /// Binds the spawner's socket in sandbox directory `dir` for a new init; `None` (commands then

@@ -44,7 +44,13 @@ const PF_KTHREAD: u64 = 0x0020_0000;
 
 /// Reads `/proc/<pid>/stat`; `None` when the process is gone.
 pub fn proc_stat(pid: u32) -> Option<ProcStat> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_at(Path::new(&format!("/proc/{pid}/stat")))
+}
+
+/// Reads a stat file of that format (a process's, or one thread's under `/proc/<pid>/task/`);
+/// `None` when it is gone.
+pub fn stat_at(file: &Path) -> Option<ProcStat> {
+    let text = std::fs::read_to_string(file).ok()?;
     // The command name may contain spaces and parentheses: fields start after the last ')'.
     let rest = text.get(text.rfind(')')? + 2..)?;
     let fields: Vec<&str> = rest.split(' ').collect();

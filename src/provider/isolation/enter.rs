@@ -72,9 +72,7 @@ impl Init {
             return true;
         }
         let Ok(tasks) = fs::read_dir(format!("/proc/{}/task", self.pid)) else { return true };
-        let running =
-            |stat: String| stat.rfind(") ").and_then(|at| stat[at + 2..].chars().next()).is_some_and(|s| !matches!(s, 'Z' | 'X' | 'x'));
-        !tasks.flatten().any(|task| fs::read_to_string(task.path().join("stat")).is_ok_and(running))
+        !tasks.flatten().any(|task| process::stat_at(&task.path().join("stat")).is_some_and(|st| !matches!(st.state, 'Z' | 'X' | 'x')))
     }
 
     /// The init's root directory as seen from the host.

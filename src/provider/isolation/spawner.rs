@@ -34,7 +34,7 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The spawner's socket, in a sandbox's directory.
 pub const SOCKET_FILE: &str = "spawn.sock";
@@ -381,18 +381,6 @@ fn start(request: Request, fds: Stdio3, conn: &UnixStream, children: &Children) 
     drop(by_pid);
     children.started.notify_one();
     Ok(pid)
-}
-
-/// Whether a spawner answers on `socket` within `budget` (a connection that is accepted).
-pub fn reachable(socket: &Path, budget: Duration) -> bool {
-    let deadline = Instant::now() + budget;
-    while Instant::now() < deadline {
-        if UnixStream::connect(socket).is_ok() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    false
 }
 
 #[cfg(test)]

@@ -9,12 +9,13 @@ on any failure. The 1.x SDK is driven by test_python_sdk_v1.py.
 
 import asyncio
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
 from mcp import Client, StdioServerParameters
+
+from sdk_server import http_server
 
 BIN = os.environ["SANDBOX_MCP_BIN"]
 EXPECTED_TOOLS = {
@@ -92,21 +93,10 @@ async def over_stdio(home: str) -> None:
 
 
 async def over_http(home: str) -> None:
-    env = dict(os.environ, SANDBOX_MCP_HOME=home, RUST_LOG="info")
-    server = subprocess.Popen([BIN, "http", "--listen", "127.0.0.1:0"], env=env, stderr=subprocess.PIPE, text=True)
-    try:
-        url = None
-        for line in server.stderr:
-            if "listening on http://" in line:
-                url = "http://" + line.split("listening on http://")[1].split()[0]
-                break
-        assert url, "the server did not report its address"
+    with http_server(BIN, home) as url:
         for mode, version in (("auto", "2026-07-28"), ("legacy", "2025-11-25")):
             async with Client(url, mode=mode) as client:
                 await exercise(client, f"http ({mode} mode)", version)
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
 
 
 async def main() -> None:

@@ -6,7 +6,6 @@ Run by tests/interop/run.sh with the second venv setup.sh creates; exits non-zer
 
 import asyncio
 import os
-import subprocess
 import sys
 import tempfile
 import warnings
@@ -14,6 +13,8 @@ import warnings
 from mcp import ClientSession, StdioServerParameters, types
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamablehttp_client
+
+from sdk_server import http_server
 
 BIN = os.environ["SANDBOX_MCP_BIN"]
 
@@ -63,23 +64,10 @@ async def main() -> None:
         async with stdio_client(StdioServerParameters(command=BIN, args=["stdio"], env=env)) as (read, write):
             async with ClientSession(read, write) as session:
                 await exercise(session, "stdio")
-        server = subprocess.Popen(
-            [BIN, "http", "--listen", "127.0.0.1:0"], env=dict(os.environ, SANDBOX_MCP_HOME=home, RUST_LOG="info"),
-            stderr=subprocess.PIPE, text=True,
-        )
-        try:
-            url = None
-            for line in server.stderr:
-                if "listening on http://" in line:
-                    url = "http://" + line.split("listening on http://")[1].split()[0]
-                    break
-            assert url, "the server did not report its address"
+        with http_server(BIN, home) as url:
             async with streamablehttp_client(url) as (read, write, _):
                 async with ClientSession(read, write) as session:
                     await exercise(session, "http")
-        finally:
-            server.terminate()
-            server.wait(timeout=10)
 
 
 if __name__ == "__main__":

@@ -471,7 +471,8 @@ impl LocalProvider {
         let (program, args) =
             argv.split_first().ok_or_else(|| ProviderError::Rejected("the command is empty; give at least the program to run".into()))?;
         let not_a_dir = |c: &Path| ProviderError::Rejected(format!("cwd {c:?} is not an existing directory in the sandbox"));
-        let mut cmd = match init {
+        let cgroups = if meta.limits.any() { cgroup::procs_files(id) } else { Vec::new() };
+        let (mut cmd, adoptable) = match init {
             Some(init) => {
                 let cwd = match cwd {
                     Some(c) => {
@@ -489,10 +490,7 @@ impl LocalProvider {
                     let env = self.env_for(id, &meta, envs);
                     return Ok(Launch::Spawner { socket, argv: argv.to_vec(), env, cwd: cwd.map(str::to_string) });
                 }
-                let cgroups = if meta.limits.any() { cgroup::procs_files(id) } else { Vec::new() };
-                let mut cmd = enter::command(self.tools()?, init, !meta.host_network, argv, cwd, &cgroups);
-                cmd.env_clear().envs(self.env_for(id, &meta, envs)).process_group(0);
-                return Ok(Launch::Host(cmd, false));
+                (enter::command(self.tools()?, init, !meta.host_network, argv, cwd, &cgroups), false)
             }
             None => {
                 let home = self.home(id);
@@ -501,14 +499,13 @@ impl LocalProvider {
                     Some(c) if home.join(c).is_dir() => home.join(c),
                     Some(c) => return Err(not_a_dir(c)),
                 };
-                let cgroups = if meta.limits.any() { cgroup::procs_files(id) } else { Vec::new() };
                 let mut cmd = enter::joined(&cgroups, Path::new(program));
                 cmd.args(args).current_dir(dir);
-                cmd
+                (cmd, true)
             }
         };
         cmd.env_clear().envs(self.env_for(id, &meta, envs)).process_group(0);
-        Ok(Launch::Host(cmd, true))
+        Ok(Launch::Host(cmd, adoptable))
     }
 }
 

@@ -293,7 +293,7 @@ pub fn start(app: &App, session: &Session, arguments: &Map<String, Value>) -> Re
     let sandbox_id = tools::resolve_sandbox(app, session, request.sandbox_id).map_err(|e| bad(e.message))?;
     let task_id = ids::task_id();
     let timeout = request.timeout.as_secs().max(1) as i64;
-    let launch = Launch { task_id: &task_id, timeout, cwd: request.cwd, command: request.command, page_limit: 1 };
+    let launch = Launch { task_id: &task_id, timeout, cwd: request.cwd, command: request.command, page_limit: 1, wait: 0 };
     let argv = supervisor::start_argv(app.provider.as_ref(), launch);
     let encoded = serde_json::to_string(&argv).map(|s| s.len()).unwrap_or(usize::MAX);
     if encoded > limits::MAX_SANDBOX_REQUEST_BYTES {

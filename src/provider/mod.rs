@@ -299,6 +299,13 @@ pub trait Provider: Send + Sync {
         self.exec(sandbox_id, req, touch).map(ExecEnd::Done)
     }
 
+    /// Whether a run_command that may outlive `--task-after` on this provider, which cannot hand
+    /// a running command over ([`Provider::promotion_dir`] is `None`), starts under the task
+    /// supervisor instead and waits for its end inside the sandbox (`supervisor::run`).
+    fn supervises_long_commands(&self) -> bool {
+        false
+    }
+
     /// Reads a whole file of at most `max_bytes`.
     fn read_file(&self, sandbox_id: &str, path: &str, max_bytes: usize, deadline: Instant) -> Result<Vec<u8>, ProviderError>;
 

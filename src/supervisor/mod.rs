@@ -10,9 +10,9 @@
 //!
 //! | Snippet     | `$1`, `$2`, ...                                                          |
 //! |-------------|---------------------------------------------------------------------------|
-//! | `start`     | ID TIMEOUT TASK_SHELL CWD COMMAND SUPERVISE_PROGRAM SH PAGE_LIMIT          |
+//! | `start`     | ID TIMEOUT TASK_SHELL CWD COMMAND SUPERVISE_PROGRAM SH PAGE_LIMIT WAIT     |
 //! | `start` (adopt) | `adopt` ID TIMEOUT LEFT PGID OUT_PRE ERR_PRE OUT_TRUNC ERR_TRUNC STARTED_AT COMMAND SUPERVISE_PROGRAM SH |
-//! | `supervise` | `supervise` DIR TIMEOUT TASK_SHELL CWD COMMAND (passed on by `start.sh`)   |
+//! | `supervise` | `supervise` DIR TIMEOUT TASK_SHELL CWD COMMAND WAIT (passed on by `start.sh`) |
 //! | `supervise` (adopt) | `adopt` DIR TIMEOUT LEFT PGID OUT_PRE ERR_PRE STARTED_AT (passed on by `start.sh`) |
 //! | `status`    | ID OUT_OFFSET ERR_OFFSET LIMIT                                             |
 //! | `cancel`    | ID OUT_OFFSET ERR_OFFSET LIMIT                                             |
@@ -52,6 +52,12 @@
 //! and the timer start after that answer, once start.sh has exited (the supervisor reads, blocked,
 //! a pipe that only start.sh holds open for writing), so that they do not compete with passing
 //! the answer on.
+//!
+//! With a `WAIT` other than 0 (`start.sh`'s `run`: a run_command on a provider that cannot hand a
+//! running command over, [`run`]) the supervisor answers later and in one line, on a pipe of
+//! which start.sh holds only the read end: `@over` once the final state is saved, or `@wait`
+//! from its timer after `WAIT` seconds (or nothing, if it dies: the pipe closes). start.sh then
+//! prints the snapshot with the whole logs and removes the directory of a task that has ended.
 //!
 //! `start.sh adopt` (a run_command promoted at `--task-after`) claims the directory with the same
 //! `claim`, before its supervisor starts rather than beside it (no start_task waits on it), then
@@ -317,6 +323,38 @@ pub fn start_argv(provider: &dyn Provider, launch: Launch<'_>) -> Vec<String> {
 /// the task may nevertheless be running.
 pub fn start(target: &Target<'_>, task_id: &str, argv: Vec<String>) -> Result<Started, ProviderError> {
     let out = target.run(argv)?;
+    started(&out, task_id, Window { stdout_offset: 0, stderr_offset: 0, limit: limits::READ_LIMIT_DEFAULT as u64 }, "start_task")
+}
+
+/// Starts a task in start's wait mode (`argv` from a [`Launch`] with `wait` seconds, `envs` the
+/// command's own variables) and returns what the sandbox saw when the task ended or the wait
+/// did: a final snapshot with the whole logs (the task directory is then gone), or a running one
+/// with the output so far. Errors as [`start`]'s.
+pub fn run(
+    target: &Target<'_>,
+    task_id: &str,
+    argv: Vec<String>,
+    envs: &BTreeMap<String, String>,
+    wait: Duration,
+) -> Result<Started, ProviderError> {
+    let req = ExecRequest {
+        argv,
+        envs: envs.clone(),
+        cwd: None,
+        // The whole logs and the answer's header.
+        output_cap: limits::MAX_LOG_BYTES + 64 * 1024,
+        deadline: Instant::now() + wait + SNIPPET_BUDGET,
+        cancel: None,
+    };
+    let out = target.provider.exec(target.sandbox_id, &req, Touch::Renew)?;
+    if out.timed_out {
+        return Err(ProviderError::Timeout { what: "the command's start".into(), after: wait + SNIPPET_BUDGET });
+    }
+    started(&out, task_id, Window { stdout_offset: 0, stderr_offset: 0, limit: limits::MAX_LOG_BYTES as u64 }, "run_command")
+}
+
+/// Reads the answer of a start (`@error` or the snapshot).
+fn started(out: &ExecOutput, task_id: &str, window: Window, what: &str) -> Result<Started, ProviderError> {
     let text = String::from_utf8_lossy(&out.stdout);
     if let Some(rest) = text.strip_prefix("@error ") {
         let line = rest.lines().next().unwrap_or("");
@@ -331,11 +369,11 @@ pub fn start(target: &Target<'_>, task_id: &str, argv: Vec<String>) -> Result<St
         };
         return Ok(Started::Refused(msg));
     }
-    match parse_one(&out, task_id, Window { stdout_offset: 0, stderr_offset: 0, limit: limits::READ_LIMIT_DEFAULT as u64 }) {
+    match parse_one(out, task_id, window) {
         Some(snap) => Ok(Started::Observed(snap)),
         None => Err(ProviderError::Unconfirmed {
-            what: "start_task".into(),
-            detail: format!("the supervisor's answer was unreadable: {}", excerpt(&out)),
+            what: what.into(),
+            detail: format!("the supervisor's answer was unreadable: {}", excerpt(out)),
         }),
     }
 }

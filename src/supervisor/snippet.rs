@@ -190,6 +190,9 @@ pub struct Launch<'a> {
     pub command: &'a str,
     /// Bytes of each log returned with the first snapshot.
     pub page_limit: u64,
+    /// Seconds the start waits inside the sandbox for the task's end before it answers (0: it
+    /// answers once the task runs; see `start.sh`'s `run`).
+    pub wait: u64,
 }
 
 /// What adopting a running command asks for (`start.sh`'s adopt mode).
@@ -271,6 +274,7 @@ impl Call<'_> {
                     Snippet::Supervise.source().to_string(),
                     sh,
                     l.page_limit.to_string(),
+                    l.wait.to_string(),
                 ]
             }
             Call::Adopt(a) => {
@@ -334,9 +338,10 @@ mod tests {
             assert!(!snippet.source().contains("\nadopt() {"), "{snippet:?}");
             assert!(snippet.adopt_source().contains("\nadopt() {"), "{snippet:?}");
         }
-        // The start request must leave room for a 65,536-character command within 96 KiB.
+        // The start request must leave room for a 65,536-character command within 96 KiB (the
+        // tasks tests start the longest ASCII one).
         let overhead = Snippet::Start.source().len() + Snippet::Supervise.source().len();
-        assert!(overhead < 24 * 1024, "snippets are {overhead} bytes");
+        assert!(overhead < 26 * 1024, "snippets are {overhead} bytes");
         // An adoption's request carries the same with the adopt modes, and the command line.
         let overhead = Snippet::Start.adopt_source().len() + Snippet::Supervise.adopt_source().len();
         assert!(overhead < 28 * 1024, "the adoption's snippets are {overhead} bytes");
@@ -355,6 +360,54 @@ mod tests {
                 assert!(!snippet.file().contains(&format!("{name}=")), "{snippet:?} sets {name} itself");
             }
         }
+    }
+
+    /// start.sh's run (wait mode) as a provider would run it, with HOME at `home`.
+    fn run_mode(home: &std::path::Path, id: &str, command: &str, wait: &str) -> (String, String) {
+        let out = Command::new("/bin/sh")
+            .args(["-c", Snippet::Start.source(), "sh", id, "30", "/bin/sh", "", command, Snippet::Supervise.source(), "/bin/sh"])
+            .args(["1048576", wait])
+            .env("HOME", home)
+            .output()
+            .expect("sh runs");
+        (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+
+    #[test]
+    fn run_mode_answers_at_the_end_or_after_the_wait() {
+        let home = std::env::temp_dir().join(format!("sandbox-mcp-run-{}", std::process::id()));
+        std::fs::create_dir_all(&home).unwrap();
+        let tasks = home.join(".sandbox-mcp/tasks");
+        // Ends in time: the whole logs, and the task directory goes.
+        let id = "0123456789abcdef0123456789abcde0";
+        let (out, err) = run_mode(&home, id, "echo out; head -c 1500000 /dev/zero | tr '\\0' e >&2; exit 3", "5");
+        assert!(out.starts_with(&format!("@task {id}\nstatus=exited\nexit_code=3\n")), "{out}");
+        assert!(out.ends_with("@end\nout\n"), "{out}");
+        assert_eq!(err.len(), 1 << 20, "{}", &err[..err.len().min(200)]);
+        let gone = until(|| !tasks.join(id).exists());
+        assert!(gone, "the directory of a run that ended in time is removed");
+        // Still running after the wait: the output so far; the task goes on.
+        let id = "0123456789abcdef0123456789abcde1";
+        let t0 = std::time::Instant::now();
+        let (out, _) = run_mode(&home, id, "echo early; sleep 3; echo late", "1");
+        assert!(t0.elapsed() < std::time::Duration::from_millis(2500), "{:?}", t0.elapsed());
+        assert!(out.contains("status=running\n") && out.ends_with("@end\nearly\n"), "{out}");
+        let state = tasks.join(id).join("state");
+        let ended = until(|| std::fs::read_to_string(&state).is_ok_and(|s| s.contains("status=exited")));
+        assert!(ended, "the task goes on to its end");
+        let _ = std::fs::remove_dir_all(&home);
+    }
+
+    /// Polls `f` for up to 10 seconds.
+    fn until(mut f: impl FnMut() -> bool) -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            if f() {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        false
     }
 
     #[test]

@@ -46,8 +46,44 @@ claim() {
     fi
 }
 
+# run: start's wait mode (WAIT seconds, a run_command that may outlive --task-after on a
+# provider whose command pipes cannot be handed over): the supervisor keeps its word until the
+# task has ended and its final state is saved (`@over`) or until its timer has waited WAIT
+# seconds (`@wait`), and this snippet then answers with the whole logs (LIMIT) and, when the task
+# has ended, removes its directory: a command that ends in time leaves nothing behind. The word
+# comes through a pipe of which this shell holds only the read end (fd 5: a here-document, whose
+# write end is reopened through /proc/self/fd for the supervisor and then closed here), so that a
+# supervisor that dies without a word ends the wait too (the state then says what it saw). Where
+# here-documents are files, the answer is `@error nowait` and nothing is started.
+run() {
+    exec 5<<'E'
+x
+E
+    if ! [ -p /proc/self/fd/5 ] || ! read -r _x <&5 || ! command exec 6>/proc/self/fd/5; then
+        printf '@error nowait the sandbox shell keeps here-documents in files\n'
+        exit 0
+    fi
+    {
+        exec 3>&- 5<&- 6>&-
+        claim && {
+            : >"$D/stdout.log"
+            : >"$D/stderr.log"
+            printf 'go\n'
+        }
+    } | setsid "$SH" -c "$SUP" sh supervise "$D" "$T" "$TSH" "$CWD" "$CMD" "$WAIT" >&6 3>&- 5<&- 6>&- &
+    exec 6>&-
+    _word=''
+    IFS= read -r _word <&5
+    exec 5<&-
+    case $_word in @error*)
+        printf '%s\n' "$_word"
+        exit 0
+        ;;
+    esac
+}
+
 start() {
-    ID=$1 T=$2 TSH=$3 CWD=$4 CMD=$5 SUP=$6 SH=$7 LIMIT=$8
+    ID=$1 T=$2 TSH=$3 CWD=$4 CMD=$5 SUP=$6 SH=$7 LIMIT=$8 WAIT=${9:-0}
     exec 3>&2 2>/dev/null
     umask 077
     task_root
@@ -64,6 +100,10 @@ start() {
         exit 0
     }
     D=$ROOT/$ID
+    if [ "$WAIT" != 0 ]; then
+        run
+        return
+    fi
     # fd 4: a pipe that only this shell holds open for writing, until it exits (a here-document
     # reopened read-write, as in supervise.sh's open_pipes; no process). The supervisor waits for
     # its end before it starts the pumps and the timer, which would otherwise compete with the
@@ -103,3 +143,8 @@ E
 # An adoption's program has start-adopt.sh at the next line (it ends there); a start's has nothing.
 # @adopt
 emit "$D" 0 0 "$LIMIT"
+# A run (see there) that ended in time leaves nothing behind; the removal does not delay the
+# answer (no descriptor of this call stays open for it).
+if [ "${WAIT:-0}" != 0 ] && is_final; then
+    cd / && rm -rf "$D" >/dev/null 2>&1 3>&- &
+fi

@@ -64,11 +64,13 @@ give_up() {
     exit 0
 }
 
-# launch DIR TIMEOUT TASK_SHELL CWD COMMAND: everything up to start.sh's answer: waits for the
-# claim, starts the task in its own group, confirms it and answers (RUNNING=1), or finds that the
-# task has already ended (RUNNING empty).
+# launch DIR TIMEOUT TASK_SHELL CWD COMMAND WAIT: everything up to start.sh's answer: waits for
+# the claim, starts the task in its own group, confirms it and answers (RUNNING=1), or finds that
+# the task has already ended (RUNNING empty). With WAIT (seconds, not 0: start.sh's run) the
+# answer is one line instead, written later: `@over` once the final state is saved, or the
+# timer's `@wait` after WAIT seconds, whichever comes first.
 launch() {
-    D=$1 T=$2 TSH=$3 CWD=$4 CMD=$5
+    D=$1 T=$2 TSH=$3 CWD=$4 CMD=$5 WAIT=${6:-0}
     ID=${D##*/}
     # fd 9: start.sh's pipe, closed once the task is confirmed (that is start.sh's answer).
     # Only the children that outlive that moment close it, each for itself.
@@ -143,7 +145,10 @@ launch() {
         [ "$_i" -ge 4000 ] && sleep 0.01
     done
     if proc_stat "$TPID" && [ "$ST_PGID" = "$TPID" ]; then TSTART=$ST_START; fi
-    if [ "$ST_STATE" != Z ]; then
+    if [ "$ST_STATE" != Z ] && [ "$WAIT" != 0 ]; then
+        save running
+        RUNNING=1
+    elif [ "$ST_STATE" != Z ]; then
         save running
         # start.sh's answer: the task runs in its own group. This shell prints the snapshot
         # itself (it knows every value; the logs are still empty, since the pumps start after
@@ -167,7 +172,7 @@ launch() {
     # has saved it.)
 }
 
-MODE=$1
+MODE=$1 WAIT=0
 shift
 case $MODE in
 supervise) launch "$@" ;;
@@ -350,9 +355,20 @@ pumps_open() {
 
 # timer: TERM to the task's group at its deadline (T seconds, or LEFT in adopt mode), KILL after
 # TERM_GRACE_CS. The supervisor ends it (TERM) when the task ends; it then ends its sleep with it.
+# With WAIT it first writes start.sh's `@wait` line after WAIT seconds (start.sh may be gone: no
+# SIGPIPE may stop the timer).
 timer() {
     _s=
     trap 'kill -s KILL "$_s" 2>/dev/null; exit 0' TERM
+    if [ "$WAIT" != 0 ]; then
+        sleep "$WAIT" &
+        _s=$!
+        wait "$_s"
+        trap '' PIPE
+        printf '@wait\n' >&9
+        exec 9>&-
+        LEFT=$((T - WAIT))
+    fi
     sleep "${LEFT:-$T}" &
     _s=$!
     wait "$_s"
@@ -492,7 +508,8 @@ finish() {
 start_pumps
 if [ -n "$RUNNING" ]; then
     (
-        exec </dev/null >/dev/null 2>&1 7>&- 8>&- 9>&-
+        exec </dev/null >/dev/null 2>&1 7>&- 8>&-
+        [ "$WAIT" != 0 ] || exec 9>&-
         timer
     ) &
     TMR=$!
@@ -501,4 +518,8 @@ wait "$TPID"
 RC=$?
 [ -n "$TMR" ] && kill -s TERM "$TMR" 2>/dev/null
 finish
+if [ "$WAIT" != 0 ]; then
+    trap '' PIPE
+    printf '@over\n' >&9
+fi
 exec 9>&-

@@ -5,9 +5,11 @@ use super::{Ctx, Tool, ToolError, SANDBOX_ID};
 use crate::ids;
 use crate::limits;
 use crate::provider::local::TASK_TAG_VAR;
-use crate::provider::{ExecEnd, ExecRequest, Promotion, Touch};
+use crate::provider::{ExecEnd, ExecOutput, ExecRequest, Promotion, Touch};
+use crate::supervisor::{self, Launch, Started, Target, TaskState, Window};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// Exit code reported when the timeout killed the command (as GNU `timeout` does).
@@ -100,11 +102,14 @@ fn run(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
     let masker = provider.env_masker(&id, &envs)?;
     let started = Instant::now();
     let after = ctx.app.config.task_after;
+    let text = |bytes: &[u8]| String::from_utf8_lossy(&masker.mask_bytes(bytes)).into_owned();
     // A command that may outlive --task-after is made adoptable from its start (the task tag, and
-    // an EXIT trap that records its exit code once its task directory exists); see
+    // an EXIT trap that records its exit code once its task directory exists) or, where the
+    // provider cannot hand a running command over, started under the supervisor; see
     // ARCHITECTURE.md, "Long run_command calls".
+    let may_outlive = !after.is_zero() && timeout > after;
     let task_id = ids::task_id();
-    let dir = if !after.is_zero() && timeout > after { provider.promotion_dir(&id, &task_id) } else { None };
+    let dir = if may_outlive { provider.promotion_dir(&id, &task_id) } else { None };
     let mut req = ExecRequest {
         argv: provider.shell(command),
         envs,
@@ -113,9 +118,7 @@ fn run(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
         deadline: started + timeout,
         cancel: Some(ctx.cancel.clone()),
     };
-    let text = |bytes: &[u8]| String::from_utf8_lossy(&masker.mask_bytes(bytes)).into_owned();
     let out = match dir {
-        None => provider.exec(&id, &req, Touch::Renew)?,
         Some(dir) => {
             req.argv = provider.shell(&adoptable(command, &dir));
             req.envs.insert(TASK_TAG_VAR.to_string(), task_id.clone());
@@ -125,28 +128,28 @@ fn run(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
                 ExecEnd::Promoted(out) => {
                     // The task outlives the session, like start_task's.
                     ctx.session.retain(&id);
-                    let message = format!(
-                        "The command is still running, now as background task {task_id} in sandbox {id}. Call get_task with this task_id \
-and sandbox_id (wait: up to 60 seconds per call) for its further output and its exit code, or cancel_task to stop it."
-                    );
-                    return Ok(json!({
-                        "state": "running",
-                        "exit_code": Value::Null,
-                        "stdout": text(&out.stdout),
-                        "stderr": text(&out.stderr),
-                        "stdout_truncated": out.stdout_truncated,
-                        "stderr_truncated": out.stderr_truncated,
-                        "timed_out": false,
-                        "duration_ms": out.duration.as_millis() as u64,
-                        "task_id": task_id,
-                        "sandbox_id": id,
-                        "message": message,
-                    }));
+                    return Ok(running(&task_id, &id, &out, text));
                 }
             }
         }
+        None if may_outlive && provider.supervises_long_commands() => {
+            let launch = Launch {
+                task_id: &task_id,
+                timeout: timeout.as_secs() as i64,
+                cwd,
+                command,
+                page_limit: limits::MAX_LOG_BYTES as u64,
+                wait: after.as_secs(),
+            };
+            match supervised(ctx, &id, launch, &req.envs, started)? {
+                Supervised::Ended(out) => out,
+                Supervised::Running(out) => return Ok(running(&task_id, &id, &out, text)),
+                Supervised::Refused => provider.exec(&id, &req, Touch::Renew)?,
+            }
+        }
+        None => provider.exec(&id, &req, Touch::Renew)?,
     };
-    if ctx.cancel.load(std::sync::atomic::Ordering::Relaxed) {
+    if ctx.cancel.load(Ordering::Relaxed) {
         if ctx.app.is_draining() {
             return Err(ToolError::new("the server is shutting down; the command was stopped before it finished"));
         }
@@ -162,6 +165,107 @@ and sandbox_id (wait: up to 60 seconds per call) for its further output and its 
         "timed_out": out.timed_out,
         "duration_ms": out.duration.as_millis() as u64,
     }))
+}
+
+/// The answer of a run_command that goes on as task `task_id`, with the output so far.
+fn running(task_id: &str, sandbox_id: &str, out: &ExecOutput, text: impl Fn(&[u8]) -> String) -> Value {
+    let message = format!(
+        "The command is still running, now as background task {task_id} in sandbox {sandbox_id}. Call get_task with this task_id \
+and sandbox_id (wait: up to 60 seconds per call) for its further output and its exit code, or cancel_task to stop it."
+    );
+    json!({
+        "state": "running",
+        "exit_code": Value::Null,
+        "stdout": text(&out.stdout),
+        "stderr": text(&out.stderr),
+        "stdout_truncated": out.stdout_truncated,
+        "stderr_truncated": out.stderr_truncated,
+        "timed_out": false,
+        "duration_ms": out.duration.as_millis() as u64,
+        "task_id": task_id,
+        "sandbox_id": sandbox_id,
+        "message": message,
+    })
+}
+
+/// How a command started under the supervisor came back.
+enum Supervised {
+    /// It ended within `--task-after` (its task directory is gone): the output as run_command's.
+    Ended(ExecOutput),
+    /// It goes on as its task: the output so far.
+    Running(ExecOutput),
+    /// Nothing was started (the request would be too large, the sandbox refused the start):
+    /// run it the plain way.
+    Refused,
+}
+
+/// Runs `launch` under the supervisor, waiting for its end inside the sandbox for `launch.wait`
+/// seconds (one request; `supervisor::run`), with the command's own variables `envs` in the
+/// environment of the supervisor (whose masker then masks their secret-named values) and of the
+/// command.
+fn supervised(
+    ctx: &Ctx<'_>,
+    id: &str,
+    launch: Launch<'_>,
+    envs: &BTreeMap<String, String>,
+    started: Instant,
+) -> Result<Supervised, ToolError> {
+    let provider = ctx.app.provider.as_ref();
+    let task_id = launch.task_id;
+    let argv = supervisor::start_argv(provider, launch);
+    let encoded = serde_json::to_string(&argv).map(|s| s.len()).unwrap_or(usize::MAX);
+    if encoded > limits::MAX_SANDBOX_REQUEST_BYTES {
+        return Ok(Supervised::Refused);
+    }
+    let target = Target { provider, sandbox_id: id };
+    let snap = match supervisor::run(&target, task_id, argv, envs, Duration::from_secs(launch.wait)) {
+        Ok(Started::Observed(snap)) => snap,
+        Ok(Started::Refused(_)) => return Ok(Supervised::Refused),
+        Err(err) if err.maybe_applied() => {
+            ctx.session.retain(id);
+            return Err(ToolError::new(format!(
+                "the command was started as background task {task_id} in sandbox {id}, but its answer was lost ({err}); \
+get_task with this task_id and sandbox_id tells its state and output"
+            )));
+        }
+        Err(err) => return Err(err.into()),
+    };
+    let out = ExecOutput {
+        exit_code: snap.exit_code.unwrap_or(-1).clamp(i32::MIN as i64, i32::MAX as i64) as i32,
+        stdout: snap.stdout,
+        stderr: snap.stderr,
+        stdout_truncated: snap.stdout_truncated,
+        stderr_truncated: snap.stderr_truncated,
+        timed_out: snap.state == TaskState::TimedOut,
+        duration: started.elapsed(),
+    };
+    match snap.state {
+        TaskState::Running if ctx.cancel.load(Ordering::Relaxed) && !ctx.app.is_draining() => {
+            // The caller gave up on it: stop it and leave nothing behind, as a plain command.
+            let all = Window { stdout_offset: 0, stderr_offset: 0, limit: 0 };
+            let _ = supervisor::cancel(&target, task_id, all);
+            let _ = supervisor::delete(&target, task_id);
+            Ok(Supervised::Ended(out))
+        }
+        TaskState::Running => {
+            // The task outlives the session, like start_task's (also when the server is
+            // shutting down: the caller then gets its handle).
+            ctx.session.retain(id);
+            Ok(Supervised::Running(out))
+        }
+        TaskState::Succeeded | TaskState::TimedOut => Ok(Supervised::Ended(out)),
+        TaskState::Failed if snap.exit_code.is_some() => Ok(Supervised::Ended(out)),
+        TaskState::Failed => Err(ToolError::new(snap.error.unwrap_or_else(|| "the command could not be started".into()))),
+        TaskState::Cancelled => Err(ToolError::new(format!("the command was stopped by cancel_task (task {task_id} in sandbox {id})"))),
+        TaskState::Unknown => {
+            ctx.session.retain(id);
+            let why = snap.error.unwrap_or_else(|| "its supervisor did not report".into());
+            Err(ToolError::new(format!(
+                "the command's outcome cannot be observed: {why}. It ran as background task {task_id} in sandbox {id}; get_task with \
+this task_id and sandbox_id reads its logs"
+            )))
+        }
+    }
 }
 
 /// `command` preceded by an `EXIT` trap that writes its exit status into `dir/exit_code` once

@@ -239,7 +239,7 @@ fn start(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
     let sandbox_id = super::target_sandbox(ctx, sandbox_id)?;
     let provider = ctx.app.provider.as_ref();
     let task_id = ids::task_id();
-    let launch = Launch { task_id: &task_id, timeout, cwd, command, page_limit: limits::READ_LIMIT_DEFAULT as u64 };
+    let launch = Launch { task_id: &task_id, timeout, cwd, command, page_limit: limits::READ_LIMIT_DEFAULT as u64, wait: 0 };
     let argv = supervisor::start_argv(provider, launch);
     let encoded = serde_json::to_string(&argv).map(|s| s.len()).unwrap_or(usize::MAX);
     if encoded > limits::MAX_SANDBOX_REQUEST_BYTES {

@@ -9,7 +9,7 @@ use crate::process::{running, sh};
 use crate::proxy::Proxy;
 use crate::requests::{mode, plural, route_text, routes, total, Requests};
 use crate::session::{self, state, wait_final, Tools};
-use crate::side::{Side, E2B_OPS};
+use crate::side::{Side, E2B_OPS, RUN_SHORT};
 use crate::table::Row;
 use crate::units::{dur, secs, times};
 use anyhow::{anyhow, bail, Context, Result};
@@ -84,8 +84,13 @@ fn e2b_connections(b: &Bench, emu: &Emulator) -> Result<Map<String, Value>> {
 }
 
 /// The rows: tool, what the call does, HTTP requests one call needs in steady state.
-const E2B_TOOLS: [(&str, &str, u64); 11] = [
-    ("run_command", "`run_command \"true\"`", 1),
+const E2B_TOOLS: [(&str, &str, u64); 12] = [
+    (
+        "run_command",
+        "`run_command \"true\"` (default timeout 60 s, over `--task-after` 25 s: under the supervisor, waiting inside the sandbox)",
+        1,
+    ),
+    (RUN_SHORT, "`run_command \"true\"` with `timeout` 20 s (within `--task-after`: run by envd alone)", 1),
     ("write_file", "`write_file` (6 bytes)", 1),
     ("read_file", "`read_file` (6 bytes)", 1),
     ("list_files", "`list_files` (a directory with one file)", 1),
@@ -408,5 +413,53 @@ connection costs a TCP handshake more, and on E2B's cloud (HTTPS) a TLS handshak
         }
         b.row(row);
     }
+    e2b_promotion(b, emu, sandbox)
+}
+
+/// A plain run_command of `echo started; sleep 30` against an e2b server with `--task-after 1`:
+/// the time from the threshold to the `running` answer (the command started under the
+/// supervisor, which waited inside the sandbox), and the requests it made.
+fn e2b_promotion(b: &mut Bench, emu: &mut Emulator, sandbox: &str) -> Result<()> {
+    let n = b.n(10).max(3);
+    let mut server = emu.server(b);
+    server.env("SANDBOX_MCP_TASK_AFTER", "1");
+    let mut rpc = session::spawn(server, &b.log("e2b-promotion"))?;
+    session::initialize(&mut rpc)?;
+    // (The first command of a server also reads the environment, for masking.)
+    rpc.tool("run_command", &json!({"sandbox_id": sandbox, "command": "true"}))?;
+    let (mut late, mut per_call) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for _ in 0..n {
+        let args = json!({"sandbox_id": sandbox, "command": "echo started; sleep 30", "timeout": 60});
+        emu.reset()?;
+        let t = Instant::now();
+        let r = rpc.tool("run_command", &args)?;
+        let e = secs(t);
+        per_call.push(emu.counts()?);
+        if r["state"] != "running" || r["stdout"] != "started\n" {
+            bail!("run_command on e2b was not answered as running with its output so far: {r}");
+        }
+        late.push((e - 1.0).max(0.0));
+        let task = r["task_id"].as_str().context("no task_id")?.to_string();
+        rpc.tool("cancel_task", &json!({"sandbox_id": sandbox, "task_id": task}))?;
+        rpc.tool("delete_task", &json!({"sandbox_id": sandbox, "task_id": task}))?;
+    }
+    rpc.end()?;
+    let s = b.keep("e2b.plain_promotion_latency", &late);
+    let req = Requests::of(&per_call);
+    let mut note = format!(
+        "measured from the call's start minus --task-after 1 s; the wait runs inside the sandbox (the supervisor's timer), so the \
+answer also carries the in-sandbox start's delay; requests per call: {} ({})",
+        req.steady,
+        route_text(&req.steady_routes)
+    );
+    if let Some(extra) = req.note() {
+        note = format!("{note}; {extra}");
+    }
+    b.row(
+        Row::new("e2b", "plain run_command → `running` answer at `--task-after`, e2b provider")
+            .lat(&s)
+            .note(note)
+            .target("< 100 ms and 1 HTTP request", s.median < 0.100 && req.steady <= 1),
+    );
     Ok(())
 }

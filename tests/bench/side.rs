@@ -25,6 +25,7 @@ pub enum Op {
     Read,
     List,
     Run,
+    RunShort,
     Start,
     Get,
     Cancel,
@@ -33,7 +34,10 @@ pub enum Op {
 }
 
 /// In this order (the file is written before it is read).
-pub const E2B_OPS: [Op; 9] = [Op::Write, Op::Read, Op::List, Op::Run, Op::Start, Op::Get, Op::Cancel, Op::Tasks, Op::Create];
+pub const E2B_OPS: [Op; 10] = [Op::Write, Op::Read, Op::List, Op::Run, Op::RunShort, Op::Start, Op::Get, Op::Cancel, Op::Tasks, Op::Create];
+
+/// The key of [`Op::RunShort`]'s calls (run_command with a timeout within `--task-after`).
+pub const RUN_SHORT: &str = "run_command_short";
 
 /// One provider's session, sandbox and finished task.
 pub struct Side<'a> {
@@ -125,6 +129,14 @@ impl<'a> Side<'a> {
             Op::Run => {
                 let args = json!({"sandbox_id": sb, "command": "true"});
                 vec![self.call(emu, "run_command", args, |v| v["exit_code"] == json!(0))?.0]
+            }
+            Op::RunShort => {
+                // A timeout within --task-after (25 s by default): the command can never become a
+                // task, so it runs the plain way.
+                let args = json!({"sandbox_id": sb, "command": "true", "timeout": 20});
+                let (mut call, _) = self.call(emu, "run_command", args, |v| v["exit_code"] == json!(0))?;
+                call.tool = RUN_SHORT;
+                vec![call]
             }
             Op::Start => {
                 let args = json!({"sandbox_id": sb, "command": "true"});

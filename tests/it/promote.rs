@@ -251,3 +251,110 @@ fn a_plain_http_run_command_becomes_a_task() {
     h.call(&session, "kill_sandbox", json!({"sandbox_id": sb}));
     assert!(h.stop().success());
 }
+
+/// On E2B (envd owns a command's pipes) a run_command that may outlive `--task-after` starts
+/// under the supervisor and waits inside the sandbox: one request either way.
+fn e2b_scenario(e: &E2bHome) {
+    let mut m = e.stdio_with(&AFTER);
+    let sb = m.ok("create_sandbox", json!({"envs": {"SERVICE_TOKEN": "tok-123456789"}}))["sandbox_id"].as_str().unwrap().to_string();
+    // (The first command also reads the sandbox's environment, for masking.)
+    m.ok("run_command", json!({"command": "true"}));
+    // Quick: answered as before, in one request, and nothing is left behind.
+    e.emulator.take_counts();
+    let quick = m.ok("run_command", json!({"command": "echo hi $SERVICE_TOKEN; echo e >&2; exit 3"}));
+    assert_eq!(e.emulator.take_counts()["total"], 1);
+    conforms(&mut m, &quick);
+    assert_eq!(
+        (quick["state"].as_str(), quick["exit_code"].as_i64(), quick["stdout"].as_str(), quick["stderr"].as_str()),
+        (Some("completed"), Some(3), Some("hi ***\n"), Some("e\n")),
+        "{quick}"
+    );
+    assert!(quick.get("task_id").is_none(), "{quick}");
+    wait_for(Duration::from_secs(10), "the finished command's task directory to go", || {
+        (m.ok("list_tasks", json!({}))["count"] == 0).then_some(())
+    });
+    // A call's own variables reach the command and are masked; a relative cwd; the 1 MiB cap.
+    m.ok("run_command", json!({"command": "mkdir -p sub"}));
+    let out = m.ok(
+        "run_command",
+        json!({"command": "echo $CALL_SECRET $PLAIN; pwd | sed 's,.*/,,'; head -c 1500000 /dev/zero | tr '\\0' e >&2", "cwd": "sub", "envs": {"CALL_SECRET": "call-secret-1", "PLAIN": "p"}}),
+    );
+    assert_eq!((out["stdout"].as_str(), out["exit_code"].as_i64()), (Some("*** p\nsub\n"), Some(0)), "{}", out["stdout"]);
+    assert_eq!((out["stderr"].as_str().map(str::len), out["stderr_truncated"].as_bool()), (Some(1 << 20), Some(true)));
+    // A missing cwd starts nothing and says so.
+    assert!(m.err("run_command", json!({"command": "true", "cwd": "/no/such/dir"})).contains("does not exist"));
+    // Long: answered at about --task-after with the output so far, in one request.
+    e.emulator.take_counts();
+    let t0 = Instant::now();
+    let out = m.ok("run_command", json!({"command": "echo A; echo x >&2; sleep 3; printf B; exit 7"}));
+    let took = t0.elapsed();
+    assert_eq!(e.emulator.take_counts()["total"], 1);
+    let (sb2, task) = running(&out);
+    conforms(&mut m, &out);
+    assert_eq!(sb2, sb);
+    assert!(took >= Duration::from_millis(950) && took < Duration::from_millis(1900), "answered after {took:?}");
+    // (The sandbox has a secret: the supervisor's masker saves a line's newline with the next
+    // line, so that a secret cut by a write is still masked.)
+    assert_eq!((out["stdout"].as_str(), out["stderr"].as_str()), (Some("A"), Some("x")), "{out}");
+    // The task survives its server.
+    let pid = m.client.pid();
+    assert!(pid > 1);
+    std::process::Command::new("/bin/sh").args(["-c", &format!("kill -s KILL {pid}")]).status().unwrap();
+    let mut m = e.stdio_with(&AFTER);
+    let done = final_state(&mut m, &sb, &task);
+    assert_eq!(
+        (done["state"].as_str(), done["exit_code"].as_i64(), done["stdout"].as_str()),
+        (Some("failed"), Some(7), Some("A\nB")),
+        "{done}"
+    );
+    // cancel_task within 3 s; the remaining timeout; a call's secret masked on both sides.
+    let out = m.ok("run_command", json!({"sandbox_id": sb, "command": "sleep 60"}));
+    let (_, task) = running(&out);
+    let t0 = Instant::now();
+    let c = m.ok("cancel_task", json!({"sandbox_id": sb, "task_id": task}));
+    let c = if c["state"] == "running" { final_state(&mut m, &sb, &task) } else { c };
+    assert_eq!(c["state"], "cancelled", "{c}");
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    let t0 = Instant::now();
+    let out = m
+        .ok("run_command", json!({"sandbox_id": sb, "command": "echo $TOKEN; sleep 60", "timeout": 3, "envs": {"TOKEN": "t0ken-value-1"}}));
+    let (_, task) = running(&out);
+    assert_eq!(out["stdout"], "***", "{out}");
+    let done = final_state(&mut m, &sb, &task);
+    assert_eq!((done["state"].as_str(), done["stdout"].as_str()), (Some("timed_out"), Some("***\n")), "{done}");
+    assert!(!done.to_string().contains("t0ken-value-1"), "{done}");
+    let took = t0.elapsed();
+    assert!(took >= Duration::from_secs(3) && took < Duration::from_secs(8), "timed out after {took:?}");
+    // A caller that gives up (notifications/cancelled) stops the command; nothing is left.
+    let before = m.ok("list_tasks", json!({"sandbox_id": sb}))["count"].as_i64().unwrap();
+    let call = json!({"jsonrpc": "2.0", "id": "long", "method": "tools/call",
+        "params": {"name": "run_command", "arguments": {"sandbox_id": sb, "command": "sleep 3; touch too-long"}}});
+    m.client.send_line(&call.to_string()).unwrap();
+    m.client.send_line(r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"long"}}"#).unwrap();
+    wait_for(Duration::from_secs(10), "the cancelled command's task to go", || {
+        (m.ok("list_tasks", json!({"sandbox_id": sb}))["count"].as_i64() == Some(before)).then_some(())
+    });
+    let out = m.ok("run_command", json!({"sandbox_id": sb, "command": "sleep 3; test -e too-long && echo ran", "timeout": 10}));
+    assert_eq!(out["stdout"], "", "the cancelled command must have been stopped: {out}");
+    // A start the sandbox refuses (here the tasks directory cannot exist: a file has its name)
+    // is no loss: the command runs the plain way and the call waits for it.
+    m.ok("run_command", json!({"sandbox_id": sb, "command": "rm -rf .sandbox-mcp/tasks && : >.sandbox-mcp/tasks", "timeout": 1}));
+    let t0 = Instant::now();
+    let out = m.ok("run_command", json!({"sandbox_id": sb, "command": "printf A; sleep 2; printf B"}));
+    assert_eq!((out["state"].as_str(), out["exit_code"].as_i64(), out["stdout"].as_str()), (Some("completed"), Some(0), Some("AB")), "{out}");
+    assert!(t0.elapsed() >= Duration::from_secs(2), "{:?}", t0.elapsed());
+    m.ok("kill_sandbox", json!({"sandbox_id": sb}));
+    m.close();
+}
+
+#[test]
+fn a_long_run_command_on_e2b_becomes_a_task() {
+    e2b_scenario(&E2bHome::new("promote-e2b"));
+}
+
+#[test]
+fn a_long_run_command_on_e2b_with_isolated_emulator_sandboxes_becomes_a_task() {
+    if let Some(e) = crate::e2b::isolated_e2b("promote-e2b-iso") {
+        e2b_scenario(&e);
+    }
+}

@@ -616,11 +616,20 @@ impl E2bHome {
     }
 
     pub fn stdio(&self) -> Mcp {
-        self.stdio_with_envd_at(&self.emulator.url())
+        self.stdio_with(&[])
+    }
+
+    /// A server against the emulator with `extra` environment variables.
+    pub fn stdio_with(&self, extra: &[(&str, &str)]) -> Mcp {
+        self.server(&self.emulator.url(), extra)
     }
 
     /// A server whose control plane is the emulator and whose envd URL is `sandbox_url`.
     pub fn stdio_with_envd_at(&self, sandbox_url: &str) -> Mcp {
+        self.server(sandbox_url, &[])
+    }
+
+    fn server(&self, sandbox_url: &str, extra: &[(&str, &str)]) -> Mcp {
         let url = self.emulator.url();
         let mut env = self.home.env();
         env.retain(|(k, _)| k != "SANDBOX_MCP_PROVIDER");
@@ -631,6 +640,7 @@ impl E2bHome {
             ("E2B_API_URL", url.as_str()),
             ("E2B_SANDBOX_URL", sandbox_url),
         ]);
+        all.extend_from_slice(extra);
         let mut client = StdioClient::spawn(&bin(), &["stdio"], &all, false).expect("spawn server");
         client.initialize().expect("initialize");
         Mcp { client }

@@ -630,7 +630,7 @@ fn a_value_with_a_newline_cannot_forge_a_state() {
     let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/supervisor");
     // The supervisor's helpers: its file up to the line that starts it.
     let supervise = std::fs::read_to_string(src.join("supervise.sh")).unwrap();
-    let helpers = &supervise[..supervise.find("\nMODE=$1\n").expect("supervise.sh starts the supervisor")];
+    let helpers = &supervise[..supervise.find("\nMODE=$1 ").expect("supervise.sh starts the supervisor")];
     let script = std::fs::read_to_string(src.join("common.sh")).unwrap() + helpers;
     let dir = std::env::temp_dir().join(format!("smcp-forge-{}", sandbox_mcp::ids::random_hex(4)));
     std::fs::create_dir_all(&dir).unwrap();

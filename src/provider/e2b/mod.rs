@@ -127,6 +127,11 @@ impl Provider for E2bProvider {
         self.envd.exec(&self.control, sandbox_id, &known, req, started)
     }
 
+    fn supervises_long_commands(&self) -> bool {
+        // envd owns a command's pipes: a command that may become a task starts as one.
+        true
+    }
+
     fn read_file(&self, sandbox_id: &str, path: &str, max_bytes: usize, deadline: Instant) -> Result<Vec<u8>, ProviderError> {
         envd::check_path(path)?;
         check_e2b_id(sandbox_id)?;

@@ -49,6 +49,17 @@ fn conforms(m: &mut Mcp, v: &Value) {
     }
 }
 
+/// A promoted `sleep 60` stopped by cancel_task: `cancelled` within 3 s.
+fn cancels_within_3_s(m: &mut Mcp, sb: &str) {
+    let out = m.ok("run_command", json!({"sandbox_id": sb, "command": "sleep 60"}));
+    let (_, task) = running(&out);
+    let t0 = Instant::now();
+    let c = m.ok("cancel_task", json!({"sandbox_id": sb, "task_id": task}));
+    let c = if c["state"] == "running" { final_state(m, sb, &task) } else { c };
+    assert_eq!(c["state"], "cancelled", "{c}");
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+}
+
 fn running(out: &Value) -> (String, String) {
     assert_eq!(out["state"], "running", "{out}");
     assert_eq!((out["exit_code"].clone(), out["timed_out"].clone()), (Value::Null, json!(false)), "{out}");
@@ -164,14 +175,7 @@ fn a_promoted_command_is_cancelled_timed_out_and_masked() {
     for home in homes("promote-stop") {
         let mut m = home.stdio_with(&AFTER);
         let sb = m.create();
-        // cancel_task: cancelled within 3 s.
-        let out = m.ok("run_command", json!({"sandbox_id": sb, "command": "sleep 60"}));
-        let (_, task) = running(&out);
-        let t0 = Instant::now();
-        let c = m.ok("cancel_task", json!({"sandbox_id": sb, "task_id": task}));
-        let c = if c["state"] == "running" { final_state(&mut m, &sb, &task) } else { c };
-        assert_eq!(c["state"], "cancelled", "{c}");
-        assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+        cancels_within_3_s(&mut m, &sb);
         // Its remaining timeout is enforced.
         let t0 = Instant::now();
         let out = m.ok("run_command", json!({"sandbox_id": sb, "command": "sleep 60", "timeout": 3}));
@@ -308,13 +312,7 @@ fn e2b_scenario(e: &E2bHome) {
         "{done}"
     );
     // cancel_task within 3 s; the remaining timeout; a call's secret masked on both sides.
-    let out = m.ok("run_command", json!({"sandbox_id": sb, "command": "sleep 60"}));
-    let (_, task) = running(&out);
-    let t0 = Instant::now();
-    let c = m.ok("cancel_task", json!({"sandbox_id": sb, "task_id": task}));
-    let c = if c["state"] == "running" { final_state(&mut m, &sb, &task) } else { c };
-    assert_eq!(c["state"], "cancelled", "{c}");
-    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    cancels_within_3_s(&mut m, &sb);
     let t0 = Instant::now();
     let out = m
         .ok("run_command", json!({"sandbox_id": sb, "command": "echo $TOKEN; sleep 60", "timeout": 3, "envs": {"TOKEN": "t0ken-value-1"}}));
@@ -341,7 +339,11 @@ fn e2b_scenario(e: &E2bHome) {
     m.ok("run_command", json!({"sandbox_id": sb, "command": "rm -rf .sandbox-mcp/tasks && : >.sandbox-mcp/tasks", "timeout": 1}));
     let t0 = Instant::now();
     let out = m.ok("run_command", json!({"sandbox_id": sb, "command": "printf A; sleep 2; printf B"}));
-    assert_eq!((out["state"].as_str(), out["exit_code"].as_i64(), out["stdout"].as_str()), (Some("completed"), Some(0), Some("AB")), "{out}");
+    assert_eq!(
+        (out["state"].as_str(), out["exit_code"].as_i64(), out["stdout"].as_str()),
+        (Some("completed"), Some(0), Some("AB")),
+        "{out}"
+    );
     assert!(t0.elapsed() >= Duration::from_secs(2), "{:?}", t0.elapsed());
     m.ok("kill_sandbox", json!({"sandbox_id": sb}));
     m.close();

@@ -318,6 +318,27 @@ pub fn start(app: &App, session: &Session, arguments: &Map<String, Value>) -> Re
     Ok((handle, snapshot))
 }
 
+/// The task of a run_command result that says the command goes on as one (`state: "running"`,
+/// as a provider that runs long commands under the supervisor answers at `--task-after`), and
+/// what is known of it; `None` for any other result.
+pub fn running_task(result: &Value) -> Option<(Handle, Snapshot)> {
+    if result.get("isError") == Some(&Value::Bool(true)) {
+        return None;
+    }
+    let out = result.get("structuredContent")?;
+    if out.get("state")?.as_str()? != "running" {
+        return None;
+    }
+    let handle = Handle { sandbox_id: out.get("sandbox_id")?.as_str()?.to_string(), task_id: out.get("task_id")?.as_str()?.to_string() };
+    let ran = out.get("duration_ms").and_then(Value::as_i64).unwrap_or(0) / 1000;
+    let mut snapshot = Snapshot::unconfirmed(&handle.task_id, 0, String::new());
+    snapshot.state = TaskState::Running;
+    snapshot.error = None;
+    snapshot.timeout = None;
+    snapshot.started_at = Some(now_unix() - ran);
+    Some((handle, snapshot))
+}
+
 /// Whether a 2026-07-28 run_command with these arguments runs under the supervisor (and may be
 /// answered with a task): its timeout is longer than `--task-after` (a command that must end
 /// before the threshold never becomes a task, and pays nothing).

@@ -470,12 +470,17 @@ pub fn execute(app: &Arc<App>, work: Work) -> Executed {
         let err = RpcError::new(code::REQUEST_CANCELLED, "the request was cancelled before it started");
         return Executed::Now(Outcome::Cancelled(jsonrpc::error(&call.id, &err)));
     }
+    // A 2026-07-28 run_command that may become a task. On a provider that runs such commands
+    // under the supervisor anyway (E2B), the tool itself answers `running` at --task-after, and
+    // that answer becomes the CreateTaskResult.
+    let offered = matches!(call.op, Op::Tool { task: TaskMode::Offered, .. }) && mcp_tasks::offered(app, &call.arguments);
+    let in_sandbox = app.provider.supervises_long_commands();
     let tool = match &call.op {
         Op::Tool { task: TaskMode::Asked, .. } => {
             let created = mcp_tasks::create(app, &session, &call.arguments);
             return Executed::Now(rpc_answer(app, &call, created));
         }
-        Op::Tool { task: TaskMode::Offered, .. } if mcp_tasks::offered(app, &call.arguments) => {
+        Op::Tool { task: TaskMode::Offered, .. } if offered && !in_sandbox => {
             return promote(app, &session, call);
         }
         Op::Tool { tool, .. } => *tool,
@@ -487,6 +492,11 @@ pub fn execute(app: &Arc<App>, work: Work) -> Executed {
     let deferred = RefCell::new(None);
     let ctx = Ctx { app, session: &session, cancel: call.in_flight.flag(), deferred: &deferred };
     let result = tools::call(&ctx, tool, &call.arguments);
+    if offered {
+        if let Some((handle, snapshot)) = mcp_tasks::running_task(&result) {
+            return Executed::Now(task_created(app, &session, &call, &handle, snapshot));
+        }
+    }
     match deferred.into_inner() {
         Some(pending) => Executed::Wait(Box::new(CallWatch { app: app.clone(), call, pending })),
         None => Executed::Now(answer(app, &call, result)),
@@ -587,17 +597,23 @@ impl Watch for PromoteWatch {
 
 impl PromoteWatch {
     fn as_task(&self) -> Outcome {
-        self.session.record_task(&self.handle.encode());
         let mut snapshot = self.first.clone();
         snapshot.state = supervisor::TaskState::Running;
         snapshot.finished_at = None;
-        let mut result = mcp_tasks::create_result_2026(&self.handle, &snapshot);
-        if let Value::Object(r) = &mut result {
-            let meta = r.entry("_meta").or_insert_with(|| Value::Object(Map::new()));
-            meta[envelope::SERVER_INFO_KEY] = envelope::server_info();
-        }
-        rpc_answer(&self.app, &self.call, Ok(result))
+        task_created(&self.app, &self.session, &self.call, &self.handle, snapshot)
     }
+}
+
+/// The answer to a 2026-07-28 run_command that went on as task `handle`: the `CreateTaskResult`
+/// (the task recorded in the session).
+fn task_created(app: &App, session: &Session, call: &ToolCall, handle: &mcp_tasks::Handle, snapshot: supervisor::Snapshot) -> Outcome {
+    session.record_task(&handle.encode());
+    let mut result = mcp_tasks::create_result_2026(handle, &snapshot);
+    if let Value::Object(r) = &mut result {
+        let meta = r.entry("_meta").or_insert_with(|| Value::Object(Map::new()));
+        meta[envelope::SERVER_INFO_KEY] = envelope::server_info();
+    }
+    rpc_answer(app, call, Ok(result))
 }
 
 /// The response to `call` with a result or a JSON-RPC error; a 2026-07-28 result is marked

@@ -150,8 +150,19 @@ fn get_2026(m: &mut Mcp, id: &str) -> Value {
 #[test]
 fn an_extension_task_survives_sigkill_of_the_server() {
     let home = Home::new("ext-tasks");
-    let env = [("SANDBOX_MCP_TASK_AFTER", "1")];
-    let mut a = home.stdio_with(&env);
+    extension_walkthrough(&|| home.stdio_with(&[("SANDBOX_MCP_TASK_AFTER", "1")]));
+}
+
+/// The same on E2B, where the run_command starts under the supervisor and waits inside the
+/// sandbox; its `running` answer at --task-after becomes the CreateTaskResult.
+#[test]
+fn an_extension_task_on_e2b_survives_sigkill_of_the_server() {
+    let e = E2bHome::new("ext-tasks-e2b");
+    extension_walkthrough(&|| e.stdio_with(&[("SANDBOX_MCP_TASK_AFTER", "1")]));
+}
+
+fn extension_walkthrough(server: &dyn Fn() -> Mcp) {
+    let mut a = server();
     let discover = a.client.request("server/discover", modern(json!({}), false), LONG).unwrap();
     assert_eq!(result(&discover)["capabilities"]["extensions"]["io.modelcontextprotocol/tasks"], json!({}));
     let sb = a.create();
@@ -179,7 +190,7 @@ fn an_extension_task_survives_sigkill_of_the_server() {
     let id = task["taskId"].as_str().unwrap().to_string();
     assert_eq!(result(&get_2026(&mut a, &id))["status"], "working", "durably created before the answer");
     a.client.kill().unwrap();
-    let mut b = home.stdio_with(&env);
+    let mut b = server();
     let done = wait_for(Duration::from_secs(20), "the task to complete", || {
         let v = get_2026(&mut b, &id);
         (result(&v)["status"] != "working").then_some(v)

@@ -354,30 +354,43 @@ pumps_open() {
 }
 
 # timer: TERM to the task's group at its deadline (T seconds, or LEFT in adopt mode), KILL after
-# TERM_GRACE_CS. The supervisor ends it (TERM) when the task ends; it then ends its sleep with it.
-# With WAIT it first writes start.sh's `@wait` line after WAIT seconds (start.sh may be gone: no
-# SIGPIPE may stop the timer).
+# TERM_GRACE_CS. The supervisor ends it (TERM) when the task ends, at any moment, also while it
+# is starting a sleep: the trap ends the sleep in progress (`_s`, set only while it is unreaped)
+# and notes the TERM, which `nap` then sees. With WAIT it first writes start.sh's `@wait` line
+# after WAIT seconds (start.sh may be gone: no SIGPIPE may stop the timer).
 timer() {
-    _s=
-    trap 'kill -s KILL "$_s" 2>/dev/null; exit 0' TERM
+    _stop='' _s=''
+    trap '_stop=1; [ -z "$_s" ] || kill -s KILL "$_s" 2>/dev/null' TERM
     if [ "$WAIT" != 0 ]; then
-        sleep "$WAIT" &
-        _s=$!
-        wait "$_s"
+        nap "$WAIT"
         trap '' PIPE
         printf '@wait\n' >&9
         exec 9>&-
         LEFT=$((T - WAIT))
     fi
-    sleep "${LEFT:-$T}" &
-    _s=$!
-    wait "$_s"
+    nap "${LEFT:-$T}"
     : >timed_out
     sig_task TERM "$TPID" "$TSTART" "$ID"
-    sleep "$((TERM_GRACE_CS / 100)).$((TERM_GRACE_CS / 10 % 10))$((TERM_GRACE_CS % 10))" &
-    _s=$!
-    wait "$_s"
+    nap "$((TERM_GRACE_CS / 100)).$((TERM_GRACE_CS / 10 % 10))$((TERM_GRACE_CS % 10))"
     sig_task KILL "$TPID" "$TSTART" "$ID"
+}
+
+# nap SECONDS: the timer's sleep; exits the timer when a TERM came before, during or right after
+# it. A TERM while the sleep was being started is seen once its pid is known; a later one finds
+# it in `_s` (the trap ends it, and the wait returns). `_s` is cleared as soon as the wait has
+# reaped the sleep: only a TERM in that instant signals a pid already reaped (one just freed by
+# our own child, which the kernel hands out again only after going round all the others).
+nap() {
+    [ -z "$_stop" ] || exit 0
+    sleep "$1" &
+    _s=$!
+    if [ -n "$_stop" ]; then
+        kill -s KILL "$_s" 2>/dev/null
+        exit 0
+    fi
+    wait "$_s"
+    _s=''
+    [ -z "$_stop" ] || exit 0
 }
 
 # kill_escaped: descendants that left the group but kept the task's environment tag. Only

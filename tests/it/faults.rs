@@ -235,6 +235,27 @@ fn tagged(entry: &str) -> Vec<u32> {
     pids
 }
 
+/// Waits until no process of sandbox `sb` is left; names those still there when it gives up.
+fn settle(sb: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !sandbox_procs(sb).is_empty() {
+        if Instant::now() >= deadline {
+            let left: Vec<String> = sandbox_procs(sb)
+                .into_iter()
+                .map(|p| {
+                    let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+                    let cmd: String = String::from_utf8_lossy(&cmd).replace('\0', " ").chars().take(160).collect();
+                    let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+                    let wchan = std::fs::read_to_string(format!("/proc/{p}/wchan")).unwrap_or_default();
+                    format!("{p} [{}] {wchan}: {cmd}", stat.rsplit(") ").next().unwrap_or("").chars().take(30).collect::<String>())
+                })
+                .collect();
+            panic!("after 30 s, processes of the sandbox are still there:\n{}", left.join("\n"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Processes of a local sandbox (the local provider tags each with `SANDBOX_MCP_SANDBOX`).
 fn sandbox_procs(sb: &str) -> Vec<u32> {
     tagged(&format!("SANDBOX_MCP_SANDBOX={sb}"))
@@ -317,7 +338,7 @@ fn server_sigkill_during_start_task() {
         cases.push((expect, snap));
     }
     // Let every start, supervisor and task the killed servers left behind finish.
-    wait_for(Duration::from_secs(30), "the sandbox to settle", || sandbox_procs(&sb).is_empty().then_some(()));
+    settle(&sb);
     let mut b = home.stdio();
     let ids = list_ids(&mut b, &run.at("final"), &sb);
     for (k, (expect, snap)) in cases.iter().enumerate() {

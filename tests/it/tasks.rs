@@ -646,6 +646,37 @@ fn a_value_with_a_newline_cannot_forge_a_state() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Regression (found by the SIGKILL fault test): a TERM from the supervisor that reached the timer
+/// while it was starting its sleep (the task had just ended) left that sleep behind, orphaned,
+/// for the whole timeout. The timer runs here directly, stopped at every moment of its start.
+#[test]
+fn a_timer_stopped_while_it_starts_leaves_no_sleep_behind() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/supervisor");
+    let supervise = std::fs::read_to_string(src.join("supervise.sh")).unwrap();
+    // The helpers after the answer: from the `# @inspect` line to the `# @adopt` line.
+    let from = supervise.find("# @inspect\n").expect("supervise.sh has its @inspect line");
+    let to = supervise.find("# @adopt\n").expect("supervise.sh has its @adopt line");
+    let script = std::fs::read_to_string(src.join("common.sh")).unwrap() + &supervise[from..to];
+    assert!(script.contains("\ntimer() {"), "the timer is among the helpers");
+    let secs = format!("{}", 4000 + std::process::id() % 1000);
+    let run = format!(
+        "{script}\nT={secs} TPID= TSTART= ID=x WAIT=0 TERM_GRACE_CS=200\n\
+         i=0; while [ $i -lt 1000 ]; do i=$((i + 1)); timer & t=$!; j=0; while [ $j -lt $((i % 300)) ]; do j=$((j + 1)); done; \
+         kill -s TERM $t; wait $t || :; done"
+    );
+    for sh in ["/bin/dash", "/bin/bash"] {
+        // (A timer that missed its TERM would wait for its whole sleep: bounded.)
+        let st = std::process::Command::new("timeout").args(["60", sh, "-c", &run]).status().unwrap();
+        assert!(st.success(), "{sh}: {st}");
+        let left = pids_of_argv(&["sleep", &secs]);
+        for pid in &left {
+            // Ours, by the unique duration: end them before failing.
+            let _ = std::process::Command::new("/bin/sh").args(["-c", &format!("kill -s KILL {pid}")]).status();
+        }
+        assert!(left.is_empty(), "{sh}: {} timer sleeps were left behind", left.len());
+    }
+}
+
 /// Regression (review): delete_task removed a task whose supervisor was still starting.
 #[test]
 fn delete_refuses_a_start_in_progress() {

@@ -163,6 +163,12 @@ fn structured(result: &Value) -> Option<&Value> {
     (result["isError"] == json!(false)).then(|| &result["structuredContent"])
 }
 
+/// The task an error names ("... background task ID ...").
+fn named_task(text: &str) -> Option<String> {
+    let id = text.split("background task ").nth(1)?.get(..32)?;
+    id.bytes().all(|b| b.is_ascii_hexdigit()).then(|| id.to_string())
+}
+
 fn error_text(result: &Value) -> &str {
     result["content"][0]["text"].as_str().unwrap_or("")
 }
@@ -839,6 +845,15 @@ fn emulator_drops_streams_and_answers_5xx_at_random() {
             Some(s) => s["state"].as_str().unwrap_or("ok"),
         };
         *calls.entry(format!("{tool}:{outcome}")).or_insert(0usize) += 1;
+        if tool == "run_command" && structured(&r).is_none() {
+            // A run_command on E2B runs as a task (its timeout exceeds --task-after): when its
+            // answer is lost, the error names the task, which may have run.
+            if let Some(id) = named_task(error_text(&r)) {
+                let expect =
+                    Expect { command: format!("echo R-{k}; exit 4"), stdout: format!("R-{k}\n"), stderr: String::new(), exit: Some(4) };
+                tasks.push(E2bTask { id, expect, unconfirmed: true, cancel_sent: false });
+            }
+        }
         let Some(s) = structured(&r) else { continue };
         match tool {
             "start_task" => {

@@ -294,14 +294,12 @@ pub fn start(app: &App, session: &Session, arguments: &Map<String, Value>) -> Re
     let task_id = ids::task_id();
     let timeout = request.timeout.as_secs().max(1) as i64;
     let launch = Launch { task_id: &task_id, timeout, cwd: request.cwd, command: request.command, page_limit: 1, wait: 0 };
-    let argv = supervisor::start_argv(app.provider.as_ref(), launch);
-    let encoded = serde_json::to_string(&argv).map(|s| s.len()).unwrap_or(usize::MAX);
-    if encoded > limits::MAX_SANDBOX_REQUEST_BYTES {
-        return Err(bad(format!(
+    let argv = supervisor::start_argv(app.provider.as_ref(), launch).map_err(|encoded| {
+        bad(format!(
             "the start request would be {encoded} bytes once encoded, over the {} byte limit; shorten the command",
             limits::MAX_SANDBOX_REQUEST_BYTES
-        )));
-    }
+        ))
+    })?;
     // The task outlives the session, like start_task's.
     session.retain(&sandbox_id);
     let handle = Handle { sandbox_id: sandbox_id.clone(), task_id: task_id.clone() };

@@ -314,9 +314,15 @@ pub enum Started {
     Refused(String),
 }
 
-/// The argv of a start request, for the size check that must happen before any connection.
-pub fn start_argv(provider: &dyn Provider, launch: Launch<'_>) -> Vec<String> {
-    Call::Start(launch).argv(provider)
+/// The argv of a start request, checked before any connection: `Err` with its size once
+/// encoded when that is over [`limits::MAX_SANDBOX_REQUEST_BYTES`].
+pub fn start_argv(provider: &dyn Provider, launch: Launch<'_>) -> Result<Vec<String>, usize> {
+    let argv = Call::Start(launch).argv(provider);
+    let encoded = serde_json::to_string(&argv).map(|s| s.len()).unwrap_or(usize::MAX);
+    if encoded > limits::MAX_SANDBOX_REQUEST_BYTES {
+        return Err(encoded);
+    }
+    Ok(argv)
 }
 
 /// Starts a task. `Err` when the request failed; [`ProviderError::maybe_applied`] tells whether

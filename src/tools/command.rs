@@ -212,11 +212,10 @@ fn supervised(
 ) -> Result<Supervised, ToolError> {
     let provider = ctx.app.provider.as_ref();
     let task_id = launch.task_id;
-    let argv = supervisor::start_argv(provider, launch);
-    let encoded = serde_json::to_string(&argv).map(|s| s.len()).unwrap_or(usize::MAX);
-    if encoded > limits::MAX_SANDBOX_REQUEST_BYTES {
+    let Ok(argv) = supervisor::start_argv(provider, launch) else {
+        // Too large for one start request: run it the plain way.
         return Ok(Supervised::Refused);
-    }
+    };
     let target = Target { provider, sandbox_id: id };
     let snap = match supervisor::run(&target, task_id, argv, envs, Duration::from_secs(launch.wait)) {
         Ok(Started::Observed(snap)) => snap,

@@ -240,15 +240,13 @@ fn start(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
     let provider = ctx.app.provider.as_ref();
     let task_id = ids::task_id();
     let launch = Launch { task_id: &task_id, timeout, cwd, command, page_limit: limits::READ_LIMIT_DEFAULT as u64, wait: 0 };
-    let argv = supervisor::start_argv(provider, launch);
-    let encoded = serde_json::to_string(&argv).map(|s| s.len()).unwrap_or(usize::MAX);
-    if encoded > limits::MAX_SANDBOX_REQUEST_BYTES {
-        return Err(ToolError::new(format!(
+    let argv = supervisor::start_argv(provider, launch).map_err(|encoded| {
+        ToolError::new(format!(
             "the start request would be {encoded} bytes once encoded, over the {} byte limit (multi-byte characters and quotes count more than once); \
 shorten the command, or write a script with write_file and start that",
             limits::MAX_SANDBOX_REQUEST_BYTES
-        )));
-    }
+        ))
+    })?;
     // Retain first: if this session ends while the start is in flight, the sandbox must survive.
     // It stays retained even if this start fails: another start_task may be running in it
     // concurrently (putting it back into the destroy set would kill that task with the session).

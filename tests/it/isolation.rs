@@ -438,9 +438,7 @@ fn the_walkthrough_survives_a_sigkilled_server_with_isolation() {
         let sb = a.create();
         let s = a.ok("start_task", json!({"command": "printf BEFORE; sleep 2; printf AFTER", "timeout": 60}));
         let task = s["task_id"].as_str().unwrap().to_string();
-        let pid = a.client.pid();
-        std::process::Command::new("/bin/sh").args(["-c", &format!("kill -s KILL {pid}")]).status().unwrap();
-        drop(a);
+        a.client.kill().unwrap();
         let mut b = home.stdio();
         let done = wait_for(Duration::from_secs(30), "the task to finish", || {
             let g = b.ok("get_task", json!({"sandbox_id": sb, "task_id": task}));

@@ -146,9 +146,7 @@ fn a_promoted_command_survives_sigkill_of_the_server() {
         let sb = a.create();
         let out = a.ok("run_command", json!({"sandbox_id": sb, "command": "printf A; sleep 3; printf B"}));
         let (_, task) = running(&out);
-        let pid = a.client.pid();
-        assert!(pid > 1);
-        std::process::Command::new("/bin/sh").args(["-c", &format!("kill -s KILL {pid}")]).status().unwrap();
+        a.client.kill().unwrap();
         let mut b = home.stdio_with(&AFTER);
         let done = final_state(&mut b, &sb, &task);
         assert_eq!((done["state"].as_str(), done["exit_code"].as_i64()), (Some("succeeded"), Some(0)), "{done}");
@@ -157,9 +155,7 @@ fn a_promoted_command_survives_sigkill_of_the_server() {
         // unknown, never succeeded.
         let out = b.ok("run_command", json!({"sandbox_id": sb, "command": "trap 'echo bye' EXIT; sleep 2; exit 0"}));
         let (_, task) = running(&out);
-        let pid = b.client.pid();
-        assert!(pid > 1);
-        std::process::Command::new("/bin/sh").args(["-c", &format!("kill -s KILL {pid}")]).status().unwrap();
+        b.client.kill().unwrap();
         let mut c = home.stdio_with(&AFTER);
         let done = final_state(&mut c, &sb, &task);
         assert_eq!((done["state"].as_str(), done["exit_code"].clone()), (Some("unknown"), Value::Null), "{done}");
@@ -301,9 +297,7 @@ fn e2b_scenario(e: &E2bHome) {
     // line, so that a secret cut by a write is still masked.)
     assert_eq!((out["stdout"].as_str(), out["stderr"].as_str()), (Some("A"), Some("x")), "{out}");
     // The task survives its server.
-    let pid = m.client.pid();
-    assert!(pid > 1);
-    std::process::Command::new("/bin/sh").args(["-c", &format!("kill -s KILL {pid}")]).status().unwrap();
+    m.client.kill().unwrap();
     let mut m = e.stdio_with(&AFTER);
     let done = final_state(&mut m, &sb, &task);
     assert_eq!(

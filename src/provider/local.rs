@@ -362,14 +362,20 @@ impl LocalProvider {
     fn start_isolated(&self, id: &str) -> Result<Init, ProviderError> {
         let unavailable = |why: String| ProviderError::Unavailable(format!("could not start the isolated sandbox: {why}"));
         let mut child = self.keeper_command(id, true).spawn().map_err(|e| unavailable(format!("could not start its keeper: {e}")))?;
-        let answer = child.stdout.take().map(|out| init::read_line_within(out, init::START_BUDGET + Duration::from_secs(1)));
+        let budget = init::START_BUDGET + Duration::from_secs(1);
+        let answer = match child.stdout.take() {
+            Some(out) => init::read_line_within(out, budget),
+            None => init::Answer::Failed("its keeper's answer pipe is missing".into()),
+        };
         let _ = child.wait();
-        match answer.flatten() {
-            Some(line) if line == "ready" => {
+        match answer {
+            init::Answer::Line(line) if line == "ready" => {
                 Init::load(&self.dir(id)).ok_or_else(|| unavailable("its keeper did not record the init".into()))
             }
-            Some(line) => Err(unavailable(line.strip_prefix("error ").unwrap_or(&line).to_string())),
-            None => Err(unavailable("its keeper did not answer".into())),
+            init::Answer::Line(line) => Err(unavailable(line.strip_prefix("error ").unwrap_or(&line).to_string())),
+            init::Answer::Closed => Err(unavailable("its keeper exited without answering".into())),
+            init::Answer::TimedOut => Err(unavailable(format!("its keeper did not answer within {} s", budget.as_secs()))),
+            init::Answer::Failed(why) => Err(unavailable(why)),
         }
     }
 
@@ -437,7 +443,8 @@ impl LocalProvider {
     /// sandbox home), the sandbox's envs, then `envs`, then the sandbox tag ([`TAG_VAR`]); the
     /// working directory is `cwd` (absolute, or relative to the sandbox home; the home when
     /// `None`), which must be an existing directory; the child will lead a process group of its
-    /// own. Stdio is left to the caller, who also reaps the child. Renews the TTL when `touch` is
+    /// own (in an isolated sandbox also a session of its own: callers add no `process_group`).
+    /// Stdio is left to the caller, who also reaps the child. Renews the TTL when `touch` is
     /// [`Touch::Renew`]; an expired sandbox is killed and reported as not found.
     pub fn command(
         &self,
@@ -500,11 +507,11 @@ impl LocalProvider {
                     Some(c) => return Err(not_a_dir(c)),
                 };
                 let mut cmd = enter::joined(&cgroups, Path::new(program));
-                cmd.args(args).current_dir(dir);
+                cmd.args(args).current_dir(dir).process_group(0);
                 (cmd, true)
             }
         };
-        cmd.env_clear().envs(self.env_for(id, &meta, envs)).process_group(0);
+        cmd.env_clear().envs(self.env_for(id, &meta, envs));
         Ok(Launch::Host(cmd, adoptable))
     }
 }
@@ -935,6 +942,14 @@ pub fn run_internal(args: &[String]) -> Option<anyhow::Result<()>> {
 /// isolated sandbox when asked, then waits for the sandbox's expiry (honouring renewals) and
 /// kills it; exits early when the sandbox is gone or another keeper owns it.
 fn run_keeper(root: &Path, id: &str, shell: &Path, start_init: bool) -> anyhow::Result<()> {
+    // A session of its own, without the controlling terminal of whoever started the server: the
+    // init and every sandbox process descend from here, and none may reach an operator's
+    // terminal. (The keeper is never a group leader here: its starting shell leads the group.)
+    if let Err(err) = rustix::process::setsid() {
+        let why = format!("the keeper could not start a session of its own: {err}");
+        let _ = writeln!(io::stdout(), "error {why}");
+        anyhow::bail!("sandbox {id}: {why}");
+    }
     check_local_id(id)?;
     let provider = LocalProvider::new(root, shell)?;
     let dir = provider.dir(id);

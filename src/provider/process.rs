@@ -14,7 +14,7 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -194,13 +194,14 @@ exit $rc"#;
 }
 
 /// Runs `cmd` (program, arguments, environment and working directory already set) to completion
-/// or deadline, with stdin `/dev/null`, stdout and stderr captured, in a process group of its own.
+/// or deadline, with stdin `/dev/null`, stdout and stderr captured. The caller has put it in a
+/// process group of its own whose id is its pid (`process_group(0)`, or a `setsid` program first).
 /// With [`Spawn::promote_at`] and `promotable` (the child's pid is also its pid as the sandbox
 /// sees it), a child still running at that moment is handed over instead ([`Ran::Promoted`]).
 /// `Err` only when the child could not be started.
 pub fn run<'a>(mut cmd: Command, spawn: &Spawn<'_>, shell: &'a Path, running: &'a Running, promotable: bool) -> io::Result<Ran<'a>> {
     let started = Instant::now();
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn()?;
     let pgid = child.id();
     running.insert(pgid);
@@ -686,6 +687,7 @@ mod tests {
     fn run_sh(script: &str, deadline: Duration) -> ExecOutput {
         let mut cmd = Command::new("/bin/sh");
         cmd.args(["-c", script]).env_clear().env("PATH", "/usr/bin:/bin").current_dir("/");
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         let spawn = Spawn { output_cap: 1 << 20, deadline: Instant::now() + deadline, cancel: None, promote_at: None };
         match run(cmd, &spawn, Path::new("/bin/sh"), &Running::default(), false).unwrap() {
             Ran::Done(out) => out,

@@ -544,3 +544,100 @@ fn auto_falls_back_with_the_reason_and_namespaces_refuses() {
     assert_eq!(created["isolation"], "none");
     home.call_cli("kill_sandbox", json!({"sandbox_id": created["sandbox_id"]}));
 }
+
+/// Single-quotes `s` for a POSIX shell.
+fn quoted(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// Runs `sandbox-mcp call TOOL ARGS` for `home` on a pseudo-terminal the test makes (util-linux
+/// `script` starts it as the terminal's session, the way an operator's shell would): the result.
+fn call_on_a_terminal(home: &Home, tool: &str, args: &Value) -> Value {
+    let out = home.path.join(format!("answer-{}", sandbox_mcp::ids::random_hex(4)));
+    let mut line = String::from("env");
+    for (k, v) in home.env() {
+        line += &format!(" {k}={}", quoted(&v));
+    }
+    match home.run_as {
+        Some(uid) => {
+            line += &format!(" setpriv --reuid {uid} --regid {uid} --clear-groups -- {}", quoted(&shared_bin().display().to_string()))
+        }
+        None => line += &format!(" {}", quoted(&bin().display().to_string())),
+    }
+    line += &format!(" call {tool} {} >{}", quoted(&args.to_string()), quoted(&out.display().to_string()));
+    let status =
+        std::process::Command::new("script").args(["-qec", &line, "/dev/null"]).stdin(std::process::Stdio::null()).output().unwrap();
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    assert!(status.status.success(), "{tool} on a terminal: {status:?} {text}");
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{tool} on a terminal answered {text:?}: {e}"))
+}
+
+/// What a command inside learns about terminals: its own and the init's controlling terminal
+/// (field 7 of `stat`, 0 for none), whether `/dev/tty` opens, and what its stdio are.
+const TERMINAL_PROBE: &str = r#"read -r _ _ _ _ _ _ t _ </proc/self/stat; echo "self=$t"
+read -r _ _ _ _ _ _ t _ </proc/1/stat; echo "init=$t"
+if (exec 3<>/dev/tty) 2>/dev/null; then echo devtty=opened; else echo devtty=refused; fi
+for f in 0 1 2; do case $(readlink /proc/self/fd/$f) in /dev/pts/*|/dev/tty*) echo "fd$f=terminal" ;; esac; done"#;
+
+/// The operator's terminal is out of reach (the escape found by the adversarial review): a server
+/// started on a terminal (here one the test makes) hands it to no sandbox process, whether the
+/// command comes through the init's spawner or enters with nsenter; the keeper and the init lead
+/// sessions of their own, without a controlling terminal.
+#[test]
+fn the_operators_terminal_is_out_of_reach() {
+    // The stand-in terminal works: a process started on it has it as controlling terminal.
+    let probe = std::process::Command::new("script").args(["-qec", "cut -d' ' -f7 /proc/self/stat", "/dev/null"]).output().unwrap();
+    let tty: i64 = String::from_utf8_lossy(&probe.stdout).trim().parse().unwrap_or(0);
+    assert_ne!(tty, 0, "script(1) gave its command no controlling terminal: {probe:?}");
+    for home in homes("tty") {
+        let who = who(&home);
+        let sb = call_on_a_terminal(&home, "create_sandbox", &json!({}))["sandbox_id"].as_str().unwrap().to_string();
+        let keeper = std::fs::read_to_string(home.sandbox_dir(&sb).join("keeper.pid")).unwrap();
+        let keeper: u32 = keeper.split_whitespace().next().unwrap().parse().unwrap();
+        let stat = std::fs::read_to_string(format!("/proc/{keeper}/stat")).unwrap();
+        let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+        assert_eq!((fields[3], fields[4]), (keeper.to_string().as_str(), "0"), "{who}: the keeper's session and terminal: {stat}");
+        let want = "self=0\ninit=0\ndevtty=refused\n";
+        let spawned = call_on_a_terminal(&home, "run_command", &json!({"sandbox_id": sb, "command": TERMINAL_PROBE}));
+        assert_eq!(spawned["stdout"], want, "{who}, through the spawner: {spawned}");
+        let task = call_on_a_terminal(
+            &home,
+            "start_task",
+            &json!({"sandbox_id": sb, "command": TERMINAL_PROBE.replace("/proc/self/stat", "/proc/$$/stat")}),
+        );
+        let task_id = task["task_id"].as_str().unwrap().to_string();
+        let done = call_on_a_terminal(&home, "get_task", &json!({"sandbox_id": sb, "task_id": task_id, "wait": 10}));
+        assert_eq!(done["stdout"], want, "{who}, a task: {done}");
+        std::fs::remove_file(home.sandbox_dir(&sb).join("spawn.sock")).unwrap();
+        let entered = call_on_a_terminal(&home, "run_command", &json!({"sandbox_id": sb, "command": TERMINAL_PROBE}));
+        assert_eq!(entered["stdout"], want, "{who}, entered with nsenter: {entered}");
+        assert_eq!(call_on_a_terminal(&home, "kill_sandbox", &json!({"sandbox_id": sb}))["killed"], true);
+    }
+}
+
+/// A clean clone run as root: the binary lies in a directory the sandbox's uid cannot traverse
+/// (a `mktemp -d` folder, mode 0700), and isolated sandboxes still start (the init is executed
+/// through a descriptor the keeper opened). As any other user the directory is theirs anyway.
+#[test]
+fn isolated_sandboxes_start_from_a_binary_in_a_private_directory() {
+    let Some(home) = isolated_home("private-bin") else { return };
+    use std::os::unix::fs::PermissionsExt;
+    let dir = home.path.join("private-bin");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::set_permissions(&home.path, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let exe = dir.join("sandbox-mcp");
+    std::fs::copy(bin(), &exe).unwrap();
+    let call = |tool: &str, args: Value| {
+        let out = std::process::Command::new(&exe).args(["call", tool, &args.to_string()]).envs(home.env()).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(out.status.success(), "{tool}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_str::<Value>(&text).unwrap()
+    };
+    let created = call("create_sandbox", json!({}));
+    assert_eq!(created["isolation"], "namespaces", "{created}");
+    let sb = created["sandbox_id"].as_str().unwrap();
+    let ran = call("run_command", json!({"sandbox_id": sb, "command": "echo inside"}));
+    assert_eq!(ran["stdout"], "inside\n", "{ran}");
+    assert_eq!(call("kill_sandbox", json!({"sandbox_id": sb}))["killed"], true);
+}

@@ -98,9 +98,17 @@ pub fn joined(cgroups: &[PathBuf], program: &Path) -> Command {
 /// The command that runs `argv` inside the sandbox whose init is `init`, from directory `cwd`
 /// inside it (the home when `None`; the caller has checked that it exists), after joining the
 /// cgroups whose `cgroup.procs` files are `cgroups`.
+///
+/// It starts with `setsid`: a session of its own, with no controlling terminal (the server's may
+/// be an operator's, which `/dev/tty` inside would otherwise open), and a process group of its
+/// own whose id is its pid. The caller must not also ask for a new process group: `setsid` run as
+/// a group leader forks, and the group would no longer be the child's.
 pub fn command(tools: &Tools, init: Init, own_network: bool, argv: &[String], cwd: Option<&str>, cgroups: &[PathBuf]) -> Command {
-    let mut cmd = joined(cgroups, &tools.nsenter);
-    cmd.arg("--target").arg(init.pid.to_string()).args(["--user", "--mount", "--pid", "--ipc", "--uts"]);
+    let mut cmd = Command::new(&tools.setsid);
+    if !cgroups.is_empty() {
+        cmd.args(["/bin/sh", "-c", JOIN_CGROUPS, "sh"]).args(cgroups).arg("--");
+    }
+    cmd.arg(&tools.nsenter).arg("--target").arg(init.pid.to_string()).args(["--user", "--mount", "--pid", "--ipc", "--uts"]);
     if own_network {
         cmd.arg("--net");
     }
@@ -139,17 +147,18 @@ mod tests {
 
     #[test]
     fn the_command_enters_then_changes_directory() {
-        let tools = Tools { unshare: "/u".into(), nsenter: "/n".into(), setpriv: None };
+        let tools = Tools { unshare: "/u".into(), nsenter: "/n".into(), setpriv: None, setsid: "/s".into() };
         let argv = vec!["sh".to_string(), "-c".into(), "true".into()];
         let cmd = command(&tools, Init { pid: 9, start: 1 }, true, &argv, Some("sub dir"), &[]);
         let args: Vec<String> = cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
-        assert_eq!(cmd.get_program(), "/n");
-        assert_eq!(&args[..2], ["--target", "9"]);
+        assert_eq!(cmd.get_program(), "/s", "a session of its own first");
+        assert_eq!(&args[..3], ["/n", "--target", "9"]);
         assert!(args.contains(&"--net".to_string()));
         let tail = &args[args.iter().position(|a| a == "--").unwrap() + 1..];
         assert_eq!(tail[..4], ["/bin/sh", "-c", r#"cd -- "$0" && exec "$@""#, "sub dir"]);
         assert_eq!(tail[4..], argv[..]);
         let joined = command(&tools, Init { pid: 9, start: 1 }, false, &argv, None, &[PathBuf::from("/cg/procs")]);
-        assert_eq!(joined.get_program(), "/bin/sh");
+        let args: Vec<String> = joined.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+        assert_eq!((joined.get_program(), args[0].as_str()), ("/s".as_ref(), "/bin/sh"));
     }
 }

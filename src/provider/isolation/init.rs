@@ -1,11 +1,16 @@
 //! The init of an isolated sandbox: how the keeper starts it, and what it does as pid 1.
 //!
 //! The keeper runs `unshare` (namespaces, `--fork`) with this binary's `sandbox-init`
-//! subcommand; the forked child is pid 1 of the new pid namespace, and its stdout a pipe to the
-//! keeper. When the server runs as root, the sandbox's uid cannot reach the home inside the
-//! private state root: a first, privileged step (`sandbox-stage`, in a mount namespace of its
-//! own) binds the home onto [`HANDOFF`], drops to the sandbox's uid and only then creates the
-//! user namespace. The init assembles the root filesystem, brings up the
+//! subcommand; the forked child is pid 1 of the new pid namespace. Its stdin is this binary,
+//! opened by the keeper (`O_PATH`) and executed as `/proc/self/fd/0`, so the init starts even
+//! when the binary lies in a directory the sandbox's uid cannot traverse (a clone under `/root`);
+//! its stdout is one end of a socket pair with the keeper, which carries the spawner's listening
+//! socket in (`SCM_RIGHTS`) and the answer line out; its stderr is a pipe, read only when the
+//! start fails (what `unshare` or the init said). When the server runs as root, the sandbox's uid
+//! cannot reach the home inside the private state root: a first, privileged step
+//! (`sandbox-stage`, in a mount namespace of its own) binds the home onto [`HANDOFF`], drops to
+//! the sandbox's uid and only then creates the user namespace. The init starts a session of its
+//! own (no controlling terminal: see the keeper), assembles the root filesystem, brings up the
 //! loopback interface of a private network namespace, answers one line — `ready <host pid>
 //! <start time>` or `error <what failed>` — and from then on serves the sandbox's spawner (commands
 //! started on request, see [`spawner`](super::spawner)) and reaps orphans, forever: the sandbox
@@ -16,11 +21,13 @@ use super::rootfs::{self, Plan};
 use super::{spawner, Tools};
 use crate::provider::process;
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, Write};
-use std::os::unix::net::UnixListener;
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The namespaces every isolated sandbox gets (the network namespace is added unless the
 /// sandbox asked for the host's network; the cgroup namespace where the kernel has one).
@@ -54,9 +61,15 @@ pub fn has_cgroup_namespace() -> bool {
     Path::new("/proc/self/ns/cgroup").exists()
 }
 
+/// The program path the init is executed by: this binary, open as the holder's stdin.
+const EXE_FROM_STDIN: &str = "/proc/self/fd/0";
+
+/// At most this much of what `unshare` or the init wrote to stderr goes into a start error.
+const STDERR_KEPT: u64 = 2048;
+
 /// Starts the init of a sandbox whose home is `home`, with a private network unless
 /// `host_network`, and waits for its answer. With `spawner`, the init serves spawn requests on
-/// that listening socket (handed over as its stdin).
+/// that listening socket (passed over the answer socket).
 pub fn start(
     tools: &Tools,
     exe: &Path,
@@ -65,10 +78,15 @@ pub fn start(
     shell: &Path,
     spawner: Option<UnixListener>,
 ) -> Result<Started, String> {
+    // Opened here, with the keeper's rights, and inherited as stdin through every exec up to the
+    // init's own (a duplicate without close-on-exec; the original closes at the first exec): the
+    // sandbox's uid needs no path to this binary.
+    let exe_fd = rustix::fs::open(exe, rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
+        .map_err(|e| format!("could not open this program ({}) to start the sandbox's init: {e}", exe.display()))?;
     let as_root = rustix::process::getuid().is_root();
     let mut cmd = if as_root {
         let mut c = Command::new(&tools.unshare);
-        c.args(["--mount", "--propagation", "private", "--"]).arg(exe).arg(STAGE_SUBCOMMAND).arg(home).arg("--");
+        c.args(["--mount", "--propagation", "private", "--", EXE_FROM_STDIN, STAGE_SUBCOMMAND]).arg(home).arg("--");
         let dropped = super::sandbox_command(tools, &tools.unshare);
         c.arg(dropped.get_program()).args(dropped.get_args());
         c
@@ -82,67 +100,158 @@ pub fn start(
     if has_cgroup_namespace() {
         cmd.arg("--cgroup");
     }
-    cmd.arg("--").arg(exe).arg(SUBCOMMAND).arg("--home").arg(if as_root { Path::new(HANDOFF) } else { home });
+    cmd.args(["--", EXE_FROM_STDIN, SUBCOMMAND, "--home"]).arg(if as_root { Path::new(HANDOFF) } else { home });
     if !super::visible_inside(shell) {
         cmd.arg("--bind-file").arg(shell);
     }
     if !host_network {
         cmd.arg("--loopback");
     }
-    let stdin = match spawner {
-        Some(listener) => {
-            cmd.arg(SPAWNER_FLAG);
-            Stdio::from(std::os::fd::OwnedFd::from(listener))
-        }
-        None => Stdio::null(),
-    };
+    if spawner.is_some() {
+        cmd.arg(SPAWNER_FLAG);
+    }
+    let (ours, theirs) = UnixStream::pair().map_err(|e| format!("could not make the init's answer socket: {e}"))?;
     let mut holder = cmd
         .env_clear()
         .env("LC_ALL", "C")
-        .stdin(stdin)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stdin(Stdio::from(exe_fd))
+        .stdout(Stdio::from(OwnedFd::from(theirs)))
+        .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("could not run {}: {e}", tools.unshare.display()))?;
-    let Some(stdout) = holder.stdout.take() else {
-        return Err("the init's answer pipe is missing".into());
+    // The command holds our copy of the init's end: without dropping it, an init that exits
+    // early would look like one that never answers.
+    drop(cmd);
+    let stderr = holder.stderr.take();
+    let sent = match &spawner {
+        Some(listener) => send_fd(&ours, listener).map_err(|e| format!("could not pass the spawner's socket to the init: {e}")),
+        None => Ok(()),
     };
-    let answer = read_line_within(stdout, START_BUDGET);
-    let parsed = answer.as_deref().and_then(|line| {
-        let mut it = line.split_whitespace();
-        match (it.next(), it.next().and_then(|p| p.parse().ok()), it.next().and_then(|s| s.parse().ok())) {
-            (Some("ready"), Some(pid), Some(start)) => Some((pid, start)),
-            _ => None,
-        }
-    });
-    match parsed {
-        Some((pid, start)) => Ok(Started { pid, start, holder }),
-        None => {
-            // Whatever it got to, the namespaces end with the init; the holder follows.
-            if let Some(pid) = child_of(holder.id()) {
-                let _ = process::signal_pids(Path::new("/bin/sh"), "KILL", &[pid]);
+    drop(spawner);
+    let begun = Instant::now();
+    let answer = match sent {
+        Ok(()) => read_line_within(ours, START_BUDGET),
+        Err(why) => Answer::Failed(why),
+    };
+    let parsed = match &answer {
+        Answer::Line(line) => {
+            let mut it = line.split_whitespace();
+            match (it.next(), it.next().and_then(|p| p.parse().ok()), it.next().and_then(|s| s.parse().ok())) {
+                (Some("ready"), Some(pid), Some(start)) => Some((pid, start)),
+                _ => None,
             }
-            let _ = holder.kill();
-            let _ = holder.wait();
-            Err(match answer {
-                Some(line) => line.strip_prefix("error ").unwrap_or(&line).to_string(),
-                None => format!("the sandbox's init did not answer within {} s", START_BUDGET.as_secs()),
-            })
         }
+        _ => None,
+    };
+    if let Some((pid, start)) = parsed {
+        return Ok(Started { pid, start, holder });
     }
+    // Whatever it got to, the namespaces end with the init; the holder follows.
+    if let Some(pid) = child_of(holder.id()) {
+        let _ = process::signal_pids(Path::new("/bin/sh"), "KILL", &[pid]);
+    }
+    let _ = holder.kill();
+    let status = holder.wait().ok();
+    // Every writer of the pipe is gone now: what it holds is what they said, read within a bound.
+    let said = stderr.map(|e| read_within(e, STDERR_KEPT, Duration::from_secs(1))).unwrap_or_default();
+    let said = said.split_whitespace().collect::<Vec<_>>().join(" ");
+    let said = if said.is_empty() { String::new() } else { format!("; it said: {said}") };
+    Err(match answer {
+        Answer::Line(line) => match line.strip_prefix("error ") {
+            Some(why) => why.to_string(),
+            None => format!("the sandbox's init answered {line:?} instead of ready{said}"),
+        },
+        Answer::Closed => {
+            let how = status.map(|s| format!(" ({s})")).unwrap_or_default();
+            format!("the sandbox's init exited before it was ready{how}{said}")
+        }
+        Answer::TimedOut => {
+            format!("the sandbox's init did not answer within {} s{said}", begun.elapsed().max(START_BUDGET).as_secs())
+        }
+        Answer::Failed(why) => format!("{why}{said}"),
+    })
 }
 
-/// Reads one line from `pipe`, or `None` at end of file or when `budget` passes (the answers of
-/// a starting init and of a starting keeper).
-pub(crate) fn read_line_within(pipe: impl io::Read + Send + 'static, budget: Duration) -> Option<String> {
+/// What came back on an answer channel.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// One line, without its newline.
+    Line(String),
+    /// The other end closed (or failed) before a whole line.
+    Closed,
+    /// Nothing whole within the budget.
+    TimedOut,
+    /// The exchange could not start.
+    Failed(String),
+}
+
+/// The longest answer line taken (the answers are a few words).
+const ANSWER_MAX: u64 = 4096;
+
+/// Reads one line from `pipe`, at most [`ANSWER_MAX`] bytes, within `budget` (the answers of a
+/// starting init and of a starting keeper).
+pub(crate) fn read_line_within(pipe: impl io::Read + Send + 'static, budget: Duration) -> Answer {
     let (tx, rx) = crossbeam_channel::bounded(1);
     let spawned = std::thread::Builder::new().name("sandbox-mcp-answer".into()).spawn(move || {
-        let mut line = String::new();
-        let ok = BufReader::new(pipe).read_line(&mut line).is_ok_and(|n| n > 0);
-        let _ = tx.send(ok.then(|| line.trim_end().to_string()));
+        let mut line = Vec::new();
+        let mut limited = pipe.take(ANSWER_MAX);
+        let mut byte = [0u8; 1];
+        let answer = loop {
+            match limited.read(&mut byte) {
+                Ok(0) => break Answer::Closed,
+                Ok(_) if byte[0] == b'\n' => break Answer::Line(String::from_utf8_lossy(&line).trim_end().to_string()),
+                Ok(_) => line.push(byte[0]),
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break Answer::Closed,
+            }
+        };
+        let _ = tx.send(answer);
     });
-    spawned.ok()?;
-    rx.recv_timeout(budget).ok().flatten()
+    if let Err(err) = spawned {
+        return Answer::Failed(format!("could not start a thread to read the answer: {err}"));
+    }
+    rx.recv_timeout(budget).unwrap_or(Answer::TimedOut)
+}
+
+/// Up to `max` bytes of what `pipe` holds until its end, within `budget`, as text.
+fn read_within(pipe: impl io::Read + Send + 'static, max: u64, budget: Duration) -> String {
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let spawned = std::thread::Builder::new().name("sandbox-mcp-stderr".into()).spawn(move || {
+        let mut text = Vec::new();
+        let _ = pipe.take(max).read_to_end(&mut text);
+        let _ = tx.send(String::from_utf8_lossy(&text).into_owned());
+    });
+    if spawned.is_err() {
+        return String::new();
+    }
+    rx.recv_timeout(budget).unwrap_or_default()
+}
+
+/// Sends one descriptor over `conn` (one byte of data carries it).
+fn send_fd(conn: &UnixStream, fd: impl std::os::fd::AsFd) -> io::Result<()> {
+    let fds = [fd.as_fd()];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+    if !control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(io::Error::other("no room for the descriptor"));
+    }
+    rustix::net::sendmsg(conn, &[IoSlice::new(b"L")], &mut control, rustix::net::SendFlags::empty())?;
+    Ok(())
+}
+
+/// Receives the one descriptor [`send_fd`] sent on `conn` (close-on-exec).
+fn receive_fd(conn: impl std::os::fd::AsFd) -> io::Result<OwnedFd> {
+    let mut byte = [0u8; 1];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
+    rustix::net::recvmsg(conn, &mut [IoSliceMut::new(&mut byte)], &mut control, rustix::net::RecvFlags::CMSG_CLOEXEC)?;
+    let mut got = None;
+    for message in control.drain() {
+        if let rustix::net::RecvAncillaryMessage::ScmRights(mut fds) = message {
+            got = got.or_else(|| fds.next());
+        }
+    }
+    got.ok_or_else(|| io::Error::other("the keeper sent no spawner socket"))
 }
 
 /// The first child of process `pid` (the init forked by `unshare`), from `/proc`.
@@ -190,7 +299,16 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         }
     }
     let Some(home) = home else { anyhow::bail!("sandbox-init needs --home PATH") };
-    let identity = host_identity();
+    // A session of its own: no controlling terminal for the init or anything it starts.
+    let session = rustix::process::setsid().map(drop).map_err(|e| format!("start a session of its own: {e}"));
+    // The spawner's listening socket comes over the answer socket (stdout), close-on-exec so
+    // that no command inherits it.
+    let listener = if serve {
+        receive_fd(io::stdout()).map(|fd| Some(UnixListener::from(fd))).map_err(|e| format!("receive the spawner's socket: {e}"))
+    } else {
+        Ok(None)
+    };
+    let identity = session.and_then(|()| host_identity());
     let plan = Plan { home, extra_file };
     let setup = identity.and_then(|id| {
         rootfs::assemble(&plan)?;
@@ -200,20 +318,19 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         Ok(id)
     });
     let mut out = io::stdout().lock();
-    let (pid, start) = match setup {
-        Ok(id) => id,
+    let ready = setup.and_then(|id| listener.map(|l| (id, l)));
+    let ((pid, start), listener) = match ready {
+        Ok(ready) => ready,
         Err(err) => {
             let _ = writeln!(out, "error {}", err.replace('\n', " "));
             let _ = out.flush();
             anyhow::bail!("{err}");
         }
     };
-    // The listening socket moves off stdin, closed on exec so that no command inherits it.
-    let listener = if serve { Some(UnixListener::from(rustix::io::fcntl_dupfd_cloexec(io::stdin(), 3)?)) } else { None };
     writeln!(out, "ready {pid} {start}")?;
     out.flush()?;
     drop(out);
-    // Let go of the keeper's pipe.
+    // Let go of the keeper's socket and pipe, and of this binary (stdin).
     let null = File::options().read(true).write(true).open("/dev/null")?;
     rustix::stdio::dup2_stdin(&null)?;
     rustix::stdio::dup2_stdout(&null)?;
@@ -277,4 +394,43 @@ fn loopback_up() -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A start that fails says what failed: what `unshare` wrote and how it exited, not a
+    /// time-out that never happened.
+    #[test]
+    fn a_failed_start_reports_what_unshare_said() {
+        let dir = std::env::temp_dir().join(format!("smcp-init-{}", crate::ids::random_hex(4)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fake = dir.join("unshare");
+        std::fs::write(&fake, "#!/bin/sh\necho 'unshare: unshare failed: No space left on device' >&2\nexit 1\n").unwrap();
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let tools = Tools { unshare: fake.clone(), nsenter: fake.clone(), setpriv: Some(fake.clone()), setsid: fake };
+        let begun = Instant::now();
+        let err = start(&tools, Path::new("/bin/true"), &dir, false, Path::new("/bin/sh"), None).err().unwrap();
+        assert!(err.contains("exited before it was ready") && err.contains("No space left on device"), "{err}");
+        assert!(begun.elapsed() < START_BUDGET / 2, "it waited {:?}", begun.elapsed());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn answers_are_lines_ends_or_time_outs() {
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        theirs.write_all(b"ready 12 34\n").unwrap();
+        assert_eq!(read_line_within(ours, Duration::from_secs(5)), Answer::Line("ready 12 34".into()));
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        drop(theirs);
+        assert_eq!(read_line_within(ours, Duration::from_secs(5)), Answer::Closed);
+        let (ours, _theirs) = UnixStream::pair().unwrap();
+        assert_eq!(read_line_within(ours, Duration::from_millis(50)), Answer::TimedOut);
+        // An endless line is cut short, not read forever.
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        std::thread::spawn(move || while theirs.write_all(&[b'x'; 1024]).is_ok() {});
+        assert_eq!(read_line_within(ours, Duration::from_secs(5)), Answer::Closed);
+    }
 }

@@ -88,6 +88,9 @@ pub struct Tools {
     pub nsenter: PathBuf,
     /// `setpriv`, needed only when the server runs as root (to start the sandbox unprivileged).
     pub setpriv: Option<PathBuf>,
+    /// `setsid`: a program entered with `nsenter` starts in a session of its own, so that it never
+    /// shares the server's controlling terminal.
+    pub setsid: PathBuf,
 }
 
 /// Finds the programs of [`Tools`].
@@ -96,14 +99,14 @@ pub fn tools() -> Result<Tools, String> {
     let path = std::env::var("PATH").unwrap_or_default();
     let path = format!("/usr/bin:/bin:/usr/sbin:/sbin:{path}");
     let find = |name: &str| crate::provider::process::which(name, &path);
-    let (Some(unshare), Some(nsenter)) = (find("unshare"), find("nsenter")) else {
-        return Err("the util-linux programs unshare and nsenter were not found on PATH; install util-linux".into());
+    let (Some(unshare), Some(nsenter), Some(setsid)) = (find("unshare"), find("nsenter"), find("setsid")) else {
+        return Err("the util-linux programs unshare, nsenter and setsid were not all found on PATH; install util-linux".into());
     };
     let setpriv = find("setpriv");
     if rustix::process::getuid().is_root() && setpriv.is_none() {
         return Err("running as root needs util-linux setpriv to start sandboxes as an unprivileged uid, and it was not found on PATH; install util-linux".into());
     }
-    Ok(Tools { unshare, nsenter, setpriv })
+    Ok(Tools { unshare, nsenter, setpriv, setsid })
 }
 
 /// Tries what an isolated sandbox needs: the programs, then a user namespace with the other

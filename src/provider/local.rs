@@ -995,6 +995,9 @@ fn run_keeper(root: &Path, id: &str, shell: &Path, start_init: bool) -> anyhow::
         }
     }
     let _ = answer.flush();
+    // What the keeper knows without its files: the init, and the last expiry it read.
+    let init = Init::load(&dir);
+    let mut expires_at = provider.load(id).map(|m| m.expires_at).ok();
     loop {
         if let Some(h) = holder.as_mut() {
             // The `unshare` that forked the init exits with it; reap it.
@@ -1002,28 +1005,51 @@ fn run_keeper(root: &Path, id: &str, shell: &Path, start_init: bool) -> anyhow::
                 holder = None;
             }
         }
-        let meta = match provider.load(id) {
-            Ok(m) => m,
-            Err(ProviderError::NotFound { .. }) if dir.exists() => {
+        if !dir.exists() {
+            // The state is gone (an operator cleaned the state root, a test removed its home):
+            // the sandbox would live on out of every tool's reach. It ends here instead.
+            log::info!("keeper: the state of sandbox {id} is gone; ending it");
+            end_without_state(&provider, id, init);
+            return Ok(());
+        }
+        match provider.load(id) {
+            Ok(meta) => expires_at = Some(meta.expires_at),
+            Err(ProviderError::NotFound { .. }) => {
                 // Metadata gone but the directory still there: a kill was interrupted (a server
                 // exiting mid-kill). Finish it rather than leave tagged processes behind.
                 provider.kill(id, Instant::now() + KILL_SCAN_BUDGET)?;
                 return Ok(());
             }
-            Err(_) => return Ok(()),
-        };
+            // Unreadable for now: the last expiry read still holds.
+            Err(_) => {}
+        }
         let mine = fs::read_to_string(dir.join("keeper.pid")).map(|t| t.starts_with(&format!("{me} "))).unwrap_or(false);
-        if !mine {
+        if !mine && dir.join("keeper.pid").exists() {
             return Ok(());
         }
-        let left = meta.expires_at - unix_now();
-        if left <= 0 {
+        if expires_at.is_none_or(|at| at - unix_now() <= 0) {
             log::info!("keeper: sandbox {id} expired");
-            provider.kill(id, Instant::now() + KILL_SCAN_BUDGET)?;
+            if provider.kill(id, Instant::now() + KILL_SCAN_BUDGET).is_err() {
+                end_without_state(&provider, id, init);
+            }
             return Ok(());
         }
         std::thread::sleep(Duration::from_secs(1));
     }
+}
+
+/// Ends sandbox `id` from what its keeper holds in memory: its init (the kernel ends the rest),
+/// or, unisolated, every process tagged with its id.
+fn end_without_state(provider: &LocalProvider, id: &str, init: Option<Init>) {
+    match init {
+        Some(init) => {
+            provider.signal_init(id, init);
+        }
+        None => {
+            provider.kill_tagged(id, Instant::now() + KILL_SCAN_BUDGET);
+        }
+    }
+    cgroup::remove(id, Instant::now() + KILL_SCAN_BUDGET);
 }
 
 impl Provider for LocalProvider {

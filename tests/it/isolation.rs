@@ -641,3 +641,24 @@ fn isolated_sandboxes_start_from_a_binary_in_a_private_directory() {
     assert_eq!(ran["stdout"], "inside\n", "{ran}");
     assert_eq!(call("kill_sandbox", json!({"sandbox_id": sb}))["killed"], true);
 }
+
+/// A sandbox whose state directory disappears (an operator cleans the state root, a test removes
+/// its temporary home) ends within seconds: its keeper ends it, instead of leaving it running out
+/// of every tool's reach. With and without isolation.
+#[test]
+fn a_sandbox_whose_state_is_removed_ends() {
+    let mut homes = vec![Home::unisolated("state-gone-none")];
+    homes.extend(isolated_home("state-gone"));
+    for home in homes {
+        let sb = home.create_detached(json!({}));
+        let nap = unique_sleep();
+        let (code, out, err) =
+            home.call_cli("run_command", json!({"sandbox_id": sb, "command": format!("nohup sleep {nap} >/dev/null 2>&1 &")}));
+        assert_eq!(code, 0, "{out} {err}");
+        let pid = pid_of_argv(&["sleep", &nap]);
+        std::fs::remove_dir_all(home.sandbox_dir(&sb)).unwrap();
+        wait_for(Duration::from_secs(10), &format!("{}: the sandbox's sleep to end with it", home.isolation), || {
+            (!pid_alive(pid)).then_some(())
+        });
+    }
+}

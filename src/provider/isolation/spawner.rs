@@ -34,7 +34,7 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The spawner's socket, in a sandbox's directory.
 pub const SOCKET_FILE: &str = "spawn.sock";
@@ -48,6 +48,11 @@ pub const KILLED_WITH_THE_SANDBOX: i32 = 128 + 9;
 
 /// How long the server waits for `started` and, after `kill`, for the end line.
 const ANSWER_BUDGET: Duration = Duration::from_secs(10);
+
+/// The longest line the server takes from an init (its lines are a few words). Sandbox code can
+/// take its init over and write anything: a longer line ends the exchange as if the init were
+/// gone, and is never logged.
+const MAX_LINE: usize = 256;
 
 /// What the server asks the init to start.
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -108,9 +113,8 @@ impl Remote {
         }
         let sent = rustix::net::sendmsg(&conn, &[IoSlice::new(&message)], &mut control, rustix::net::SendFlags::empty())?;
         (&conn).write_all(&message[sent..])?;
-        conn.set_read_timeout(Some(ANSWER_BUDGET))?;
         let mut remote = Remote { conn, pending: Vec::new(), ended: None, pid: None };
-        match remote.read_line()? {
+        match remote.read_line(Some(Instant::now() + ANSWER_BUDGET))? {
             Some(line) if line == "started" => Ok(remote),
             Some(line) if line.starts_with("started ") => {
                 remote.pid = line["started ".len()..].parse().ok().filter(|p| *p > 1);
@@ -128,8 +132,7 @@ impl Remote {
 
     /// Waits for the end of the command at most `budget` (a command handed over to its task).
     pub fn wait_within(&mut self, budget: Duration) -> io::Result<Ended> {
-        self.conn.set_read_timeout(Some(budget.max(Duration::from_millis(1))))?;
-        self.wait()
+        self.wait_until(Instant::now() + budget)
     }
 
     /// A handle that can ask for the command's group to be killed from another thread (server
@@ -148,7 +151,7 @@ impl Remote {
     pub fn try_wait(&mut self) -> io::Result<Option<Ended>> {
         if self.ended.is_none() {
             self.conn.set_nonblocking(true)?;
-            let line = self.read_line();
+            let line = self.read_line(None);
             self.conn.set_nonblocking(false)?;
             match line {
                 Ok(line) => self.ended = Some(parse_end(line.as_deref())),
@@ -161,22 +164,41 @@ impl Remote {
 
     /// Waits for the end of the command (after [`Remote::kill`]), at most [`ANSWER_BUDGET`].
     pub fn wait(&mut self) -> io::Result<Ended> {
+        self.wait_until(Instant::now() + ANSWER_BUDGET)
+    }
+
+    /// Waits for the end line until `deadline`.
+    fn wait_until(&mut self, deadline: Instant) -> io::Result<Ended> {
         if let Some(ended) = self.ended {
             return Ok(ended);
         }
-        let line = self.read_line()?;
+        let line = self.read_line(Some(deadline))?;
         let ended = parse_end(line.as_deref());
         self.ended = Some(ended);
         Ok(ended)
     }
 
-    /// One line from the init (without its newline), `None` at end of file.
-    fn read_line(&mut self) -> io::Result<Option<String>> {
-        let mut buf = [0u8; 256];
+    /// One line from the init (without its newline), `None` at end of file or when the line
+    /// grows past [`MAX_LINE`]. With `deadline`, a blocking read that ends by then (however
+    /// slowly the bytes come): `TimedOut` after it; without, the socket's own mode decides.
+    fn read_line(&mut self, deadline: Option<Instant>) -> io::Result<Option<String>> {
+        let mut buf = [0u8; MAX_LINE];
         loop {
             if let Some(at) = self.pending.iter().position(|b| *b == b'\n') {
                 let line: Vec<u8> = self.pending.drain(..=at).collect();
                 return Ok(Some(String::from_utf8_lossy(&line[..at]).into_owned()));
+            }
+            if self.pending.len() > MAX_LINE {
+                log::warn!("a sandbox's init sent a line longer than {MAX_LINE} bytes; taking it as gone");
+                self.pending.clear();
+                return Ok(None);
+            }
+            if let Some(deadline) = deadline {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(io::Error::new(io::ErrorKind::TimedOut, "the sandbox's init did not answer in time"));
+                }
+                self.conn.set_read_timeout(Some(left))?;
             }
             match (&self.conn).read(&mut buf) {
                 Ok(0) => return Ok(None),
@@ -210,7 +232,8 @@ fn parse_end(line: Option<&str>) -> Ended {
         (Some("exit"), Some(code)) => Ended { code, members_left },
         (Some("signal"), Some(signal)) => Ended { code: 128 + signal, members_left },
         _ => {
-            log::warn!("the sandbox's spawner sent {line:?} instead of an end line; taking the command as killed");
+            // What the init sent is the sandbox's to choose: its length only goes to the log.
+            log::warn!("a sandbox's spawner sent {} bytes that are not an end line; taking the command as killed", line.len());
             killed
         }
     }
@@ -397,6 +420,36 @@ mod tests {
         assert!(remote.kill());
         drop(init);
         assert_eq!(remote.wait().unwrap(), Ended { code: KILLED_WITH_THE_SANDBOX, members_left: false });
+    }
+
+    /// A taken-over init that sends an endless line (or trickles one) costs its own call only:
+    /// the read ends at [`MAX_LINE`] bytes or at the deadline, whichever comes first.
+    #[test]
+    fn an_endless_or_trickled_line_ends_the_read() {
+        let (ours, mut init) = UnixStream::pair().unwrap();
+        let flood = std::thread::spawn(move || while init.write_all(&[b'x'; 4096]).is_ok() {});
+        let mut remote = Remote { conn: ours, pending: Vec::new(), ended: None, pid: None };
+        let t0 = Instant::now();
+        assert_eq!(remote.wait().unwrap(), Ended { code: KILLED_WITH_THE_SANDBOX, members_left: false });
+        assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+        drop(remote);
+        flood.join().unwrap();
+        let (ours, mut init) = UnixStream::pair().unwrap();
+        let trickle = std::thread::spawn(move || {
+            for _ in 0..40 {
+                if init.write_all(b"e").is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let mut remote = Remote { conn: ours, pending: Vec::new(), ended: None, pid: None };
+        let t0 = Instant::now();
+        let err = remote.wait_within(Duration::from_millis(300)).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+        drop(remote);
+        trickle.join().unwrap();
     }
 
     #[test]

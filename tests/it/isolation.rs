@@ -662,3 +662,63 @@ fn a_sandbox_whose_state_is_removed_ends() {
         });
     }
 }
+
+/// A Python probe of the seccomp wall: each denied call is tried and its errno printed, then the
+/// process's own seccomp mode and no_new_privs.
+const SECCOMP_PROBE: &str = r#"
+import ctypes, errno, fcntl, os, platform, termios
+libc = ctypes.CDLL(None, use_errno=True)
+nr = {"x86_64": dict(keyctl=250, add_key=248, bpf=321, perf_event_open=298, userfaultfd=323, open_by_handle_at=304, init_module=175, kexec_load=246),
+      "aarch64": dict(keyctl=219, add_key=217, bpf=280, perf_event_open=241, userfaultfd=282, open_by_handle_at=265, init_module=105, kexec_load=104)}[platform.machine()]
+for name, n in sorted(nr.items()):
+    r = libc.syscall(n, 0, 0, 0, 0, 0)
+    print(name, errno.errorcode.get(ctypes.get_errno(), "ok") if r == -1 else "ok")
+os.sys.stdout.flush()
+pid = os.fork()
+if pid == 0:
+    os.setsid()
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+    try:
+        fcntl.ioctl(slave, termios.TIOCSTI, b"x")
+        print("TIOCSTI ok", flush=True)
+    except OSError as e:
+        print("TIOCSTI", errno.errorcode[e.errno], flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+status = dict(l.split(":\t", 1) for l in open("/proc/self/status").read().splitlines() if ":\t" in l)
+print("seccomp", status["Seccomp"].strip(), "no_new_privs", status["NoNewPrivs"].strip())
+"#;
+
+/// seccomp and no_new_privs hold for every sandbox process: the documented deny list answers
+/// EPERM (keyrings, bpf, perf, userfaultfd, modules, kexec, file handles, terminal injection),
+/// and what agents run keeps working (a venv with pip, gcc, make, git, namespaces of their own,
+/// strace of their own processes, node, where the host has them).
+#[test]
+fn seccomp_denies_the_list_and_agent_tools_keep_working() {
+    for home in homes("seccomp") {
+        let who = who(&home);
+        let mut m = home.stdio();
+        m.create();
+        assert_own_pid_namespace(&mut m);
+        let put = m.ok("write_file", json!({"path": "probe.py", "content": SECCOMP_PROBE}));
+        assert!(put["bytes_written"].as_u64().is_some_and(|n| n > 0), "{put}");
+        let (code, out, err) = sh(&mut m, "python3 probe.py");
+        assert_eq!(code, 0, "{who}: {err}");
+        for name in ["add_key", "bpf", "init_module", "kexec_load", "keyctl", "open_by_handle_at", "perf_event_open", "userfaultfd"] {
+            assert!(out.contains(&format!("{name} EPERM\n")), "{who}: {name} is not refused: {out}");
+        }
+        assert!(out.contains("TIOCSTI EPERM") || out.contains("TIOCSTI EIO"), "{who}: {out}");
+        assert!(out.contains("seccomp 2 no_new_privs 1"), "{who}: {out}");
+        let tools = r#"set -e
+python3 -m venv v && v/bin/pip --version >/dev/null && echo venv
+printf 'int main(void){return 0;}\n' >a.c && gcc a.c -o a && ./a && echo gcc
+printf 'all:\n\t@echo make\n' >Makefile && make
+git init -q r && echo git
+unshare -Ur true && echo userns
+if command -v strace >/dev/null; then strace -f -o /dev/null true && echo strace; else echo strace; fi
+if command -v node >/dev/null; then node -e 'console.log("node")'; else echo node; fi"#;
+        let (code, out, err) = sh(&mut m, tools);
+        assert_eq!((code, out.as_str()), (0, "venv\ngcc\nmake\ngit\nuserns\nstrace\nnode\n"), "{who}: {err}");
+    }
+}

@@ -18,7 +18,7 @@
 //! outside), and the kernel then ends every process inside.
 
 use super::rootfs::{self, Plan};
-use super::{spawner, Tools};
+use super::{seccomp, spawner, Tools};
 use crate::provider::process;
 use std::fs::File;
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
@@ -315,6 +315,8 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         if loopback {
             loopback_up().map_err(|e| format!("bring up the loopback interface: {e}"))?;
         }
+        // Last, while this process has one thread: the filter holds for everything it starts.
+        seccomp::install()?;
         Ok(id)
     });
     let mut out = io::stdout().lock();

@@ -20,6 +20,7 @@ pub mod enter;
 pub mod files;
 pub mod init;
 pub mod rootfs;
+pub mod seccomp;
 pub mod spawner;
 
 use crate::config::IsolationMode;

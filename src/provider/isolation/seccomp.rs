@@ -1,0 +1,96 @@
+//! The seccomp filter every isolated sandbox process runs under, with `no_new_privs`.
+//!
+//! The init installs it on itself before it starts any thread or command, so every process of
+//! the sandbox inherits it and none can remove it. It is a deny list: what agents run (shells,
+//! compilers, interpreters, package managers, `strace` and `gdb` of the sandbox's own processes,
+//! namespaces of their own) keeps working, and each denied call fails with `EPERM`:
+//!
+//! | call | why |
+//! |---|---|
+//! | `ioctl` `TIOCSTI`, `TIOCLINUX` | inject input into a terminal (a second wall behind the sandbox having no terminal of the host's) |
+//! | `keyctl`, `add_key`, `request_key` | kernel keyrings are not namespaced: keys and quotas would be shared with other sandboxes |
+//! | `bpf` | loads programs into the kernel: a large attack surface, no use inside |
+//! | `perf_event_open` | kernel attack surface and side channels on other tenants |
+//! | `userfaultfd` | widens the race windows kernel exploits rely on |
+//! | `init_module`, `finit_module`, `delete_module` | kernel modules |
+//! | `kexec_load`, `kexec_file_load` | replace the running kernel |
+//! | `open_by_handle_at` | opens files by handle, around the mount namespace's view |
+//!
+//! System calls of another architecture's ABI (32-bit calls on a 64-bit kernel) end the process:
+//! they would go around the list.
+
+use seccompiler::{BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch};
+use std::collections::BTreeMap;
+
+/// `ioctl` requests refused (from `<asm-generic/ioctls.h>`).
+const TIOCSTI: u64 = 0x5412;
+const TIOCLINUX: u64 = 0x541C;
+
+/// The names the deny list gives in results and docs, in the order of the table above.
+pub const DENIED: &[&str] = &[
+    "ioctl(TIOCSTI)",
+    "ioctl(TIOCLINUX)",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "kexec_load",
+    "kexec_file_load",
+    "open_by_handle_at",
+];
+
+fn target() -> Result<TargetArch, String> {
+    TargetArch::try_from(std::env::consts::ARCH).map_err(|_| format!("no seccomp filter is defined for {}", std::env::consts::ARCH))
+}
+
+/// The compiled filter.
+fn program() -> Result<BpfProgram, String> {
+    let whole: Vec<i64> = vec![
+        libc::SYS_keyctl,
+        libc::SYS_add_key,
+        libc::SYS_request_key,
+        libc::SYS_bpf,
+        libc::SYS_perf_event_open,
+        libc::SYS_userfaultfd,
+        libc::SYS_init_module,
+        libc::SYS_finit_module,
+        libc::SYS_delete_module,
+        libc::SYS_kexec_load,
+        libc::SYS_kexec_file_load,
+        libc::SYS_open_by_handle_at,
+    ];
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = whole.into_iter().map(|nr| (nr, Vec::new())).collect();
+    let request = |value| {
+        SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, value)
+            .and_then(|c| SeccompRule::new(vec![c]))
+            .map_err(|e| format!("build the seccomp rule: {e}"))
+    };
+    rules.insert(libc::SYS_ioctl, vec![request(TIOCSTI)?, request(TIOCLINUX)?]);
+    let filter = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), target()?)
+        .map_err(|e| format!("build the seccomp filter: {e}"))?;
+    BpfProgram::try_from(filter).map_err(|e| format!("compile the seccomp filter: {e}"))
+}
+
+/// Sets `no_new_privs` and installs the filter on the calling thread (and so on everything it
+/// starts from now on). Call it before the process starts other threads.
+pub fn install() -> Result<(), String> {
+    let program = program()?;
+    seccompiler::apply_filter(&program).map_err(|e| format!("install the seccomp filter: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_filter_compiles_for_this_machine() {
+        let program = program().unwrap();
+        assert!(!program.is_empty());
+        assert_eq!(DENIED.len(), 14);
+    }
+}

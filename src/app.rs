@@ -3,7 +3,7 @@
 use crate::config::{Config, ProviderKind};
 use crate::mask::Masker;
 use crate::provider::e2b::E2bProvider;
-use crate::provider::isolation;
+use crate::provider::local::isolation;
 use crate::provider::local::LocalProvider;
 use crate::provider::Provider;
 use anyhow::{Context, Result};

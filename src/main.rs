@@ -2,7 +2,7 @@
 //! subcommand. Exit codes: 0 success, 1 failure (or a failed tool for `call`), 2 usage error.
 
 use sandbox_mcp::config::{Args, Config, IsolationMode, ProviderKind};
-use sandbox_mcp::provider::isolation::{self, Isolation};
+use sandbox_mcp::provider::local::isolation::{self, Isolation};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {

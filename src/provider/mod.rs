@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub mod e2b;
-pub mod isolation;
 pub mod local;
 pub mod process;
 

@@ -15,18 +15,20 @@
 //! with namespaces, `init.pid` and `spawn.sock` (the init's spawner). A detached keeper process (`sandbox-mcp keeper`) starts the init
 //! of an isolated sandbox and ends the sandbox at expiry even when no server runs.
 
+pub mod isolation;
+
 use crate::ids;
 use crate::limits;
 use crate::mask::Masker;
-use crate::provider::isolation::enter::{self, Init};
-use crate::provider::isolation::files::{self as sandbox_files, SandboxFs};
-use crate::provider::isolation::{self, cgroup, init, rootfs, spawner, Isolation, Tools};
 use crate::provider::process::{self, Ran, Running, Spawn};
 use crate::provider::{
     unix_now, CreateRequest, DirEntry, EntryKind, ExecEnd, ExecOutput, ExecRequest, Limits, Promotion, Provider, ProviderError,
     SandboxInfo, Touch,
 };
 use crate::supervisor::{self, Adoption, Call};
+use isolation::enter::{self, Init};
+use isolation::files::{self as sandbox_files, SandboxFs};
+use isolation::{cgroup, init, rootfs, spawner, Isolation, Tools};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs;

@@ -4,7 +4,7 @@
 use crate::app::App;
 use crate::client::StdioClient;
 use crate::config::{Config, OPTIONS};
-use crate::session::Session;
+use crate::mcp::session::Session;
 use crate::tools::{self, Ctx};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Map, Value};

@@ -5,7 +5,7 @@ use super::{Ctx, Tool, ToolError, SANDBOX_ID};
 use crate::ids;
 use crate::limits;
 use crate::provider::local::TASK_TAG_VAR;
-use crate::provider::{ExecEnd, ExecOutput, ExecRequest, Promotion, Touch};
+use crate::provider::{Adoption, ExecEnd, ExecOutput, ExecRequest, Promotion, Touch};
 use crate::supervisor::{self, Launch, Started, Target, TaskState, Window};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -68,7 +68,7 @@ continue with get_task (with wait) or stop it with cancel_task. For anything lon
     run,
 };
 
-/// The arguments of `run_command` (also read by a task-augmented call, `mcp_tasks::create`).
+/// The arguments of `run_command` (also read by a task-augmented call, `mcp::tasks::create`).
 pub struct Request<'a> {
     /// The sandbox given, if any.
     pub sandbox_id: Option<&'a str>,
@@ -122,7 +122,16 @@ fn run(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
         Some(dir) => {
             req.argv = provider.shell(&adoptable(command, &dir));
             req.envs.insert(TASK_TAG_VAR.to_string(), task_id.clone());
-            let promotion = Promotion { at: started + after, task_id: &task_id, command, timeout, masker: &masker };
+            let adopter = |adoption: &Adoption<'_>| supervisor::Call::Adopt(*adoption).argv(provider.as_ref());
+            let promotion = Promotion {
+                at: started + after,
+                task_id: &task_id,
+                command,
+                timeout,
+                masker: &masker,
+                adopter: &adopter,
+                kill_grace: supervisor::snippet::TIMEOUT_KILL_GRACE,
+            };
             match provider.exec_or_promote(&id, &req, Touch::Renew, &promotion)? {
                 ExecEnd::Done(out) => out,
                 ExecEnd::Promoted(out) => {

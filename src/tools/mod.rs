@@ -9,7 +9,6 @@
 use crate::app::App;
 use crate::mask::Masker;
 use crate::provider::ProviderError;
-use crate::session::Session;
 use serde_json::{json, Map, Value};
 use std::cell::RefCell;
 use std::sync::atomic::AtomicBool;
@@ -30,12 +29,29 @@ pub fn command_request(args: &Args) -> Result<CommandRequest<'_>, ToolError> {
     CommandRequest::read(args)
 }
 
+/// What a tool knows of the session that calls it: its default sandbox and the sandboxes that
+/// end with it (the MCP layer's session implements it; the tools know nothing else of MCP).
+pub trait SandboxScope {
+    /// Whether the caller has no session (a 2026-07-28 request over HTTP): no default sandbox,
+    /// and nothing ends with it.
+    fn is_stateless(&self) -> bool;
+    /// The default sandbox, if any.
+    fn default_sandbox(&self) -> Option<String>;
+    /// Records a sandbox the caller created: it becomes the default and ends with the session.
+    /// Returns false when the session has already ended; the caller must then kill the sandbox.
+    fn adopt(&self, sandbox_id: &str) -> bool;
+    /// Keeps a sandbox past the session's end (a task runs in it).
+    fn retain(&self, sandbox_id: &str);
+    /// Forgets a sandbox that was killed.
+    fn forget(&self, sandbox_id: &str);
+}
+
 /// What a tool handler can reach.
 pub struct Ctx<'a> {
     /// Configuration and provider.
     pub app: &'a App,
-    /// The calling session.
-    pub session: &'a Session,
+    /// The calling session's sandboxes.
+    pub session: &'a dyn SandboxScope,
     /// Set when the client cancels the request.
     pub cancel: &'a Arc<AtomicBool>,
     /// Where a handler leaves a [`Pending`] read when its call must wait; the caller then
@@ -121,6 +137,10 @@ pub struct Tool {
     pub run: fn(&Ctx<'_>, &Args) -> Result<Value, ToolError>,
 }
 
+/// The tools that may become protocol tasks (`execution.taskSupport: "optional"`: the
+/// 2025-11-25 `params.task`, and the 2026-07-28 tasks extension).
+pub const TASK_TOOLS: &[&str] = &["run_command"];
+
 /// Every tool, in the order `tools/list` shows them.
 pub fn all() -> &'static [Tool] {
     const TOOLS: &[Tool] = &[
@@ -163,8 +183,8 @@ pub fn list() -> Value {
             })
         })
         .map(|mut tool| {
-            // 2025-11-25 protocol tasks (mcp_tasks.rs); other versions ignore the field.
-            if crate::mcp_tasks::TASK_TOOLS.iter().any(|n| tool["name"] == *n) {
+            // 2025-11-25 protocol tasks (mcp/tasks.rs); other versions ignore the field.
+            if TASK_TOOLS.iter().any(|n| tool["name"] == *n) {
                 tool["execution"] = json!({"taskSupport": "optional"});
             }
             tool
@@ -231,7 +251,7 @@ pub fn target_sandbox(ctx: &Ctx<'_>, given: Option<&str>) -> Result<String, Tool
 }
 
 /// [`target_sandbox`] outside a tool handler.
-pub fn resolve_sandbox(app: &App, session: &Session, given: Option<&str>) -> Result<String, ToolError> {
+pub fn resolve_sandbox(app: &App, session: &dyn SandboxScope, given: Option<&str>) -> Result<String, ToolError> {
     let id = match given {
         Some(id) => id.to_string(),
         None if session.is_stateless() => {

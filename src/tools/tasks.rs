@@ -281,7 +281,7 @@ fn get(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
     // Wait off the worker: the waiter reads again every `every` until there is news or the
     // wait is over (docs/contract.md, "Waiting reads").
     let provider = ctx.app.provider.clone();
-    let every = crate::waiter::poll_interval(provider.as_ref());
+    let every = crate::provider::poll_interval(provider.as_ref());
     let read = move |last: bool| {
         let target = Target { provider: provider.as_ref(), sandbox_id: &sandbox_id };
         match supervisor::status(&target, &task_id, window) {

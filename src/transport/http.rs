@@ -8,14 +8,14 @@
 
 use super::body_budget::{self, Body, BodyBudget};
 use crate::app::App;
-use crate::envelope::{self, RequestMeta};
 use crate::ids;
 use crate::jsonrpc::{self, code, Incoming, RpcError};
 use crate::limits::{MAX_BODY_BYTES, MAX_HTTP_SUBSCRIPTIONS};
-use crate::protocol::{self, Listen, Refusal, Route, Work, WorkQueue, SUPPORTED_VERSIONS};
+use crate::mcp::envelope::{self, RequestMeta};
+use crate::mcp::protocol::{self, Listen, Refusal, Route, Work, WorkQueue, SUPPORTED_VERSIONS};
+use crate::mcp::session::{Session, Sessions};
+use crate::mcp::subscription;
 use crate::queue::Outcome;
-use crate::session::{Session, Sessions};
-use crate::subscription;
 use crate::transport::headers;
 use crate::waiter::Waiter;
 use crossbeam_channel::TrySendError;

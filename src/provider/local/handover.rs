@@ -7,8 +7,7 @@ use super::launch::Launch;
 use super::{LocalProvider, TASK_TAG_VAR};
 use crate::limits;
 use crate::provider::process;
-use crate::provider::{unix_now, ExecRequest, Promotion, Touch};
-use crate::supervisor::{Adoption, Call};
+use crate::provider::{unix_now, Adoption, ExecRequest, Promotion, Touch};
 use std::fs;
 use std::io::Write;
 use std::os::fd::AsFd;
@@ -89,7 +88,7 @@ impl LocalProvider {
             started_at,
             command: p.command,
         };
-        let argv = Call::Adopt(adoption).argv(self);
+        let argv = (p.adopter)(&adoption);
         // The adopter gets the command's environment (its masker reads it), without the task tag.
         let mut envs = req.envs.clone();
         envs.remove(TASK_TAG_VAR);

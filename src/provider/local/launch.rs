@@ -7,7 +7,6 @@ use super::isolation::{cgroup, rootfs, spawner, Isolation};
 use super::{LocalProvider, Meta, TAG_VAR};
 use crate::provider::process::{self, Ran, Spawn};
 use crate::provider::{ExecEnd, ExecOutput, ExecRequest, Promotion, ProviderError, Touch};
-use crate::supervisor;
 use std::collections::BTreeMap;
 use std::io;
 use std::os::unix::process::CommandExt;
@@ -154,9 +153,7 @@ impl LocalProvider {
                     timed_out: false,
                     duration: handover.elapsed(),
                 };
-                let budget = req.deadline.saturating_duration_since(Instant::now())
-                    + supervisor::snippet::TIMEOUT_KILL_GRACE
-                    + Duration::from_secs(30);
+                let budget = req.deadline.saturating_duration_since(Instant::now()) + promotion.kill_grace + Duration::from_secs(30);
                 handover.release(budget, on_end);
                 Ok(ExecEnd::Promoted(out))
             }

@@ -13,16 +13,13 @@ use crate::app::App;
 use crate::ids;
 use crate::jsonrpc::{code, RpcError};
 use crate::limits;
+use crate::mcp::session::Session;
 use crate::provider::ProviderError;
-use crate::session::Session;
 use crate::supervisor::{self, Launch, Snapshot, Started, Target, TaskState, Window};
 use crate::tools::args;
 use crate::tools::{self, ToolError};
 use serde_json::{json, Map, Value};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-/// The tools that accept `params.task` (`execution.taskSupport: "optional"`).
-pub const TASK_TOOLS: &[&str] = &["run_command"];
 
 /// The `_meta` key that ties a `tasks/result` answer to its task.
 pub const RELATED_TASK_KEY: &str = "io.modelcontextprotocol/related-task";

@@ -52,7 +52,7 @@ fn main() -> ExitCode {
         match isolation::resolve(config.isolation) {
             Ok(resolved) => {
                 if config.isolation == IsolationMode::Auto && resolved == Isolation::None {
-                    let why = isolation::probe().err().unwrap_or_default();
+                    let why = isolation::probe().err().map(|e| e.0).unwrap_or_default();
                     log::warn!("local sandboxes run without isolation (--isolation auto): {why}");
                 }
                 config.isolation = match resolved {

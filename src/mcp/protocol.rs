@@ -20,11 +20,10 @@ use crate::mcp::subscription;
 use crate::mcp::tasks;
 use crate::queue::{Job, Outcome};
 use crate::supervisor;
-use crate::tools::{self, Ctx, Pending, Tool, ToolError};
+use crate::tools::{self, Ctx, Pending, Reply, Tool, ToolError};
 use crate::waiter::Watch;
 use crossbeam_channel::Sender;
 use serde_json::{json, Map, Value};
-use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -513,18 +512,17 @@ pub fn execute(app: &Arc<App>, work: Work) -> Executed {
             return tasks_method(app, &session, call, method);
         }
     };
-    let deferred = RefCell::new(None);
-    let ctx = Ctx { app, session: session.as_ref(), cancel: call.in_flight.flag(), deferred: &deferred };
-    let result = tools::call(&ctx, tool, &call.arguments);
+    let ctx = Ctx { app, session: session.as_ref(), cancel: call.in_flight.flag() };
+    let result = match tools::call(&ctx, tool, &call.arguments) {
+        Reply::Now(result) => result,
+        Reply::Wait(pending) => return Executed::Wait(Box::new(CallWatch { app: app.clone(), call, pending })),
+    };
     if offered {
         if let Some((handle, snapshot)) = tasks::running_task(&result) {
             return Executed::Now(task_created(app, &session, &call, &handle, snapshot));
         }
     }
-    match deferred.into_inner() {
-        Some(pending) => Executed::Wait(Box::new(CallWatch { app: app.clone(), call, pending })),
-        None => Executed::Now(answer(app, &call, result)),
-    }
+    Executed::Now(answer(app, &call, result))
 }
 
 /// A `tasks/*` request.

@@ -282,7 +282,7 @@ pub fn start(app: &App, session: &Session, arguments: &Map<String, Value>) -> Re
         return Err(RpcError::new(code::INTERNAL_ERROR, "run_command is missing from the registry"));
     };
     let bad = |m: String| RpcError::new(code::INVALID_PARAMS, m);
-    let args = args::validate(tool.name, tool.params, arguments).map_err(bad)?;
+    let args = args::validate(tool.name, tool.params, arguments).map_err(|e| bad(e.0))?;
     let request = tools::command_request(&args).map_err(|e| bad(e.message))?;
     if !request.envs.is_empty() {
         return Err(bad("envs is not supported when run_command runs as a task; export the variables in the command, or create the sandbox with them (its secrets are masked)".into()));

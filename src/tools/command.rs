@@ -1,7 +1,7 @@
 //! `run_command`: one shell command to completion, with capped and masked output.
 
 use super::args::{Args, Kind, Param};
-use super::{Ctx, Tool, ToolError, SANDBOX_ID};
+use super::{Ctx, Reply, Tool, ToolError, SANDBOX_ID};
 use crate::ids;
 use crate::limits;
 use crate::provider::local::TASK_TAG_VAR;
@@ -95,7 +95,7 @@ impl<'a> Request<'a> {
     }
 }
 
-fn run(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
+fn run(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
     let Request { sandbox_id, command, cwd, envs, timeout } = Request::read(args)?;
     let id = super::target_sandbox(ctx, sandbox_id)?;
     let provider = &ctx.app.provider;
@@ -137,7 +137,7 @@ fn run(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
                 ExecEnd::Promoted(out) => {
                     // The task outlives the session, like start_task's.
                     ctx.session.retain(&id);
-                    return Ok(running(&task_id, &id, &out, text));
+                    return Ok(Reply::Now(running(&task_id, &id, &out, text)));
                 }
             }
         }
@@ -152,7 +152,7 @@ fn run(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
             };
             match supervised(ctx, &id, launch, &req.envs, started)? {
                 Supervised::Ended(out) => out,
-                Supervised::Running(out) => return Ok(running(&task_id, &id, &out, text)),
+                Supervised::Running(out) => return Ok(Reply::Now(running(&task_id, &id, &out, text))),
                 Supervised::Refused => provider.exec(&id, &req, Touch::Renew)?,
             }
         }
@@ -164,7 +164,7 @@ fn run(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
         }
         return Err(ToolError::new("the request was cancelled; the command was stopped"));
     }
-    Ok(json!({
+    Ok(Reply::Now(json!({
         "state": "completed",
         "exit_code": if out.timed_out { TIMED_OUT_EXIT_CODE } else { out.exit_code },
         "stdout": text(&out.stdout),
@@ -173,7 +173,7 @@ fn run(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
         "stderr_truncated": out.stderr_truncated,
         "timed_out": out.timed_out,
         "duration_ms": out.duration.as_millis() as u64,
-    }))
+    })))
 }
 
 /// The answer of a run_command that goes on as task `task_id`, with the output so far.

@@ -10,7 +10,6 @@ use crate::app::App;
 use crate::mask::Masker;
 use crate::provider::ProviderError;
 use serde_json::{json, Map, Value};
-use std::cell::RefCell;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -54,16 +53,16 @@ pub struct Ctx<'a> {
     pub session: &'a dyn SandboxScope,
     /// Set when the client cancels the request.
     pub cancel: &'a Arc<AtomicBool>,
-    /// Where a handler leaves a [`Pending`] read when its call must wait; the caller then
-    /// answers later (a worker parks it with the waiter, `sandbox-mcp call` blocks on it).
-    pub deferred: &'a RefCell<Option<Pending>>,
 }
 
-impl Ctx<'_> {
-    /// Asks for the call to be answered by `pending` instead of the handler's own result.
-    pub fn defer(&self, pending: Pending) {
-        *self.deferred.borrow_mut() = Some(pending);
-    }
+/// What a handler answers: its structured result now, or a read to repeat until it answers
+/// (the caller answers later: a worker parks it with the waiter, `sandbox-mcp call` blocks on
+/// it). [`call`] answers the same way, with the whole `CallToolResult` in `Now`.
+pub enum Reply {
+    /// The answer.
+    Now(Value),
+    /// The call waits; `Pending` gives its answer.
+    Wait(Pending),
 }
 
 /// The result of a read.
@@ -134,7 +133,7 @@ pub struct Tool {
     /// Whether the tool may destroy or overwrite something (`destructiveHint`).
     pub destructive: bool,
     /// The handler.
-    pub run: fn(&Ctx<'_>, &Args) -> Result<Value, ToolError>,
+    pub run: fn(&Ctx<'_>, &Args) -> Result<Reply, ToolError>,
 }
 
 /// The tools that may become protocol tasks (`execution.taskSupport: "optional"`: the
@@ -208,10 +207,14 @@ fn title(name: &str) -> String {
     out
 }
 
-/// Runs one tool call and returns its `CallToolResult`.
-pub fn call(ctx: &Ctx<'_>, tool: &Tool, arguments: &Map<String, Value>) -> Value {
-    let outcome = args::validate(tool.name, tool.params, arguments).map_err(ToolError::new).and_then(|a| (tool.run)(ctx, &a));
-    finish(ctx.app, outcome)
+/// Runs one tool call: its `CallToolResult` now, or the read that will give it.
+pub fn call(ctx: &Ctx<'_>, tool: &Tool, arguments: &Map<String, Value>) -> Reply {
+    let outcome = args::validate(tool.name, tool.params, arguments).map_err(|e| ToolError::new(e.0)).and_then(|a| (tool.run)(ctx, &a));
+    match outcome {
+        Ok(Reply::Wait(pending)) => Reply::Wait(pending),
+        Ok(Reply::Now(structured)) => Reply::Now(finish(ctx.app, Ok(structured))),
+        Err(err) => Reply::Now(finish(ctx.app, Err(err))),
+    }
 }
 
 /// Turns a handler's result into a `CallToolResult`, masking the server's own secrets.

@@ -234,7 +234,8 @@ fn check_tool_args(name: &str, params: &[Param], arguments: &Map<String, Value>)
         });
     let args = match result {
         Ok(args) => args,
-        Err(msg) => {
+        Err(err) => {
+            let msg = err.to_string();
             assert!(!acceptable, "{name}: valid arguments refused: {msg} ({arguments:?})");
             assert!(msg.starts_with(&format!("{name}: ")), "{msg}");
             if !unknown {

@@ -130,7 +130,7 @@ impl LocalProvider {
     /// Makes new sandboxes isolated as `isolation` says (existing ones keep their own way).
     pub fn with_isolation(mut self, isolation: Isolation) -> Result<LocalProvider, ProviderError> {
         if isolation == Isolation::Namespaces {
-            let tools = isolation::tools().map_err(ProviderError::Unavailable)?;
+            let tools = isolation::tools().map_err(|e| ProviderError::Unavailable(e.0))?;
             self.tools = Some(tools);
         }
         self.isolation = isolation;
@@ -324,7 +324,7 @@ impl Provider for LocalProvider {
             Isolation::Namespaces => {
                 let init = self.start_isolated(&id).map_err(fail)?;
                 if req.limits.any() {
-                    cgroup::join(&cgroup::procs_files(&id), init.pid).map_err(|why| fail(ProviderError::Unavailable(why)))?;
+                    cgroup::join(&cgroup::procs_files(&id), init.pid).map_err(|why| fail(ProviderError::Unavailable(why.0)))?;
                 }
             }
         }

@@ -3,7 +3,7 @@
 use crate::config::{Config, ProviderKind};
 use crate::mask::Masker;
 use crate::provider::e2b::E2bProvider;
-use crate::provider::isolation;
+use crate::provider::local::isolation;
 use crate::provider::local::LocalProvider;
 use crate::provider::Provider;
 use anyhow::{Context, Result};
@@ -18,12 +18,6 @@ pub struct App {
     pub provider: Arc<dyn Provider>,
     /// Masks the server's own secrets (API keys, tokens) in everything it returns.
     pub host_masker: Masker,
-    /// The `tools/list` result of a 2025 session, serialized once.
-    pub tools_list: String,
-    /// The `tools/list` result of a 2026-07-28 request (`resultType`, caching hints), serialized once.
-    pub tools_list_modern: String,
-    /// The `server/discover` result, serialized once.
-    pub discover: String,
     /// Set once shutdown begins: calls not yet started are answered with an error instead.
     draining: AtomicBool,
 }
@@ -53,15 +47,7 @@ impl App {
     /// Wraps an existing provider (tests, emulator).
     pub fn with_provider(config: Config, provider: Arc<dyn Provider>) -> App {
         let secrets = config.secrets();
-        App {
-            host_masker: Masker::from_values(secrets.iter().map(String::as_str)),
-            config,
-            provider,
-            tools_list: crate::tools::list().to_string(),
-            tools_list_modern: crate::envelope::tools_list(crate::tools::list()).to_string(),
-            discover: crate::envelope::discover(crate::protocol::DISCOVER_INSTRUCTIONS).to_string(),
-            draining: AtomicBool::new(false),
-        }
+        App { host_masker: Masker::from_values(secrets.iter().map(String::as_str)), config, provider, draining: AtomicBool::new(false) }
     }
 
     /// Marks the server as shutting down (SIGTERM, stdin closed).

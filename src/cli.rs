@@ -4,11 +4,10 @@
 use crate::app::App;
 use crate::client::StdioClient;
 use crate::config::{Config, OPTIONS};
-use crate::session::Session;
-use crate::tools::{self, Ctx};
+use crate::mcp::session::Session;
+use crate::tools::{self, Ctx, Reply};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Map, Value};
-use std::cell::RefCell;
 use std::io::Write;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -53,12 +52,11 @@ pub fn call(config: Config, words: &[String]) -> Result<i32> {
     let session = Session::new("call", true);
     session.initialize("2025-11-25");
     let cancel = Arc::new(AtomicBool::new(false));
-    let deferred = RefCell::new(None);
-    let ctx = Ctx { app: &app, session: &session, cancel: &cancel, deferred: &deferred };
-    let mut result = tools::call(&ctx, tool, &arguments);
-    if let Some(pending) = deferred.into_inner() {
-        result = tools::finish(&app, pending.block());
-    }
+    let ctx = Ctx { app: &app, session: &session, cancel: &cancel };
+    let result = match tools::call(&ctx, tool, &arguments) {
+        Reply::Now(result) => result,
+        Reply::Wait(pending) => tools::finish(&app, pending.block()),
+    };
     let mut stdout = std::io::stdout().lock();
     if result["isError"] == json!(true) {
         let text = result["content"][0]["text"].as_str().unwrap_or("the tool failed");

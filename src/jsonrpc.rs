@@ -17,8 +17,21 @@ pub mod code {
     pub const INVALID_PARAMS: i64 = -32602;
     /// Internal fault.
     pub const INTERNAL_ERROR: i64 = -32603;
-    /// Server overloaded (implementation-defined range).
+    /// The server cannot take the request now: overloaded (a full queue, the body budget, too
+    /// many streams or waiting calls) or shutting down. Retry later (clients rely on it).
     pub const SERVER_BUSY: i64 = -32000;
+    /// HTTP: the `Mcp-Session-Id` names no live session (404; as the MCP SDKs answer it).
+    pub const SESSION_NOT_FOUND: i64 = -32001;
+    /// HTTP: the bearer token is missing or wrong (401).
+    pub const UNAUTHORIZED: i64 = -32010;
+    /// HTTP: the `Origin` or `Host` header is not a loopback one (403).
+    pub const FORBIDDEN: i64 = -32011;
+    /// HTTP: the method is not served on this path (405).
+    pub const METHOD_NOT_ALLOWED: i64 = -32012;
+    /// HTTP: a request of a 2025 session came without its `Mcp-Session-Id` header (400).
+    pub const SESSION_REQUIRED: i64 = -32013;
+    /// HTTP: the `MCP-Protocol-Version` header of a 2025 session names a version not served (400).
+    pub const UNSUPPORTED_VERSION_HEADER: i64 = -32014;
     /// Request cancelled by the client (as in LSP).
     pub const REQUEST_CANCELLED: i64 = -32800;
     /// MCP 2026-07-28: HTTP headers missing, malformed, or not matching the body.

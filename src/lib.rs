@@ -1,30 +1,23 @@
 //! sandbox-mcp: an MCP server that gives AI agents Linux sandboxes, with background tasks whose
 //! handles outlive the session and the server process.
 //!
-//! Modules in reading order: configuration and limits, the JSON-RPC envelope and MCP protocol,
-//! sessions, the work queue, transports and server wiring, tools, providers, the task supervisor,
-//! masking, and the command-line helpers. ARCHITECTURE.md has the map and the invariants.
+//! Modules by layer, top down (each imports only from layers below it): the entry points
+//! (`cli`, `server`) and the transports; the MCP layer ([`mcp`]: protocol eras, sessions,
+//! subscriptions, protocol tasks); the tools ([`tools`], with the shared [`app::App`]); the task
+//! supervisor and the providers. Beside them, used by every layer and knowing neither MCP nor
+//! providers: the work [`queue`] and the [`waiter`], [`jsonrpc`], configuration and limits, and
+//! small helpers. ARCHITECTURE.md has the map and the invariants.
 
 // `unsafe` is refused everywhere but in `descriptors`, whose reason is written there.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
-pub mod config;
-pub mod descriptors;
-pub mod limits;
-
-pub mod envelope;
-pub mod jsonrpc;
-pub mod protocol;
-pub mod session;
-pub mod subscription;
-
-pub mod mcp_tasks;
-pub mod queue;
+pub mod cli;
 pub mod server;
 pub mod transport;
-pub mod waiter;
+
+pub mod mcp;
 
 pub mod app;
 pub mod tools;
@@ -32,9 +25,16 @@ pub mod tools;
 pub mod provider;
 pub mod supervisor;
 
+pub mod jsonrpc;
+pub mod queue;
+pub mod waiter;
+
+pub mod config;
+pub mod limits;
+
+pub mod descriptors;
+
 pub mod base64;
+pub mod client;
 pub mod ids;
 pub mod mask;
-
-pub mod cli;
-pub mod client;

@@ -2,7 +2,7 @@
 //! subcommand. Exit codes: 0 success, 1 failure (or a failed tool for `call`), 2 usage error.
 
 use sandbox_mcp::config::{Args, Config, IsolationMode, ProviderKind};
-use sandbox_mcp::provider::isolation::{self, Isolation};
+use sandbox_mcp::provider::local::isolation::{self, Isolation};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -54,7 +54,7 @@ fn main() -> ExitCode {
         match isolation::resolve(config.isolation) {
             Ok(resolved) => {
                 if config.isolation == IsolationMode::Auto && resolved == Isolation::None {
-                    let why = isolation::probe().err().unwrap_or_default();
+                    let why = isolation::probe().err().map(|e| e.0).unwrap_or_default();
                     log::warn!("local sandboxes run without isolation (--isolation auto): {why}");
                 }
                 config.isolation = match resolved {

@@ -10,10 +10,10 @@
 use crate::app::App;
 use crate::config::Config;
 use crate::limits::{MAX_BODY_BYTES, MAX_WAITING_CALLS};
-use crate::protocol::{self, Executed, Work, WorkQueue};
+use crate::mcp::protocol::{self, Executed, Work, WorkQueue};
+use crate::mcp::session::{self, Session, Sessions};
+use crate::mcp::subscription;
 use crate::queue::{self, Outcome, Step};
-use crate::session::{self, Session, Sessions};
-use crate::subscription;
 use crate::transport::http::{HttpServer, Listener};
 use crate::transport::stdio::{self, Out};
 use crate::waiter::Waiter;

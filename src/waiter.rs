@@ -12,8 +12,7 @@
 //! others' checks, never a worker. With `n` calls waiting, each is checked at most every
 //! `max(every, n × MIN_GAP)`, so many waits cost a bounded share of the CPU.
 
-use crate::limits::{MAX_WAITING_CALLS, WAIT_POLL_LOCAL, WAIT_POLL_REMOTE};
-use crate::provider::Provider;
+use crate::limits::MAX_WAITING_CALLS;
 use crate::queue::{Outcome, Respond};
 use crossbeam_channel::{RecvTimeoutError, Sender};
 use std::io;
@@ -33,16 +32,6 @@ pub trait Watch: Send {
     fn until(&self) -> Instant;
     /// How long between two checks.
     fn every(&self) -> Duration;
-}
-
-/// How often a waiting call reads its sandbox again: a local read is a shell on the host, a
-/// remote one a request (about one per second).
-pub fn poll_interval(provider: &dyn Provider) -> Duration {
-    if provider.name() == "local" {
-        WAIT_POLL_LOCAL
-    } else {
-        WAIT_POLL_REMOTE
-    }
 }
 
 /// The checks of all waiting calls together take at most about one every this long: with many

@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub mod e2b;
-pub mod isolation;
 pub mod local;
 pub mod process;
 
@@ -126,6 +125,32 @@ pub struct Promotion<'a> {
     pub timeout: Duration,
     /// Masks the output captured before the handover (the same masker as the tool result's).
     pub masker: &'a Masker,
+    /// The argv that hands the running command over to the task supervisor (its adopt mode).
+    pub adopter: &'a dyn Fn(&Adoption<'_>) -> Vec<String>,
+    /// How long the supervisor gives a timed-out command between TERM and KILL (the server
+    /// waits that much longer to reap a command it handed over).
+    pub kill_grace: Duration,
+}
+
+/// What adopting a running command asks for (the supervisor's adopt mode: `start.sh adopt`).
+#[derive(Debug, Clone, Copy)]
+pub struct Adoption<'a> {
+    /// The new task's id.
+    pub task_id: &'a str,
+    /// The command's whole timeout, in seconds.
+    pub timeout: i64,
+    /// What is left of it, in seconds with two decimals.
+    pub left: &'a str,
+    /// The command's process group as the sandbox sees it.
+    pub pgid: u32,
+    /// Bytes of stdout and stderr already staged (captured before).
+    pub pre: (usize, usize),
+    /// Whether each staged part was cut at the cap.
+    pub truncated: (bool, bool),
+    /// When the command started, Unix seconds.
+    pub started_at: i64,
+    /// The command line.
+    pub command: &'a str,
 }
 
 /// How an execution that may be promoted ended.
@@ -336,4 +361,14 @@ pub trait Provider: Send + Sync {
 /// The current time in Unix seconds.
 pub fn unix_now() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+}
+
+/// How often a waiting call reads its sandbox again: a local read is a shell on the host, a
+/// remote one a request (about one per second).
+pub fn poll_interval(provider: &dyn Provider) -> Duration {
+    if provider.name() == "local" {
+        crate::limits::WAIT_POLL_LOCAL
+    } else {
+        crate::limits::WAIT_POLL_REMOTE
+    }
 }

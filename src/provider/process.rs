@@ -7,7 +7,7 @@
 //! procps version turns `kill -SIG -PGID` into "signal everything"), only to a group whose leader
 //! is our own unreaped child, and never to group 0 or 1.
 
-use crate::provider::isolation::spawner::{self, Remote};
+use crate::provider::local::isolation::spawner::{self, Remote};
 use crate::provider::ExecOutput;
 use std::collections::{HashMap, HashSet};
 use std::fs::File;

@@ -114,7 +114,7 @@ use std::time::{Duration, Instant};
 
 pub mod snippet;
 
-pub use snippet::{mask_awk, Adoption, Call, Launch, Snippet};
+pub use snippet::{mask_awk, Call, Launch, Snippet};
 
 /// The keys of an `@task` block that [`parse_answer`] and [`parse_list`] read (the table in the
 /// module doc says what each means).

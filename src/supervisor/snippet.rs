@@ -9,7 +9,7 @@
 
 use super::Window;
 use crate::limits;
-use crate::provider::Provider;
+use crate::provider::{Adoption, Provider};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -193,27 +193,6 @@ pub struct Launch<'a> {
     /// Seconds the start waits inside the sandbox for the task's end before it answers (0: it
     /// answers once the task runs; see `start.sh`'s `run`).
     pub wait: u64,
-}
-
-/// What adopting a running command asks for (`start.sh`'s adopt mode).
-#[derive(Debug, Clone, Copy)]
-pub struct Adoption<'a> {
-    /// The new task's id.
-    pub task_id: &'a str,
-    /// The command's whole timeout, in seconds.
-    pub timeout: i64,
-    /// What is left of it, in seconds with two decimals.
-    pub left: &'a str,
-    /// The command's process group as the sandbox sees it.
-    pub pgid: u32,
-    /// Bytes of stdout and stderr already staged (captured before).
-    pub pre: (usize, usize),
-    /// Whether each staged part was cut at the cap.
-    pub truncated: (bool, bool),
-    /// When the command started, Unix seconds.
-    pub started_at: i64,
-    /// The command line.
-    pub command: &'a str,
 }
 
 /// One call of a snippet with its arguments.

@@ -247,8 +247,26 @@ fn string_map(value: Option<&Value>) -> BTreeMap<String, String> {
     }
 }
 
-/// Checks `arguments` against `params`. Errors are sentences for the model.
-pub fn validate(tool: &str, params: &[Param], arguments: &Map<String, Value>) -> Result<Args, String> {
+/// Arguments that do not fit a tool's table: a sentence for the model, starting with the tool's
+/// name, that says which argument is wrong and what it accepts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidArguments(pub String);
+
+impl std::fmt::Display for InvalidArguments {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for InvalidArguments {}
+
+/// Checks `arguments` against `params`.
+pub fn validate(tool: &str, params: &[Param], arguments: &Map<String, Value>) -> Result<Args, InvalidArguments> {
+    check_all(tool, params, arguments).map_err(InvalidArguments)
+}
+
+/// [`validate`], its errors as sentences.
+fn check_all(tool: &str, params: &[Param], arguments: &Map<String, Value>) -> Result<Args, String> {
     let mut unknown: Vec<&str> = arguments.keys().map(String::as_str).filter(|k| !params.iter().any(|p| p.name == *k)).collect();
     if !unknown.is_empty() {
         unknown.sort_unstable();
@@ -391,7 +409,7 @@ mod tests {
     ];
 
     fn run(args: Value) -> Result<Args, String> {
-        validate("t", PARAMS, args.as_object().unwrap())
+        validate("t", PARAMS, args.as_object().unwrap()).map_err(|e| e.0)
     }
 
     #[test]

@@ -1,11 +1,11 @@
 //! `run_command`: one shell command to completion, with capped and masked output.
 
 use super::args::{Args, Kind, Param};
-use super::{Ctx, Tool, ToolError, SANDBOX_ID};
+use super::{Ctx, Reply, Tool, ToolError, SANDBOX_ID};
 use crate::ids;
 use crate::limits;
 use crate::provider::local::TASK_TAG_VAR;
-use crate::provider::{ExecEnd, ExecOutput, ExecRequest, Promotion, Touch};
+use crate::provider::{Adoption, ExecEnd, ExecOutput, ExecRequest, Promotion, Touch};
 use crate::supervisor::{self, Launch, Started, Target, TaskState, Window};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -68,7 +68,7 @@ continue with get_task (with wait) or stop it with cancel_task. For anything lon
     run,
 };
 
-/// The arguments of `run_command` (also read by a task-augmented call, `mcp_tasks::create`).
+/// The arguments of `run_command` (also read by a task-augmented call, `mcp::tasks::create`).
 pub struct Request<'a> {
     /// The sandbox given, if any.
     pub sandbox_id: Option<&'a str>,
@@ -95,7 +95,7 @@ impl<'a> Request<'a> {
     }
 }
 
-fn run(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
+fn run(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
     let Request { sandbox_id, command, cwd, envs, timeout } = Request::read(args)?;
     let id = super::target_sandbox(ctx, sandbox_id)?;
     let provider = &ctx.app.provider;
@@ -122,13 +122,22 @@ fn run(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
         Some(dir) => {
             req.argv = provider.shell(&adoptable(command, &dir));
             req.envs.insert(TASK_TAG_VAR.to_string(), task_id.clone());
-            let promotion = Promotion { at: started + after, task_id: &task_id, command, timeout, masker: &masker };
+            let adopter = |adoption: &Adoption<'_>| supervisor::Call::Adopt(*adoption).argv(provider.as_ref());
+            let promotion = Promotion {
+                at: started + after,
+                task_id: &task_id,
+                command,
+                timeout,
+                masker: &masker,
+                adopter: &adopter,
+                kill_grace: supervisor::snippet::TIMEOUT_KILL_GRACE,
+            };
             match provider.exec_or_promote(&id, &req, Touch::Renew, &promotion)? {
                 ExecEnd::Done(out) => out,
                 ExecEnd::Promoted(out) => {
                     // The task outlives the session, like start_task's.
                     ctx.session.retain(&id);
-                    return Ok(running(&task_id, &id, &out, text));
+                    return Ok(Reply::Now(running(&task_id, &id, &out, text)));
                 }
             }
         }
@@ -143,7 +152,7 @@ fn run(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
             };
             match supervised(ctx, &id, launch, &req.envs, started)? {
                 Supervised::Ended(out) => out,
-                Supervised::Running(out) => return Ok(running(&task_id, &id, &out, text)),
+                Supervised::Running(out) => return Ok(Reply::Now(running(&task_id, &id, &out, text))),
                 Supervised::Refused => provider.exec(&id, &req, Touch::Renew)?,
             }
         }
@@ -155,7 +164,7 @@ fn run(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
         }
         return Err(ToolError::new("the request was cancelled; the command was stopped"));
     }
-    Ok(json!({
+    Ok(Reply::Now(json!({
         "state": "completed",
         "exit_code": if out.timed_out { TIMED_OUT_EXIT_CODE } else { out.exit_code },
         "stdout": text(&out.stdout),
@@ -164,7 +173,7 @@ fn run(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
         "stderr_truncated": out.stderr_truncated,
         "timed_out": out.timed_out,
         "duration_ms": out.duration.as_millis() as u64,
-    }))
+    })))
 }
 
 /// The answer of a run_command that goes on as task `task_id`, with the output so far.

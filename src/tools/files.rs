@@ -1,7 +1,7 @@
 //! `read_file`, `write_file` and `list_files`.
 
 use super::args::{Args, Kind, Param};
-use super::{Ctx, Tool, ToolError, SANDBOX_ID};
+use super::{Ctx, Reply, Tool, ToolError, SANDBOX_ID};
 use crate::{base64, limits};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -105,7 +105,7 @@ impl<'a> Write<'a> {
     }
 }
 
-fn read(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
+fn read(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
     let (sandbox_id, path) = located(args)?;
     let id = super::target_sandbox(ctx, sandbox_id)?;
     let data = ctx.app.provider.read_file(&id, path, limits::MAX_FILE_BYTES, Instant::now() + FILE_CALL_BUDGET)?;
@@ -114,10 +114,10 @@ fn read(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
         Ok(text) => out["content"] = json!(text),
         Err(err) => out["content_base64"] = json!(base64::encode(err.as_bytes())),
     }
-    Ok(out)
+    Ok(Reply::Now(out))
 }
 
-fn write(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
+fn write(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
     let Write { sandbox_id, path, content, encoded } = Write::read(args)?;
     let id = super::target_sandbox(ctx, sandbox_id)?;
     let data = if encoded {
@@ -129,15 +129,15 @@ fn write(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
         return Err(ToolError::new(format!("content is {} bytes, over write_file's limit of {}", data.len(), limits::MAX_FILE_BYTES)));
     }
     let n = ctx.app.provider.write_file(&id, path, &data, Instant::now() + FILE_CALL_BUDGET)?;
-    Ok(json!({"path": path, "bytes_written": n}))
+    Ok(Reply::Now(json!({"path": path, "bytes_written": n})))
 }
 
-fn list(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
+fn list(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
     let (sandbox_id, path) = located(args)?;
     let id = super::target_sandbox(ctx, sandbox_id)?;
     let (entries, truncated) = ctx.app.provider.list_dir(&id, path, limits::MAX_DIR_ENTRIES, Instant::now() + FILE_CALL_BUDGET)?;
     let entries: Vec<Value> = entries.iter().map(|e| json!({"name": e.name, "type": e.kind.name(), "size": e.size})).collect();
-    Ok(json!({"path": path, "entries": entries, "truncated": truncated}))
+    Ok(Reply::Now(json!({"path": path, "entries": entries, "truncated": truncated})))
 }
 
 #[cfg(test)]

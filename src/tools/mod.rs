@@ -9,9 +9,7 @@
 use crate::app::App;
 use crate::mask::Masker;
 use crate::provider::ProviderError;
-use crate::session::Session;
 use serde_json::{json, Map, Value};
-use std::cell::RefCell;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,24 +28,41 @@ pub fn command_request(args: &Args) -> Result<CommandRequest<'_>, ToolError> {
     CommandRequest::read(args)
 }
 
+/// What a tool knows of the session that calls it: its default sandbox and the sandboxes that
+/// end with it (the MCP layer's session implements it; the tools know nothing else of MCP).
+pub trait SandboxScope {
+    /// Whether the caller has no session (a 2026-07-28 request over HTTP): no default sandbox,
+    /// and nothing ends with it.
+    fn is_stateless(&self) -> bool;
+    /// The default sandbox, if any.
+    fn default_sandbox(&self) -> Option<String>;
+    /// Records a sandbox the caller created: it becomes the default and ends with the session.
+    /// Returns false when the session has already ended; the caller must then kill the sandbox.
+    fn adopt(&self, sandbox_id: &str) -> bool;
+    /// Keeps a sandbox past the session's end (a task runs in it).
+    fn retain(&self, sandbox_id: &str);
+    /// Forgets a sandbox that was killed.
+    fn forget(&self, sandbox_id: &str);
+}
+
 /// What a tool handler can reach.
 pub struct Ctx<'a> {
     /// Configuration and provider.
     pub app: &'a App,
-    /// The calling session.
-    pub session: &'a Session,
+    /// The calling session's sandboxes.
+    pub session: &'a dyn SandboxScope,
     /// Set when the client cancels the request.
     pub cancel: &'a Arc<AtomicBool>,
-    /// Where a handler leaves a [`Pending`] read when its call must wait; the caller then
-    /// answers later (a worker parks it with the waiter, `sandbox-mcp call` blocks on it).
-    pub deferred: &'a RefCell<Option<Pending>>,
 }
 
-impl Ctx<'_> {
-    /// Asks for the call to be answered by `pending` instead of the handler's own result.
-    pub fn defer(&self, pending: Pending) {
-        *self.deferred.borrow_mut() = Some(pending);
-    }
+/// What a handler answers: its structured result now, or a read to repeat until it answers
+/// (the caller answers later: a worker parks it with the waiter, `sandbox-mcp call` blocks on
+/// it). [`call`] answers the same way, with the whole `CallToolResult` in `Now`.
+pub enum Reply {
+    /// The answer.
+    Now(Value),
+    /// The call waits; `Pending` gives its answer.
+    Wait(Pending),
 }
 
 /// The result of a read.
@@ -118,8 +133,12 @@ pub struct Tool {
     /// Whether the tool may destroy or overwrite something (`destructiveHint`).
     pub destructive: bool,
     /// The handler.
-    pub run: fn(&Ctx<'_>, &Args) -> Result<Value, ToolError>,
+    pub run: fn(&Ctx<'_>, &Args) -> Result<Reply, ToolError>,
 }
+
+/// The tools that may become protocol tasks (`execution.taskSupport: "optional"`: the
+/// 2025-11-25 `params.task`, and the 2026-07-28 tasks extension).
+pub const TASK_TOOLS: &[&str] = &["run_command"];
 
 /// Every tool, in the order `tools/list` shows them.
 pub fn all() -> &'static [Tool] {
@@ -163,8 +182,8 @@ pub fn list() -> Value {
             })
         })
         .map(|mut tool| {
-            // 2025-11-25 protocol tasks (mcp_tasks.rs); other versions ignore the field.
-            if crate::mcp_tasks::TASK_TOOLS.iter().any(|n| tool["name"] == *n) {
+            // 2025-11-25 protocol tasks (mcp/tasks.rs); other versions ignore the field.
+            if TASK_TOOLS.iter().any(|n| tool["name"] == *n) {
                 tool["execution"] = json!({"taskSupport": "optional"});
             }
             tool
@@ -188,10 +207,14 @@ fn title(name: &str) -> String {
     out
 }
 
-/// Runs one tool call and returns its `CallToolResult`.
-pub fn call(ctx: &Ctx<'_>, tool: &Tool, arguments: &Map<String, Value>) -> Value {
-    let outcome = args::validate(tool.name, tool.params, arguments).map_err(ToolError::new).and_then(|a| (tool.run)(ctx, &a));
-    finish(ctx.app, outcome)
+/// Runs one tool call: its `CallToolResult` now, or the read that will give it.
+pub fn call(ctx: &Ctx<'_>, tool: &Tool, arguments: &Map<String, Value>) -> Reply {
+    let outcome = args::validate(tool.name, tool.params, arguments).map_err(|e| ToolError::new(e.0)).and_then(|a| (tool.run)(ctx, &a));
+    match outcome {
+        Ok(Reply::Wait(pending)) => Reply::Wait(pending),
+        Ok(Reply::Now(structured)) => Reply::Now(finish(ctx.app, Ok(structured))),
+        Err(err) => Reply::Now(finish(ctx.app, Err(err))),
+    }
 }
 
 /// Turns a handler's result into a `CallToolResult`, masking the server's own secrets.
@@ -231,7 +254,7 @@ pub fn target_sandbox(ctx: &Ctx<'_>, given: Option<&str>) -> Result<String, Tool
 }
 
 /// [`target_sandbox`] outside a tool handler.
-pub fn resolve_sandbox(app: &App, session: &Session, given: Option<&str>) -> Result<String, ToolError> {
+pub fn resolve_sandbox(app: &App, session: &dyn SandboxScope, given: Option<&str>) -> Result<String, ToolError> {
     let id = match given {
         Some(id) => id.to_string(),
         None if session.is_stateless() => {

@@ -1,10 +1,10 @@
 //! `create_sandbox` and `kill_sandbox`.
 
 use super::args::{Args, IntField, Kind, Param};
-use super::{Ctx, Tool, ToolError, SANDBOX_ID_REQUIRED};
+use super::{Ctx, Reply, Tool, ToolError, SANDBOX_ID_REQUIRED};
 use crate::limits;
 use crate::provider::{CreateRequest, Limits};
-use serde_json::{json, Value};
+use serde_json::json;
 use std::time::{Duration, Instant};
 
 /// How long creating or killing a sandbox may take.
@@ -112,7 +112,7 @@ fn create_request(args: &Args) -> Result<CreateRequest, ToolError> {
     })
 }
 
-fn create(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
+fn create(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
     let req = create_request(args)?;
     let provider = &ctx.app.provider;
     let info = provider.create(&req, Instant::now() + SANDBOX_CALL_BUDGET)?;
@@ -121,7 +121,7 @@ fn create(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
         let _ = provider.kill(&info.sandbox_id, Instant::now() + SANDBOX_CALL_BUDGET);
         return Err(ToolError::new("the session ended while the sandbox was being created; it was killed again"));
     }
-    Ok(json!({
+    Ok(Reply::Now(json!({
         "sandbox_id": info.sandbox_id,
         "provider": provider.name(),
         "template": info.template,
@@ -129,7 +129,7 @@ fn create(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
         "isolation": info.isolation,
         "network": info.network,
         "limits": {"memory_mb": info.limits.memory_mb, "processes": info.limits.processes},
-    }))
+    })))
 }
 
 /// The argument of `kill_sandbox`.
@@ -137,11 +137,11 @@ fn kill_target(args: &Args) -> Result<&str, ToolError> {
     args.required_text(&SANDBOX_ID_REQUIRED)
 }
 
-fn kill(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
+fn kill(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
     let id = super::target_sandbox(ctx, Some(kill_target(args)?))?;
     let killed = ctx.app.provider.kill(&id, Instant::now() + SANDBOX_CALL_BUDGET)?;
     ctx.session.forget(&id);
-    Ok(json!({"sandbox_id": id, "killed": killed}))
+    Ok(Reply::Now(json!({"sandbox_id": id, "killed": killed})))
 }
 
 #[cfg(test)]

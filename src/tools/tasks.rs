@@ -3,7 +3,7 @@
 //! tools never renew its TTL.
 
 use super::args::{Args, Kind, Param};
-use super::{Ctx, Pending, Tool, ToolError, SANDBOX_ID, SANDBOX_ID_REQUIRED};
+use super::{Ctx, Pending, Reply, Tool, ToolError, SANDBOX_ID, SANDBOX_ID_REQUIRED};
 use crate::supervisor::{self, Deleted, Launch, Snapshot, Started, Target, TaskState, Window};
 use crate::{ids, limits};
 use serde_json::{json, Value};
@@ -234,7 +234,7 @@ fn no_such_task(sandbox_id: &str, task_id: &str) -> ToolError {
     ))
 }
 
-fn start(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
+fn start(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
     let StartRequest { sandbox_id, command, cwd, timeout } = StartRequest::read(args)?;
     let sandbox_id = super::target_sandbox(ctx, sandbox_id)?;
     let provider = ctx.app.provider.as_ref();
@@ -253,19 +253,19 @@ shorten the command, or write a script with write_file and start that",
     ctx.session.retain(&sandbox_id);
     let target = Target { provider, sandbox_id: &sandbox_id };
     match supervisor::start(&target, &task_id, argv) {
-        Ok(Started::Observed(snapshot)) => Ok(render(&sandbox_id, &snapshot)),
+        Ok(Started::Observed(snapshot)) => Ok(Reply::Now(render(&sandbox_id, &snapshot))),
         Ok(Started::Refused(msg)) => Err(ToolError::new(msg)),
         Err(err) if err.maybe_applied() => {
             // Never resubmit: the command may be running. The handle is still the way to find out.
             let msg =
                 format!("the start could not be confirmed ({err}); query this handle with get_task, or kill_sandbox to stop everything");
-            Ok(render(&sandbox_id, &Snapshot::unconfirmed(&task_id, timeout, msg)))
+            Ok(Reply::Now(render(&sandbox_id, &Snapshot::unconfirmed(&task_id, timeout, msg))))
         }
         Err(err) => Err(err.into()),
     }
 }
 
-fn get(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
+fn get(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
     let (given, task_id) = handle(args)?;
     let window = window(args)?;
     let wait = Duration::from_secs(args.integer(&WAIT)?.max(0) as u64);
@@ -276,12 +276,12 @@ fn get(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
         return Err(no_such_task(&sandbox_id, &task_id));
     };
     if wait.is_zero() || has_news(&first, window) {
-        return Ok(render(&sandbox_id, &first));
+        return Ok(Reply::Now(render(&sandbox_id, &first)));
     }
     // Wait off the worker: the waiter reads again every `every` until there is news or the
     // wait is over (docs/contract.md, "Waiting reads").
     let provider = ctx.app.provider.clone();
-    let every = crate::waiter::poll_interval(provider.as_ref());
+    let every = crate::provider::poll_interval(provider.as_ref());
     let read = move |last: bool| {
         let target = Target { provider: provider.as_ref(), sandbox_id: &sandbox_id };
         match supervisor::status(&target, &task_id, window) {
@@ -291,8 +291,7 @@ fn get(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
             Err(err) => Some(Err(err.into())),
         }
     };
-    ctx.defer(Pending { until: Instant::now() + wait, every, read: Box::new(read) });
-    Ok(Value::Null)
+    Ok(Reply::Wait(Pending { until: Instant::now() + wait, every, read: Box::new(read) }))
 }
 
 /// Whether a waiting read can answer: output past the offsets asked for, or a state other than
@@ -301,7 +300,7 @@ fn has_news(s: &Snapshot, window: Window) -> bool {
     s.state != TaskState::Running || s.stdout_bytes > window.stdout_offset || s.stderr_bytes > window.stderr_offset
 }
 
-fn cancel(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
+fn cancel(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
     let (given, task_id) = handle(args)?;
     let window = window(args)?;
     let sandbox_id = super::target_sandbox(ctx, Some(given))?;
@@ -311,7 +310,7 @@ fn cancel(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
         return Err(no_such_task(&sandbox_id, &task_id));
     };
     if s.state.is_final() {
-        return Ok(render(&sandbox_id, &s));
+        return Ok(Reply::Now(render(&sandbox_id, &s)));
     }
     let why = if s.state == TaskState::Running { "the task is still running" } else { "the task's state cannot be observed" };
     Err(ToolError {
@@ -323,7 +322,7 @@ fn cancel(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
     })
 }
 
-fn list(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
+fn list(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
     let sandbox_id = super::target_sandbox(ctx, args.text(&SANDBOX_ID)?)?;
     let target = Target { provider: ctx.app.provider.as_ref(), sandbox_id: &sandbox_id };
     let tasks = supervisor::list(&target)?;
@@ -331,16 +330,16 @@ fn list(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
         .iter()
         .map(|s| json!({"task_id": s.task_id, "state": s.state.name(), "exit_code": s.exit_code, "started_at": s.started_at, "finished_at": s.finished_at}))
         .collect();
-    Ok(json!({"sandbox_id": sandbox_id, "tasks": items, "count": tasks.len(), "limit": limits::MAX_TASKS}))
+    Ok(Reply::Now(json!({"sandbox_id": sandbox_id, "tasks": items, "count": tasks.len(), "limit": limits::MAX_TASKS})))
 }
 
-fn delete(ctx: &Ctx<'_>, args: &Args) -> Result<Value, ToolError> {
+fn delete(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
     let (given, task_id) = handle(args)?;
     let sandbox_id = super::target_sandbox(ctx, Some(given))?;
     let task_id = checked_task_id(task_id)?;
     let target = Target { provider: ctx.app.provider.as_ref(), sandbox_id: &sandbox_id };
     match supervisor::delete(&target, &task_id)? {
-        Deleted::Yes => Ok(json!({"task_id": task_id, "deleted": true})),
+        Deleted::Yes => Ok(Reply::Now(json!({"task_id": task_id, "deleted": true}))),
         Deleted::Missing => Err(no_such_task(&sandbox_id, &task_id)),
         Deleted::Refused(s) => Err(ToolError::new(format!(
             "task {task_id} is {}; stop it with cancel_task first (or kill_sandbox), then delete it",

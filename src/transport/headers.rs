@@ -7,8 +7,8 @@
 //! transport calls [`check`] between reading a request's `_meta` and judging its version.
 
 use crate::base64;
-use crate::envelope::RequestMeta;
 use crate::jsonrpc::{code, RpcError};
+use crate::mcp::envelope::RequestMeta;
 use serde_json::Value;
 
 /// Methods whose `Mcp-Name` header mirrors a body parameter, and that parameter.

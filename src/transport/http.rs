@@ -8,14 +8,14 @@
 
 use super::body_budget::{self, Body, BodyBudget};
 use crate::app::App;
-use crate::envelope::{self, RequestMeta};
 use crate::ids;
 use crate::jsonrpc::{self, code, Incoming, RpcError};
 use crate::limits::{MAX_BODY_BYTES, MAX_HTTP_SUBSCRIPTIONS};
-use crate::protocol::{self, Listen, Refusal, Route, Work, WorkQueue, SUPPORTED_VERSIONS};
+use crate::mcp::envelope::{self, RequestMeta};
+use crate::mcp::protocol::{self, Listen, Refusal, Route, Work, WorkQueue, SUPPORTED_VERSIONS};
+use crate::mcp::session::{Session, Sessions};
+use crate::mcp::subscription;
 use crate::queue::Outcome;
-use crate::session::{Session, Sessions};
-use crate::subscription;
 use crate::transport::headers;
 use crate::waiter::Waiter;
 use crossbeam_channel::TrySendError;
@@ -329,20 +329,20 @@ impl Listener {
     fn answer(&self, req: &Request, body: Body) -> Answer {
         if let Some(origin) = get(req, "Origin") {
             if !origin_allowed(origin) {
-                return Answer::rejected(403, code::SERVER_BUSY, "Forbidden: Origin is not a loopback origin");
+                return Answer::rejected(403, code::FORBIDDEN, "Forbidden: Origin is not a loopback origin");
             }
         }
         if self.loopback {
             if let Some(host) = get(req, "Host") {
                 if !is_loopback_host(host) {
-                    return Answer::rejected(403, code::SERVER_BUSY, "Forbidden: Host is not a loopback name");
+                    return Answer::rejected(403, code::FORBIDDEN, "Forbidden: Host is not a loopback name");
                 }
             }
         }
         if let Some(token) = &self.app.config.http_token {
             let given = get(req, "Authorization").and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
             if !constant_time_eq(given.trim().as_bytes(), token.as_bytes()) {
-                return Answer::rejected(401, code::SERVER_BUSY, "Unauthorized: send Authorization: Bearer <SANDBOX_MCP_HTTP_TOKEN>")
+                return Answer::rejected(401, code::UNAUTHORIZED, "Unauthorized: send Authorization: Bearer <SANDBOX_MCP_HTTP_TOKEN>")
                     .with("WWW-Authenticate", "Bearer");
             }
         }
@@ -368,7 +368,7 @@ impl Listener {
                 _ => Answer::rejected(413, code::INVALID_REQUEST, "Payload Too Large: the body limit is 4 MiB"),
             },
             (Method::Delete, "/mcp") => self.delete(req),
-            (_, "/mcp") => Answer::rejected(405, code::SERVER_BUSY, "Method Not Allowed: use POST (and DELETE to end a session)")
+            (_, "/mcp") => Answer::rejected(405, code::METHOD_NOT_ALLOWED, "Method Not Allowed: use POST (and DELETE to end a session)")
                 .with("Allow", "POST, DELETE"),
             _ => Answer::rejected(404, code::METHOD_NOT_FOUND, "Not Found: the MCP endpoint is /mcp"),
         }
@@ -377,9 +377,13 @@ impl Listener {
     /// The request's session, or the status, JSON-RPC code and message to refuse it with.
     fn session(&self, req: &Request) -> Result<Arc<Session>, (u16, i64, &'static str)> {
         let Some(id) = get(req, "Mcp-Session-Id") else {
-            return Err((400, code::SERVER_BUSY, "Bad Request: Mcp-Session-Id header is required; send initialize first"));
+            return Err((400, code::SESSION_REQUIRED, "Bad Request: Mcp-Session-Id header is required; send initialize first"));
         };
-        self.sessions.get(id.trim()).ok_or((404, -32001, "Session not found: it ended or expired; send initialize to start a new session"))
+        self.sessions.get(id.trim()).ok_or((
+            404,
+            code::SESSION_NOT_FOUND,
+            "Session not found: it ended or expired; send initialize to start a new session",
+        ))
     }
 
     fn post(&self, req: &Request, bytes: &[u8]) -> Answer {
@@ -438,7 +442,7 @@ impl Listener {
             if !SUPPORTED_VERSIONS.contains(&v.trim()) {
                 return Answer::rejected(
                     400,
-                    code::SERVER_BUSY,
+                    code::UNSUPPORTED_VERSION_HEADER,
                     &format!(
                         "Bad Request: unsupported MCP-Protocol-Version {v:?} for a session; supported: {}",
                         SUPPORTED_VERSIONS.join(", ")

@@ -6,10 +6,10 @@
 
 use crate::app::App;
 use crate::jsonrpc::{self, code, RpcError};
-use crate::protocol::{self, Route, WorkQueue};
+use crate::mcp::protocol::{self, Route, WorkQueue};
+use crate::mcp::session::Session;
+use crate::mcp::subscription;
 use crate::queue::Outcome;
-use crate::session::Session;
-use crate::subscription;
 use crate::waiter::Waiter;
 use crossbeam_channel::{Receiver, Sender};
 use serde_json::Value;

@@ -42,7 +42,7 @@ fn create_and_kill(rpc: &mut StdioClient) -> Result<f64> {
 
 /// The rows; measured only where the host allows namespaces.
 pub fn isolation_rows(b: &mut Bench, _ctl: &mut Ctl) -> Result<()> {
-    if let Err(why) = sandbox_mcp::provider::isolation::probe() {
+    if let Err(why) = sandbox_mcp::provider::local::isolation::probe() {
         b.row(Row::new("isolation", "namespace isolation").not_measured(format!("this host refuses namespaces: {why}")));
         return Ok(());
     }

@@ -17,10 +17,10 @@
 //! * `log_page`: offset and limit - 1 as big-endian u16s, the saved size as a big-endian u32,
 //!   then secret values separated by 0x01, a NUL, and the log page.
 
-use sandbox_mcp::envelope::{self, RequestMeta};
 use sandbox_mcp::jsonrpc::{self, code, Incoming};
 use sandbox_mcp::limits::MIN_SECRET_BYTES;
 use sandbox_mcp::mask::Masker;
+use sandbox_mcp::mcp::envelope::{self, RequestMeta};
 use sandbox_mcp::provider::e2b::wire::{self, ProcessEvent};
 use sandbox_mcp::supervisor::{self, Snapshot, TaskState, Window};
 use sandbox_mcp::tools::{self, args::Kind, args::Param};
@@ -234,7 +234,8 @@ fn check_tool_args(name: &str, params: &[Param], arguments: &Map<String, Value>)
         });
     let args = match result {
         Ok(args) => args,
-        Err(msg) => {
+        Err(err) => {
+            let msg = err.to_string();
             assert!(!acceptable, "{name}: valid arguments refused: {msg} ({arguments:?})");
             assert!(msg.starts_with(&format!("{name}: ")), "{msg}");
             if !unknown {

@@ -25,7 +25,7 @@ fn route_count(counts: &Value, route: &str) -> i64 {
 /// The server against an emulator whose sandboxes are isolated with namespaces, or `None` (after
 /// saying why) when this host cannot isolate sandboxes.
 pub(crate) fn isolated_e2b(name: &str) -> Option<E2bHome> {
-    if let Err(why) = sandbox_mcp::provider::isolation::probe() {
+    if let Err(why) = sandbox_mcp::provider::local::isolation::probe() {
         eprintln!("skipped: the emulator cannot isolate sandboxes with namespaces on this host: {why}");
         return None;
     }

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 /// Skips (with a line saying why) where this host offers no namespaces: then `auto` means none,
 /// and `tests/it/isolation.rs::auto_falls_back_with_the_reason` covers the fallback.
 fn isolated_home(name: &str) -> Option<Home> {
-    if let Err(why) = sandbox_mcp::provider::isolation::probe() {
+    if let Err(why) = sandbox_mcp::provider::local::isolation::probe() {
         eprintln!("isolation tests need namespaces, which this host refuses: {why}");
         return None;
     }
@@ -145,7 +145,7 @@ fn kill_minus_one_inside_ends_only_the_sandboxs_processes() {
         // server's own, or the unprivileged sandbox uid when the server is root.
         let uid = match home.run_as {
             Some(u) => Some(u),
-            None if is_root() => Some(sandbox_mcp::provider::isolation::SANDBOX_UID),
+            None if is_root() => Some(sandbox_mcp::provider::local::isolation::SANDBOX_UID),
             None => None,
         }
         .map(|u| u.to_string());
@@ -515,7 +515,7 @@ fn isolation_settings_are_checked_at_startup() {
 /// with one warning naming the setting.
 #[test]
 fn auto_falls_back_with_the_reason_and_namespaces_refuses() {
-    if sandbox_mcp::provider::isolation::probe().is_err() {
+    if sandbox_mcp::provider::local::isolation::probe().is_err() {
         return;
     }
     let home = Home::new("iso-blocked");

@@ -13,7 +13,7 @@
 
 use super::control::rfc3339;
 use super::http::{HttpReply, HttpRequest};
-use sandbox_mcp::provider::isolation::files::ActAs;
+use sandbox_mcp::provider::local::isolation::files::ActAs;
 use serde_json::{json, Value};
 use std::ffi::OsString;
 use std::fs;

@@ -67,7 +67,7 @@ use control::{Found, Registry};
 use faults::{Faults, RequestCounts};
 use files::Tree;
 use http::{ChunkedWriter, HttpReply, HttpRequest, ReadOutcome};
-use sandbox_mcp::provider::isolation::{self, Isolation};
+use sandbox_mcp::provider::local::isolation::{self, Isolation};
 use sandbox_mcp::provider::local::{self, LocalProvider};
 use sandbox_mcp::provider::{Provider, ProviderError};
 use serde_json::{json, Value};

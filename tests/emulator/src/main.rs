@@ -6,7 +6,7 @@
 #![forbid(unsafe_code)]
 
 use e2b_emulator::{Emulator, Options};
-use sandbox_mcp::provider::isolation::Isolation;
+use sandbox_mcp::provider::local::isolation::Isolation;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -11,12 +11,12 @@
 //! `subscriptions/listen` request id) in `_meta`.
 
 use crate::app::App;
-use crate::envelope::{self, SUBSCRIPTION_ID_KEY};
 use crate::jsonrpc::{code, RpcError};
 use crate::limits::{MAX_SUBSCRIBED_TASKS, MAX_WAITING_CALLS};
-use crate::mcp_tasks::{self, Handle};
+use crate::mcp::envelope::{self, SUBSCRIPTION_ID_KEY};
+use crate::mcp::tasks::{self, Handle};
 use crate::queue::Outcome;
-use crate::waiter::{self, Waiter, Watch};
+use crate::waiter::{Waiter, Watch};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -185,7 +185,7 @@ struct Followed {
 }
 
 /// Follows the tasks a subscription named, parked with the waiter like a waiting call (same
-/// cadence: every `waiter::poll_interval`, one state read per task still working). Pushes a
+/// cadence: every `provider::poll_interval`, one state read per task still working). Pushes a
 /// task's status when first read and whenever it changes; a task that ended, or that does not
 /// exist (deleted, its sandbox gone: never a made-up status), is no longer followed. The watch
 /// leaves the waiter when no task is left, the subscription ends, or the server shuts down; the
@@ -202,10 +202,10 @@ pub struct TaskWatch {
 impl TaskWatch {
     /// A watch for subscription `id` over `tasks`, pushing into `sink`.
     pub fn new(app: Arc<App>, id: Value, tasks: Vec<Handle>, sink: Sink) -> TaskWatch {
-        let every = waiter::poll_interval(app.provider.as_ref());
+        let every = crate::provider::poll_interval(app.provider.as_ref());
         let tasks = tasks.into_iter().map(|handle| Followed { handle, sent: None }).collect();
         // No task runs longer than the longest task timeout, so following ends by then.
-        TaskWatch { app, id, tasks, sink, until: Instant::now() + mcp_tasks::RESULT_WAIT, every }
+        TaskWatch { app, id, tasks, sink, until: Instant::now() + tasks::RESULT_WAIT, every }
     }
 
     /// The tasks still followed.
@@ -227,7 +227,7 @@ impl Watch for TaskWatch {
                 return Some(over());
             }
             let task = &mut self.tasks[i];
-            let state = match mcp_tasks::state(&self.app, &task.handle) {
+            let state = match tasks::state(&self.app, &task.handle) {
                 Ok(s) => s,
                 Err(err) if err.code == code::INVALID_PARAMS => {
                     log::debug!("subscription {} stops following {}: {}", self.id, task.handle.encode(), err.message);
@@ -241,9 +241,9 @@ impl Watch for TaskWatch {
                     continue;
                 }
             };
-            let status = mcp_tasks::status(&state).0;
+            let status = tasks::status(&state).0;
             if task.sent != Some(status) {
-                match mcp_tasks::detailed_2026(&self.app, &task.handle, &state) {
+                match tasks::detailed_2026(&self.app, &task.handle, &state) {
                     Ok(detailed) => {
                         if !(self.sink.send)(task_notification(&self.id, detailed).to_string()) {
                             return Some(over());

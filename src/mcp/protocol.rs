@@ -13,18 +13,17 @@
 //! drops its guard the same way.
 
 use crate::app::App;
-use crate::envelope::{self, RequestMeta, LOG_LEVELS};
 use crate::jsonrpc::{self, code, Incoming, RpcError};
-use crate::mcp_tasks;
+use crate::mcp::envelope::{self, RequestMeta, LOG_LEVELS};
+use crate::mcp::session::{InFlight, Session};
+use crate::mcp::subscription;
+use crate::mcp::tasks;
 use crate::queue::{Job, Outcome};
-use crate::session::{InFlight, Session};
-use crate::subscription;
 use crate::supervisor;
-use crate::tools::{self, Ctx, Pending, Tool, ToolError};
-use crate::waiter::{self, Watch};
+use crate::tools::{self, Ctx, Pending, Reply, Tool, ToolError};
+use crate::waiter::Watch;
 use crossbeam_channel::Sender;
 use serde_json::{json, Map, Value};
-use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -164,7 +163,7 @@ pub struct Listen {
     /// The serialized `notifications/subscriptions/acknowledged` message.
     pub ack: String,
     /// The tasks named in `notifications.taskIds` (the tasks extension).
-    pub tasks: Vec<mcp_tasks::Handle>,
+    pub tasks: Vec<tasks::Handle>,
 }
 
 /// Checks a transport adds to a 2026-07-28 request once its `_meta` is read and before its
@@ -191,7 +190,7 @@ pub fn route_checked(app: &App, session: &Arc<Session>, msg: Incoming, check: En
         Incoming::Request { id, method, params } => match request(session, &id, &method, params) {
             Ok(Handled::Done(result)) => Route::Reply(jsonrpc::result(&id, result).to_string()),
             // The tool list is serialized once; only the id changes.
-            Ok(Handled::ToolList) => Route::Reply(format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{}}}"#, app.tools_list)),
+            Ok(Handled::ToolList) => Route::Reply(format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{}}}"#, cached::tools_list())),
             Ok(Handled::Call(call)) => Route::Call(Work { session: session.clone(), call }),
             Err(err) => Route::Reply(jsonrpc::error(&id, &err).to_string()),
         },
@@ -211,8 +210,8 @@ fn modern(app: &App, session: &Arc<Session>, id: &Value, method: &str, params: O
     }
     match method {
         // Serialized once; only the id changes.
-        "server/discover" => Route::Reply(format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{}}}"#, app.discover)),
-        "tools/list" => Route::Reply(format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{}}}"#, app.tools_list_modern)),
+        "server/discover" => Route::Reply(format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{}}}"#, cached::discover())),
+        "tools/list" => Route::Reply(format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{}}}"#, cached::tools_list_modern())),
         "tools/call" => match tool_call(session, id, params, Some(meta)) {
             Ok(call) => Route::Call(Work { session: session.clone(), call }),
             Err(err) => Route::Reply(jsonrpc::error(id, &err).to_string()),
@@ -221,7 +220,7 @@ fn modern(app: &App, session: &Arc<Session>, id: &Value, method: &str, params: O
             refuse(missing_tasks_extension(method), Refusal::Envelope)
         }
         "tasks/get" | "tasks/cancel" | "tasks/update" => {
-            let method = mcp_tasks::task_id_param(params.as_ref()).map(|task| match method {
+            let method = tasks::task_id_param(params.as_ref()).map(|task| match method {
                 "tasks/get" => TaskMethod::ModernGet(task),
                 "tasks/cancel" => TaskMethod::ModernCancel(task),
                 _ => TaskMethod::ModernUpdate(task),
@@ -273,7 +272,7 @@ fn listen(app: &App, id: &Value, params: Option<&Value>, meta: &RequestMeta) -> 
     if !named.is_empty() && meta.extension(envelope::TASKS_EXTENSION).is_none() {
         return Err(missing_tasks_extension("subscriptions/listen with notifications.taskIds"));
     }
-    let tasks = named.iter().map(|text| mcp_tasks::Handle::parse(app, text)).collect::<Result<Vec<_>, _>>()?;
+    let tasks = named.iter().map(|text| tasks::Handle::parse(app, text)).collect::<Result<Vec<_>, _>>()?;
     Ok(Listen { id: id.clone(), ack: filter.acknowledgement(id).to_string(), tasks })
 }
 
@@ -331,9 +330,9 @@ fn request(session: &Session, id: &Value, method: &str, params: Option<Value>) -
         _ => {
             let method = match method {
                 "tasks/list" => TaskMethod::List(params.as_ref().and_then(|p| p.get("cursor")).cloned()),
-                "tasks/get" => TaskMethod::Get(mcp_tasks::task_id_param(params.as_ref())?),
-                "tasks/result" => TaskMethod::Result(mcp_tasks::task_id_param(params.as_ref())?),
-                _ => TaskMethod::Cancel(mcp_tasks::task_id_param(params.as_ref())?),
+                "tasks/get" => TaskMethod::Get(tasks::task_id_param(params.as_ref())?),
+                "tasks/result" => TaskMethod::Result(tasks::task_id_param(params.as_ref())?),
+                _ => TaskMethod::Cancel(tasks::task_id_param(params.as_ref())?),
             };
             let in_flight = begin(session, id)?;
             Ok(Handled::Call(ToolCall { id: id.clone(), op: Op::Tasks(method), arguments: Map::new(), in_flight, meta: None }))
@@ -356,7 +355,7 @@ fn initialize(session: &Session, params: Option<&Value>) -> Value {
     session.initialize(version);
     let mut capabilities = json!({"tools": {"listChanged": false}, "logging": {}});
     if version == TASKS_VERSION {
-        capabilities["tasks"] = mcp_tasks::capability();
+        capabilities["tasks"] = tasks::capability();
     }
     json!({
         "protocolVersion": version,
@@ -371,6 +370,30 @@ const INSTRUCTIONS: &str = "Linux sandboxes for running commands. Call create_sa
 Use run_command for short commands and start_task for anything long-running: a task's handle (sandbox_id + task_id) stays valid \
 after this session ends, and get_task reads its state and logs by offset. Sandboxes created in this session are killed when it \
 ends, unless a task was started in them.";
+
+/// The answers that never change, serialized once on first use.
+mod cached {
+    use super::{envelope, tools, DISCOVER_INSTRUCTIONS};
+    use std::sync::OnceLock;
+
+    /// The `tools/list` result of a 2025 session.
+    pub fn tools_list() -> &'static str {
+        static ANSWER: OnceLock<String> = OnceLock::new();
+        ANSWER.get_or_init(|| tools::list().to_string())
+    }
+
+    /// The `tools/list` result of a 2026-07-28 request (`resultType`, caching hints).
+    pub fn tools_list_modern() -> &'static str {
+        static ANSWER: OnceLock<String> = OnceLock::new();
+        ANSWER.get_or_init(|| envelope::tools_list(tools::list()).to_string())
+    }
+
+    /// The `server/discover` result.
+    pub fn discover() -> &'static str {
+        static ANSWER: OnceLock<String> = OnceLock::new();
+        ANSWER.get_or_init(|| envelope::discover(DISCOVER_INSTRUCTIONS).to_string())
+    }
+}
 
 /// `instructions` of `server/discover` (2026-07-28, where HTTP requests have no session).
 pub const DISCOVER_INSTRUCTIONS: &str = "Linux sandboxes for running commands. Call create_sandbox first and pass its sandbox_id to \
@@ -401,7 +424,7 @@ fn tool_call(session: &Session, id: &Value, params: Option<Value>, meta: Option<
     // A 2025-11-25 task-augmented call; other versions ignore `params.task` (2026-07-28 decides
     // on the server side, through its extension).
     let asked = meta.is_none() && session.protocol_version() == TASKS_VERSION && params.get("task").is_some_and(Value::is_object);
-    if asked && !mcp_tasks::TASK_TOOLS.contains(&tool.name) {
+    if asked && !tools::TASK_TOOLS.contains(&tool.name) {
         return Err(RpcError::new(
             code::METHOD_NOT_FOUND,
             format!("{} cannot run as a task (its execution.taskSupport is forbidden); call it without params.task", tool.name),
@@ -410,7 +433,7 @@ fn tool_call(session: &Session, id: &Value, params: Option<Value>, meta: Option<
     let declared = meta.as_ref().is_some_and(|m| m.extension(envelope::TASKS_EXTENSION).is_some());
     let task = if asked {
         TaskMode::Asked
-    } else if declared && mcp_tasks::TASK_TOOLS.contains(&tool.name) {
+    } else if declared && tools::TASK_TOOLS.contains(&tool.name) {
         TaskMode::Offered
     } else {
         TaskMode::No
@@ -473,11 +496,11 @@ pub fn execute(app: &Arc<App>, work: Work) -> Executed {
     // A 2026-07-28 run_command that may become a task. On a provider that runs such commands
     // under the supervisor anyway (E2B), the tool itself answers `running` at --task-after, and
     // that answer becomes the CreateTaskResult.
-    let offered = matches!(call.op, Op::Tool { task: TaskMode::Offered, .. }) && mcp_tasks::offered(app, &call.arguments);
+    let offered = matches!(call.op, Op::Tool { task: TaskMode::Offered, .. }) && tasks::offered(app, &call.arguments);
     let in_sandbox = app.provider.supervises_long_commands();
     let tool = match &call.op {
         Op::Tool { task: TaskMode::Asked, .. } => {
-            let created = mcp_tasks::create(app, &session, &call.arguments);
+            let created = tasks::create(app, &session, &call.arguments);
             return Executed::Now(rpc_answer(app, &call, created));
         }
         Op::Tool { task: TaskMode::Offered, .. } if offered && !in_sandbox => {
@@ -489,35 +512,34 @@ pub fn execute(app: &Arc<App>, work: Work) -> Executed {
             return tasks_method(app, &session, call, method);
         }
     };
-    let deferred = RefCell::new(None);
-    let ctx = Ctx { app, session: &session, cancel: call.in_flight.flag(), deferred: &deferred };
-    let result = tools::call(&ctx, tool, &call.arguments);
+    let ctx = Ctx { app, session: session.as_ref(), cancel: call.in_flight.flag() };
+    let result = match tools::call(&ctx, tool, &call.arguments) {
+        Reply::Now(result) => result,
+        Reply::Wait(pending) => return Executed::Wait(Box::new(CallWatch { app: app.clone(), call, pending })),
+    };
     if offered {
-        if let Some((handle, snapshot)) = mcp_tasks::running_task(&result) {
+        if let Some((handle, snapshot)) = tasks::running_task(&result) {
             return Executed::Now(task_created(app, &session, &call, &handle, snapshot));
         }
     }
-    match deferred.into_inner() {
-        Some(pending) => Executed::Wait(Box::new(CallWatch { app: app.clone(), call, pending })),
-        None => Executed::Now(answer(app, &call, result)),
-    }
+    Executed::Now(answer(app, &call, result))
 }
 
 /// A `tasks/*` request.
 fn tasks_method(app: &Arc<App>, session: &Session, call: ToolCall, method: TaskMethod) -> Executed {
-    let parsed = |text: &str| mcp_tasks::Handle::parse(app, text);
+    let parsed = |text: &str| tasks::Handle::parse(app, text);
     let answer = match &method {
-        TaskMethod::Get(id) => parsed(id).and_then(|h| mcp_tasks::get(app, &h)),
-        TaskMethod::Cancel(id) => parsed(id).and_then(|h| mcp_tasks::cancel(app, &h)),
-        TaskMethod::List(cursor) => mcp_tasks::list(app, session, cursor.as_ref()),
-        TaskMethod::ModernGet(id) => parsed(id).and_then(|h| mcp_tasks::get_2026(app, &h)),
-        TaskMethod::ModernCancel(id) => parsed(id).and_then(|h| mcp_tasks::cancel_2026(app, &h)),
-        TaskMethod::ModernUpdate(id) => parsed(id).and_then(|h| mcp_tasks::update_2026(app, &h)),
-        TaskMethod::Result(id) => match parsed(id).and_then(|h| mcp_tasks::result(app, &h).map(|r| (h, r))) {
+        TaskMethod::Get(id) => parsed(id).and_then(|h| tasks::get(app, &h)),
+        TaskMethod::Cancel(id) => parsed(id).and_then(|h| tasks::cancel(app, &h)),
+        TaskMethod::List(cursor) => tasks::list(app, session, cursor.as_ref()),
+        TaskMethod::ModernGet(id) => parsed(id).and_then(|h| tasks::get_2026(app, &h)),
+        TaskMethod::ModernCancel(id) => parsed(id).and_then(|h| tasks::cancel_2026(app, &h)),
+        TaskMethod::ModernUpdate(id) => parsed(id).and_then(|h| tasks::update_2026(app, &h)),
+        TaskMethod::Result(id) => match parsed(id).and_then(|h| tasks::result(app, &h).map(|r| (h, r))) {
             Ok((_, Some(result))) => Ok(result),
             Ok((handle, None)) => {
-                let every = waiter::poll_interval(app.provider.as_ref());
-                let until = Instant::now() + mcp_tasks::RESULT_WAIT;
+                let every = crate::provider::poll_interval(app.provider.as_ref());
+                let until = Instant::now() + tasks::RESULT_WAIT;
                 return Executed::Wait(Box::new(ResultWatch { app: app.clone(), call, handle, until, every }));
             }
             Err(err) => Err(err),
@@ -530,7 +552,7 @@ fn tasks_method(app: &Arc<App>, session: &Session, call: ToolCall, method: TaskM
 /// with the waiter until it ends (answered inline, like any run_command) or `--task-after`
 /// passes (answered with `CreateTaskResult`; the task goes on).
 fn promote(app: &Arc<App>, session: &Arc<Session>, call: ToolCall) -> Executed {
-    let (handle, first) = match mcp_tasks::start(app, session, &call.arguments) {
+    let (handle, first) = match tasks::start(app, session, &call.arguments) {
         Ok(started) => started,
         Err(err) => {
             // What run_command would say: a tool error (bad arguments, a refused start).
@@ -539,7 +561,7 @@ fn promote(app: &Arc<App>, session: &Arc<Session>, call: ToolCall) -> Executed {
         }
     };
     let until = Instant::now() + app.config.task_after;
-    let every = waiter::poll_interval(app.provider.as_ref());
+    let every = crate::provider::poll_interval(app.provider.as_ref());
     let done = first.state.is_final();
     let mut watch = PromoteWatch { app: app.clone(), session: session.clone(), call, handle, first, until, every };
     if done {
@@ -556,7 +578,7 @@ struct PromoteWatch {
     app: Arc<App>,
     session: Arc<Session>,
     call: ToolCall,
-    handle: mcp_tasks::Handle,
+    handle: tasks::Handle,
     first: supervisor::Snapshot,
     until: Instant,
     every: Duration,
@@ -568,12 +590,12 @@ impl Watch for PromoteWatch {
             // The task goes on; the client gets its handle.
             return Some(self.as_task());
         }
-        match mcp_tasks::result(&self.app, &self.handle) {
+        match tasks::result(&self.app, &self.handle) {
             Ok(Some(mut result)) => {
                 if let Value::Object(o) = &mut result {
                     o.remove("_meta");
                 }
-                mcp_tasks::forget(&self.app, &self.handle);
+                tasks::forget(&self.app, &self.handle);
                 Some(answer(&self.app, &self.call, result))
             }
             Ok(None) => None,
@@ -606,9 +628,9 @@ impl PromoteWatch {
 
 /// The answer to a 2026-07-28 run_command that went on as task `handle`: the `CreateTaskResult`
 /// (the task recorded in the session).
-fn task_created(app: &App, session: &Session, call: &ToolCall, handle: &mcp_tasks::Handle, snapshot: supervisor::Snapshot) -> Outcome {
+fn task_created(app: &App, session: &Session, call: &ToolCall, handle: &tasks::Handle, snapshot: supervisor::Snapshot) -> Outcome {
     session.record_task(&handle.encode());
-    let mut result = mcp_tasks::create_result_2026(handle, &snapshot);
+    let mut result = tasks::create_result_2026(handle, &snapshot);
     if let Value::Object(r) = &mut result {
         let meta = r.entry("_meta").or_insert_with(|| Value::Object(Map::new()));
         meta[envelope::SERVER_INFO_KEY] = envelope::server_info();
@@ -639,7 +661,7 @@ fn rpc_answer(app: &App, call: &ToolCall, answer: Result<Value, RpcError>) -> Ou
 struct ResultWatch {
     app: Arc<App>,
     call: ToolCall,
-    handle: mcp_tasks::Handle,
+    handle: tasks::Handle,
     until: Instant,
     every: Duration,
 }
@@ -657,7 +679,7 @@ impl Watch for ResultWatch {
             let err = RpcError::new(code::REQUEST_CANCELLED, "tasks/result was cancelled; the task goes on (tasks/cancel stops it)");
             return Some(rpc_answer(&self.app, &self.call, Err(err)));
         }
-        match mcp_tasks::result(&self.app, &self.handle) {
+        match tasks::result(&self.app, &self.handle) {
             Ok(Some(result)) => Some(rpc_answer(&self.app, &self.call, Ok(result))),
             Ok(None) => None,
             Err(err) => Some(rpc_answer(&self.app, &self.call, Err(err))),
@@ -984,7 +1006,7 @@ mod tests {
         let Route::Listen(listen) = route(&t.app, &session, msg(&with_extension(asks(&format!(r#"["{id}","{id}"]"#))))) else {
             panic!("a subscription")
         };
-        assert_eq!(listen.tasks.iter().map(mcp_tasks::Handle::encode).collect::<Vec<_>>(), vec![id.clone()]);
+        assert_eq!(listen.tasks.iter().map(tasks::Handle::encode).collect::<Vec<_>>(), vec![id.clone()]);
         let ack: Value = serde_json::from_str(&listen.ack).unwrap();
         assert_eq!(ack["params"]["notifications"]["taskIds"], json!([id]));
         for bad in [r#"["nope"]"#.to_string(), format!(r#"["{}"]"#, id.to_uppercase()), "[7]".to_string()] {

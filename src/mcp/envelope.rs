@@ -46,7 +46,7 @@ pub struct Extension {
     pub settings: fn() -> Value,
 }
 
-/// The tasks extension (`mcp_tasks.rs`, docs/contract.md "Protocol tasks").
+/// The tasks extension (`tasks.rs`, docs/contract.md "Protocol tasks").
 pub const TASKS_EXTENSION: &str = "io.modelcontextprotocol/tasks";
 
 /// Every extension this server implements, advertised by `server/discover`.

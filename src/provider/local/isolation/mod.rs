@@ -56,9 +56,22 @@ impl Isolation {
 /// The host's answer to "can sandboxes get namespaces here?", found once per process.
 static PROBE: OnceLock<Result<(), String>> = OnceLock::new();
 
+/// Why this host cannot isolate sandboxes or enforce their limits: one sentence that names what
+/// blocks it and what to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IsolationError(pub String);
+
+impl std::fmt::Display for IsolationError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for IsolationError {}
+
 /// Resolves the configured mode against this host. `Auto` becomes `Namespaces` or `None`; the
 /// error (for `Namespaces` only) explains which host setting blocks namespaces.
-pub fn resolve(mode: IsolationMode) -> Result<Isolation, String> {
+pub fn resolve(mode: IsolationMode) -> Result<Isolation, IsolationError> {
     match mode {
         IsolationMode::None => Ok(Isolation::None),
         IsolationMode::Namespaces => probe().map(|()| Isolation::Namespaces),
@@ -67,8 +80,8 @@ pub fn resolve(mode: IsolationMode) -> Result<Isolation, String> {
 }
 
 /// Why namespaces are unavailable, or `Ok` when they work (the probe runs once per process).
-pub fn probe() -> Result<(), String> {
-    PROBE.get_or_init(run_probe).clone()
+pub fn probe() -> Result<(), IsolationError> {
+    PROBE.get_or_init(run_probe).clone().map_err(IsolationError)
 }
 
 /// The host uid and gid a sandbox's root maps to: the server's own, or [`SANDBOX_UID`] for root.
@@ -95,7 +108,12 @@ pub struct Tools {
 }
 
 /// Finds the programs of [`Tools`].
-pub fn tools() -> Result<Tools, String> {
+pub fn tools() -> Result<Tools, IsolationError> {
+    find_tools().map_err(IsolationError)
+}
+
+/// [`tools`], its error as a sentence.
+fn find_tools() -> Result<Tools, String> {
     // The system's own util-linux first: a PATH may put other implementations (busybox) ahead.
     let path = std::env::var("PATH").unwrap_or_default();
     let path = format!("/usr/bin:/bin:/usr/sbin:/sbin:{path}");
@@ -113,7 +131,7 @@ pub fn tools() -> Result<Tools, String> {
 /// Tries what an isolated sandbox needs: the programs, then a user namespace with the other
 /// namespaces inside it, created exactly as [`init`] does it.
 fn run_probe() -> Result<(), String> {
-    let tools = tools()?;
+    let tools = find_tools()?;
     let mut cmd = sandbox_command(&tools, &tools.unshare);
     cmd.args(init::UNSHARE_FLAGS).arg("--net").arg("--").arg("/bin/sh").arg("-c").arg(":");
     let out = cmd.env_clear().env("LC_ALL", "C").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).output();

@@ -8,6 +8,7 @@
 //! ([`super::enter`]). Swap is limited to zero where the kernel accounts it, so the memory limit
 //! is a limit. A limit the host cannot enforce (no writable cgroup) is refused with the reason.
 
+use super::IsolationError;
 use crate::provider::Limits;
 use std::fs;
 use std::io;
@@ -61,7 +62,7 @@ fn layout() -> Result<Layout, String> {
 }
 
 /// Why limits cannot be enforced on this host, or `Ok` (checks that a cgroup can be created).
-pub fn check() -> Result<(), String> {
+pub fn check() -> Result<(), IsolationError> {
     let probe = format!("probe-{}", crate::ids::random_hex(4));
     let made = create(&probe, &Limits { memory_mb: Some(1024), processes: Some(1024) });
     remove(&probe, Instant::now() + Duration::from_secs(1));
@@ -70,7 +71,12 @@ pub fn check() -> Result<(), String> {
 
 /// Creates the cgroups of sandbox `id` with `limits`; returns the `cgroup.procs` files its
 /// processes must join.
-pub fn create(id: &str, limits: &Limits) -> Result<Vec<PathBuf>, String> {
+pub fn create(id: &str, limits: &Limits) -> Result<Vec<PathBuf>, IsolationError> {
+    create_groups(id, limits).map_err(IsolationError)
+}
+
+/// [`create`], its error as a sentence.
+fn create_groups(id: &str, limits: &Limits) -> Result<Vec<PathBuf>, String> {
     let layout = layout()?;
     let uid = rustix::process::getuid().as_raw();
     let denied = |dir: &Path, e: io::Error| {
@@ -128,9 +134,9 @@ pub fn procs_files(id: &str) -> Vec<PathBuf> {
 }
 
 /// Moves process `pid` into the cgroups whose `cgroup.procs` files are `procs`.
-pub fn join(procs: &[PathBuf], pid: u32) -> Result<(), String> {
+pub fn join(procs: &[PathBuf], pid: u32) -> Result<(), IsolationError> {
     for file in procs {
-        fs::write(file, pid.to_string()).map_err(|e| format!("cannot move process {pid} into {}: {e}", file.display()))?;
+        fs::write(file, pid.to_string()).map_err(|e| IsolationError(format!("cannot move process {pid} into {}: {e}", file.display())))?;
     }
     Ok(())
 }

@@ -11,8 +11,8 @@
 //! panic. While in flight its id cannot be reused, `notifications/cancelled` can flag it, and the
 //! session is not expired as idle.
 
+use crate::mcp::subscription;
 use crate::provider::Provider;
-use crate::subscription;
 use serde_json::Value;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -341,6 +341,28 @@ impl Sessions {
     }
 }
 
+impl crate::tools::SandboxScope for Session {
+    fn is_stateless(&self) -> bool {
+        Session::is_stateless(self)
+    }
+
+    fn default_sandbox(&self) -> Option<String> {
+        Session::default_sandbox(self)
+    }
+
+    fn adopt(&self, sandbox_id: &str) -> bool {
+        Session::adopt(self, sandbox_id)
+    }
+
+    fn retain(&self, sandbox_id: &str) {
+        Session::retain(self, sandbox_id)
+    }
+
+    fn forget(&self, sandbox_id: &str) {
+        Session::forget(self, sandbox_id)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -451,5 +473,23 @@ mod tests {
         let taken = sessions.take_idle(Duration::ZERO);
         assert_eq!(taken.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), ["busy"]);
         assert!(sessions.take_all().is_empty());
+    }
+
+    /// A worker's panic drops the job's in-flight guard before the answer goes out.
+    #[test]
+    fn a_panicking_job_unregisters_its_request_before_the_answer() {
+        let session = Arc::new(Session::new("t", false));
+        let (tx, handles) = crate::queue::spawn_workers(1, 4, |_guard: InFlight| -> crate::queue::Outcome { panic!("boom") });
+        let (rtx, rrx) = crossbeam_channel::unbounded::<crate::queue::Outcome>();
+        let guard = session.begin(&json!("p")).unwrap();
+        tx.send(crate::queue::Job { id: json!("p"), work: guard, reply: rtx }).unwrap();
+        let answer = rrx.recv().unwrap();
+        assert!(matches!(&answer, crate::queue::Outcome::Answer(v) if v["error"]["code"] == -32603), "{answer:?}");
+        assert_eq!(session.inflight_count(), 0, "the guard was dropped while the panic unwound");
+        assert!(session.begin(&json!("p")).is_some(), "the id is free again");
+        drop(tx);
+        for h in handles {
+            h.join().unwrap();
+        }
     }
 }

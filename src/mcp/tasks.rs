@@ -13,16 +13,13 @@ use crate::app::App;
 use crate::ids;
 use crate::jsonrpc::{code, RpcError};
 use crate::limits;
+use crate::mcp::session::Session;
 use crate::provider::ProviderError;
-use crate::session::Session;
 use crate::supervisor::{self, Launch, Snapshot, Started, Target, TaskState, Window};
 use crate::tools::args;
 use crate::tools::{self, ToolError};
 use serde_json::{json, Map, Value};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-/// The tools that accept `params.task` (`execution.taskSupport: "optional"`).
-pub const TASK_TOOLS: &[&str] = &["run_command"];
 
 /// The `_meta` key that ties a `tasks/result` answer to its task.
 pub const RELATED_TASK_KEY: &str = "io.modelcontextprotocol/related-task";
@@ -285,7 +282,7 @@ pub fn start(app: &App, session: &Session, arguments: &Map<String, Value>) -> Re
         return Err(RpcError::new(code::INTERNAL_ERROR, "run_command is missing from the registry"));
     };
     let bad = |m: String| RpcError::new(code::INVALID_PARAMS, m);
-    let args = args::validate(tool.name, tool.params, arguments).map_err(bad)?;
+    let args = args::validate(tool.name, tool.params, arguments).map_err(|e| bad(e.0))?;
     let request = tools::command_request(&args).map_err(|e| bad(e.message))?;
     if !request.envs.is_empty() {
         return Err(bad("envs is not supported when run_command runs as a task; export the variables in the command, or create the sandbox with them (its secrets are masked)".into()));

@@ -1,0 +1,159 @@
+//! The hand-over: a run_command still running at its promotion time is adopted by the task
+//! supervisor (its output so far staged, its pipes passed on), and the server records its exit
+//! code when it reaps it.
+
+use super::isolation::spawner;
+use super::launch::Launch;
+use super::{LocalProvider, TASK_TAG_VAR};
+use crate::limits;
+use crate::provider::process;
+use crate::provider::{unix_now, Adoption, ExecRequest, Promotion, Touch};
+use std::fs;
+use std::io::Write;
+use std::os::fd::AsFd;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+/// The tasks directory, relative to a sandbox's home (as `task_root` in the snippets has it).
+pub(super) const TASKS_DIR: &str = ".sandbox-mcp/tasks";
+
+/// How long the adopt snippet may take to answer.
+pub(super) const ADOPT_BUDGET: Duration = Duration::from_secs(10);
+
+impl LocalProvider {
+    /// Hands a running command over to the supervisor's adopt mode: stages the output captured so
+    /// far (masked, capped), runs `start.sh adopt` with the pipes' read ends as its stdin and
+    /// stderr, and reads its answer. Returns what to do once the server reaps the command: write
+    /// its exit code into the task directory when its shell's `EXIT` trap did not.
+    pub(super) fn adopt(
+        &self,
+        id: &str,
+        req: &ExecRequest,
+        p: &Promotion<'_>,
+        h: &process::Handover<'_>,
+    ) -> Result<process::OnEnd, String> {
+        let (meta, init) = self.reach_with_init(id, Touch::Observe).map_err(|e| e.to_string())?;
+        let fs = match init {
+            Some(init) => Some(Self::sandbox_fs(id, &meta, init).map_err(|e| e.to_string())?),
+            None => None,
+        };
+        let (stdout, out_cut, stderr, err_cut) = h.captured();
+        let mut pre = [0usize; 2];
+        let mut cut = [out_cut, err_cut];
+        for (i, (bytes, suffix)) in [(stdout, "stdout.log"), (stderr, "stderr.log")].into_iter().enumerate() {
+            if bytes.is_empty() {
+                continue;
+            }
+            let mut masked = p.masker.mask_bytes(bytes);
+            if masked.len() > limits::MAX_LOG_BYTES {
+                masked.truncate(limits::MAX_LOG_BYTES);
+                cut[i] = true;
+            }
+            pre[i] = masked.len();
+            let rel = format!("{TASKS_DIR}/.adopt-{}.{suffix}", p.task_id);
+            match &fs {
+                Some(fs) => fs.write(&rel, &masked).map(drop).map_err(|e| format!("staging the output so far: {e}"))?,
+                None => {
+                    let path = self.home(id).join(&rel);
+                    if let Some(parent) = path.parent() {
+                        fs::DirBuilder::new()
+                            .recursive(true)
+                            .mode(0o700)
+                            .create(parent)
+                            .map_err(|e| format!("creating {parent:?}: {e}"))?;
+                    }
+                    fs::OpenOptions::new()
+                        .write(true)
+                        .create(true)
+                        .truncate(true)
+                        .mode(0o600)
+                        .open(&path)
+                        .and_then(|mut f| f.write_all(&masked))
+                        .map_err(|e| format!("staging the output so far in {path:?}: {e}"))?;
+                }
+            }
+        }
+        let elapsed = h.elapsed();
+        let left = p.timeout.saturating_sub(elapsed).max(Duration::from_millis(10));
+        let left = format!("{}.{:02}", left.as_secs(), left.subsec_millis() / 10);
+        let started_at = unix_now() - elapsed.as_secs() as i64;
+        let adoption = Adoption {
+            task_id: p.task_id,
+            timeout: p.timeout.as_secs().max(1) as i64,
+            left: &left,
+            pgid: h.pgid(),
+            pre: (pre[0], pre[1]),
+            truncated: (cut[0], cut[1]),
+            started_at,
+            command: p.command,
+        };
+        let argv = (p.adopter)(&adoption);
+        // The adopter gets the command's environment (its masker reads it), without the task tag.
+        let mut envs = req.envs.clone();
+        envs.remove(TASK_TAG_VAR);
+        let dup = |pipe: Option<&fs::File>| -> Result<Stdio, String> {
+            match pipe {
+                Some(f) => f.try_clone().map(Stdio::from).map_err(|e| format!("duplicating a pipe: {e}")),
+                None => fs::File::open("/dev/null").map(Stdio::from).map_err(|e| format!("opening /dev/null: {e}")),
+            }
+        };
+        let [out_pipe, err_pipe] = h.pipes();
+        let (answer_read, answer_write) =
+            rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| format!("making the answer pipe: {e}"))?;
+        let deadline = Instant::now() + ADOPT_BUDGET;
+        let launch = self.launch(id, &argv, &envs, None, Touch::Observe, true).map_err(|e| e.to_string())?;
+        let answer = match launch {
+            Launch::Spawner { socket, argv, env, .. } => {
+                let null = fs::File::open("/dev/null").map_err(|e| format!("opening /dev/null: {e}"))?;
+                let out_fd = out_pipe.map_or(null.as_fd(), |f| f.as_fd());
+                let err_fd = err_pipe.map_or(null.as_fd(), |f| f.as_fd());
+                let mut remote = spawner::Remote::spawn(&socket, &argv, env, None, &answer_write, err_fd, Some(out_fd))
+                    .map_err(|e| format!("starting the adopter: {e}"))?;
+                drop(answer_write);
+                let answer = process::read_until_end(fs::File::from(answer_read), deadline);
+                let _ = remote.wait_within(deadline.saturating_duration_since(Instant::now()));
+                answer
+            }
+            Launch::Host(mut cmd, _) => {
+                cmd.stdin(dup(out_pipe)?).stdout(Stdio::from(answer_write)).stderr(dup(err_pipe)?);
+                let child = cmd.spawn();
+                // (The command holds our copies of its stdio until dropped.)
+                drop(cmd);
+                let mut child = child.map_err(|e| format!("starting the adopter: {e}"))?;
+                let answer = process::read_until_end(fs::File::from(answer_read), deadline);
+                let _ = child.wait();
+                answer
+            }
+        }
+        .map_err(|e| format!("reading the adopter's answer: {e}"))?;
+        let answer = String::from_utf8_lossy(&answer);
+        if !answer.lines().any(|l| l == "@adopted running") {
+            let why = answer.lines().find_map(|l| l.strip_prefix("@error ")).unwrap_or("no answer");
+            return Err(format!("the supervisor did not adopt it: {why}"));
+        }
+        let task_dir = format!("{TASKS_DIR}/{}", p.task_id);
+        let host_dir = self.home(id).join(&task_dir);
+        Ok(Box::new(move |code: Option<i32>| {
+            let Some(code) = code else { return };
+            let text = format!("{code}\n");
+            match fs {
+                Some(fs) => {
+                    let file = format!("{task_dir}/exit_code");
+                    if fs.is_dir(&task_dir) && fs.read(&file, 64).is_err() {
+                        let _ = fs.write(&file, text.as_bytes());
+                    }
+                }
+                None => {
+                    let file = host_dir.join("exit_code");
+                    if host_dir.is_dir() && !file.exists() {
+                        let tmp = host_dir.join(".exit_code.tmp");
+                        if fs::write(&tmp, text).and_then(|()| fs::rename(&tmp, &file)).is_err() {
+                            log::debug!("could not record the exit code in {host_dir:?}");
+                        }
+                    }
+                }
+            }
+        }))
+    }
+}

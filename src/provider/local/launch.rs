@@ -1,0 +1,232 @@
+//! Launch: how a command starts in a local sandbox (its environment, working directory and
+//! process group; on the host, through `nsenter`, or through the init's spawner) and runs to its
+//! end or to its hand-over.
+
+use super::isolation::enter;
+use super::isolation::{cgroup, rootfs, spawner, Isolation};
+use super::{LocalProvider, Meta, TAG_VAR};
+use crate::provider::process::{self, Ran, Spawn};
+use crate::provider::{ExecEnd, ExecOutput, ExecRequest, Promotion, ProviderError, Touch};
+use std::collections::BTreeMap;
+use std::io;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+impl LocalProvider {
+    pub(super) fn env_for(&self, id: &str, meta: &Meta, extra: &BTreeMap<String, String>) -> Vec<(String, String)> {
+        let mut env: BTreeMap<String, String> = self.inherited_env.iter().cloned().collect();
+        env.entry("PATH".into()).or_insert_with(|| "/usr/local/bin:/usr/bin:/bin".into());
+        let home = match meta.isolation {
+            Isolation::Namespaces => rootfs::HOME.to_string(),
+            Isolation::None => self.home(id).to_string_lossy().into_owned(),
+        };
+        env.insert("HOME".into(), home);
+        env.extend(meta.envs.iter().map(|(k, v)| (k.clone(), v.clone())));
+        env.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
+        env.insert(TAG_VAR.into(), id.into());
+        env.into_iter().collect()
+    }
+
+    /// Builds the command that runs `argv` in live sandbox `id`, as `exec` runs it: the environment
+    /// is cleared and rebuilt from the host allow-list (`PATH`, `LANG`, `TERM`, `TZ`), `HOME` (the
+    /// sandbox home), the sandbox's envs, then `envs`, then the sandbox tag ([`TAG_VAR`]); the
+    /// working directory is `cwd` (absolute, or relative to the sandbox home; the home when
+    /// `None`), which must be an existing directory; the child will lead a process group of its
+    /// own (in an isolated sandbox also a session of its own: callers add no `process_group`).
+    /// Stdio is left to the caller, who also reaps the child. Renews the TTL when `touch` is
+    /// [`Touch::Renew`]; an expired sandbox is killed and reported as not found.
+    pub fn command(
+        &self,
+        id: &str,
+        argv: &[String],
+        envs: &BTreeMap<String, String>,
+        cwd: Option<&Path>,
+        touch: Touch,
+    ) -> Result<Command, ProviderError> {
+        match self.launch(id, argv, envs, cwd, touch, false)? {
+            Launch::Host(cmd, _) => Ok(cmd),
+            Launch::Spawner { .. } => Err(ProviderError::Unavailable("internal error: a host command was asked for".into())),
+        }
+    }
+
+    /// How `argv` starts in live sandbox `id`, as [`LocalProvider::command`] describes; with
+    /// `spawner`, an isolated sandbox whose init serves spawn requests starts it through them.
+    pub(super) fn launch(
+        &self,
+        id: &str,
+        argv: &[String],
+        envs: &BTreeMap<String, String>,
+        cwd: Option<&Path>,
+        touch: Touch,
+        spawner: bool,
+    ) -> Result<Launch, ProviderError> {
+        let (meta, init) = self.reach_with_init(id, touch)?;
+        if let Some(bad) = envs.keys().find(|k| k.is_empty() || k.contains('=') || k.contains('\0')) {
+            return Err(ProviderError::Rejected(format!("environment variable name {bad:?} is not valid")));
+        }
+        let (program, args) =
+            argv.split_first().ok_or_else(|| ProviderError::Rejected("the command is empty; give at least the program to run".into()))?;
+        let not_a_dir = |c: &Path| ProviderError::Rejected(format!("cwd {c:?} is not an existing directory in the sandbox"));
+        let cgroups = if meta.limits.any() { cgroup::procs_files(id) } else { Vec::new() };
+        let (mut cmd, adoptable) = match init {
+            Some(init) => {
+                let cwd = match cwd {
+                    Some(c) => {
+                        let c = c.to_str().ok_or_else(|| not_a_dir(c))?;
+                        if !Self::sandbox_fs(id, &meta, init)?.is_dir(c) {
+                            return Err(not_a_dir(Path::new(c)));
+                        }
+                        Some(c)
+                    }
+                    None => None,
+                };
+                let socket = self.dir(id).join(spawner::SOCKET_FILE);
+                if spawner && socket.exists() {
+                    // The init's children are in its namespaces and cgroups already.
+                    let env = self.env_for(id, &meta, envs);
+                    return Ok(Launch::Spawner { socket, argv: argv.to_vec(), env, cwd: cwd.map(str::to_string) });
+                }
+                (enter::command(self.tools()?, init, !meta.host_network, argv, cwd, &cgroups), false)
+            }
+            None => {
+                let home = self.home(id);
+                let dir = match cwd {
+                    None => home,
+                    Some(c) if home.join(c).is_dir() => home.join(c),
+                    Some(c) => return Err(not_a_dir(c)),
+                };
+                let mut cmd = enter::joined(&cgroups, Path::new(program));
+                cmd.args(args).current_dir(dir).process_group(0);
+                (cmd, true)
+            }
+        };
+        cmd.env_clear().envs(self.env_for(id, &meta, envs));
+        Ok(Launch::Host(cmd, adoptable))
+    }
+
+    /// Runs `req` like `exec`; with `promotion`, a command still running at its time is adopted by
+    /// the task supervisor (when that fails, it is waited for as if nothing had happened).
+    pub(super) fn run_exec(
+        &self,
+        id: &str,
+        req: &ExecRequest,
+        touch: Touch,
+        promotion: Option<&Promotion<'_>>,
+    ) -> Result<ExecEnd, ProviderError> {
+        let launch = self.launch(id, &req.argv, &req.envs, req.cwd.as_deref().map(Path::new), touch, true)?;
+        let spawn = Spawn {
+            output_cap: req.output_cap,
+            deadline: req.deadline,
+            cancel: req.cancel.as_deref(),
+            promote_at: promotion.map(|p| p.at),
+        };
+        let start_error = |err: io::Error| {
+            if !self.dir(id).exists() {
+                // Killed or expired between the check above and the start.
+                return ProviderError::NotFound { id: id.to_string() };
+            }
+            ProviderError::Unavailable(format!("could not start {:?} in sandbox {id}: {err}", req.argv.first()))
+        };
+        let ran = match launch {
+            Launch::Host(cmd, inside) => process::run(cmd, &spawn, &self.shell, &self.running, inside),
+            Launch::Spawner { socket, argv, env, cwd } => process::run_remote(&socket, &argv, env, cwd.as_deref(), &spawn, &self.running),
+        }
+        .map_err(start_error)?;
+        let handover = match ran {
+            Ran::Done(out) => return Ok(ExecEnd::Done(out)),
+            Ran::Promoted(handover) => handover,
+        };
+        let Some(promotion) = promotion else {
+            return Err(ProviderError::Unavailable("internal error: a command was handed over without a promotion".into()));
+        };
+        let lost = |err: io::Error| ProviderError::Unavailable(format!("lost track of the command in sandbox {id}: {err}"));
+        match self.adopt(id, req, promotion, &handover) {
+            Ok(on_end) => {
+                let (stdout, stdout_truncated, stderr, stderr_truncated) = handover.captured();
+                let out = ExecOutput {
+                    exit_code: 0,
+                    stdout: stdout.to_vec(),
+                    stderr: stderr.to_vec(),
+                    stdout_truncated,
+                    stderr_truncated,
+                    timed_out: false,
+                    duration: handover.elapsed(),
+                };
+                let budget = req.deadline.saturating_duration_since(Instant::now()) + promotion.kill_grace + Duration::from_secs(30);
+                handover.release(budget, on_end);
+                Ok(ExecEnd::Promoted(out))
+            }
+            Err(err) => {
+                log::warn!("sandbox {id}: a command could not become task {} ({err}); waiting for it as before", promotion.task_id);
+                handover.resume(&spawn).map(ExecEnd::Done).map_err(lost)
+            }
+        }
+    }
+}
+
+/// How a command starts in a local sandbox.
+pub(super) enum Launch {
+    /// As a child of this process; `true` when its pid is also its pid as the sandbox sees it
+    /// (no isolation; with `nsenter` it is not).
+    Host(Command, bool),
+    /// As a child of the sandbox's init, through its spawner's socket.
+    Spawner { socket: PathBuf, argv: Vec<String>, env: Vec<(String, String)>, cwd: Option<String> },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids;
+    use crate::provider::local::{isolation::Isolation, ID_PREFIX};
+    use crate::provider::{unix_now, Limits};
+    use std::fs;
+
+    #[test]
+    fn command_runs_in_the_sandbox_environment_and_group() {
+        let root = std::env::temp_dir().join(format!("smcp-command-{}", ids::random_hex(4)));
+        let p = LocalProvider::new(&root, Path::new("/bin/sh")).unwrap();
+        let id = format!("{ID_PREFIX}{}", ids::random_hex(12));
+        let home = p.home(&id);
+        fs::create_dir_all(home.join("sub")).unwrap();
+        let now = unix_now();
+        let envs = BTreeMap::from([("A".to_string(), "sandbox".to_string()), ("B".to_string(), "sandbox".to_string())]);
+        let meta = Meta {
+            sandbox_id: id.clone(),
+            template: "base".into(),
+            created_at: now,
+            timeout: 60,
+            expires_at: now + 60,
+            envs,
+            metadata: BTreeMap::new(),
+            isolation: Isolation::None,
+            host_network: false,
+            limits: Limits::default(),
+            owner: None,
+        };
+        p.store(&meta).unwrap();
+        let argv: Vec<String> =
+            ["/bin/sh", "-c", r#"pwd; echo "group $$ $(cut -d' ' -f5 /proc/$$/stat)"; env"#].iter().map(|a| a.to_string()).collect();
+        let extra = BTreeMap::from([("B".to_string(), "call".to_string())]);
+        let out = p.command(&id, &argv, &extra, Some(Path::new("sub")), Touch::Observe).unwrap().output().unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], home.join("sub").to_str().unwrap(), "{text}");
+        let group: Vec<&str> = lines[1].split(' ').collect();
+        assert_eq!(group[1], group[2], "the command leads its own process group: {text}");
+        for want in ["A=sandbox".to_string(), "B=call".into(), format!("{TAG_VAR}={id}"), format!("HOME={}", home.display())] {
+            assert!(lines.contains(&want.as_str()), "{want} missing from {text}");
+        }
+        assert!(!text.contains("CARGO"), "the host environment leaked: {text}");
+        let out = p.command(&id, &argv, &BTreeMap::new(), None, Touch::Observe).unwrap().output().unwrap();
+        assert!(String::from_utf8(out.stdout).unwrap().starts_with(&format!("{}\n", home.display())), "the home is the default cwd");
+        let rejected = |r: Result<Command, ProviderError>| matches!(r, Err(ProviderError::Rejected(_)));
+        assert!(rejected(p.command(&id, &argv, &BTreeMap::new(), Some(Path::new("missing")), Touch::Observe)));
+        assert!(rejected(p.command(&id, &argv, &BTreeMap::from([("X=Y".to_string(), String::new())]), None, Touch::Observe)));
+        assert!(rejected(p.command(&id, &[], &BTreeMap::new(), None, Touch::Observe)));
+        let gone = format!("{ID_PREFIX}{}", ids::random_hex(12));
+        assert!(matches!(p.command(&gone, &argv, &BTreeMap::new(), None, Touch::Observe), Err(ProviderError::NotFound { .. })));
+        fs::remove_dir_all(&root).unwrap();
+    }
+}

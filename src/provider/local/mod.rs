@@ -1,0 +1,486 @@
+//! The local provider: a sandbox is a directory under the state root plus its processes. It
+//! needs nothing but the host.
+//!
+//! Each sandbox is isolated one of two ways, fixed at creation and recorded in its metadata:
+//! - **namespaces** ([`isolation`]): its own user, mount, pid, ipc and uts namespaces
+//!   (network unless it asked for the host's), a read-only view of the host's system
+//!   directories, its home read-write, private `/tmp`, `/proc` and `/dev`, held by an init
+//!   process, which starts every command and snippet on request (its spawner; `nsenter` for
+//!   sandboxes made before it), and file tools resolve paths inside its root;
+//! - **none**: commands run on the host as the server's user, tagged with the sandbox id, and
+//!   file tools are confined to the sandbox home (the README says what this does not isolate).
+//!
+//! Layout: `<root>/sandboxes/<id>/meta.json` (0600, written by temp file + rename),
+//! `<root>/sandboxes/<id>/home/` (the sandbox's home: `HOME` and default cwd), `keeper.pid` and,
+//! with namespaces, `init.pid` and `spawn.sock` (the init's spawner). A detached keeper process (`sandbox-mcp keeper`) starts the init
+//! of an isolated sandbox and ends the sandbox at expiry even when no server runs.
+//!
+//! One file per part: this one is the [`Provider`] impl and what the parts share;
+//! `metadata.rs` the on-disk record of a sandbox ([`Meta`]); `keeper.rs` the detached keeper,
+//! the sweep and the internal subcommands ([`run_internal`]); `launch.rs` how a command starts in
+//! a sandbox and runs; `handover.rs` the hand-over of a running command to the task supervisor;
+//! `scan.rs` the processes of an unisolated sandbox ([`tagged_pids`]); `host_files.rs` the file
+//! tools of an unisolated sandbox; [`isolation`] namespace isolation.
+
+mod handover;
+mod host_files;
+pub mod isolation;
+mod keeper;
+mod launch;
+mod metadata;
+mod scan;
+
+pub use host_files::resolve_inside;
+pub use keeper::run_internal;
+pub use metadata::Meta;
+pub use scan::tagged_pids;
+
+use crate::ids;
+use crate::mask::Masker;
+use crate::provider::process::{self, Running};
+use crate::provider::{
+    unix_now, CreateRequest, DirEntry, ExecEnd, ExecOutput, ExecRequest, Limits, Promotion, Provider, ProviderError, SandboxInfo, Touch,
+};
+use handover::TASKS_DIR;
+use isolation::enter::Init;
+use isolation::files::{self as sandbox_files, SandboxFs};
+use isolation::{cgroup, rootfs, Isolation, Tools};
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Prefix of every local sandbox id; the rest is 24 lowercase hex characters.
+pub const ID_PREFIX: &str = "local-";
+
+/// Name prefix of a sandbox directory being built by `create` (renamed into place when complete).
+const CREATING_PREFIX: &str = ".creating-";
+
+/// Environment variable carried by every process of a sandbox (value: the sandbox id).
+pub const TAG_VAR: &str = "SANDBOX_MCP_SANDBOX";
+
+/// Environment variable carried by every process of a task (value: the task id); a promotable
+/// run_command carries it from its start.
+pub const TASK_TAG_VAR: &str = "SANDBOX_MCP_TASK";
+
+/// Host variables passed through to sandbox commands; nothing else of the server's environment is.
+const ALLOWED_ENV: &[&str] = &["PATH", "LANG", "TERM", "TZ"];
+
+/// Templates the local provider knows.
+const TEMPLATES: &[&str] = &["base"];
+
+/// How long `kill` keeps scanning for tagged processes before giving up.
+const KILL_SCAN_BUDGET: Duration = Duration::from_secs(3);
+
+/// The local provider.
+pub struct LocalProvider {
+    root: PathBuf,
+    shell: PathBuf,
+    /// The program started as the keeper (this binary).
+    exe: PathBuf,
+    inherited_env: Vec<(String, String)>,
+    running: Running,
+    /// How new sandboxes are isolated.
+    isolation: Isolation,
+    /// The util-linux programs isolated sandboxes need, when this host has them.
+    tools: Option<Tools>,
+}
+
+impl LocalProvider {
+    /// Opens (creating if needed) the state root and sweeps expired sandboxes.
+    pub fn new(root: &Path, shell: &Path) -> Result<LocalProvider, ProviderError> {
+        let sandboxes = root.join("sandboxes");
+        fs::DirBuilder::new().recursive(true).mode(0o700).create(&sandboxes).map_err(|err| {
+            ProviderError::Unavailable(format!(
+                "cannot create the local state root {}: {err}; set SANDBOX_MCP_HOME to a writable directory",
+                sandboxes.display()
+            ))
+        })?;
+        // A directory that already existed keeps its mode: make it private (it names every
+        // sandbox and holds their metadata, envs included); this fails when it is someone else's.
+        fs::set_permissions(&sandboxes, fs::Permissions::from_mode(0o700)).map_err(|err| {
+            ProviderError::Unavailable(format!(
+                "cannot make the local state root {} private (mode 0700): {err}; set SANDBOX_MCP_HOME to a directory of your own",
+                sandboxes.display()
+            ))
+        })?;
+        if !process::is_executable(shell) {
+            return Err(ProviderError::Unavailable(format!(
+                "the local shell {} is not an executable file; set SANDBOX_MCP_LOCAL_SH",
+                shell.display()
+            )));
+        }
+        let exe = std::env::current_exe()
+            .map_err(|err| ProviderError::Unavailable(format!("cannot find this program's own path for the keeper: {err}")))?;
+        let inherited_env = ALLOWED_ENV.iter().filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v))).collect::<Vec<_>>();
+        let provider = LocalProvider {
+            root: root.to_path_buf(),
+            shell: shell.to_path_buf(),
+            exe,
+            inherited_env,
+            running: Running::default(),
+            isolation: Isolation::None,
+            tools: isolation::tools().ok(),
+        };
+        Ok(provider)
+    }
+
+    /// Makes new sandboxes isolated as `isolation` says (existing ones keep their own way).
+    pub fn with_isolation(mut self, isolation: Isolation) -> Result<LocalProvider, ProviderError> {
+        if isolation == Isolation::Namespaces {
+            let tools = isolation::tools().map_err(|e| ProviderError::Unavailable(e.0))?;
+            self.tools = Some(tools);
+        }
+        self.isolation = isolation;
+        Ok(self)
+    }
+
+    /// How new sandboxes are isolated.
+    pub fn isolation(&self) -> Isolation {
+        self.isolation
+    }
+
+    /// Where live sandbox `id`'s own file tree is reachable from the host, and its home inside
+    /// that tree: `/` and the host home without isolation; `/proc/<init>/root` and `/home/user`
+    /// with it (then every path below the first must be resolved within it, as the file tools do:
+    /// an absolute symbolic link inside points at the sandbox's root, not the host's).
+    pub fn file_tree(&self, id: &str) -> Result<(PathBuf, PathBuf), ProviderError> {
+        match self.reach_with_init(id, Touch::Observe)? {
+            (_, Some(init)) => Ok((init.root_path(), PathBuf::from(rootfs::HOME))),
+            (_, None) => Ok((PathBuf::from("/"), self.home(id))),
+        }
+    }
+
+    fn tools(&self) -> Result<&Tools, ProviderError> {
+        self.tools.as_ref().ok_or_else(|| {
+            ProviderError::Unavailable(
+                "this sandbox is isolated with namespaces, and util-linux unshare and nsenter were not found on PATH; install util-linux"
+                    .into(),
+            )
+        })
+    }
+
+    /// The init of isolated sandbox `id`, checked to be still running.
+    fn live_init(&self, id: &str) -> Result<Init, ProviderError> {
+        match Init::load(&self.dir(id)) {
+            Some(init) if init.alive() => Ok(init),
+            _ => Err(sandbox_files::init_gone(id)),
+        }
+    }
+
+    /// The file system of isolated sandbox `id`, reached as `reach_with_init` found it.
+    fn sandbox_fs(id: &str, meta: &Meta, init: Init) -> Result<SandboxFs, ProviderError> {
+        SandboxFs::open(id, init, meta.owner.unwrap_or_else(isolation::sandbox_owner))
+    }
+
+    /// Loads a live sandbox, renewing its TTL when asked; an expired one is killed and reported gone.
+    fn reach(&self, id: &str, touch: Touch) -> Result<Meta, ProviderError> {
+        self.reach_with_init(id, touch).map(|(meta, _)| meta)
+    }
+
+    /// [`LocalProvider::reach`], also giving an isolated sandbox's init, checked to be running.
+    fn reach_with_init(&self, id: &str, touch: Touch) -> Result<(Meta, Option<Init>), ProviderError> {
+        check_local_id(id)?;
+        let mut meta = self.load(id)?;
+        let now = unix_now();
+        if meta.expires_at <= now {
+            let _ = self.kill(id, Instant::now() + KILL_SCAN_BUDGET);
+            return Err(ProviderError::NotFound { id: id.into() });
+        }
+        let init = match meta.isolation {
+            Isolation::Namespaces => Some(self.live_init(id)?),
+            Isolation::None => None,
+        };
+        if touch == Touch::Renew {
+            let renewed = now + meta.timeout as i64;
+            if renewed > meta.expires_at {
+                meta.expires_at = renewed;
+                self.store(&meta)?;
+            }
+        }
+        Ok((meta, init))
+    }
+
+    /// Sends SIGKILL to the init of isolated sandbox `id` (the kernel then ends every process of
+    /// its pid namespace). Returns 1 when it was running, else 0.
+    pub(super) fn signal_init(&self, id: &str, init: Init) -> usize {
+        if !init.alive() {
+            return 0;
+        }
+        if let Err(err) = process::signal_pids(&self.shell, "KILL", &[init.pid]) {
+            log::warn!("could not run {} to kill the init of sandbox {id}: {err}", self.shell.display());
+        }
+        1
+    }
+}
+
+/// The limits of a create request, as a tool error names them.
+fn describe_limits(limits: &Limits) -> String {
+    let parts: Vec<String> = [("memory_mb", limits.memory_mb), ("processes", limits.processes)]
+        .iter()
+        .filter_map(|(name, v)| v.map(|v| format!("{name}: {v}")))
+        .collect();
+    format!("limits {{{}}}", parts.join(", "))
+}
+
+/// Checks the form of a local sandbox id.
+pub fn check_local_id(id: &str) -> Result<(), ProviderError> {
+    let hex = id.strip_prefix(ID_PREFIX).unwrap_or("");
+    if hex.len() == 24 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        return Ok(());
+    }
+    let reason = if !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        "this looks like another provider's sandbox id (E2B ids are plain letters and digits); this server runs the local provider, whose ids look like local-0123456789abcdef01234567. Use a sandbox created by this server, or start the server with --provider e2b".to_string()
+    } else {
+        "local sandbox ids look like local-0123456789abcdef01234567; use the sandbox_id returned by create_sandbox".to_string()
+    };
+    Err(ProviderError::InvalidId { id: id.chars().take(80).collect(), reason })
+}
+
+impl Provider for LocalProvider {
+    fn name(&self) -> &'static str {
+        "local"
+    }
+
+    fn check_id(&self, sandbox_id: &str) -> Result<(), ProviderError> {
+        check_local_id(sandbox_id)
+    }
+
+    fn create(&self, req: &CreateRequest, _deadline: Instant) -> Result<SandboxInfo, ProviderError> {
+        if !TEMPLATES.contains(&req.template.as_str()) {
+            return Err(ProviderError::Rejected(format!(
+                "unknown template {:?}; the local provider knows: {}",
+                req.template,
+                TEMPLATES.join(", ")
+            )));
+        }
+        if let Some(bad) = req.envs.keys().find(|k| k.is_empty() || k.contains('=') || k.contains('\0')) {
+            return Err(ProviderError::Rejected(format!("environment variable name {bad:?} is not valid")));
+        }
+        let isolation = self.isolation;
+        let host_network = match (isolation, req.network) {
+            (Isolation::None, Some(false)) => {
+                return Err(ProviderError::Rejected(
+                    "network: false needs namespace isolation, and this server creates local sandboxes without it \
+(--isolation none, or namespaces are unavailable on this host: see the server's startup warning); leave network out to get the host's network"
+                        .into(),
+                ))
+            }
+            (Isolation::None, _) => true,
+            (Isolation::Namespaces, network) => network.unwrap_or(false),
+        };
+        let owner = (isolation == Isolation::Namespaces).then(isolation::sandbox_owner);
+        let id = format!("{ID_PREFIX}{}", ids::random_hex(12));
+        // Built aside and renamed into place, so that a sandbox directory never exists without
+        // its metadata: a sweep running meanwhile (another server starting) takes a directory
+        // without metadata for the remains of an interrupted kill.
+        let building = self.root.join("sandboxes").join(format!("{CREATING_PREFIX}{id}"));
+        let mk = fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&building)
+            .and_then(|()| fs::DirBuilder::new().mode(0o700).create(building.join("home")));
+        let mk = mk.and_then(|()| match owner {
+            // The home belongs to the sandbox's root, which is another uid when the server is root.
+            Some((uid, gid)) if uid != rustix::process::getuid().as_raw() => {
+                std::os::unix::fs::chown(building.join("home"), Some(uid), Some(gid))
+            }
+            _ => Ok(()),
+        });
+        mk.map_err(|err| ProviderError::Unavailable(format!("cannot create sandbox directory {}: {err}", building.display())))?;
+        let now = unix_now();
+        let meta = Meta {
+            sandbox_id: id.clone(),
+            template: req.template.clone(),
+            created_at: now,
+            timeout: req.timeout_s,
+            expires_at: now + req.timeout_s as i64,
+            envs: req.envs.clone(),
+            metadata: req.metadata.clone(),
+            isolation,
+            host_network,
+            limits: req.limits,
+            owner,
+        };
+        let placed = self.store_in(&building, &meta).and_then(|()| {
+            fs::rename(&building, self.dir(&id))
+                .map_err(|err| ProviderError::Unavailable(format!("cannot create sandbox directory {}: {err}", building.display())))
+        });
+        if let Err(err) = placed {
+            let _ = fs::remove_dir_all(&building);
+            return Err(err);
+        }
+        let fail = |err: ProviderError| {
+            let _ = self.kill(&id, Instant::now() + KILL_SCAN_BUDGET);
+            err
+        };
+        if req.limits.any() {
+            cgroup::create(&id, &req.limits)
+                .map_err(|why| fail(ProviderError::Rejected(format!("cannot enforce {}: {why}", describe_limits(&req.limits)))))?;
+        }
+        match isolation {
+            Isolation::None => self.spawn_keeper(&id),
+            Isolation::Namespaces => {
+                let init = self.start_isolated(&id).map_err(fail)?;
+                if req.limits.any() {
+                    cgroup::join(&cgroup::procs_files(&id), init.pid).map_err(|why| fail(ProviderError::Unavailable(why.0)))?;
+                }
+            }
+        }
+        Ok(meta.info())
+    }
+
+    fn kill(&self, sandbox_id: &str, deadline: Instant) -> Result<bool, ProviderError> {
+        check_local_id(sandbox_id)?;
+        let dir = self.dir(sandbox_id);
+        if !dir.exists() {
+            return Ok(false);
+        }
+        // Metadata goes first, so that no new command starts while the scan runs. Of two racing
+        // kills only the one that removes it answers true, unless the other still finds processes
+        // (an interrupted kill, say by a server killed mid-way: its rest is this call's work).
+        let init = Init::load(&dir);
+        let existed = fs::remove_file(dir.join("meta.json")).is_ok();
+        let budget = deadline.min(Instant::now() + KILL_SCAN_BUDGET);
+        let n = match init {
+            // The kernel ends every process of the pid namespace with its init; the directory
+            // can go at once (nothing inside runs again), the wait for the end comes after.
+            Some(init) => self.signal_init(sandbox_id, init),
+            None => self.kill_tagged(sandbox_id, budget),
+        };
+        if n > 0 {
+            log::debug!("sandbox {sandbox_id}: killed {n} processes");
+        }
+        // A keeper starting at this moment may still write its pid file into the directory
+        // (make bench saw "Directory not empty"): retry a few times.
+        let mut attempt = 0;
+        let removed = loop {
+            match fs::remove_dir_all(&dir) {
+                Ok(()) => break Ok(()),
+                Err(err) if err.kind() == io::ErrorKind::NotFound => break Ok(()),
+                Err(_) if attempt < 5 => attempt += 1,
+                Err(err) => break Err(err),
+            }
+        };
+        if let Some(init) = init {
+            while !init.ended() && Instant::now() < budget {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        cgroup::remove(sandbox_id, budget);
+        if let Err(err) = removed {
+            return Err(ProviderError::Unavailable(format!(
+                "killed the processes of {sandbox_id} but could not remove {}: {err}",
+                dir.display()
+            )));
+        }
+        Ok(existed || n > 0)
+    }
+
+    fn info(&self, sandbox_id: &str, touch: Touch, _deadline: Instant) -> Result<SandboxInfo, ProviderError> {
+        Ok(self.reach(sandbox_id, touch)?.info())
+    }
+
+    fn set_timeout(&self, sandbox_id: &str, timeout_s: u64, _deadline: Instant) -> Result<SandboxInfo, ProviderError> {
+        let mut meta = self.reach(sandbox_id, Touch::Observe)?;
+        meta.timeout = timeout_s;
+        meta.expires_at = unix_now() + timeout_s as i64;
+        self.store(&meta)?;
+        Ok(meta.info())
+    }
+
+    fn shell(&self, script: &str) -> Vec<String> {
+        vec![self.shell.to_string_lossy().into_owned(), "-c".into(), script.into()]
+    }
+
+    fn task_shell(&self) -> String {
+        self.shell.to_string_lossy().into_owned()
+    }
+
+    fn posix_sh(&self, script: &str, args: &[&str]) -> Vec<String> {
+        let mut argv = vec![self.shell.to_string_lossy().into_owned(), "-c".into(), script.into(), "sh".into()];
+        argv.extend(args.iter().map(|a| a.to_string()));
+        argv
+    }
+
+    fn exec(&self, sandbox_id: &str, req: &ExecRequest, touch: Touch) -> Result<ExecOutput, ProviderError> {
+        match self.run_exec(sandbox_id, req, touch, None)? {
+            ExecEnd::Done(out) | ExecEnd::Promoted(out) => Ok(out),
+        }
+    }
+
+    fn promotion_dir(&self, sandbox_id: &str, task_id: &str) -> Option<String> {
+        let meta = self.load(sandbox_id).ok()?;
+        let home = match meta.isolation {
+            Isolation::Namespaces => rootfs::HOME.to_string(),
+            Isolation::None => self.home(sandbox_id).to_str()?.to_string(),
+        };
+        Some(format!("{home}/{TASKS_DIR}/{task_id}"))
+    }
+
+    fn exec_or_promote(
+        &self,
+        sandbox_id: &str,
+        req: &ExecRequest,
+        touch: Touch,
+        promotion: &Promotion<'_>,
+    ) -> Result<ExecEnd, ProviderError> {
+        self.run_exec(sandbox_id, req, touch, Some(promotion))
+    }
+
+    fn read_file(&self, sandbox_id: &str, path: &str, max_bytes: usize, _deadline: Instant) -> Result<Vec<u8>, ProviderError> {
+        let (sandbox, init) = self.reach_with_init(sandbox_id, Touch::Renew)?;
+        if let Some(init) = init {
+            return Self::sandbox_fs(sandbox_id, &sandbox, init)?.read(path, max_bytes);
+        }
+        self.host_read(sandbox_id, path, max_bytes)
+    }
+
+    fn write_file(&self, sandbox_id: &str, path: &str, data: &[u8], _deadline: Instant) -> Result<u64, ProviderError> {
+        let (sandbox, init) = self.reach_with_init(sandbox_id, Touch::Renew)?;
+        if let Some(init) = init {
+            return Self::sandbox_fs(sandbox_id, &sandbox, init)?.write(path, data);
+        }
+        self.host_write(sandbox_id, path, data)
+    }
+
+    fn list_dir(
+        &self,
+        sandbox_id: &str,
+        path: &str,
+        max_entries: usize,
+        _deadline: Instant,
+    ) -> Result<(Vec<DirEntry>, bool), ProviderError> {
+        let (sandbox, init) = self.reach_with_init(sandbox_id, Touch::Renew)?;
+        if let Some(init) = init {
+            return Self::sandbox_fs(sandbox_id, &sandbox, init)?.list(path, max_entries);
+        }
+        self.host_list(sandbox_id, path, max_entries)
+    }
+
+    fn env_masker(&self, sandbox_id: &str, extra: &BTreeMap<String, String>) -> Result<Masker, ProviderError> {
+        let meta = self.reach(sandbox_id, Touch::Observe)?;
+        let all = meta.envs.iter().chain(extra.iter());
+        Ok(Masker::from_env(all.map(|(k, v)| (k.as_str(), v.as_str()))))
+    }
+
+    fn shutdown(&self) {
+        self.running.kill_all(&self.shell);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids() {
+        assert!(check_local_id("local-0123456789abcdef01234567").is_ok());
+        for bad in ["", "../x", "local-../../etc", "local-0123456789ABCDEF01234567", "local-0123"] {
+            assert!(check_local_id(bad).is_err(), "{bad}");
+        }
+        let ProviderError::InvalidId { reason, .. } = check_local_id("i3xkq8n2m1p0zj7w5v4ty").unwrap_err() else { panic!() };
+        assert!(reason.contains("another provider"), "{reason}");
+    }
+}

@@ -6,13 +6,20 @@ BIN := target/release/sandbox-mcp
 # Tests that send group signals run in a private pid namespace when this machine allows one.
 PIDNS := $(shell unshare -fp --mount-proc true >/dev/null 2>&1 && echo "unshare -fp --mount-proc")
 
-.PHONY: build test check demo bench soak fuzz fmt clippy interop setup clean
+.PHONY: build quick test check demo bench soak fuzz fmt clippy interop setup clean
 
 build:
 	$(CARGO) build --release
 
 setup:
 	tests/interop/setup.sh
+
+# Unit and integration tests only (the real binary over stdio and HTTP, the E2B emulator): no
+# interop setup, nothing installed, no network once cargo has the crates. The host needs busybox
+# and shellcheck (tests/README.md).
+quick:
+	$(CARGO) build --workspace
+	$(PIDNS) $(CARGO) test --workspace --all-targets
 
 # Unit and integration tests (the real binary over stdio and HTTP), the interoperability tests
 # with the official Python SDK, the MCP Inspector and the MCP conformance suite, then a

@@ -1,7 +1,8 @@
 //! Every limit of the tool contract (docs/contract.md, "Limits"), and the few this implementation
 //! adds, in one place.
 //!
-//! The README quotes this table; `tests/it/tidy.rs` checks that the two agree.
+//! docs/contract.md's "Limits" table states them for users; `tests/it/tidy.rs` checks it against
+//! these constants row for row.
 
 use std::time::Duration;
 

@@ -1,25 +1,35 @@
 //! Documentation checks: the README's configuration table is the options table of `src/config.rs`,
-//! its defaults are what the server uses, and the README quotes every limit.
+//! its defaults are what the server uses, and the limits table of docs/contract.md (the one place
+//! the documents state the limits) is `src/limits.rs`, row for row.
 
 use std::path::Path;
 
+fn doc(path: &str) -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(path)).unwrap()
+}
+
 fn readme() -> String {
-    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap()
+    doc("README.md")
+}
+
+/// The rows of the first Markdown table after `heading` (a whole line) in `text`, each as its
+/// cells with the Markdown backticks removed; `cells` is how many each row must have.
+fn table_rows(text: &str, heading: &str, cells: usize) -> Vec<Vec<String>> {
+    let section = text.split(&format!("{heading}\n")).nth(1).unwrap_or_else(|| panic!("no {heading:?} section"));
+    let table = section.lines().skip_while(|l| !l.starts_with('|')).take_while(|l| l.starts_with('|'));
+    let mut rows = Vec::new();
+    for line in table.skip(2) {
+        let row: Vec<String> = line.trim_matches('|').split(" | ").map(|c| c.trim().replace('`', "")).collect();
+        assert_eq!(row.len(), cells, "row {line:?} under {heading:?} has {} cells, not {cells}", row.len());
+        rows.push(row);
+    }
+    rows
 }
 
 /// The rows of the README's configuration table, each as its four cells (flag, environment,
 /// default, what) with the Markdown backticks removed.
 fn readme_option_rows(readme: &str) -> Vec<[String; 4]> {
-    let section = readme.split("### Configuration\n").nth(1).expect("README has a ### Configuration section");
-    let table = section.lines().skip_while(|l| !l.starts_with('|')).take_while(|l| l.starts_with('|'));
-    let mut rows = Vec::new();
-    for line in table.skip(2) {
-        let cells: Vec<String> = line.trim_matches('|').split(" | ").map(|c| c.trim().replace('`', "")).collect();
-        let cells: [String; 4] =
-            cells.try_into().unwrap_or_else(|c: Vec<String>| panic!("README row {line:?} has {} cells, not 4", c.len()));
-        rows.push(cells);
-    }
-    rows
+    table_rows(readme, "### Configuration", 4).into_iter().map(|r| r.try_into().unwrap()).collect()
 }
 
 #[test]
@@ -62,26 +72,76 @@ fn readme_defaults_are_what_the_server_uses() {
     assert_eq!((defaults.http_token, defaults.e2b.api_key, defaults.e2b.api_url, defaults.e2b.sandbox_url), (None, None, None, None));
 }
 
-#[test]
-fn readme_quotes_the_limits() {
-    use sandbox_mcp::limits::*;
-    let readme = readme();
-    for figure in ["65,536", "96 KiB", "1–3600", "1 MiB", "0–1,048,576", "1–65,536", "16,384", "128", "3 s", "4 MiB"] {
-        assert!(readme.contains(figure), "README must quote {figure}");
+/// `65536` as `65,536`.
+fn thousands(n: impl Into<i64>) -> String {
+    let digits = n.into().to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
     }
-    assert_eq!(MAX_COMMAND_CHARS, 65_536);
-    assert_eq!(MAX_SANDBOX_REQUEST_BYTES, 96 * 1024);
-    assert_eq!(MAX_LOG_BYTES, 1 << 20);
-    assert_eq!(MAX_READ_OFFSET, 1_048_576);
-    assert_eq!((READ_LIMIT_MIN, READ_LIMIT_MAX, READ_LIMIT_DEFAULT), (1, 65_536, 16_384));
-    assert_eq!(MAX_TASKS, 128);
-    assert_eq!(CANCEL_CONFIRM.as_secs(), 3);
-    assert_eq!(MAX_BODY_BYTES, 4 << 20);
-    assert!(readme.contains("| open `subscriptions/listen` streams (HTTP) | 16 "), "README must quote the subscription limit");
-    assert_eq!(MAX_HTTP_SUBSCRIPTIONS, 16);
-    assert!(readme.contains("| task ids per `subscriptions/listen` | 16 "), "README must quote the task ids per subscription");
-    assert_eq!(MAX_SUBSCRIBED_TASKS, 16);
-    assert!(readme.contains("| `get_task` `wait` | 0–60 s |"), "README must quote the longest wait");
-    assert!(readme.contains("(`get_task` with `wait`) | 64 "), "README must quote how many calls wait at once");
-    assert_eq!((MAX_WAIT_S, MAX_WAITING_CALLS), (60, 64));
+    out
+}
+
+/// A whole number of KiB or MiB, as the documents write sizes.
+fn size(bytes: usize) -> String {
+    match bytes {
+        b if b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b if b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
+        b => panic!("{b} bytes is not a whole number of KiB"),
+    }
+}
+
+/// The limits table as `src/limits.rs` says it must read: (what, limit), backticks removed.
+fn limits_from_the_code() -> Vec<(&'static str, String)> {
+    use sandbox_mcp::limits::*;
+    let i = |n: usize| i64::try_from(n).unwrap();
+    vec![
+        ("command", format!("{} characters", thousands(i(MAX_COMMAND_CHARS)))),
+        ("encoded request to the sandbox", size(MAX_SANDBOX_REQUEST_BYTES)),
+        ("create_sandbox timeout", format!("{SANDBOX_TIMEOUT_MIN_S}–{SANDBOX_TIMEOUT_MAX_S} s, default {SANDBOX_TIMEOUT_DEFAULT_S}")),
+        ("create_sandbox limits.memory_mb", format!("{SANDBOX_MEMORY_MB_MIN}–{SANDBOX_MEMORY_MB_MAX}")),
+        ("create_sandbox limits.processes", format!("{SANDBOX_PROCESSES_MIN}–{SANDBOX_PROCESSES_MAX}")),
+        ("run_command timeout", format!("{COMMAND_TIMEOUT_MIN_S}–{COMMAND_TIMEOUT_MAX_S} s, default {COMMAND_TIMEOUT_DEFAULT_S}")),
+        ("task timeout", format!("{TASK_TIMEOUT_MIN_S}–{TASK_TIMEOUT_MAX_S} s, default {TASK_TIMEOUT_DEFAULT_S}")),
+        ("log saved per stream", size(MAX_LOG_BYTES)),
+        ("run_command output kept per stream", size(MAX_LOG_BYTES)),
+        ("read offset", format!("0–{}", thousands(MAX_READ_OFFSET))),
+        ("read limit", format!("{}–{}, default {}", thousands(READ_LIMIT_MIN), thousands(READ_LIMIT_MAX), thousands(READ_LIMIT_DEFAULT))),
+        ("task directories per OS user per sandbox", MAX_TASKS.to_string()),
+        ("cancel confirmation", format!("{} s", CANCEL_CONFIRM.as_secs())),
+        ("HTTP body (and one stdio message)", size(MAX_BODY_BYTES)),
+        ("read_file size", size(MAX_FILE_BYTES)),
+        ("write_file content", format!("{} (characters; the whole message must fit in {})", size(MAX_WRITE_CHARS), size(MAX_BODY_BYTES))),
+        ("list_files entries", thousands(i(MAX_DIR_ENTRIES))),
+        ("shortest masked secret", format!("{MIN_SECRET_BYTES} bytes")),
+        ("open subscriptions/listen streams (HTTP)", format!("{MAX_HTTP_SUBSCRIPTIONS} (503 beyond)")),
+        ("task ids per subscriptions/listen", format!("{MAX_SUBSCRIBED_TASKS} (-32602 beyond)")),
+        ("get_task wait", format!("0–{MAX_WAIT_S} s")),
+        ("calls waiting at once", format!("{MAX_WAITING_CALLS} (one more is answered at once)")),
+    ]
+}
+
+#[test]
+fn the_contracts_limits_table_is_limits_rs() {
+    let documented: Vec<(String, String)> =
+        table_rows(&doc("docs/contract.md"), "## Limits", 2).into_iter().map(|r| (r[0].clone(), r[1].clone())).collect();
+    let code: Vec<(String, String)> = limits_from_the_code().into_iter().map(|(w, l)| (w.to_string(), l)).collect();
+    for (row, expected) in documented.iter().zip(&code) {
+        assert_eq!(row, expected, "docs/contract.md's Limits row (left) differs from src/limits.rs (right)");
+    }
+    assert_eq!(documented.len(), code.len(), "docs/contract.md has {} limit rows, this test knows {}", documented.len(), code.len());
+}
+
+#[test]
+fn the_limits_are_stated_only_in_the_contract() {
+    // The figures no other fact shares; each document links to docs/contract.md, "Limits".
+    for path in ["README.md", "SECURITY.md", "ARCHITECTURE.md", "tests/README.md"] {
+        let text = doc(path);
+        for figure in ["65,536", "1,048,576", "16,384", "96 KiB", "| what | limit |"] {
+            assert!(!text.contains(figure), "{path} states the limit {figure:?}: link to docs/contract.md, \"Limits\" instead");
+        }
+    }
 }

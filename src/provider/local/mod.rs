@@ -8,7 +8,7 @@
 //!   process, which starts every command and snippet on request (its spawner; `nsenter` for
 //!   sandboxes made before it), and file tools resolve paths inside its root;
 //! - **none**: commands run on the host as the server's user, tagged with the sandbox id, and
-//!   file tools are confined to the sandbox home (the README says what this does not isolate).
+//!   file tools are confined to the sandbox home (SECURITY.md says what this does not isolate).
 //!
 //! Layout: `<root>/sandboxes/<id>/meta.json` (0600, written by temp file + rename),
 //! `<root>/sandboxes/<id>/home/` (the sandbox's home: `HOME` and default cwd), `keeper.pid` and,

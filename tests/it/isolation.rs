@@ -722,3 +722,49 @@ if command -v node >/dev/null; then node -e 'console.log("node")'; else echo nod
         assert_eq!((code, out.as_str()), (0, "venv\ngcc\nmake\ngit\nuserns\nstrace\nnode\n"), "{who}: {err}");
     }
 }
+
+/// The sandbox joins its limits cgroup before its cgroup namespace exists: a cgroup hierarchy
+/// mounted inside shows only the sandbox's own leaf (no other sandbox's id, nothing of the host),
+/// and sandbox root cannot raise its limits: whatever it writes on what it sees, 600 MiB under
+/// `memory_mb: 256` is still killed and 300 processes under `processes: 64` still fail.
+#[test]
+fn cgroups_show_nothing_of_other_sandboxes_and_limits_hold() {
+    for home in homes("iso-cgroupns") {
+        let who = who(&home);
+        let mut m = home.stdio();
+        let limits = json!({"limits": {"memory_mb": 256, "processes": 64}});
+        let other = m.call("create_sandbox", limits.clone());
+        if other["isError"] == true {
+            // Where no cgroup can be written, limits are refused (limits_are_enforced_or_refused_with_the_reason).
+            assert!(home.run_as.is_some() || !is_root(), "{who}: {other}");
+            continue;
+        }
+        let other = other["structuredContent"]["sandbox_id"].as_str().unwrap().to_string();
+        let sb = m.ok("create_sandbox", limits)["sandbox_id"].as_str().unwrap().to_string();
+        m.ok("run_command", json!({"sandbox_id": sb, "command": "true"}));
+        let run = |m: &mut Mcp, command: &str| {
+            let out = m.ok("run_command", json!({"sandbox_id": sb, "command": command, "timeout": 60}));
+            (out["exit_code"].as_i64().unwrap(), out["stdout"].as_str().unwrap().to_string())
+        };
+        let mount = r#"for h in memory pids; do mkdir -p /tmp/$h
+  mount -t cgroup -o $h none /tmp/$h 2>/dev/null || mount -t cgroup2 none /tmp/$h 2>/dev/null || echo "no $h mount"
+done
+find /tmp/memory /tmp/pids -type d
+for f in /tmp/memory/memory.limit_in_bytes /tmp/memory/memory.memsw.limit_in_bytes /tmp/memory/memory.max; do [ -f $f ] && { echo -1 >$f || echo max >$f; } 2>/dev/null; done
+[ -f /tmp/pids/pids.max ] && echo max >/tmp/pids/pids.max 2>/dev/null
+true"#;
+        let (_, seen) = run(&mut m, mount);
+        assert!(!seen.contains(&other) && !seen.contains("sandbox-mcp"), "{who}: the mounted hierarchy shows other cgroups: {seen}");
+        assert!(seen.lines().any(|l| l == "/tmp/memory") || seen.contains("no memory mount"), "{who}: {seen}");
+        let (code, _) = run(&mut m, "x=$(head -c 629145600 /dev/zero | tr '\\0' a); echo ${#x}");
+        assert_ne!(code, 0, "{who}: 600 MiB were allocated under a 256 MiB limit after sandbox root wrote its cgroup files");
+        let nap = format!("4.{}", u32::from_str_radix(&sandbox_mcp::ids::random_hex(3), 16).unwrap());
+        m.call(
+            "run_command",
+            json!({"sandbox_id": sb, "command": format!("i=0; while [ $i -lt 300 ]; do sleep {nap} & i=$((i+1)); done; wait")}),
+        );
+        let running = pids_of_argv(&["sleep", &nap]).len();
+        assert!((8..=64).contains(&running), "{who}: {running} processes under a limit of 64");
+        wait_for(Duration::from_secs(20), "the sleeps to end", || pids_of_argv(&["sleep", &nap]).is_empty().then_some(()));
+    }
+}

@@ -194,7 +194,9 @@ fn run_keeper(root: &Path, id: &str, shell: &Path, start_init: bool) -> anyhow::
         Ok(meta) if start_init && meta.isolation == Isolation::Namespaces && Init::load(&dir).is_none() => {
             let started = provider.tools().map_err(|e| e.to_string()).and_then(|tools| {
                 let home = provider.home(id);
-                init::start(tools, &provider.exe, &home, meta.host_network, shell, bind_spawner(&dir))
+                let cgroups = if meta.limits.any() { cgroup::procs_files(id) } else { Vec::new() };
+                let site = init::Site { home: &home, host_network: meta.host_network, shell, cgroups: &cgroups };
+                init::start(tools, &provider.exe, &site, bind_spawner(&dir))
             });
             match started {
                 Ok(started) => {

@@ -321,11 +321,9 @@ impl Provider for LocalProvider {
         }
         match isolation {
             Isolation::None => self.spawn_keeper(&id),
+            // The init joins the sandbox's cgroups itself, before its cgroup namespace exists.
             Isolation::Namespaces => {
-                let init = self.start_isolated(&id).map_err(fail)?;
-                if req.limits.any() {
-                    cgroup::join(&cgroup::procs_files(&id), init.pid).map_err(|why| fail(ProviderError::Unavailable(why.0)))?;
-                }
+                self.start_isolated(&id).map_err(fail)?;
             }
         }
         Ok(meta.info())

@@ -3,10 +3,15 @@
 //! A sandbox with limits gets one cgroup per controller (cgroup v1: `memory` and `pids`
 //! hierarchies) or one cgroup with both controllers (cgroup v2), named after the sandbox under a
 //! `sandbox-mcp` directory nested in the server's own cgroup (v1) or beside it (v2, where a
-//! cgroup with processes cannot hand controllers to children). Every process of the sandbox is
-//! placed in it: the init when it starts, every later exec before it runs anything
-//! ([`super::enter`]). Swap is limited to zero where the kernel accounts it, so the memory limit
-//! is a limit. A limit the host cannot enforce (no writable cgroup) is refused with the reason.
+//! cgroup with processes cannot hand controllers to children). The limits are written on that
+//! cgroup; the sandbox's processes live in its child [`LEAF`], which every process of the sandbox
+//! joins before it runs anything: the `unshare` that makes the init (so the init's cgroup
+//! namespace is rooted at the leaf, and a hierarchy mounted inside shows nothing of other
+//! sandboxes or of the host), and every exec entered from the host ([`super::enter`]). Sandbox
+//! root cannot raise its limits or leave: the cgroup that holds them lies above the root of its
+//! cgroup namespace, out of its sight, and limits hold for every descendant, whatever it writes
+//! on the leaf. Swap is limited to zero where the kernel accounts it, so the memory limit is a
+//! limit. A limit the host cannot enforce (no writable cgroup) is refused with the reason.
 
 use super::IsolationError;
 use crate::provider::Limits;
@@ -16,6 +21,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 const ROOT: &str = "/sys/fs/cgroup";
+
+/// The child of a sandbox's cgroup that holds its processes (the limits sit on its parent).
+pub const LEAF: &str = "sandbox";
 
 /// Where a sandbox's cgroups live on this host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,7 +110,9 @@ fn create_groups(id: &str, limits: &Limits) -> Result<Vec<PathBuf>, String> {
             if let Some(n) = limits.processes {
                 write(dir.join("pids.max"), n.to_string())?;
             }
-            Ok(vec![dir.join("cgroup.procs")])
+            let leaf = dir.join(LEAF);
+            fs::create_dir(&leaf).map_err(|e| denied(&leaf, e))?;
+            Ok(vec![leaf.join("cgroup.procs")])
         }
         Layout::V1 { memory, pids } => {
             let (mem_dir, pids_dir) = (memory.join(id), pids.join(id));
@@ -118,35 +128,40 @@ fn create_groups(id: &str, limits: &Limits) -> Result<Vec<PathBuf>, String> {
             if let Some(n) = limits.processes {
                 write(pids_dir.join("pids.max"), n.to_string())?;
             }
-            Ok(vec![mem_dir.join("cgroup.procs"), pids_dir.join("cgroup.procs")])
+            let leaves = [mem_dir.join(LEAF), pids_dir.join(LEAF)];
+            for leaf in &leaves {
+                fs::create_dir(leaf).map_err(|e| denied(leaf, e))?;
+            }
+            Ok(leaves.iter().map(|l| l.join("cgroup.procs")).collect())
         }
     }
 }
 
-/// The `cgroup.procs` files of sandbox `id` that exist (none when it has no limits).
-pub fn procs_files(id: &str) -> Vec<PathBuf> {
-    let dirs = match layout() {
+/// The cgroup directories of sandbox `id` (existing or not).
+fn dirs(id: &str) -> Vec<PathBuf> {
+    match layout() {
         Ok(Layout::V2 { base }) => vec![base.join(id)],
         Ok(Layout::V1 { memory, pids }) => vec![memory.join(id), pids.join(id)],
         Err(_) => vec![],
-    };
-    dirs.into_iter().map(|d| d.join("cgroup.procs")).filter(|p| p.exists()).collect()
+    }
 }
 
-/// Moves process `pid` into the cgroups whose `cgroup.procs` files are `procs`.
-pub fn join(procs: &[PathBuf], pid: u32) -> Result<(), IsolationError> {
-    for file in procs {
-        fs::write(file, pid.to_string()).map_err(|e| IsolationError(format!("cannot move process {pid} into {}: {e}", file.display())))?;
-    }
-    Ok(())
+/// The `cgroup.procs` files of sandbox `id` that its processes join (none when it has no
+/// limits): its leaves, or its own cgroups for a sandbox made before leaves existed.
+pub fn procs_files(id: &str) -> Vec<PathBuf> {
+    dirs(id)
+        .into_iter()
+        .map(|d| if d.join(LEAF).is_dir() { d.join(LEAF) } else { d })
+        .map(|d| d.join("cgroup.procs"))
+        .filter(|p| p.exists())
+        .collect()
 }
 
 /// Removes the cgroups of sandbox `id` once they are empty (retrying until `deadline`).
 pub fn remove(id: &str, deadline: Instant) {
-    for procs in procs_files(id) {
-        let Some(dir) = procs.parent() else { continue };
+    for dir in dirs(id).into_iter().flat_map(|d| [d.join(LEAF), d]).filter(|d| d.is_dir()) {
         loop {
-            match fs::remove_dir(dir) {
+            match fs::remove_dir(&dir) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound && Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(5));
                 }

@@ -67,17 +67,23 @@ const EXE_FROM_STDIN: &str = "/proc/self/fd/0";
 /// At most this much of what `unshare` or the init wrote to stderr goes into a start error.
 const STDERR_KEPT: u64 = 2048;
 
-/// Starts the init of a sandbox whose home is `home`, with a private network unless
-/// `host_network`, and waits for its answer. With `spawner`, the init serves spawn requests on
-/// that listening socket (passed over the answer socket).
-pub fn start(
-    tools: &Tools,
-    exe: &Path,
-    home: &Path,
-    host_network: bool,
-    shell: &Path,
-    spawner: Option<UnixListener>,
-) -> Result<Started, String> {
+/// Where a new init starts: the sandbox's home, whether it keeps the host's network, the shell
+/// to make visible inside, and the `cgroup.procs` files it joins before its namespaces exist.
+pub struct Site<'a> {
+    /// The sandbox's home on the host.
+    pub home: &'a Path,
+    /// Whether the sandbox shares the host's network namespace.
+    pub host_network: bool,
+    /// The server's shell (bound inside when it lives outside the system directories).
+    pub shell: &'a Path,
+    /// The sandbox's cgroup leaves (none without limits).
+    pub cgroups: &'a [PathBuf],
+}
+
+/// Starts the init of a sandbox at `site` and waits for its answer. With `spawner`, the init
+/// serves spawn requests on that listening socket (passed over the answer socket).
+pub fn start(tools: &Tools, exe: &Path, site: &Site<'_>, spawner: Option<UnixListener>) -> Result<Started, String> {
+    let Site { home, host_network, shell, cgroups } = *site;
     // Opened here, with the keeper's rights, and inherited as stdin through every exec up to the
     // init's own (a duplicate without close-on-exec; the original closes at the first exec): the
     // sandbox's uid needs no path to this binary.
@@ -109,6 +115,13 @@ pub fn start(
     }
     if spawner.is_some() {
         cmd.arg(SPAWNER_FLAG);
+    }
+    if !cgroups.is_empty() {
+        // The first process joins the cgroup leaves before anything makes a namespace: the
+        // init's cgroup namespace is rooted there.
+        let mut joined = super::enter::joined(cgroups, Path::new(cmd.get_program()));
+        joined.args(cmd.get_args());
+        cmd = joined;
     }
     let (ours, theirs) = UnixStream::pair().map_err(|e| format!("could not make the init's answer socket: {e}"))?;
     let mut holder = cmd
@@ -414,7 +427,8 @@ mod tests {
         std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
         let tools = Tools { unshare: fake.clone(), nsenter: fake.clone(), setpriv: Some(fake.clone()), setsid: fake };
         let begun = Instant::now();
-        let err = start(&tools, Path::new("/bin/true"), &dir, false, Path::new("/bin/sh"), None).err().unwrap();
+        let site = Site { home: &dir, host_network: false, shell: Path::new("/bin/sh"), cgroups: &[] };
+        let err = start(&tools, Path::new("/bin/true"), &site, None).err().unwrap();
         assert!(err.contains("exited before it was ready") && err.contains("No space left on device"), "{err}");
         assert!(begun.elapsed() < START_BUDGET / 2, "it waited {:?}", begun.elapsed());
         std::fs::remove_dir_all(&dir).unwrap();

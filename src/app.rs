@@ -5,7 +5,7 @@ use crate::mask::Masker;
 use crate::provider::e2b::E2bProvider;
 use crate::provider::local::isolation;
 use crate::provider::local::LocalProvider;
-use crate::provider::Provider;
+use crate::provider::{Limits, Provider};
 use anyhow::{Context, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -28,8 +28,10 @@ impl App {
         let provider: Arc<dyn Provider> = match config.provider {
             ProviderKind::Local => {
                 let isolation = isolation::resolve(config.isolation).map_err(anyhow::Error::msg).context("starting the local provider")?;
+                let defaults = Limits { memory_mb: config.default_limits.memory_mb, processes: config.default_limits.processes };
                 let local = LocalProvider::new(&config.home, &config.local_shell)
                     .and_then(|p| p.with_isolation(isolation))
+                    .map(|p| p.with_policy(config.max_sandboxes, defaults))
                     .context("starting the local provider")?;
                 let local = Arc::new(local);
                 let sweeper = local.clone();

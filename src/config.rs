@@ -98,8 +98,21 @@ pub struct Config {
     pub local_shell: PathBuf,
     /// How local sandboxes are isolated (resolved against the host when the provider starts).
     pub isolation: IsolationMode,
+    /// The most live local sandboxes the state root may hold.
+    pub max_sandboxes: usize,
+    /// Limits of a local sandbox whose request sets none, where the host can enforce them.
+    pub default_limits: DefaultLimits,
     /// E2B settings.
     pub e2b: E2bConfig,
+}
+
+/// Limits given to a local sandbox whose request sets none (`None`: that resource unlimited).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DefaultLimits {
+    /// Memory in MiB.
+    pub memory_mb: Option<u64>,
+    /// Processes and threads at once.
+    pub processes: Option<u64>,
 }
 
 /// One configuration option: a row of [`OPTIONS`].
@@ -263,6 +276,22 @@ options! {
         default: Text("auto"),
         help: "isolation of local sandboxes: auto (namespaces when the host allows them), namespaces, or none",
     };
+    /// Cap on live local sandboxes.
+    MAX_SANDBOXES = OptionSpec {
+        flag: Some("--max-sandboxes"),
+        takes_value: true,
+        env: Some("SANDBOX_MCP_MAX_SANDBOXES"),
+        default: Text("64"),
+        help: "most live local sandboxes in the state root; create_sandbox beyond it is refused",
+    };
+    /// Default limits of local sandboxes.
+    DEFAULT_LIMITS = OptionSpec {
+        flag: Some("--default-limits"),
+        takes_value: true,
+        env: Some("SANDBOX_MCP_DEFAULT_LIMITS"),
+        default: Text("memory_mb=2048,processes=1024"),
+        help: "limits of a local sandbox whose request sets none, where the host can enforce them (none: no limits)",
+    };
     /// E2B API key.
     E2B_API_KEY = OptionSpec {
         flag: None,
@@ -406,6 +435,31 @@ impl Source<'_> {
         Ok(Duration::from_secs(self.number(spec, min, max)? as u64))
     }
 
+    /// Limits written `memory_mb=N,processes=N` (either may be left out), or `none`.
+    fn limits(&self, spec: &OptionSpec) -> Result<DefaultLimits> {
+        use crate::limits::{SANDBOX_MEMORY_MB_MAX, SANDBOX_MEMORY_MB_MIN, SANDBOX_PROCESSES_MAX, SANDBOX_PROCESSES_MIN};
+        let text = self.text(spec)?;
+        let what = spec.name();
+        let mut out = DefaultLimits::default();
+        if text.trim() == "none" {
+            return Ok(out);
+        }
+        for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (key, value) = part.split_once('=').with_context(|| format!("{what}: {part:?} is not name=value"))?;
+            let (slot, min, max) = match key.trim() {
+                "memory_mb" => (&mut out.memory_mb, SANDBOX_MEMORY_MB_MIN, SANDBOX_MEMORY_MB_MAX),
+                "processes" => (&mut out.processes, SANDBOX_PROCESSES_MIN, SANDBOX_PROCESSES_MAX),
+                other => bail!("{what}: unknown limit {other:?}; use memory_mb and processes, or none"),
+            };
+            let n: i64 = value.trim().parse().with_context(|| format!("{what}: {key}={value:?} is not a whole number"))?;
+            if n < min || n > max {
+                bail!("{what}: {key}={n} is out of range; use {min} to {max}");
+            }
+            *slot = Some(n as u64);
+        }
+        Ok(out)
+    }
+
     /// A socket address such as the default of [`LISTEN`].
     fn address(&self, spec: &OptionSpec) -> Result<SocketAddr> {
         let text = self.text(spec)?;
@@ -460,6 +514,8 @@ impl Config {
             },
             local_shell: PathBuf::from(src.text(&LOCAL_SHELL)?),
             isolation: src.choice(&ISOLATION, "isolation", &IsolationMode::ALL.map(|m| (m.name(), m)))?,
+            max_sandboxes: src.number(&MAX_SANDBOXES, 1, 100_000)?,
+            default_limits: src.limits(&DEFAULT_LIMITS)?,
             e2b: E2bConfig {
                 api_key,
                 domain: src.text(&E2B_DOMAIN)?,
@@ -510,6 +566,21 @@ mod tests {
         assert_eq!(c.listen.to_string(), "127.0.0.1:8765");
         assert_eq!(c.home, PathBuf::from("/h/.local/state/sandbox-mcp"));
         assert_eq!(c.session_idle, Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn max_sandboxes_and_default_limits() {
+        let c = load(&[], &[("HOME", "/h")]).unwrap();
+        assert_eq!((c.max_sandboxes, c.default_limits), (64, DefaultLimits { memory_mb: Some(2048), processes: Some(1024) }));
+        let c = load(&["--default-limits", "none", "--max-sandboxes", "3"], &[("HOME", "/h")]).unwrap();
+        assert_eq!((c.max_sandboxes, c.default_limits), (3, DefaultLimits::default()));
+        let c = load(&[], &[("HOME", "/h"), ("SANDBOX_MCP_DEFAULT_LIMITS", "processes=100")]).unwrap();
+        assert_eq!(c.default_limits, DefaultLimits { memory_mb: None, processes: Some(100) });
+        for bad in ["cpu=1", "memory_mb=1", "processes=x", "memory_mb"] {
+            let err = load(&["--default-limits", bad], &[("HOME", "/h")]).unwrap_err().to_string();
+            assert!(err.contains("--default-limits"), "{bad}: {err}");
+        }
+        assert!(load(&["--max-sandboxes", "0"], &[("HOME", "/h")]).is_err());
     }
 
     #[test]

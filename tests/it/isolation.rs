@@ -62,7 +62,13 @@ fn create_reports_isolation_network_and_limits() {
         let mut m = home.stdio();
         let c = m.ok("create_sandbox", json!({}));
         assert_eq!((c["isolation"].as_str(), c["network"].as_bool()), (Some("namespaces"), Some(false)), "{c}");
-        assert_eq!(c["limits"], json!({"memory_mb": null, "processes": null}));
+        // The default limits where this user can write a cgroup (root here), none elsewhere.
+        let defaults = if home.run_as.is_none() && is_root() { json!({"memory_mb": 2048, "processes": 1024}) } else { c["limits"].clone() };
+        assert_eq!(c["limits"], defaults, "{c}");
+        assert!(
+            c["limits"] == json!({"memory_mb": null, "processes": null}) || c["limits"] == json!({"memory_mb": 2048, "processes": 1024}),
+            "{c}"
+        );
         let c = m.ok("create_sandbox", json!({"network": true}));
         assert_eq!(c["network"], true);
         let (_, id, _) = sh(&mut m, "id -u; id -g");
@@ -766,5 +772,72 @@ true"#;
         let running = pids_of_argv(&["sleep", &nap]).len();
         assert!((8..=64).contains(&running), "{who}: {running} processes under a limit of 64");
         wait_for(Duration::from_secs(20), "the sleeps to end", || pids_of_argv(&["sleep", &nap]).is_empty().then_some(()));
+    }
+}
+
+/// Defaults that protect the host: a sandbox whose request sets no limits gets the server's
+/// default limits where the host can enforce them (reported in its result), and a fork bomb and a
+/// memory hog in it leave another sandbox answering within a second.
+#[test]
+fn default_limits_bound_a_fork_bomb_and_a_memory_hog() {
+    for home in homes("iso-defaults") {
+        let who = who(&home);
+        let mut m = home.stdio_with(&[("SANDBOX_MCP_DEFAULT_LIMITS", "memory_mb=256,processes=64")]);
+        let sb = m.ok("create_sandbox", json!({}));
+        let limited = sb["limits"] == json!({"memory_mb": 256, "processes": 64});
+        if !limited {
+            // Only where no cgroup can be written: then nothing is claimed.
+            assert!(home.run_as.is_some() || !is_root(), "{who}: root must get the default limits: {sb}");
+            assert_eq!(sb["limits"], json!({"memory_mb": null, "processes": null}), "{who}: {sb}");
+            continue;
+        }
+        let sb = sb["sandbox_id"].as_str().unwrap().to_string();
+        let other = m.ok("create_sandbox", json!({}))["sandbox_id"].as_str().unwrap().to_string();
+        m.ok("run_command", json!({"sandbox_id": sb, "command": "true"}));
+        // assert_own_pid_namespace checks the default sandbox; check this one the same way.
+        let ns = m.ok("run_command", json!({"sandbox_id": sb, "command": "readlink /proc/self/ns/pid"}));
+        let host = std::fs::read_link("/proc/self/ns/pid").unwrap().display().to_string();
+        assert!(ns["stdout"].as_str().unwrap().starts_with("pid:[") && ns["stdout"] != format!("{host}\n"), "{who}: refusing: {ns}");
+        let hog = m.ok(
+            "start_task",
+            json!({"sandbox_id": sb, "command": "x=$(head -c 629145600 /dev/zero | tr '\\0' a); echo ${#x}", "timeout": 20}),
+        );
+        let bomb = m.ok("start_task", json!({"sandbox_id": sb, "command": "b() { b | b & }; b", "timeout": 20}));
+        for _ in 0..5 {
+            let t0 = Instant::now();
+            let r = m.ok("run_command", json!({"sandbox_id": other, "command": "echo ok"}));
+            assert_eq!(r["stdout"], "ok\n", "{who}: {r}");
+            assert!(t0.elapsed() < Duration::from_secs(1), "{who}: another sandbox took {:?} beside a fork bomb", t0.elapsed());
+        }
+        assert!(bomb["task_id"].is_string() && hog["task_id"].is_string(), "{who}: {bomb} {hog}");
+        assert_eq!(m.ok("kill_sandbox", json!({"sandbox_id": sb}))["killed"], true);
+        let t0 = Instant::now();
+        assert_eq!(m.ok("run_command", json!({"sandbox_id": other, "command": "echo ok"}))["stdout"], "ok\n");
+        assert!(t0.elapsed() < Duration::from_secs(1), "{who}: {:?}", t0.elapsed());
+    }
+}
+
+/// Nested namespaces are bounded per sandbox: its user namespace allows 64 of each kind, so 100
+/// user namespaces held open inside get at most 64, and other clients' sandboxes still start.
+#[test]
+fn nested_namespaces_are_bounded_per_sandbox() {
+    for home in homes("iso-nested") {
+        let who = who(&home);
+        let mut m = home.stdio();
+        m.create();
+        assert_own_pid_namespace(&mut m);
+        assert_eq!(sh(&mut m, "cat /proc/sys/user/max_user_namespaces").1, "64\n", "{who}");
+        let nap = unique_sleep();
+        let hold = format!("i=0; while [ $i -lt 100 ]; do unshare -U sleep {nap} 2>/dev/null & i=$((i+1)); done; true");
+        m.ok("run_command", json!({"command": hold, "timeout": 30}));
+        let held = wait_for(Duration::from_secs(10), "the nested namespaces to settle", || {
+            let n = pids_of_argv(&["sleep", &nap]).len();
+            std::thread::sleep(Duration::from_millis(300));
+            (n == pids_of_argv(&["sleep", &nap]).len()).then_some(n)
+        });
+        assert!((8..=64).contains(&held), "{who}: {held} nested user namespaces held under a limit of 64");
+        let mut other = home.stdio();
+        other.create();
+        assert_eq!(other.ok("run_command", json!({"command": "unshare -U true && echo ok"}))["stdout"], "ok\n", "{who}");
     }
 }

@@ -585,3 +585,23 @@ fn state_files_are_0600_and_directories_0700() {
     }
     m.close();
 }
+
+/// The cap on live sandboxes: beyond `--max-sandboxes` a create is refused with a message naming
+/// the cap and kill_sandbox, and nothing is left behind; ending one makes room again.
+#[test]
+fn live_sandboxes_are_capped() {
+    let home = Home::new("sec-cap");
+    let mut m = home.stdio_with(&[("SANDBOX_MCP_MAX_SANDBOXES", "2")]);
+    let a = m.create();
+    m.create();
+    let refused = m.err("create_sandbox", json!({}));
+    assert!(refused.contains("at most 2 live sandboxes") && refused.contains("kill_sandbox"), "{refused}");
+    let dirs = std::fs::read_dir(home.path.join("sandboxes"))
+        .unwrap()
+        .flatten()
+        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+        .count();
+    assert_eq!(dirs, 2, "a refused create left something behind");
+    assert_eq!(m.ok("kill_sandbox", json!({"sandbox_id": a}))["killed"], true);
+    m.create();
+}

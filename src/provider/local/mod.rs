@@ -48,7 +48,7 @@ use isolation::{cgroup, rootfs, Isolation, Tools};
 use std::collections::BTreeMap;
 use std::fs;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -57,6 +57,9 @@ pub const ID_PREFIX: &str = "local-";
 
 /// Name prefix of a sandbox directory being built by `create` (renamed into place when complete).
 const CREATING_PREFIX: &str = ".creating-";
+
+/// The lock file that orders creates against the cap on live sandboxes, in the state root.
+const CREATE_LOCK: &str = "create.lock";
 
 /// Environment variable carried by every process of a sandbox (value: the sandbox id).
 pub const TAG_VAR: &str = "SANDBOX_MCP_SANDBOX";
@@ -86,6 +89,10 @@ pub struct LocalProvider {
     isolation: Isolation,
     /// The util-linux programs isolated sandboxes need, when this host has them.
     tools: Option<Tools>,
+    /// How many live sandboxes the state root may hold; `None`: no cap.
+    max_sandboxes: Option<usize>,
+    /// Limits of a sandbox whose request sets none, where the host can enforce them.
+    default_limits: Limits,
 }
 
 impl LocalProvider {
@@ -123,8 +130,58 @@ impl LocalProvider {
             running: Running::default(),
             isolation: Isolation::None,
             tools: isolation::tools().ok(),
+            max_sandboxes: None,
+            default_limits: Limits::default(),
         };
         Ok(provider)
+    }
+
+    /// Caps the live sandboxes of the state root at `max` (counting those other server processes
+    /// sharing it created), and gives a sandbox whose request sets no limits `defaults` where the
+    /// host can enforce them (elsewhere it gets none, as before).
+    pub fn with_policy(mut self, max: usize, defaults: Limits) -> LocalProvider {
+        self.max_sandboxes = Some(max);
+        self.default_limits = defaults;
+        self
+    }
+
+    /// The limits a new sandbox gets for a request asking `asked`.
+    fn limits_for(&self, asked: Limits) -> Limits {
+        static ENFORCEABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if asked.any() || !self.default_limits.any() {
+            return asked;
+        }
+        if *ENFORCEABLE.get_or_init(|| cgroup::check().is_ok()) {
+            self.default_limits
+        } else {
+            asked
+        }
+    }
+
+    /// Holds the state root's creation lock and checks the cap on live sandboxes; the slot is
+    /// the new sandbox's once its directory is in place (the lock goes with the returned file).
+    fn reserve_slot(&self) -> Result<Option<fs::File>, ProviderError> {
+        let Some(max) = self.max_sandboxes else { return Ok(None) };
+        let sandboxes = self.root.join("sandboxes");
+        let unavailable =
+            |err: io::Error| ProviderError::Unavailable(format!("cannot lock the local state root {}: {err}", sandboxes.display()));
+        let lock = fs::OpenOptions::new().create(true).append(true).mode(0o600).open(self.root.join(CREATE_LOCK)).map_err(unavailable)?;
+        rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).map_err(|e| unavailable(e.into()))?;
+        let live = fs::read_dir(&sandboxes)
+            .map_err(unavailable)?
+            .flatten()
+            .filter(|e| {
+                let name = e.file_name();
+                let name = name.to_string_lossy();
+                check_local_id(&name).is_ok() || name.starts_with(CREATING_PREFIX)
+            })
+            .count();
+        if live >= max {
+            return Err(ProviderError::Rejected(format!(
+                "this server allows at most {max} live sandboxes (--max-sandboxes) and {live} exist; end one with kill_sandbox (or wait for one to expire), then create again"
+            )));
+        }
+        Ok(Some(lock))
     }
 
     /// Makes new sandboxes isolated as `isolation` says (existing ones keep their own way).
@@ -272,6 +329,8 @@ impl Provider for LocalProvider {
             (Isolation::Namespaces, network) => network.unwrap_or(false),
         };
         let owner = (isolation == Isolation::Namespaces).then(isolation::sandbox_owner);
+        let limits = self.limits_for(req.limits);
+        let slot = self.reserve_slot()?;
         let id = format!("{ID_PREFIX}{}", ids::random_hex(12));
         // Built aside and renamed into place, so that a sandbox directory never exists without
         // its metadata: a sweep running meanwhile (another server starting) takes a directory
@@ -300,7 +359,7 @@ impl Provider for LocalProvider {
             metadata: req.metadata.clone(),
             isolation,
             host_network,
-            limits: req.limits,
+            limits,
             owner,
         };
         let placed = self.store_in(&building, &meta).and_then(|()| {
@@ -311,13 +370,15 @@ impl Provider for LocalProvider {
             let _ = fs::remove_dir_all(&building);
             return Err(err);
         }
+        // In place: it counts against the cap from here on.
+        drop(slot);
         let fail = |err: ProviderError| {
             let _ = self.kill(&id, Instant::now() + KILL_SCAN_BUDGET);
             err
         };
-        if req.limits.any() {
-            cgroup::create(&id, &req.limits)
-                .map_err(|why| fail(ProviderError::Rejected(format!("cannot enforce {}: {why}", describe_limits(&req.limits)))))?;
+        if limits.any() {
+            cgroup::create(&id, &limits)
+                .map_err(|why| fail(ProviderError::Rejected(format!("cannot enforce {}: {why}", describe_limits(&limits)))))?;
         }
         match isolation {
             Isolation::None => self.spawn_keeper(&id),

@@ -328,6 +328,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         if loopback {
             loopback_up().map_err(|e| format!("bring up the loopback interface: {e}"))?;
         }
+        limit_nested_namespaces()?;
         // Last, while this process has one thread: the filter holds for everything it starts.
         seccomp::install()?;
         Ok(id)
@@ -354,6 +355,26 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         Some(listener) => spawner::serve(listener),
         None => reap_forever(),
     }
+}
+
+/// How many namespaces of each kind the sandbox's processes may hold at once.
+pub const NESTED_NAMESPACES: u32 = 64;
+
+/// Bounds the namespaces sandbox code may make inside (tools need some) through the limits of
+/// the sandbox's own user namespace, which its root sets: every nested namespace counts against
+/// them, so one sandbox cannot use up a count that the host's user shares with every sandbox
+/// (and then `create_sandbox` of other clients fails). A kernel without one of the files has no
+/// such namespace kind.
+fn limit_nested_namespaces() -> Result<(), String> {
+    for kind in ["user", "mnt", "pid", "net", "ipc", "uts", "cgroup", "time"] {
+        let file = format!("/proc/sys/user/max_{kind}_namespaces");
+        match std::fs::write(&file, NESTED_NAMESPACES.to_string()) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("limit nested {kind} namespaces ({file}): {e}")),
+        }
+    }
+    Ok(())
 }
 
 /// This process's pid and start time as the keeper sees them, read from the host's `/proc`

@@ -329,6 +329,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
             loopback_up().map_err(|e| format!("bring up the loopback interface: {e}"))?;
         }
         limit_nested_namespaces()?;
+        out_of_reach()?;
         // Last, while this process has one thread: the filter holds for everything it starts.
         seccomp::install()?;
         Ok(id)
@@ -375,6 +376,20 @@ fn limit_nested_namespaces() -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Puts this init out of reach of the sandbox's code, which runs as the same uid, as root of the
+/// same user namespace: the init becomes non-dumpable, so tracing it, reading its memory or
+/// taking its descriptors (`ptrace`, `/proc/1/mem`, `/proc/1/fd`, `pidfd_getfd`) needs
+/// `CAP_SYS_PTRACE` in that namespace, and `CAP_SYS_PTRACE` leaves the bounding set of this
+/// thread and so of every command it starts (a nested user namespace gives it back only over
+/// that namespace, never over the init's). Tracing the sandbox's own processes keeps working:
+/// a command is dumpable again after its exec, and the same uid needs no capability for it.
+fn out_of_reach() -> Result<(), String> {
+    use rustix::process::{set_dumpable_behavior, DumpableBehavior};
+    set_dumpable_behavior(DumpableBehavior::NotDumpable).map_err(|e| format!("make the init non-dumpable: {e}"))?;
+    rustix::thread::remove_capability_from_bounding_set(rustix::thread::CapabilitySet::SYS_PTRACE)
+        .map_err(|e| format!("drop CAP_SYS_PTRACE from the sandbox's bounding set: {e}"))
 }
 
 /// This process's pid and start time as the keeper sees them, read from the host's `/proc`

@@ -1,20 +1,24 @@
-//! The waiter: one thread that holds the calls waiting for something in a sandbox (a `get_task`
-//! with `wait`), so that they never occupy a worker.
+//! The waiter: the calls waiting for something in a sandbox (a `get_task` with `wait`), held
+//! aside so that they never occupy a worker.
 //!
 //! A worker runs such a call's first read; when the call must wait, it parks a [`Watch`] here
-//! with the job's [`Respond`] and takes the next job. The waiter checks each parked watch again
-//! every [`Watch::every`] (one read of the sandbox per check) and answers through its `Respond`
-//! as soon as the watch has an answer, or with [`Watch::give_up`] once the watch's deadline
+//! with the job's [`Respond`] and takes the next job. The waiter's scheduler thread knows when
+//! each parked watch is due (every [`Watch::every`]) and hands due checks to a few checker
+//! threads (at most [`CHECKERS`]); it answers through the watch's `Respond` as soon as a check has
+//! an answer, or with [`Watch::give_up`] (also run on a checker) once the watch's deadline
 //! passes. At most [`MAX_WAITING_CALLS`] wait at once; [`Waiter::park`] hands a watch back
 //! beyond that, and the caller answers it at once.
 //!
-//! Checks run one after another on this one thread: a slow read (a remote sandbox) delays the
-//! others' checks, never a worker. With `n` calls waiting, each is checked at most every
-//! `max(every, n × MIN_GAP)`, so many waits cost a bounded share of the CPU.
+//! A check reads a sandbox, which its code controls: it may be slow or stall until its own
+//! deadline (a FIFO put in place of a state file). Checks of one [`Watch::key`] (one sandbox)
+//! run one at a time, so a stalled sandbox holds at most one checker and delays only its own
+//! calls; the scheduler itself never runs a check. With `n` calls waiting, each is checked at
+//! most every `max(every, n × MIN_GAP)`, so many waits cost a bounded share of the CPU.
 
 use crate::limits::MAX_WAITING_CALLS;
 use crate::queue::{Outcome, Respond};
-use crossbeam_channel::{RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, Sender};
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -32,7 +36,15 @@ pub trait Watch: Send {
     fn until(&self) -> Instant;
     /// How long between two checks.
     fn every(&self) -> Duration;
+    /// What the check reads (the sandbox's id): checks of one key run one at a time. `None`:
+    /// a key of its own.
+    fn key(&self) -> Option<String> {
+        None
+    }
 }
+
+/// The most checks that run at once (each on a thread of its own, started when first needed).
+pub const CHECKERS: usize = 8;
 
 /// The checks of all waiting calls together take at most about one every this long: with many
 /// calls waiting, each is checked less often (local checks start a shell; this bounds the CPU
@@ -45,7 +57,26 @@ struct Parked {
     next: Instant,
 }
 
-/// The handle of the waiter thread.
+/// A parked call as the scheduler holds it: its watch is away while a checker has it.
+struct Slot {
+    watch: Option<Box<dyn Watch>>,
+    respond: Option<Respond>,
+    next: Instant,
+    until: Instant,
+    every: Duration,
+    key: String,
+}
+
+/// Work for a checker: check a watch, or end its wait.
+enum Job {
+    Check(u64, Box<dyn Watch>),
+    GiveUp(u64, Box<dyn Watch>),
+}
+
+/// What a checker sends back: the watch and its answer, if any (always one after `GiveUp`).
+type Checked = (u64, Option<Box<dyn Watch>>, Option<Outcome>);
+
+/// The handle of the waiter.
 #[derive(Clone)]
 pub struct Waiter {
     tx: Sender<Parked>,
@@ -53,77 +84,13 @@ pub struct Waiter {
 }
 
 impl Waiter {
-    /// Starts the waiter thread (`sandbox-mcp-waiter`); it ends when every handle is dropped and
-    /// nothing waits.
+    /// Starts the waiter's scheduler thread (`sandbox-mcp-waiter`); it ends when every handle is
+    /// dropped and nothing waits.
     pub fn start() -> io::Result<Waiter> {
         let (tx, rx) = crossbeam_channel::unbounded::<Parked>();
         let waiting = Arc::new(AtomicUsize::new(0));
         let count = waiting.clone();
-        thread::Builder::new().name("sandbox-mcp-waiter".into()).spawn(move || {
-            let mut parked: Vec<Parked> = Vec::new();
-            let mut open = true;
-            let mut received = 0u64;
-            while open || !parked.is_empty() {
-                // New calls first: checks that take longer than the poll interval must not keep
-                // them out.
-                for p in rx.try_iter() {
-                    parked.push(p);
-                    received += 1;
-                    log::debug!("call {received} waits ({} waiting)", parked.len());
-                }
-                let now = Instant::now();
-                let due = parked.iter().map(|p| p.next.min(p.watch.until())).min();
-                let arrived = match due {
-                    Some(due) if due <= now => None,
-                    Some(due) if open => match rx.recv_timeout(due - now) {
-                        Ok(p) => Some(p),
-                        Err(RecvTimeoutError::Timeout) => None,
-                        Err(RecvTimeoutError::Disconnected) => {
-                            open = false;
-                            None
-                        }
-                    },
-                    Some(due) => {
-                        thread::sleep(due - now);
-                        None
-                    }
-                    None => match rx.recv() {
-                        Ok(p) => Some(p),
-                        Err(_) => return,
-                    },
-                };
-                if let Some(p) = arrived {
-                    parked.push(p);
-                    received += 1;
-                    log::debug!("call {received} waits ({} waiting)", parked.len());
-                    continue;
-                }
-                // Everything due now: check it, answer what is ready or over.
-                let n = parked.len();
-                let mut i = 0;
-                while i < parked.len() {
-                    let now = Instant::now();
-                    let p = &mut parked[i];
-                    if p.next.min(p.watch.until()) > now {
-                        i += 1;
-                        continue;
-                    }
-                    let answer = match p.watch.check() {
-                        Some(outcome) => Some(outcome),
-                        None if Instant::now() >= p.watch.until() => None,
-                        None => {
-                            p.next = Instant::now() + p.watch.every().max(MIN_GAP * n as u32);
-                            i += 1;
-                            continue;
-                        }
-                    };
-                    let Parked { watch, respond, .. } = parked.swap_remove(i);
-                    let outcome = answer.unwrap_or_else(|| watch.give_up());
-                    count.fetch_sub(1, Ordering::SeqCst);
-                    respond(outcome);
-                }
-            }
-        })?;
+        thread::Builder::new().name("sandbox-mcp-waiter".into()).spawn(move || schedule(&rx, &count))?;
         Ok(Waiter { tx, waiting })
     }
 
@@ -154,6 +121,120 @@ impl Waiter {
     /// How many calls wait now.
     pub fn waiting(&self) -> usize {
         self.waiting.load(Ordering::SeqCst)
+    }
+}
+
+/// The scheduler: takes parked calls, hands due checks to checkers (one per key at a time, at
+/// most [`CHECKERS`] at once), and answers calls whose check answered or whose wait is over.
+fn schedule(rx: &Receiver<Parked>, count: &AtomicUsize) {
+    let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded::<Job>();
+    let (done_tx, done_rx) = crossbeam_channel::unbounded::<Checked>();
+    let mut checkers = 0usize;
+    let mut slots: HashMap<u64, Slot> = HashMap::new();
+    let mut busy_keys: HashSet<String> = HashSet::new();
+    let mut in_flight = 0usize;
+    let mut next_id = 0u64;
+    let mut open = true;
+    while open || !slots.is_empty() {
+        let mut take = |p: Parked, slots: &mut HashMap<u64, Slot>| {
+            next_id += 1;
+            let key = p.watch.key().unwrap_or_else(|| format!("#{next_id}"));
+            let slot =
+                Slot { until: p.watch.until(), every: p.watch.every(), watch: Some(p.watch), respond: Some(p.respond), next: p.next, key };
+            slots.insert(next_id, slot);
+            log::debug!("call {next_id} waits ({} waiting)", slots.len());
+        };
+        // New calls first: checks that take longer than the poll interval must not keep them out.
+        for p in rx.try_iter() {
+            take(p, &mut slots);
+        }
+        for (id, watch, answer) in done_rx.try_iter() {
+            in_flight -= 1;
+            let Some(slot) = slots.get_mut(&id) else { continue };
+            busy_keys.remove(&slot.key);
+            match answer {
+                Some(outcome) => {
+                    if let Some(respond) = slot.respond.take() {
+                        count.fetch_sub(1, Ordering::SeqCst);
+                        respond(outcome);
+                    }
+                    slots.remove(&id);
+                }
+                None => {
+                    slot.watch = watch;
+                    let n = slots.len() as u32;
+                    if let Some(slot) = slots.get_mut(&id) {
+                        slot.next = Instant::now() + slot.every.max(MIN_GAP * n);
+                    }
+                }
+            }
+        }
+        // Everything due now whose key is free goes to a checker.
+        let now = Instant::now();
+        let mut due: Vec<(Instant, u64)> = slots
+            .iter()
+            .filter(|(_, s)| s.watch.is_some() && !busy_keys.contains(&s.key) && s.next.min(s.until) <= now)
+            .map(|(id, s)| (s.next.min(s.until), *id))
+            .collect();
+        due.sort();
+        for (_, id) in due {
+            if in_flight >= CHECKERS {
+                break;
+            }
+            let Some(slot) = slots.get_mut(&id) else { continue };
+            if busy_keys.contains(&slot.key) {
+                continue;
+            }
+            let Some(watch) = slot.watch.take() else { continue };
+            let job = if Instant::now() >= slot.until { Job::GiveUp(id, watch) } else { Job::Check(id, watch) };
+            busy_keys.insert(slot.key.clone());
+            in_flight += 1;
+            if checkers < in_flight.min(CHECKERS) {
+                let (jobs, done) = (jobs_rx.clone(), done_tx.clone());
+                if thread::Builder::new().name("sandbox-mcp-check".into()).spawn(move || check_forever(&jobs, &done)).is_ok() {
+                    checkers += 1;
+                }
+            }
+            if checkers == 0 || jobs_tx.send(job).is_err() {
+                log::error!("the waiter has no checker thread; waiting calls are answered late");
+                return;
+            }
+        }
+        // Sleep until something is due, a check comes back or a call arrives.
+        let wake = slots.values().filter(|s| s.watch.is_some() && !busy_keys.contains(&s.key)).map(|s| s.next.min(s.until)).min();
+        let timeout = wake.map(|w| w.saturating_duration_since(Instant::now())).unwrap_or(Duration::from_secs(3600));
+        if !open && slots.is_empty() {
+            return;
+        }
+        let arrivals = if open { rx.clone() } else { crossbeam_channel::never() };
+        crossbeam_channel::select! {
+            recv(arrivals) -> p => match p {
+                Ok(p) => take(p, &mut slots),
+                Err(_) => open = false,
+            },
+            recv(done_rx) -> d => {
+                if let Ok(d) = d {
+                    let _ = done_tx.send(d);
+                }
+            },
+            default(timeout) => {}
+        }
+    }
+}
+
+/// A checker thread: runs jobs until the scheduler is gone.
+fn check_forever(jobs: &Receiver<Job>, done: &Sender<Checked>) {
+    for job in jobs.iter() {
+        let sent = match job {
+            Job::Check(id, mut watch) => {
+                let answer = watch.check();
+                done.send((id, Some(watch), answer))
+            }
+            Job::GiveUp(id, watch) => done.send((id, None, Some(watch.give_up()))),
+        };
+        if sent.is_err() {
+            return;
+        }
     }
 }
 
@@ -191,6 +272,59 @@ mod tests {
         Box::new(move |o| {
             let _ = tx.send(o);
         })
+    }
+
+    /// A check that stalls (a FIFO in place of a state file) for as long as `stall` is set.
+    struct Stalled {
+        key: &'static str,
+        stall: Arc<AtomicBool>,
+        until: Instant,
+    }
+
+    impl Watch for Stalled {
+        fn check(&mut self) -> Option<Outcome> {
+            while self.stall.load(Ordering::SeqCst) {
+                thread::sleep(Duration::from_millis(5));
+            }
+            Some(Outcome::Answer(json!(self.key)))
+        }
+        fn give_up(self: Box<Self>) -> Outcome {
+            Outcome::Answer(json!("late"))
+        }
+        fn until(&self) -> Instant {
+            self.until
+        }
+        fn every(&self) -> Duration {
+            Duration::from_millis(5)
+        }
+        fn key(&self) -> Option<String> {
+            Some(self.key.to_string())
+        }
+    }
+
+    /// One sandbox whose reads stall costs only its own calls: the others are answered at once,
+    /// and the stalled one when its read returns.
+    #[test]
+    fn a_stalled_sandbox_delays_only_its_own_calls() {
+        let waiter = Waiter::start().unwrap();
+        let (tx, rx) = crossbeam_channel::unbounded::<Outcome>();
+        let stall = Arc::new(AtomicBool::new(true));
+        let until = Instant::now() + Duration::from_secs(30);
+        for _ in 0..3 {
+            waiter.park(Box::new(Stalled { key: "hostile", stall: stall.clone(), until }), respond_to(&tx)).ok().unwrap();
+        }
+        let t0 = Instant::now();
+        for _ in 0..20 {
+            let free = Arc::new(AtomicBool::new(false));
+            waiter.park(Box::new(Stalled { key: "other", stall: free, until }), respond_to(&tx)).ok().unwrap();
+            assert_eq!(rx.recv_timeout(Duration::from_secs(2)).unwrap(), Outcome::Answer(json!("other")));
+        }
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+        stall.store(false, Ordering::SeqCst);
+        for _ in 0..3 {
+            assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), Outcome::Answer(json!("hostile")));
+        }
+        assert_eq!(waiter.waiting(), 0);
     }
 
     #[test]

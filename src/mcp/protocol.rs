@@ -615,6 +615,10 @@ impl Watch for PromoteWatch {
     fn every(&self) -> Duration {
         self.every
     }
+
+    fn key(&self) -> Option<String> {
+        Some(self.handle.sandbox_id.clone())
+    }
 }
 
 impl PromoteWatch {
@@ -699,6 +703,10 @@ impl Watch for ResultWatch {
     fn every(&self) -> Duration {
         self.every
     }
+
+    fn key(&self) -> Option<String> {
+        Some(self.handle.sandbox_id.clone())
+    }
 }
 
 /// The response to `call` with its `CallToolResult` (which never carries a `resultType`).
@@ -739,6 +747,10 @@ impl Watch for CallWatch {
 
     fn every(&self) -> Duration {
         self.pending.every
+    }
+
+    fn key(&self) -> Option<String> {
+        Some(self.pending.key.clone())
     }
 }
 

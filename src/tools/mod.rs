@@ -78,6 +78,9 @@ pub struct Pending {
     /// Reads once; `Some` when the call can be answered. With `true` (the wait is over) it
     /// must answer.
     pub read: Box<dyn FnMut(bool) -> Option<ReadResult> + Send>,
+    /// What it reads (the sandbox's id): the waiter reads one key at a time, so a sandbox whose
+    /// reads stall delays only its own calls.
+    pub key: String,
 }
 
 impl Pending {

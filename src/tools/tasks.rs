@@ -282,6 +282,7 @@ fn get(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
     // wait is over (docs/contract.md, "Waiting reads").
     let provider = ctx.app.provider.clone();
     let every = crate::provider::poll_interval(provider.as_ref());
+    let key = sandbox_id.clone();
     let read = move |last: bool| {
         let target = Target { provider: provider.as_ref(), sandbox_id: &sandbox_id };
         match supervisor::status(&target, &task_id, window) {
@@ -291,7 +292,7 @@ fn get(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
             Err(err) => Some(Err(err.into())),
         }
     };
-    Ok(Reply::Wait(Pending { until: Instant::now() + wait, every, read: Box::new(read) }))
+    Ok(Reply::Wait(Pending { until: Instant::now() + wait, every, read: Box::new(read), key }))
 }
 
 /// Whether a waiting read can answer: output past the offsets asked for, or a state other than

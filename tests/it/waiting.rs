@@ -108,3 +108,30 @@ fn waiting_reads_do_not_hold_workers() {
     assert!(waited >= Duration::from_secs(5), "the waits ended early ({waited:?}), so they proved nothing");
     call(&h, "cancel_task", json!({"sandbox_id": sb, "task_id": task}));
 }
+
+/// A sandbox that puts a FIFO in place of its task's state file while calls wait on it stalls
+/// its own waiting reads only: another sandbox's `get_task` with `wait` still answers as soon as
+/// its task writes (the waiter used to check every parked call on one thread).
+#[test]
+fn a_fifo_in_place_of_a_state_file_stalls_only_its_own_sandbox() {
+    let home = Home::new("wait-fifo");
+    let mut m = home.stdio();
+    let hostile = m.create();
+    let hostile_task = start(&mut m, &hostile, "sleep 60");
+    // Park waits on the hostile sandbox's task (their first read finds the state file as it is).
+    for id in 0..3 {
+        let call = json!({"jsonrpc": "2.0", "id": 100 + id, "method": "tools/call",
+            "params": {"name": "get_task", "arguments": {"sandbox_id": hostile, "task_id": hostile_task, "wait": 25}}});
+        m.client.send_line(&call.to_string()).unwrap();
+    }
+    // Their first reads run while the other sandbox is made.
+    let other = m.create();
+    let swap = format!("cd .sandbox-mcp/tasks/{hostile_task} && rm -f state && mkfifo state && echo swapped");
+    let swapped = m.ok("run_command", json!({"sandbox_id": hostile, "command": swap}));
+    assert_eq!(swapped["stdout"], "swapped\n", "{swapped}");
+    let other_task = start(&mut m, &other, "sleep 2; echo news");
+    let t0 = Instant::now();
+    let r = m.ok("get_task", json!({"sandbox_id": other, "task_id": other_task, "wait": 20}));
+    assert!(r["stdout"].as_str().unwrap_or_default().contains("news"), "{r}");
+    assert!(t0.elapsed() < Duration::from_secs(6), "the other sandbox's wait took {:?}", t0.elapsed());
+}

@@ -207,6 +207,10 @@ impl Remote {
                 // An init that dies with a request of ours unread (a `kill` racing the sandbox's
                 // own end) resets the connection: that is its end too.
                 Err(err) if err.kind() == io::ErrorKind::ConnectionReset => return Ok(None),
+                // The receive timeout ran out (EAGAIN): the deadline has passed.
+                Err(err) if deadline.is_some() && matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                    return Err(io::Error::new(io::ErrorKind::TimedOut, "the sandbox's init did not answer in time"));
+                }
                 Err(err) => return Err(err),
             }
         }

@@ -11,10 +11,11 @@
 //! worker while it waits.
 
 use crate::jsonrpc::{self, code, RpcError};
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::Sender;
 use serde_json::Value;
+use std::collections::{HashMap, VecDeque};
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::{self, JoinHandle};
 
 /// How a job ended: the JSON-RPC response, and whether the client had cancelled the request.
@@ -25,13 +26,16 @@ pub enum Outcome {
     /// The response to a request the client cancelled: stdio sends nothing for it, HTTP still
     /// answers with it (the HTTP request is still waiting for a body).
     Cancelled(Value),
+    /// A -32000 error for a call that was not run because its client already has its share of
+    /// calls waiting: HTTP answers it 503 with `Retry-After`, as a full queue.
+    Busy(Value),
 }
 
 impl Outcome {
     /// The JSON-RPC response, cancelled or not.
     pub fn into_response(self) -> Value {
         match self {
-            Outcome::Answer(v) | Outcome::Cancelled(v) => v,
+            Outcome::Answer(v) | Outcome::Cancelled(v) | Outcome::Busy(v) => v,
         }
     }
 }
@@ -64,52 +68,225 @@ pub struct Job<T, R> {
     pub reply: Sender<R>,
 }
 
-/// Starts `n` named workers that run `handler` on each job from a queue of `capacity` and send
-/// `R::from(outcome)` on the job's reply channel (at once, or later through [`Step::Later`]).
-/// Workers exit when every sender of the queue is dropped.
-pub fn spawn_workers<T, R, S, H>(n: usize, capacity: usize, handler: H) -> (Sender<Job<T, R>>, Vec<JoinHandle<()>>)
+/// Work that names the client it comes from, so that workers are shared fairly between clients.
+pub trait Client {
+    /// The client: a 2025 session, a stateless request's connection, the stdio peer.
+    fn client(&self) -> String {
+        String::new()
+    }
+}
+
+impl Client for &str {}
+
+/// How [`spawn_workers`] shares workers between clients.
+#[derive(Debug, Clone, Copy)]
+pub struct Sharing {
+    /// Workers kept running (more start while every one is busy and work is waiting).
+    pub workers: usize,
+    /// The most workers at once.
+    pub max_workers: usize,
+    /// The most calls of one client that run at once.
+    pub per_client: usize,
+    /// The most calls of one client that wait for a worker; one more is answered busy.
+    pub per_client_queue: usize,
+}
+
+impl Sharing {
+    /// `workers` kept, up to four times as many when clients keep them busy; one client runs at
+    /// most `workers` calls at once and queues at most `capacity` (what the whole queue held for
+    /// everyone before clients had lanes of their own).
+    pub fn for_workers(workers: usize, capacity: usize) -> Sharing {
+        let workers = workers.max(1);
+        Sharing { workers, max_workers: workers * 4, per_client: workers, per_client_queue: capacity.max(1) }
+    }
+}
+
+/// The jobs waiting for a worker, one lane per client, taken round-robin.
+struct Lanes<J> {
+    lanes: HashMap<String, VecDeque<J>>,
+    /// Clients with waiting jobs, in turn order.
+    ring: VecDeque<String>,
+    running: HashMap<String, usize>,
+    idle: usize,
+    workers: usize,
+    closed: bool,
+}
+
+impl<J> Lanes<J> {
+    /// The next job whose client may run one more, and its client.
+    fn take(&mut self, per_client: usize) -> Option<(String, J)> {
+        let at = self.ring.iter().position(|k| self.running.get(k).copied().unwrap_or(0) < per_client)?;
+        let key = self.ring.remove(at)?;
+        let lane = self.lanes.get_mut(&key)?;
+        let job = lane.pop_front()?;
+        if lane.is_empty() {
+            self.lanes.remove(&key);
+        } else {
+            self.ring.push_back(key.clone());
+        }
+        *self.running.entry(key.clone()).or_insert(0) += 1;
+        Some((key, job))
+    }
+
+    fn finished(&mut self, key: &str) {
+        if let Some(n) = self.running.get_mut(key) {
+            *n -= 1;
+            if *n == 0 {
+                self.running.remove(key);
+            }
+        }
+    }
+}
+
+/// Runs one job and sends its answer (at once, or later through [`Step::Later`]).
+fn run_job<T, R, S, H>(handler: &H, Job { id, work, reply }: Job<T, R>)
 where
-    T: Send + 'static,
+    R: From<Outcome> + Send + 'static,
+    S: Into<Step>,
+    H: Fn(T) -> S,
+{
+    let step = panic::catch_unwind(AssertUnwindSafe(|| handler(work).into())).unwrap_or_else(|payload| {
+        let what = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        log::error!("a tool call panicked: {what}");
+        let err =
+            RpcError::new(code::INTERNAL_ERROR, "internal error while running the tool; the server is still running, retry or report this");
+        Step::Done(Outcome::Answer(jsonrpc::error(&id, &err)))
+    });
+    match step {
+        // The receiver is gone when the client went away; nothing left to do then.
+        Step::Done(outcome) => {
+            let _ = reply.send(R::from(outcome));
+        }
+        Step::Later(park) => park(Box::new(move |outcome| {
+            let _ = reply.send(R::from(outcome));
+        })),
+    }
+}
+
+type Shared<T, R> = Arc<(Mutex<Lanes<Job<T, R>>>, Condvar)>;
+
+fn lock<J>(m: &Mutex<Lanes<J>>) -> std::sync::MutexGuard<'_, Lanes<J>> {
+    // Every update leaves the lanes consistent, so a lock poisoned by a panic elsewhere is fine.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A worker: takes jobs round-robin between clients until the queue is closed and empty.
+fn work<T, R, S, H>(shared: &Shared<T, R>, handler: &H, per_client: usize)
+where
+    R: From<Outcome> + Send + 'static,
+    S: Into<Step>,
+    H: Fn(T) -> S,
+{
+    let (lanes, ready) = &**shared;
+    let mut guard = lock(lanes);
+    loop {
+        if let Some((key, job)) = guard.take(per_client) {
+            drop(guard);
+            run_job(handler, job);
+            guard = lock(lanes);
+            guard.finished(&key);
+            // A client under its limit again may have work waiting.
+            ready.notify_one();
+            continue;
+        }
+        if guard.closed && guard.lanes.is_empty() {
+            guard.workers -= 1;
+            ready.notify_all();
+            return;
+        }
+        guard.idle += 1;
+        guard = ready.wait(guard).unwrap_or_else(|p| p.into_inner());
+        guard.idle -= 1;
+    }
+}
+
+/// Starts the workers that run `handler` on each job from a queue of `capacity` and send
+/// `R::from(outcome)` on the job's reply channel (at once, or later through [`Step::Later`]).
+///
+/// Workers are shared between clients ([`Client`]) as `sharing` says: jobs wait in one lane per
+/// client and are taken round-robin, a client runs at most `per_client` at once, and when every
+/// worker is busy while work could run another one starts (up to `max_workers`): so one client
+/// that keeps many long calls running never makes another client's quick call wait. A client
+/// with `per_client_queue` calls waiting gets the next one answered busy (-32000). The queue
+/// itself is bounded by `capacity` (a full queue is the transport's 503). Workers exit when
+/// every sender of the queue is dropped and the lanes are empty.
+pub fn spawn_workers<T, R, S, H>(sharing: Sharing, capacity: usize, handler: H) -> (Sender<Job<T, R>>, Vec<JoinHandle<()>>)
+where
+    T: Client + Send + 'static,
     R: From<Outcome> + Send + 'static,
     S: Into<Step>,
     H: Fn(T) -> S + Send + Sync + 'static,
 {
     let (tx, rx) = crossbeam_channel::bounded::<Job<T, R>>(capacity);
     let handler = Arc::new(handler);
-    let mut handles = Vec::with_capacity(n);
-    for i in 0..n {
-        let rx: Receiver<Job<T, R>> = rx.clone();
-        let handler = handler.clone();
-        let spawned = thread::Builder::new().name(format!("sandbox-mcp-worker-{i}")).spawn(move || {
-            for Job { id, work, reply } in rx {
-                let step = panic::catch_unwind(AssertUnwindSafe(|| handler(work).into())).unwrap_or_else(|payload| {
-                    let what = payload
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| payload.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "unknown panic".into());
-                    log::error!("a tool call panicked: {what}");
-                    let err = RpcError::new(
-                        code::INTERNAL_ERROR,
-                        "internal error while running the tool; the server is still running, retry or report this",
-                    );
-                    Step::Done(Outcome::Answer(jsonrpc::error(&id, &err)))
-                });
-                match step {
-                    // The receiver is gone when the client went away; nothing left to do then.
-                    Step::Done(outcome) => {
-                        let _ = reply.send(R::from(outcome));
-                    }
-                    Step::Later(park) => park(Box::new(move |outcome| {
-                        let _ = reply.send(R::from(outcome));
-                    })),
-                }
+    let shared: Shared<T, R> = Arc::new((
+        Mutex::new(Lanes { lanes: HashMap::new(), ring: VecDeque::new(), running: HashMap::new(), idle: 0, workers: 0, closed: false }),
+        Condvar::new(),
+    ));
+    let start_worker = {
+        let (shared, handler) = (shared.clone(), handler.clone());
+        move |i: usize| {
+            let (shared, handler) = (shared.clone(), handler.clone());
+            thread::Builder::new().name(format!("sandbox-mcp-worker-{i}")).spawn(move || work(&shared, &*handler, sharing.per_client))
+        }
+    };
+    let mut handles = Vec::with_capacity(sharing.workers + 1);
+    for i in 0..sharing.workers {
+        match start_worker(i) {
+            Ok(h) => {
+                lock(&shared.0).workers += 1;
+                handles.push(h);
             }
-        });
-        match spawned {
-            Ok(h) => handles.push(h),
             Err(err) => log::error!("could not start worker {i}: {err}"),
         }
+    }
+    // The dispatcher moves jobs from the bounded queue into the clients' lanes.
+    let dispatcher = thread::Builder::new().name("sandbox-mcp-dispatch".into()).spawn(move || {
+        let (lanes, ready) = &*shared;
+        let mut started = sharing.workers;
+        for job in rx {
+            let key = job.work.client();
+            let mut guard = lock(lanes);
+            let waiting = guard.lanes.get(&key).map_or(0, VecDeque::len);
+            if waiting >= sharing.per_client_queue {
+                drop(guard);
+                let err = RpcError::new(
+                    code::SERVER_BUSY,
+                    format!("this client already has {waiting} calls waiting for a worker; wait for some to finish, then retry"),
+                );
+                let _ = job.reply.send(R::from(Outcome::Busy(jsonrpc::error(&job.id, &err))));
+                continue;
+            }
+            if waiting == 0 {
+                guard.ring.push_back(key.clone());
+            }
+            guard.lanes.entry(key.clone()).or_default().push_back(job);
+            log::debug!("a call of client {key} queued ({} waiting)", waiting + 1);
+            let can_run = guard.running.get(&key).copied().unwrap_or(0) < sharing.per_client;
+            let grow = can_run && guard.idle == 0 && guard.workers < sharing.max_workers;
+            if grow {
+                guard.workers += 1;
+            }
+            drop(guard);
+            ready.notify_one();
+            if grow {
+                if let Err(err) = start_worker(started) {
+                    log::error!("could not start worker {started}: {err}");
+                    lock(lanes).workers -= 1;
+                }
+                started += 1;
+            }
+        }
+        lock(lanes).closed = true;
+        ready.notify_all();
+    });
+    match dispatcher {
+        Ok(h) => handles.push(h),
+        Err(err) => log::error!("could not start the dispatcher: {err}"),
     }
     (tx, handles)
 }
@@ -119,9 +296,52 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    struct Of(&'static str, Arc<std::sync::atomic::AtomicBool>);
+
+    impl Client for Of {
+        fn client(&self) -> String {
+            self.0.to_string()
+        }
+    }
+
+    /// One client fills its share (per_client calls run, the rest wait in its lane) and another
+    /// client's call still runs at once, on a worker started for it.
+    #[test]
+    fn one_client_runs_its_share_and_another_runs_beside_it() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let running = Arc::new(AtomicUsize::new(0));
+        let counter = running.clone();
+        let sharing = Sharing { workers: 4, max_workers: 16, per_client: 4, per_client_queue: 32 };
+        let (tx, _handles) = spawn_workers(sharing, 64, move |Of(_, release): Of| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            while !release.load(Ordering::SeqCst) {
+                thread::sleep(std::time::Duration::from_millis(1));
+            }
+            counter.fetch_sub(1, Ordering::SeqCst);
+            Outcome::Answer(json!("done"))
+        });
+        let (rtx, rrx) = crossbeam_channel::unbounded::<Outcome>();
+        let hold = Arc::new(AtomicBool::new(false));
+        for i in 0..12 {
+            tx.send(Job { id: json!(i), work: Of("greedy", hold.clone()), reply: rtx.clone() }).unwrap();
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while running.load(Ordering::SeqCst) < 4 && std::time::Instant::now() < deadline {
+            thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(running.load(Ordering::SeqCst), 4, "the greedy client runs its share");
+        tx.send(Job { id: json!("other"), work: Of("other", Arc::new(AtomicBool::new(true))), reply: rtx.clone() }).unwrap();
+        assert_eq!(rrx.recv_timeout(std::time::Duration::from_secs(2)).unwrap(), Outcome::Answer(json!("done")));
+        assert_eq!(running.load(Ordering::SeqCst), 4, "still only its share");
+        hold.store(true, Ordering::SeqCst);
+        for _ in 0..12 {
+            rrx.recv_timeout(std::time::Duration::from_secs(5)).unwrap();
+        }
+    }
+
     #[test]
     fn a_panicking_job_answers_internal_error_and_the_worker_keeps_serving() {
-        let (tx, handles) = spawn_workers(1, 4, |work: &str| {
+        let (tx, handles) = spawn_workers(Sharing::for_workers(1, 4), 4, |work: &str| {
             if work == "boom" {
                 panic!("boom");
             }
@@ -144,7 +364,7 @@ mod tests {
     #[test]
     fn a_job_answered_later_frees_its_worker_at_once() {
         let (park_tx, park_rx) = crossbeam_channel::unbounded::<Respond>();
-        let (tx, handles) = spawn_workers(1, 4, move |work: &str| {
+        let (tx, handles) = spawn_workers(Sharing::for_workers(1, 4), 4, move |work: &str| {
             if work == "later" {
                 let park_tx = park_tx.clone();
                 return Step::Later(Box::new(move |respond| park_tx.send(respond).unwrap()));

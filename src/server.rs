@@ -44,16 +44,17 @@ impl std::fmt::Display for Stop {
 /// `R`, or parks a call that waits with the waiter, which answers it.
 fn start_workers<R: From<Outcome> + Send + 'static>(app: &Arc<App>, waiter: Waiter) -> Result<WorkQueue<R>> {
     let handler_app = app.clone();
-    let (queue, _handles) =
-        queue::spawn_workers(app.config.workers, app.config.queue_capacity, move |work: Work| {
-            match protocol::execute(&handler_app, work) {
-                Executed::Now(outcome) => Step::Done(outcome),
-                Executed::Wait(watch) => {
-                    let waiter = waiter.clone();
-                    Step::Later(Box::new(move |respond| waiter.park_or_answer(watch, respond)))
-                }
+    let (queue, _handles) = queue::spawn_workers(
+        queue::Sharing::for_workers(app.config.workers, app.config.queue_capacity),
+        app.config.queue_capacity,
+        move |work: Work| match protocol::execute(&handler_app, work) {
+            Executed::Now(outcome) => Step::Done(outcome),
+            Executed::Wait(watch) => {
+                let waiter = waiter.clone();
+                Step::Later(Box::new(move |respond| waiter.park_or_answer(watch, respond)))
             }
-        });
+        },
+    );
     // Workers are not joined: they exit with the process, after shutdown has ended the sessions
     // and killed the commands they wait for.
     Ok(queue)

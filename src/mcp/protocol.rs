@@ -101,6 +101,24 @@ pub struct Work {
     pub call: ToolCall,
 }
 
+impl crate::queue::Client for Work {
+    /// The session: workers are shared fairly between sessions (a stateless request's session
+    /// names its connection). Calls that end things (`kill_sandbox`, `cancel_task`,
+    /// `tasks/cancel`) have a lane of their own beside the session's: a client whose long
+    /// calls fill its share can still stop them.
+    fn client(&self) -> String {
+        let ends = match &self.call.op {
+            Op::Tool { tool, .. } => matches!(tool.name, "kill_sandbox" | "cancel_task"),
+            Op::Tasks(method) => matches!(method, TaskMethod::Cancel(_)),
+        };
+        if ends {
+            format!("{} (ending)", self.session.id)
+        } else {
+            self.session.id.clone()
+        }
+    }
+}
+
 impl ToolCall {
     /// The tool's name, or the `tasks/*` method's.
     pub fn name(&self) -> &'static str {

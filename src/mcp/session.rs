@@ -57,6 +57,9 @@ fn lock(requests: &Requests) -> MutexGuard<'_, HashMap<String, Arc<AtomicBool>>>
     requests.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+#[cfg(test)]
+impl crate::queue::Client for InFlight {}
+
 /// One request in flight, from [`Session::begin`] until this guard is dropped, which
 /// unregisters its id (also when a panic unwinds past it).
 #[derive(Debug)]
@@ -479,7 +482,8 @@ mod tests {
     #[test]
     fn a_panicking_job_unregisters_its_request_before_the_answer() {
         let session = Arc::new(Session::new("t", false));
-        let (tx, handles) = crate::queue::spawn_workers(1, 4, |_guard: InFlight| -> crate::queue::Outcome { panic!("boom") });
+        let sharing = crate::queue::Sharing::for_workers(1, 4);
+        let (tx, handles) = crate::queue::spawn_workers(sharing, 4, |_guard: InFlight| -> crate::queue::Outcome { panic!("boom") });
         let (rtx, rrx) = crossbeam_channel::unbounded::<crate::queue::Outcome>();
         let guard = session.begin(&json!("p")).unwrap();
         tx.send(crate::queue::Job { id: json!("p"), work: guard, reply: rtx }).unwrap();

@@ -465,7 +465,10 @@ drop the Mcp-Session-Id header, or send the request without that _meta inside th
             );
             return Answer::json(400, jsonrpc::error(id, &err));
         }
-        let session = Arc::new(Session::stateless("http-2026"));
+        // Named after its connection: workers are shared fairly between clients, and a
+        // stateless request's client is its connection.
+        let peer = req.remote_addr().map_or_else(|| "unknown".to_string(), ToString::to_string);
+        let session = Arc::new(Session::stateless(format!("http-2026 {peer}")));
         let check = |method: &str, params: Option<&Value>, meta: &RequestMeta| headers::check(|name| get(req, name), method, params, meta);
         self.routed(protocol::route_checked(&self.app, &session, msg, &check))
     }
@@ -556,6 +559,7 @@ drop the Mcp-Session-Id header, or send the request without that _meta inside th
         }
         let started = Instant::now();
         match rx.recv_timeout(REPLY_WAIT) {
+            Ok(Outcome::Busy(response)) => Answer::json(503, response).with("Retry-After", "1"),
             Ok(outcome) => Answer::json(200, outcome.into_response()),
             Err(_) => {
                 log::error!("no reply for request {id} after {:?}", started.elapsed());

@@ -46,7 +46,7 @@ impl From<Outcome> for Out {
     /// Serializes an answer (on the worker thread that produced it).
     fn from(outcome: Outcome) -> Out {
         match outcome {
-            Outcome::Answer(response) => Out::Line(response.to_string()),
+            Outcome::Answer(response) | Outcome::Busy(response) => Out::Line(response.to_string()),
             Outcome::Cancelled(_) => Out::Cancelled,
         }
     }

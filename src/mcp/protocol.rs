@@ -19,8 +19,8 @@ use crate::mcp::session::{InFlight, Session};
 use crate::mcp::subscription;
 use crate::mcp::tasks;
 use crate::queue::{Job, Outcome};
-use crate::supervisor;
-use crate::tools::{self, Ctx, Pending, Reply, Tool, ToolError};
+use crate::supervisor::Snapshot;
+use crate::tools::{self, CommandOutcome, Ctx, Pending, Reply, TaskStartError, Tool, ToolError};
 use crate::waiter::Watch;
 use crossbeam_channel::Sender;
 use serde_json::{json, Map, Value};
@@ -51,9 +51,9 @@ pub enum TaskMode {
     No,
     /// A 2025-11-25 task-augmented call (`params.task`): answered with `CreateTaskResult` at once.
     Asked,
-    /// A 2026-07-28 run_command whose request declared the tasks extension and whose timeout
-    /// exceeds `--task-after`: it runs under the supervisor and is answered inline if it ends
-    /// within `--task-after`, else with a `CreateTaskResult`.
+    /// A 2026-07-28 run_command whose request declared the tasks extension: it runs as any
+    /// run_command does, and is answered with a `CreateTaskResult` if it goes on as a task at
+    /// `--task-after`.
     Offered,
 }
 
@@ -290,7 +290,7 @@ fn listen(app: &App, id: &Value, params: Option<&Value>, meta: &RequestMeta) -> 
     if !named.is_empty() && meta.extension(envelope::TASKS_EXTENSION).is_none() {
         return Err(missing_tasks_extension("subscriptions/listen with notifications.taskIds"));
     }
-    let tasks = named.iter().map(|text| tasks::Handle::parse(app, text)).collect::<Result<Vec<_>, _>>()?;
+    let tasks = named.iter().map(|text| tasks::parse_handle(app, text)).collect::<Result<Vec<_>, _>>()?;
     Ok(Listen { id: id.clone(), ack: filter.acknowledgement(id).to_string(), tasks })
 }
 
@@ -511,19 +511,9 @@ pub fn execute(app: &Arc<App>, work: Work) -> Executed {
         let err = RpcError::new(code::REQUEST_CANCELLED, "the request was cancelled before it started");
         return Executed::Now(Outcome::Cancelled(jsonrpc::error(&call.id, &err)));
     }
-    // A 2026-07-28 run_command that may become a task. On a provider that runs such commands
-    // under the supervisor anyway (E2B), the tool itself answers `running` at --task-after, and
-    // that answer becomes the CreateTaskResult.
-    let offered = matches!(call.op, Op::Tool { task: TaskMode::Offered, .. }) && tasks::offered(app, &call.arguments);
-    let in_sandbox = app.provider.supervises_long_commands();
     let tool = match &call.op {
-        Op::Tool { task: TaskMode::Asked, .. } => {
-            let created = tasks::create(app, &session, &call.arguments);
-            return Executed::Now(rpc_answer(app, &call, created));
-        }
-        Op::Tool { task: TaskMode::Offered, .. } if offered && !in_sandbox => {
-            return promote(app, &session, call);
-        }
+        Op::Tool { task: TaskMode::Asked, .. } => return Executed::Now(task_asked(app, &session, &call)),
+        Op::Tool { task: TaskMode::Offered, .. } => return Executed::Now(task_offered(app, &session, &call)),
         Op::Tool { tool, .. } => *tool,
         Op::Tasks(method) => {
             let method = method.clone();
@@ -535,17 +525,42 @@ pub fn execute(app: &Arc<App>, work: Work) -> Executed {
         Reply::Now(result) => result,
         Reply::Wait(pending) => return Executed::Wait(Box::new(CallWatch { app: app.clone(), call, pending })),
     };
-    if offered {
-        if let Some((handle, snapshot)) = tasks::running_task(&result) {
-            return Executed::Now(task_created(app, &session, &call, &handle, snapshot));
-        }
-    }
     Executed::Now(answer(app, &call, result))
+}
+
+/// A 2025-11-25 task-augmented run_command: started as a task at once, answered with
+/// `CreateTaskResult` (`{"task": Task}`, the task recorded in the session); a refusal is -32602,
+/// a provider failure -32603.
+fn task_asked(app: &App, session: &Session, call: &ToolCall) -> Outcome {
+    let ctx = Ctx { app, session, cancel: call.in_flight.flag() };
+    let created = match tools::start_command_task(&ctx, &call.arguments) {
+        Ok(running) => {
+            session.record_task(&running.task.encode());
+            Ok(json!({"task": tasks::task_json(&running.task, &running.task_state)}))
+        }
+        Err(TaskStartError::Refused(err)) => Err(RpcError::new(code::INVALID_PARAMS, err.message)),
+        Err(TaskStartError::Failed(err)) => {
+            Err(RpcError::new(code::INTERNAL_ERROR, format!("the task could not be started: {}", err.message)))
+        }
+    };
+    rpc_answer(app, call, created)
+}
+
+/// A 2026-07-28 run_command whose request declared the tasks extension: it runs as any
+/// run_command does; one that goes on as a task is answered with a flat `CreateTaskResult`
+/// instead of the `running` answer.
+fn task_offered(app: &App, session: &Session, call: &ToolCall) -> Outcome {
+    let ctx = Ctx { app, session, cancel: call.in_flight.flag() };
+    match tools::run_command(&ctx, &call.arguments) {
+        Ok(CommandOutcome::Running(running)) => task_created(app, session, call, &running.task, &running.task_state),
+        Ok(CommandOutcome::Completed(done)) => answer(app, call, tools::finish(app, Ok(done.to_value()))),
+        Err(err) => answer(app, call, tools::finish(app, Err(err))),
+    }
 }
 
 /// A `tasks/*` request.
 fn tasks_method(app: &Arc<App>, session: &Session, call: ToolCall, method: TaskMethod) -> Executed {
-    let parsed = |text: &str| tasks::Handle::parse(app, text);
+    let parsed = |text: &str| tasks::parse_handle(app, text);
     let answer = match &method {
         TaskMethod::Get(id) => parsed(id).and_then(|h| tasks::get(app, &h)),
         TaskMethod::Cancel(id) => parsed(id).and_then(|h| tasks::cancel(app, &h)),
@@ -566,93 +581,11 @@ fn tasks_method(app: &Arc<App>, session: &Session, call: ToolCall, method: TaskM
     Executed::Now(rpc_answer(app, &call, answer))
 }
 
-/// A 2026-07-28 run_command that may become a task: started under the supervisor, then parked
-/// with the waiter until it ends (answered inline, like any run_command) or `--task-after`
-/// passes (answered with `CreateTaskResult`; the task goes on).
-fn promote(app: &Arc<App>, session: &Arc<Session>, call: ToolCall) -> Executed {
-    let (handle, first) = match tasks::start(app, session, &call.arguments) {
-        Ok(started) => started,
-        Err(err) => {
-            // What run_command would say: a tool error (bad arguments, a refused start).
-            let result = tools::failure(&ToolError::new(err.message));
-            return Executed::Now(answer(app, &call, result));
-        }
-    };
-    let until = Instant::now() + app.config.task_after;
-    let every = crate::provider::poll_interval(app.provider.as_ref());
-    let done = first.state.is_final();
-    let mut watch = PromoteWatch { app: app.clone(), session: session.clone(), call, handle, first, until, every };
-    if done {
-        // A quick command: already over when the start answered.
-        if let Some(outcome) = watch.check() {
-            return Executed::Now(outcome);
-        }
-    }
-    Executed::Wait(Box::new(watch))
-}
-
-/// A run_command under the supervisor, waiting to be answered inline or as a task.
-struct PromoteWatch {
-    app: Arc<App>,
-    session: Arc<Session>,
-    call: ToolCall,
-    handle: tasks::Handle,
-    first: supervisor::Snapshot,
-    until: Instant,
-    every: Duration,
-}
-
-impl Watch for PromoteWatch {
-    fn check(&mut self) -> Option<Outcome> {
-        if self.app.is_draining() || self.call.in_flight.is_cancelled() {
-            // The task goes on; the client gets its handle.
-            return Some(self.as_task());
-        }
-        match tasks::result(&self.app, &self.handle) {
-            Ok(Some(mut result)) => {
-                if let Value::Object(o) = &mut result {
-                    o.remove("_meta");
-                }
-                tasks::forget(&self.app, &self.handle);
-                Some(answer(&self.app, &self.call, result))
-            }
-            Ok(None) => None,
-            // Cannot read it now: the task is durable, so hand its handle over.
-            Err(_) => Some(self.as_task()),
-        }
-    }
-
-    fn give_up(self: Box<Self>) -> Outcome {
-        self.as_task()
-    }
-
-    fn until(&self) -> Instant {
-        self.until
-    }
-
-    fn every(&self) -> Duration {
-        self.every
-    }
-
-    fn key(&self) -> Option<String> {
-        Some(self.handle.sandbox_id.clone())
-    }
-}
-
-impl PromoteWatch {
-    fn as_task(&self) -> Outcome {
-        let mut snapshot = self.first.clone();
-        snapshot.state = supervisor::TaskState::Running;
-        snapshot.finished_at = None;
-        task_created(&self.app, &self.session, &self.call, &self.handle, snapshot)
-    }
-}
-
 /// The answer to a 2026-07-28 run_command that went on as task `handle`: the `CreateTaskResult`
 /// (the task recorded in the session).
-fn task_created(app: &App, session: &Session, call: &ToolCall, handle: &tasks::Handle, snapshot: supervisor::Snapshot) -> Outcome {
+fn task_created(app: &App, session: &Session, call: &ToolCall, handle: &tasks::Handle, snapshot: &Snapshot) -> Outcome {
     session.record_task(&handle.encode());
-    let mut result = tasks::create_result_2026(handle, &snapshot);
+    let mut result = tasks::create_result_2026(handle, snapshot);
     if let Value::Object(r) = &mut result {
         let meta = r.entry("_meta").or_insert_with(|| Value::Object(Map::new()));
         meta[envelope::SERVER_INFO_KEY] = envelope::server_info();

@@ -376,7 +376,7 @@ mod tests {
     fn a_task_watch_ends_when_its_subscription_does_or_no_task_is_left() {
         let t = crate::app::testing::test_app("subscription");
         let app = t.app.clone();
-        let handle = Handle::parse(&app, &format!("{}.local-{}", "0".repeat(32), "0".repeat(24))).unwrap();
+        let handle = tasks::parse_handle(&app, &format!("{}.local-{}", "0".repeat(32), "0".repeat(24))).unwrap();
         let sent = Arc::new(Mutex::new(Vec::new()));
         let sink = |open: bool| {
             let sent = sent.clone();

@@ -7,7 +7,9 @@
 //! A protocol task is a supervisor task: its handle (the `taskId`) carries the sandbox and the
 //! supervisor's task id, so any server process with the same provider configuration resolves it,
 //! and the server keeps no task state beyond the list of handles each session created (for
-//! `tasks/list`). Only `run_command` may run as a task.
+//! `tasks/list`). Only `run_command` may run as a task. Tasks are started by the tools layer
+//! (`tools::start_command_task`, `tools::run_command`); this module only maps them to the
+//! protocol's shapes and reads them.
 
 use crate::app::App;
 use crate::ids;
@@ -15,9 +17,8 @@ use crate::jsonrpc::{code, RpcError};
 use crate::limits;
 use crate::mcp::session::Session;
 use crate::provider::ProviderError;
-use crate::supervisor::{self, Launch, Snapshot, Started, Target, TaskState, Window};
-use crate::tools::args;
-use crate::tools::{self, ToolError};
+use crate::supervisor::{self, Snapshot, Target, TaskState, Window};
+use crate::tools::{self, CommandResult, ToolError};
 use serde_json::{json, Map, Value};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -36,31 +37,18 @@ pub fn capability() -> Value {
 }
 
 /// A task handle: which sandbox, which supervisor task. Spelled `<task_id>.<sandbox_id>`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Handle {
-    /// The sandbox.
-    pub sandbox_id: String,
-    /// The supervisor's task id (32 lowercase hex characters).
-    pub task_id: String,
-}
+pub use crate::tools::TaskHandle as Handle;
 
-impl Handle {
-    /// The `taskId` on the wire.
-    pub fn encode(&self) -> String {
-        format!("{}.{}", self.task_id, self.sandbox_id)
+/// Reads a `taskId`; -32602 with a sentence for anything that is not one of ours.
+pub fn parse_handle(app: &App, text: &str) -> Result<Handle, RpcError> {
+    let shown: String = text.chars().take(80).collect();
+    let bad = |why: &str| RpcError::new(code::INVALID_PARAMS, format!("taskId {shown:?} is not a task of this server: {why}"));
+    let (task_id, sandbox_id) = text.split_once('.').ok_or_else(|| bad("it has no sandbox part"))?;
+    if !ids::is_task_id(task_id) {
+        return Err(bad("it must start with 32 lowercase hex characters"));
     }
-
-    /// Reads a `taskId`; -32602 with a sentence for anything that is not one of ours.
-    pub fn parse(app: &App, text: &str) -> Result<Handle, RpcError> {
-        let shown: String = text.chars().take(80).collect();
-        let bad = |why: &str| RpcError::new(code::INVALID_PARAMS, format!("taskId {shown:?} is not a task of this server: {why}"));
-        let (task_id, sandbox_id) = text.split_once('.').ok_or_else(|| bad("it has no sandbox part"))?;
-        if !ids::is_task_id(task_id) {
-            return Err(bad("it must start with 32 lowercase hex characters"));
-        }
-        app.provider.check_id(sandbox_id).map_err(|err| bad(&err.to_string()))?;
-        Ok(Handle { sandbox_id: sandbox_id.to_string(), task_id: task_id.to_string() })
-    }
+    app.provider.check_id(sandbox_id).map_err(|err| bad(&err.to_string()))?;
+    Ok(Handle { sandbox_id: sandbox_id.to_string(), task_id: task_id.to_string() })
 }
 
 /// The `taskId` parameter of a `tasks/*` request.
@@ -197,7 +185,7 @@ pub fn list(app: &App, session: &Session, cursor: Option<&Value>) -> Result<Valu
     let tasks: Vec<Value> = handles
         .iter()
         .filter_map(|text| {
-            let handle = Handle::parse(app, text).ok()?;
+            let handle = parse_handle(app, text).ok()?;
             Some(match read(app, &handle, STATE_ONLY) {
                 Ok(s) => task_json(&handle, &s),
                 Err(err) => {
@@ -241,106 +229,11 @@ pub fn result(app: &App, handle: &Handle) -> Result<Option<Value>, RpcError> {
     let outcome = match status(&s) {
         (_, Some(message)) => Err(ToolError::new(format!("{message}; the command's output so far is in the task's logs"))),
         ("cancelled", _) => Err(ToolError::new("the task was cancelled (tasks/cancel); its command was stopped")),
-        _ => Ok(command_result(&s, &out, &err)),
+        _ => Ok(CommandResult::of_task(&s, &out, &err).to_value()),
     };
     let mut result = tools::finish(app, outcome);
     result["_meta"] = json!({RELATED_TASK_KEY: {"taskId": handle.encode()}});
     Ok(Some(result))
-}
-
-/// run_command's structured result for a finished task.
-fn command_result(s: &Snapshot, out: &[u8], err: &[u8]) -> Value {
-    let timed_out = s.state == TaskState::TimedOut;
-    let duration_ms = match (s.started_at, s.finished_at) {
-        (Some(a), Some(b)) => (b - a).max(0) * 1000,
-        _ => 0,
-    };
-    json!({
-        "state": "completed",
-        "exit_code": if timed_out { crate::tools::TIMED_OUT_EXIT_CODE as i64 } else { s.exit_code.unwrap_or(-1) },
-        "stdout": String::from_utf8_lossy(out),
-        "stderr": String::from_utf8_lossy(err),
-        "stdout_truncated": s.stdout_truncated,
-        "stderr_truncated": s.stderr_truncated,
-        "timed_out": timed_out,
-        "duration_ms": duration_ms,
-    })
-}
-
-/// A task-augmented `tools/call` of run_command (2025-11-25): starts it under the supervisor and
-/// answers `CreateTaskResult` (`{"task": Task}`).
-pub fn create(app: &App, session: &Session, arguments: &Map<String, Value>) -> Result<Value, RpcError> {
-    let (handle, snapshot) = start(app, session, arguments)?;
-    session.record_task(&handle.encode());
-    Ok(json!({"task": task_json(&handle, &snapshot)}))
-}
-
-/// Starts run_command's command under the supervisor. Arguments are run_command's; `envs` is
-/// refused (the supervisor would not mask the values of the call's own secret-named variables).
-pub fn start(app: &App, session: &Session, arguments: &Map<String, Value>) -> Result<(Handle, Snapshot), RpcError> {
-    let Some(tool) = tools::find("run_command") else {
-        return Err(RpcError::new(code::INTERNAL_ERROR, "run_command is missing from the registry"));
-    };
-    let bad = |m: String| RpcError::new(code::INVALID_PARAMS, m);
-    let args = args::validate(tool.name, tool.params, arguments).map_err(|e| bad(e.0))?;
-    let request = tools::command_request(&args).map_err(|e| bad(e.message))?;
-    if !request.envs.is_empty() {
-        return Err(bad("envs is not supported when run_command runs as a task; export the variables in the command, or create the sandbox with them (its secrets are masked)".into()));
-    }
-    let sandbox_id = tools::resolve_sandbox(app, session, request.sandbox_id).map_err(|e| bad(e.message))?;
-    let task_id = ids::task_id();
-    let timeout = request.timeout.as_secs().max(1) as i64;
-    let launch = Launch { task_id: &task_id, timeout, cwd: request.cwd, command: request.command, page_limit: 1, wait: 0 };
-    let argv = supervisor::start_argv(app.provider.as_ref(), launch).map_err(|encoded| {
-        bad(format!(
-            "the start request would be {encoded} bytes once encoded, over the {} byte limit; shorten the command",
-            limits::MAX_SANDBOX_REQUEST_BYTES
-        ))
-    })?;
-    // The task outlives the session, like start_task's.
-    session.retain(&sandbox_id);
-    let handle = Handle { sandbox_id: sandbox_id.clone(), task_id: task_id.clone() };
-    let target = Target { provider: app.provider.as_ref(), sandbox_id: &sandbox_id };
-    let snapshot = match supervisor::start(&target, &task_id, argv) {
-        Ok(Started::Observed(s)) => s,
-        Ok(Started::Refused(msg)) => return Err(bad(msg)),
-        Err(err) if err.maybe_applied() => {
-            let msg = format!("the start could not be confirmed ({err}); tasks/get tells whether it runs");
-            Snapshot::unconfirmed(&task_id, timeout, msg)
-        }
-        Err(err) => return Err(RpcError::new(code::INTERNAL_ERROR, format!("the task could not be started: {err}"))),
-    };
-    Ok((handle, snapshot))
-}
-
-/// The task of a run_command result that says the command goes on as one (`state: "running"`,
-/// as a provider that runs long commands under the supervisor answers at `--task-after`), and
-/// what is known of it; `None` for any other result.
-pub fn running_task(result: &Value) -> Option<(Handle, Snapshot)> {
-    if result.get("isError") == Some(&Value::Bool(true)) {
-        return None;
-    }
-    let out = result.get("structuredContent")?;
-    if out.get("state")?.as_str()? != "running" {
-        return None;
-    }
-    let handle = Handle { sandbox_id: out.get("sandbox_id")?.as_str()?.to_string(), task_id: out.get("task_id")?.as_str()?.to_string() };
-    let ran = out.get("duration_ms").and_then(Value::as_i64).unwrap_or(0) / 1000;
-    let mut snapshot = Snapshot::unconfirmed(&handle.task_id, 0, String::new());
-    snapshot.state = TaskState::Running;
-    snapshot.error = None;
-    snapshot.timeout = None;
-    snapshot.started_at = Some(now_unix() - ran);
-    Some((handle, snapshot))
-}
-
-/// Whether a 2026-07-28 run_command with these arguments runs under the supervisor (and may be
-/// answered with a task): its timeout is longer than `--task-after` (a command that must end
-/// before the threshold never becomes a task, and pays nothing).
-pub fn offered(app: &App, arguments: &Map<String, Value>) -> bool {
-    let after = app.config.task_after;
-    let timeout = arguments.get("timeout").and_then(Value::as_i64).unwrap_or(limits::COMMAND_TIMEOUT_DEFAULT_S);
-    !after.is_zero() && Duration::from_secs(timeout.max(0) as u64) > after
 }
 
 /// The 2026-07-28 task fields (flat), without `resultType`.
@@ -424,15 +317,6 @@ pub fn update_2026(app: &App, handle: &Handle) -> Result<Value, RpcError> {
     Ok(json!({}))
 }
 
-/// Removes the directory of a task answered inline (best effort: it would count against the
-/// sandbox's task limit).
-pub fn forget(app: &App, handle: &Handle) {
-    let target = Target { provider: app.provider.as_ref(), sandbox_id: &handle.sandbox_id };
-    if let Err(err) = supervisor::delete(&target, &handle.task_id) {
-        log::debug!("could not delete the inline task {}: {err}", handle.encode());
-    }
-}
-
 /// How long `tasks/result` may wait for the end: the longest task timeout plus its grace.
 pub const RESULT_WAIT: Duration = Duration::from_secs(limits::TASK_TIMEOUT_MAX_S as u64 + 60);
 
@@ -454,7 +338,7 @@ mod tests {
     #[test]
     fn a_task_result_has_every_field_run_command_requires() {
         let schema = (tools::find("run_command").unwrap().output_schema)();
-        let result = command_result(&snap(TaskState::Succeeded, Some(0)), b"out", b"");
+        let result = CommandResult::of_task(&snap(TaskState::Succeeded, Some(0)), b"out", b"").to_value();
         for key in schema["required"].as_array().unwrap() {
             assert!(result.get(key.as_str().unwrap()).is_some(), "{key} is missing from {result}");
         }

@@ -162,6 +162,34 @@ pub enum ExecEnd {
     Promoted(ExecOutput),
 }
 
+/// How a provider keeps a run_command that may outlive `--task-after` (its one capability for
+/// long commands; see ARCHITECTURE.md, "Long run_command calls").
+pub enum LongCommands<'a> {
+    /// The command starts directly, as any other, and is handed over to the task supervisor if it
+    /// still runs at the threshold (local: the server holds the command's pipes).
+    Adopt(&'a dyn Adopter),
+    /// The provider cannot hand a running command over (E2B: envd holds its pipes): the command
+    /// starts under the task supervisor and the call waits for its end inside the sandbox
+    /// (`supervisor::run`) until the threshold.
+    SuperviseFromStart,
+}
+
+/// A provider that hands a running command over to the task supervisor
+/// ([`LongCommands::Adopt`]).
+pub trait Adopter {
+    /// Runs `promotion.command` as [`Provider::exec`] runs `req` (whose `argv` is ignored: the
+    /// provider wraps the command for its hand-over), except that a command still running at
+    /// `promotion.at` goes on as task `promotion.task_id` ([`ExecEnd::Promoted`]). When the
+    /// hand-over fails the command is waited for as if nothing had happened.
+    fn exec_or_promote(
+        &self,
+        sandbox_id: &str,
+        req: &ExecRequest,
+        touch: Touch,
+        promotion: &Promotion<'_>,
+    ) -> Result<ExecEnd, ProviderError>;
+}
+
 /// Type of a directory entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EntryKind {
@@ -305,31 +333,9 @@ pub trait Provider: Send + Sync {
     /// Runs one command to completion (or its deadline) and returns its capped output.
     fn exec(&self, sandbox_id: &str, req: &ExecRequest, touch: Touch) -> Result<ExecOutput, ProviderError>;
 
-    /// The directory of task `task_id`, as the sandbox's shell sees it, when this provider can
-    /// hand a running [`Provider::exec_or_promote`] over to the task supervisor; `None` otherwise.
-    fn promotion_dir(&self, _sandbox_id: &str, _task_id: &str) -> Option<String> {
-        None
-    }
-
-    /// [`Provider::exec`], except that a command still running at `promotion.at` may go on as
-    /// task `promotion.task_id` ([`ExecEnd::Promoted`]). Providers that cannot promote wait as
-    /// `exec` does.
-    fn exec_or_promote(
-        &self,
-        sandbox_id: &str,
-        req: &ExecRequest,
-        touch: Touch,
-        _promotion: &Promotion<'_>,
-    ) -> Result<ExecEnd, ProviderError> {
-        self.exec(sandbox_id, req, touch).map(ExecEnd::Done)
-    }
-
-    /// Whether a run_command that may outlive `--task-after` on this provider, which cannot hand
-    /// a running command over ([`Provider::promotion_dir`] is `None`), starts under the task
-    /// supervisor instead and waits for its end inside the sandbox (`supervisor::run`).
-    fn supervises_long_commands(&self) -> bool {
-        false
-    }
+    /// How this provider keeps a run_command that may outlive `--task-after` (asked by the tools
+    /// layer only; ARCHITECTURE.md, "Long run_command calls").
+    fn long_commands(&self) -> LongCommands<'_>;
 
     /// Reads a whole file of at most `max_bytes`.
     fn read_file(&self, sandbox_id: &str, path: &str, max_bytes: usize, deadline: Instant) -> Result<Vec<u8>, ProviderError>;

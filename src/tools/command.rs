@@ -1,12 +1,15 @@
-//! `run_command`: one shell command to completion, with capped and masked output.
+//! `run_command`: one shell command to completion, with capped and masked output; or, when it
+//! outlives `--task-after`, as a task ([`CommandOutcome`]: the one path for long commands).
 
 use super::args::{Args, Kind, Param};
-use super::{Ctx, Reply, Tool, ToolError, SANDBOX_ID};
+use super::tasks::{start_task, StartMode, TaskStart};
+use super::{Ctx, Reply, TaskHandle, Tool, ToolError, SANDBOX_ID};
 use crate::ids;
 use crate::limits;
-use crate::provider::local::TASK_TAG_VAR;
-use crate::provider::{Adoption, ExecEnd, ExecOutput, ExecRequest, Promotion, Touch};
-use crate::supervisor::{self, Launch, Started, Target, TaskState, Window};
+use crate::mask::Masker;
+use crate::provider::{unix_now, Adoption, ExecEnd, ExecOutput, ExecRequest, LongCommands, Promotion, Touch};
+use crate::supervisor::{self, Launch, Snapshot, Target, TaskState, Window};
+use serde::Serialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -68,7 +71,7 @@ continue with get_task (with wait) or stop it with cancel_task. For anything lon
     run,
 };
 
-/// The arguments of `run_command` (also read by a task-augmented call, `mcp::tasks::create`).
+/// The arguments of `run_command`.
 pub struct Request<'a> {
     /// The sandbox given, if any.
     pub sandbox_id: Option<&'a str>,
@@ -95,22 +98,190 @@ impl<'a> Request<'a> {
     }
 }
 
+/// What a run_command came to: the MCP layer maps it to its answer (a plain client gets
+/// [`CommandOutcome::answer`]; a 2026-07-28 client with the tasks extension a `CreateTaskResult`
+/// for `Running`).
+#[derive(Debug)]
+pub enum CommandOutcome {
+    /// The command ended (or timed out) while the call waited.
+    Completed(CommandResult),
+    /// The command goes on as a task.
+    Running(Box<RunningCommand>),
+}
+
+impl CommandOutcome {
+    /// run_command's structured result: `completed`, or `running` with the task's handle.
+    pub fn answer(&self) -> Value {
+        match self {
+            CommandOutcome::Completed(done) => done.to_value(),
+            CommandOutcome::Running(running) => running.answer(),
+        }
+    }
+}
+
+/// The output of a command, masked.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Output {
+    /// Standard output (at most 1 MiB).
+    pub stdout: String,
+    /// Standard error (at most 1 MiB).
+    pub stderr: String,
+    /// Whether stdout went over the cap.
+    pub stdout_truncated: bool,
+    /// Whether stderr went over the cap.
+    pub stderr_truncated: bool,
+}
+
+/// run_command's result for a command that ended: the one builder of that shape (a plain call,
+/// the end observed inside the sandbox, and a protocol task's result).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CommandResult {
+    /// Always `completed`.
+    pub state: &'static str,
+    /// The exit status; 124 when the timeout killed it.
+    pub exit_code: i64,
+    /// What it printed.
+    #[serde(flatten)]
+    pub output: Output,
+    /// Whether the timeout killed it.
+    pub timed_out: bool,
+    /// Wall time, in milliseconds.
+    pub duration_ms: u64,
+}
+
+impl CommandResult {
+    /// The result of an execution that ended, its output masked with `masker`.
+    pub fn of_exec(out: &ExecOutput, masker: &Masker) -> CommandResult {
+        let text = |bytes: &[u8]| String::from_utf8_lossy(&masker.mask_bytes(bytes)).into_owned();
+        CommandResult {
+            state: "completed",
+            exit_code: i64::from(if out.timed_out { TIMED_OUT_EXIT_CODE } else { out.exit_code }),
+            output: Output {
+                stdout: text(&out.stdout),
+                stderr: text(&out.stderr),
+                stdout_truncated: out.stdout_truncated,
+                stderr_truncated: out.stderr_truncated,
+            },
+            timed_out: out.timed_out,
+            duration_ms: out.duration.as_millis() as u64,
+        }
+    }
+
+    /// The result of a task that ended (`s`), with its whole logs `stdout` and `stderr` (masked
+    /// inside the sandbox); its duration from the task's own start and end.
+    pub fn of_task(s: &Snapshot, stdout: &[u8], stderr: &[u8]) -> CommandResult {
+        let timed_out = s.state == TaskState::TimedOut;
+        let duration_ms = match (s.started_at, s.finished_at) {
+            (Some(a), Some(b)) => (b - a).max(0) as u64 * 1000,
+            _ => 0,
+        };
+        CommandResult {
+            state: "completed",
+            exit_code: if timed_out { i64::from(TIMED_OUT_EXIT_CODE) } else { s.exit_code.unwrap_or(-1) },
+            output: Output {
+                stdout: String::from_utf8_lossy(stdout).into_owned(),
+                stderr: String::from_utf8_lossy(stderr).into_owned(),
+                stdout_truncated: s.stdout_truncated,
+                stderr_truncated: s.stderr_truncated,
+            },
+            timed_out,
+            duration_ms,
+        }
+    }
+
+    /// As run_command's structured result.
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).unwrap_or_else(|e| json!({"state": "completed", "error": format!("internal error: {e}")}))
+    }
+}
+
+/// A run_command that goes on as a task.
+#[derive(Debug, Clone)]
+pub struct RunningCommand {
+    /// Its task.
+    pub task: TaskHandle,
+    /// Its output so far, masked (none for a task asked for at once).
+    pub output: Output,
+    /// How long it has run.
+    pub duration: Duration,
+    /// The task as last observed, without its logs (`output` holds them). Its state is
+    /// `running`, except for a task asked for at once ([`start_as_task`]), which may already be
+    /// over, or unknown when its start could not be confirmed.
+    pub task_state: Snapshot,
+}
+
+/// run_command's result for a command that goes on as a task: the one builder of that shape.
+#[derive(Debug, Serialize)]
+struct RunningAnswer<'a> {
+    state: &'static str,
+    exit_code: Option<i64>,
+    #[serde(flatten)]
+    output: &'a Output,
+    timed_out: bool,
+    duration_ms: u64,
+    task_id: &'a str,
+    sandbox_id: &'a str,
+    message: String,
+}
+
+impl RunningCommand {
+    /// The plain `running` answer: the output so far, the task's handle and what to do next.
+    pub fn answer(&self) -> Value {
+        let TaskHandle { sandbox_id, task_id } = &self.task;
+        let message = format!(
+            "The command is still running, now as background task {task_id} in sandbox {sandbox_id}. Call get_task with this task_id \
+and sandbox_id (wait: up to 60 seconds per call) for its further output and its exit code, or cancel_task to stop it."
+        );
+        let answer = RunningAnswer {
+            state: "running",
+            exit_code: None,
+            output: &self.output,
+            timed_out: false,
+            duration_ms: self.duration.as_millis() as u64,
+            task_id,
+            sandbox_id,
+            message,
+        };
+        serde_json::to_value(answer).unwrap_or_else(|e| json!({"state": "running", "error": format!("internal error: {e}")}))
+    }
+
+    /// A command whose output so far (`stdout`, `stderr`, masked with `masker`) and state were
+    /// observed in `s`.
+    fn observed(sandbox_id: &str, mut s: Snapshot, duration: Duration, masker: &Masker) -> RunningCommand {
+        let text = |bytes: &[u8]| String::from_utf8_lossy(&masker.mask_bytes(bytes)).into_owned();
+        let output = Output {
+            stdout: text(&s.stdout),
+            stderr: text(&s.stderr),
+            stdout_truncated: s.stdout_truncated,
+            stderr_truncated: s.stderr_truncated,
+        };
+        s.stdout = Vec::new();
+        s.stderr = Vec::new();
+        RunningCommand {
+            task: TaskHandle { sandbox_id: sandbox_id.to_string(), task_id: s.task_id.clone() },
+            output,
+            duration,
+            task_state: s,
+        }
+    }
+}
+
 fn run(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
+    run_command(ctx, args).map(|outcome| Reply::Now(outcome.answer()))
+}
+
+/// Runs run_command: to its end, or, when it may outlive `--task-after`, as the provider keeps
+/// long commands ([`Provider::long_commands`]; ARCHITECTURE.md, "Long run_command calls") until it
+/// goes on as a task at that threshold.
+pub fn run_command(ctx: &Ctx<'_>, args: &Args) -> Result<CommandOutcome, ToolError> {
     let Request { sandbox_id, command, cwd, envs, timeout } = Request::read(args)?;
     let id = super::target_sandbox(ctx, sandbox_id)?;
     let provider = &ctx.app.provider;
     let masker = provider.env_masker(&id, &envs)?;
     let started = Instant::now();
     let after = ctx.app.config.task_after;
-    let text = |bytes: &[u8]| String::from_utf8_lossy(&masker.mask_bytes(bytes)).into_owned();
-    // A command that may outlive --task-after is made adoptable from its start (the task tag, and
-    // an EXIT trap that records its exit code once its task directory exists) or, where the
-    // provider cannot hand a running command over, started under the supervisor; see
-    // ARCHITECTURE.md, "Long run_command calls".
     let may_outlive = !after.is_zero() && timeout > after;
-    let task_id = ids::task_id();
-    let dir = if may_outlive { provider.promotion_dir(&id, &task_id) } else { None };
-    let mut req = ExecRequest {
+    let req = ExecRequest {
         argv: provider.shell(command),
         envs,
         cwd: cwd.map(str::to_string),
@@ -118,30 +289,42 @@ fn run(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
         deadline: started + timeout,
         cancel: Some(ctx.cancel.clone()),
     };
-    let out = match dir {
-        Some(dir) => {
-            req.argv = provider.shell(&adoptable(command, &dir));
-            req.envs.insert(TASK_TAG_VAR.to_string(), task_id.clone());
-            let adopter = |adoption: &Adoption<'_>| supervisor::Call::Adopt(*adoption).argv(provider.as_ref());
+    let out = match provider.long_commands() {
+        // A command that must end before the threshold never becomes a task, and pays nothing.
+        _ if !may_outlive => provider.exec(&id, &req, Touch::Renew)?,
+        LongCommands::Adopt(adopter) => {
+            let task_id = ids::task_id();
+            let adopt = |adoption: &Adoption<'_>| supervisor::Call::Adopt(*adoption).argv(provider.as_ref());
             let promotion = Promotion {
                 at: started + after,
                 task_id: &task_id,
                 command,
                 timeout,
                 masker: &masker,
-                adopter: &adopter,
+                adopter: &adopt,
                 kill_grace: supervisor::snippet::TIMEOUT_KILL_GRACE,
             };
-            match provider.exec_or_promote(&id, &req, Touch::Renew, &promotion)? {
+            match adopter.exec_or_promote(&id, &req, Touch::Renew, &promotion)? {
                 ExecEnd::Done(out) => out,
                 ExecEnd::Promoted(out) => {
                     // The task outlives the session, like start_task's.
                     ctx.session.retain(&id);
-                    return Ok(Reply::Now(running(&task_id, &id, &out, text)));
+                    let so_far = Snapshot {
+                        state: TaskState::Running,
+                        error: None,
+                        started_at: Some(unix_now() - out.duration.as_secs() as i64),
+                        stdout: out.stdout,
+                        stderr: out.stderr,
+                        stdout_truncated: out.stdout_truncated,
+                        stderr_truncated: out.stderr_truncated,
+                        ..Snapshot::unconfirmed(&task_id, timeout.as_secs().max(1) as i64, String::new())
+                    };
+                    return Ok(CommandOutcome::Running(Box::new(RunningCommand::observed(&id, so_far, out.duration, &masker))));
                 }
             }
         }
-        None if may_outlive && provider.supervises_long_commands() => {
+        LongCommands::SuperviseFromStart => {
+            let task_id = ids::task_id();
             let launch = Launch {
                 task_id: &task_id,
                 timeout: timeout.as_secs() as i64,
@@ -152,11 +335,12 @@ fn run(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
             };
             match supervised(ctx, &id, launch, &req.envs, started)? {
                 Supervised::Ended(out) => out,
-                Supervised::Running(out) => return Ok(Reply::Now(running(&task_id, &id, &out, text))),
+                Supervised::Running(snap) => {
+                    return Ok(CommandOutcome::Running(Box::new(RunningCommand::observed(&id, snap, started.elapsed(), &masker))))
+                }
                 Supervised::Refused => provider.exec(&id, &req, Touch::Renew)?,
             }
         }
-        None => provider.exec(&id, &req, Touch::Renew)?,
     };
     if ctx.cancel.load(Ordering::Relaxed) {
         if ctx.app.is_draining() {
@@ -164,45 +348,54 @@ fn run(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
         }
         return Err(ToolError::new("the request was cancelled; the command was stopped"));
     }
-    Ok(Reply::Now(json!({
-        "state": "completed",
-        "exit_code": if out.timed_out { TIMED_OUT_EXIT_CODE } else { out.exit_code },
-        "stdout": text(&out.stdout),
-        "stderr": text(&out.stderr),
-        "stdout_truncated": out.stdout_truncated,
-        "stderr_truncated": out.stderr_truncated,
-        "timed_out": out.timed_out,
-        "duration_ms": out.duration.as_millis() as u64,
-    })))
+    Ok(CommandOutcome::Completed(CommandResult::of_exec(&out, &masker)))
 }
 
-/// The answer of a run_command that goes on as task `task_id`, with the output so far.
-fn running(task_id: &str, sandbox_id: &str, out: &ExecOutput, text: impl Fn(&[u8]) -> String) -> Value {
-    let message = format!(
-        "The command is still running, now as background task {task_id} in sandbox {sandbox_id}. Call get_task with this task_id \
-and sandbox_id (wait: up to 60 seconds per call) for its further output and its exit code, or cancel_task to stop it."
-    );
-    json!({
-        "state": "running",
-        "exit_code": Value::Null,
-        "stdout": text(&out.stdout),
-        "stderr": text(&out.stderr),
-        "stdout_truncated": out.stdout_truncated,
-        "stderr_truncated": out.stderr_truncated,
-        "timed_out": false,
-        "duration_ms": out.duration.as_millis() as u64,
-        "task_id": task_id,
-        "sandbox_id": sandbox_id,
-        "message": message,
-    })
+/// Why a run_command asked for as a task at once did not start.
+#[derive(Debug)]
+pub enum TaskStartError {
+    /// Nothing was started: the arguments, the sandbox or the start request were refused.
+    Refused(ToolError),
+    /// The provider failed before the task could start.
+    Failed(ToolError),
+}
+
+/// Starts run_command's command as a task at once (a 2025-11-25 task-augmented call) with the
+/// one task start, and returns it as it was when the start answered (it may already be over).
+/// `envs` is refused: a task's logs would not mask the values of the call's own secret-named
+/// variables.
+pub fn start_as_task(ctx: &Ctx<'_>, args: &Args) -> Result<RunningCommand, TaskStartError> {
+    let Request { sandbox_id, command, cwd, envs, timeout } = Request::read(args).map_err(TaskStartError::Refused)?;
+    if !envs.is_empty() {
+        return Err(TaskStartError::Refused(ToolError::new(
+            "envs is not supported when run_command runs as a task; export the variables in the command, or create the sandbox with them (its secrets are masked)",
+        )));
+    }
+    let sandbox_id = super::target_sandbox(ctx, sandbox_id).map_err(TaskStartError::Refused)?;
+    let task_id = ids::task_id();
+    let timeout = timeout.as_secs().max(1) as i64;
+    let launch = Launch { task_id: &task_id, timeout, cwd, command, page_limit: 1, wait: 0 };
+    let started = Instant::now();
+    let snapshot = match start_task(ctx, &sandbox_id, launch, StartMode::AtOnce) {
+        Ok(TaskStart::Observed(s)) => s,
+        Ok(TaskStart::Refused(msg)) => return Err(TaskStartError::Refused(ToolError::new(msg))),
+        Ok(TaskStart::Unconfirmed(err)) => {
+            Snapshot::unconfirmed(&task_id, timeout, format!("the start could not be confirmed ({err}); tasks/get tells whether it runs"))
+        }
+        Err(err) => return Err(TaskStartError::Failed(err.into())),
+    };
+    let mut running = RunningCommand::observed(&sandbox_id, snapshot, started.elapsed(), &Masker::default());
+    // The start reads one byte of each log: nothing worth calling output.
+    running.output = Output::default();
+    Ok(running)
 }
 
 /// How a command started under the supervisor came back.
 enum Supervised {
     /// It ended within `--task-after` (its task directory is gone): the output as run_command's.
     Ended(ExecOutput),
-    /// It goes on as its task: the output so far.
-    Running(ExecOutput),
+    /// It goes on as its task: the task with the output so far.
+    Running(Snapshot),
     /// Nothing was started (the request would be too large, the sandbox refused the start):
     /// run it the plain way.
     Refused,
@@ -221,27 +414,22 @@ fn supervised(
 ) -> Result<Supervised, ToolError> {
     let provider = ctx.app.provider.as_ref();
     let task_id = launch.task_id;
-    let Ok(argv) = supervisor::start_argv(provider, launch) else {
-        // Too large for one start request: run it the plain way.
-        return Ok(Supervised::Refused);
-    };
-    let target = Target { provider, sandbox_id: id };
-    let snap = match supervisor::run(&target, task_id, argv, envs, Duration::from_secs(launch.wait)) {
-        Ok(Started::Observed(snap)) => snap,
-        Ok(Started::Refused(_)) => return Ok(Supervised::Refused),
-        Err(err) if err.maybe_applied() => {
+    let snap = match start_task(ctx, id, launch, StartMode::WaitInside(envs))? {
+        TaskStart::Observed(snap) => snap,
+        TaskStart::Refused(_) => return Ok(Supervised::Refused),
+        TaskStart::Unconfirmed(err) => {
             ctx.session.retain(id);
             return Err(ToolError::new(format!(
                 "the command was started as background task {task_id} in sandbox {id}, but its answer was lost ({err}); \
 get_task with this task_id and sandbox_id tells its state and output"
             )));
         }
-        Err(err) => return Err(err.into()),
     };
+    let target = Target { provider, sandbox_id: id };
     let out = ExecOutput {
         exit_code: snap.exit_code.unwrap_or(-1).clamp(i32::MIN as i64, i32::MAX as i64) as i32,
-        stdout: snap.stdout,
-        stderr: snap.stderr,
+        stdout: snap.stdout.clone(),
+        stderr: snap.stderr.clone(),
         stdout_truncated: snap.stdout_truncated,
         stderr_truncated: snap.stderr_truncated,
         timed_out: snap.state == TaskState::TimedOut,
@@ -259,7 +447,7 @@ get_task with this task_id and sandbox_id tells its state and output"
             // The task outlives the session, like start_task's (also when the server is
             // shutting down: the caller then gets its handle).
             ctx.session.retain(id);
-            Ok(Supervised::Running(out))
+            Ok(Supervised::Running(snap))
         }
         TaskState::Succeeded | TaskState::TimedOut => Ok(Supervised::Ended(out)),
         TaskState::Failed if snap.exit_code.is_some() => Ok(Supervised::Ended(out)),
@@ -276,20 +464,6 @@ this task_id and sandbox_id reads its logs"
     }
 }
 
-/// `command` preceded by an `EXIT` trap that writes its exit status into `dir/exit_code` once
-/// `dir` exists (it does once the command became a task), with builtins only: a quick command pays
-/// nothing for it. A command that sets its own `EXIT` trap replaces this one.
-fn adoptable(command: &str, dir: &str) -> String {
-    let dir = sh_quote(dir);
-    let trap = format!("_rc=$?; [ -d {dir} ] && echo \"$_rc\" >{dir}/exit_code; exit \"$_rc\"");
-    format!("trap {} EXIT; {command}", sh_quote(&trap))
-}
-
-/// `s` as one single-quoted shell word.
-fn sh_quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "'\\''"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -301,23 +475,5 @@ mod tests {
             let req = Request::read(&args).unwrap();
             assert_eq!(req.command, "a");
         }
-    }
-
-    #[test]
-    fn the_exit_trap_records_the_status_only_once_the_directory_exists() {
-        let tmp = std::env::temp_dir().join(format!("sandbox-mcp-trap-{}", std::process::id()));
-        let dir = tmp.join("it's here");
-        let run = |cmd: &str| {
-            let script = adoptable(cmd, dir.to_str().unwrap());
-            std::process::Command::new("/bin/sh").args(["-c", &script]).status().unwrap().code()
-        };
-        assert_eq!(run("exit 7"), Some(7));
-        assert!(!dir.exists());
-        std::fs::create_dir_all(&dir).unwrap();
-        assert_eq!(run("false"), Some(1));
-        assert_eq!(std::fs::read_to_string(dir.join("exit_code")).unwrap(), "1\n");
-        assert_eq!(run("(exit 7)"), Some(7));
-        assert_eq!(std::fs::read_to_string(dir.join("exit_code")).unwrap(), "7\n");
-        std::fs::remove_dir_all(&tmp).unwrap();
     }
 }

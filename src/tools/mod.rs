@@ -21,11 +21,38 @@ mod sandbox;
 mod tasks;
 
 use args::{Args, Param};
-pub use command::{Request as CommandRequest, TIMED_OUT_EXIT_CODE};
+pub use command::{CommandOutcome, CommandResult, Output, RunningCommand, TaskStartError, TIMED_OUT_EXIT_CODE};
 
-/// Reads run_command's validated arguments (for a task-augmented call).
-pub fn command_request(args: &Args) -> Result<CommandRequest<'_>, ToolError> {
-    CommandRequest::read(args)
+/// A task's handle: which sandbox, which supervisor task (spelled `<task_id>.<sandbox_id>` as a
+/// protocol task's `taskId`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskHandle {
+    /// The sandbox.
+    pub sandbox_id: String,
+    /// The supervisor's task id (32 lowercase hex characters).
+    pub task_id: String,
+}
+
+impl TaskHandle {
+    /// The `taskId` of a protocol task.
+    pub fn encode(&self) -> String {
+        format!("{}.{}", self.task_id, self.sandbox_id)
+    }
+}
+
+/// run_command with arguments not yet validated, for a caller that maps its outcome itself (the
+/// MCP layer's protocol tasks): to its end, or until it goes on as a task at `--task-after`.
+pub fn run_command(ctx: &Ctx<'_>, arguments: &Map<String, Value>) -> Result<CommandOutcome, ToolError> {
+    let args = args::validate(command::RUN.name, command::RUN.params, arguments).map_err(|e| ToolError::new(e.0))?;
+    command::run_command(ctx, &args)
+}
+
+/// run_command started as a task at once (a 2025-11-25 task-augmented call), arguments not yet
+/// validated.
+pub fn start_command_task(ctx: &Ctx<'_>, arguments: &Map<String, Value>) -> Result<RunningCommand, TaskStartError> {
+    let args =
+        args::validate(command::RUN.name, command::RUN.params, arguments).map_err(|e| TaskStartError::Refused(ToolError::new(e.0)))?;
+    command::start_as_task(ctx, &args)
 }
 
 /// What a tool knows of the session that calls it: its default sandbox and the sandboxes that

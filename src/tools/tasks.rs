@@ -4,9 +4,11 @@
 
 use super::args::{Args, Kind, Param};
 use super::{Ctx, Pending, Reply, Tool, ToolError, SANDBOX_ID, SANDBOX_ID_REQUIRED};
+use crate::provider::ProviderError;
 use crate::supervisor::{self, Deleted, Launch, Snapshot, Started, Target, TaskState, Window};
 use crate::{ids, limits};
 use serde_json::{json, Value};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 const TASK_ID: Param = Param {
@@ -237,31 +239,80 @@ fn no_such_task(sandbox_id: &str, task_id: &str) -> ToolError {
 fn start(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
     let StartRequest { sandbox_id, command, cwd, timeout } = StartRequest::read(args)?;
     let sandbox_id = super::target_sandbox(ctx, sandbox_id)?;
-    let provider = ctx.app.provider.as_ref();
     let task_id = ids::task_id();
     let launch = Launch { task_id: &task_id, timeout, cwd, command, page_limit: limits::READ_LIMIT_DEFAULT as u64, wait: 0 };
-    let argv = supervisor::start_argv(provider, launch).map_err(|encoded| {
-        ToolError::new(format!(
-            "the start request would be {encoded} bytes once encoded, over the {} byte limit (multi-byte characters and quotes count more than once); \
-shorten the command, or write a script with write_file and start that",
-            limits::MAX_SANDBOX_REQUEST_BYTES
-        ))
-    })?;
-    // Retain first: if this session ends while the start is in flight, the sandbox must survive.
-    // It stays retained even if this start fails: another start_task may be running in it
-    // concurrently (putting it back into the destroy set would kill that task with the session).
-    ctx.session.retain(&sandbox_id);
-    let target = Target { provider, sandbox_id: &sandbox_id };
-    match supervisor::start(&target, &task_id, argv) {
-        Ok(Started::Observed(snapshot)) => Ok(Reply::Now(render(&sandbox_id, &snapshot))),
-        Ok(Started::Refused(msg)) => Err(ToolError::new(msg)),
-        Err(err) if err.maybe_applied() => {
+    // Retained before the start: if this session ends while the start is in flight, the sandbox
+    // must survive. It stays retained even if this start fails: another start_task may be running
+    // in it concurrently (putting it back into the destroy set would kill that task with the
+    // session).
+    match start_task(ctx, &sandbox_id, launch, StartMode::AtOnce)? {
+        TaskStart::Observed(snapshot) => Ok(Reply::Now(render(&sandbox_id, &snapshot))),
+        TaskStart::Refused(msg) => Err(ToolError::new(msg)),
+        TaskStart::Unconfirmed(err) => {
             // Never resubmit: the command may be running. The handle is still the way to find out.
             let msg =
                 format!("the start could not be confirmed ({err}); query this handle with get_task, or kill_sandbox to stop everything");
             Ok(Reply::Now(render(&sandbox_id, &Snapshot::unconfirmed(&task_id, timeout, msg))))
         }
-        Err(err) => Err(err.into()),
+    }
+}
+
+/// How [`start_task`] starts a task.
+#[derive(Debug, Clone, Copy)]
+pub enum StartMode<'a> {
+    /// It answers once the task runs (`supervisor::start`); the sandbox is retained past the
+    /// session once the request is known to fit, before it is sent (start_task, a run_command
+    /// asked as a task at once).
+    AtOnce,
+    /// It waits inside the sandbox for the task's end, at most `launch.wait` seconds
+    /// (`supervisor::run`), and answers with the whole logs; the command's own variables are in
+    /// the supervisor's environment (whose masker then masks their secret-named values). The
+    /// caller retains the sandbox only once the task goes on (a run_command on a provider that
+    /// supervises long commands from their start: its quick commands leave nothing behind).
+    WaitInside(&'a BTreeMap<String, String>),
+}
+
+/// How a task start went.
+#[derive(Debug)]
+pub enum TaskStart {
+    /// The supervisor answered (the task may already be over).
+    Observed(Snapshot),
+    /// Nothing was started (the request would be too large, or the sandbox refused it): why.
+    Refused(String),
+    /// The start was sent but its answer was lost: the task may be running. Never resubmit.
+    Unconfirmed(ProviderError),
+}
+
+/// The one task start (start_task, a run_command asked as a task, a run_command that waits inside
+/// the sandbox): `launch` in sandbox `sandbox_id` as `mode` says. `Err` when the request failed
+/// before it could take effect.
+pub fn start_task(ctx: &Ctx<'_>, sandbox_id: &str, launch: Launch<'_>, mode: StartMode<'_>) -> Result<TaskStart, ProviderError> {
+    let provider = ctx.app.provider.as_ref();
+    let task_id = launch.task_id;
+    let wait = Duration::from_secs(launch.wait);
+    let argv = match supervisor::start_argv(provider, launch) {
+        Ok(argv) => argv,
+        Err(encoded) => {
+            return Ok(TaskStart::Refused(format!(
+                "the start request would be {encoded} bytes once encoded, over the {} byte limit (multi-byte characters and quotes count more than once); \
+shorten the command, or write a script with write_file and start that",
+                limits::MAX_SANDBOX_REQUEST_BYTES
+            )))
+        }
+    };
+    let target = Target { provider, sandbox_id };
+    let started = match mode {
+        StartMode::AtOnce => {
+            ctx.session.retain(sandbox_id);
+            supervisor::start(&target, task_id, argv)
+        }
+        StartMode::WaitInside(envs) => supervisor::run(&target, task_id, argv, envs, wait),
+    };
+    match started {
+        Ok(Started::Observed(snapshot)) => Ok(TaskStart::Observed(snapshot)),
+        Ok(Started::Refused(msg)) => Ok(TaskStart::Refused(msg)),
+        Err(err) if err.maybe_applied() => Ok(TaskStart::Unconfirmed(err)),
+        Err(err) => Err(err),
     }
 }
 

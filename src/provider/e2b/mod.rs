@@ -17,7 +17,7 @@ pub mod wire;
 
 use crate::config::E2bConfig;
 use crate::mask::Masker;
-use crate::provider::{CreateRequest, DirEntry, ExecOutput, ExecRequest, Provider, ProviderError, SandboxInfo, Touch};
+use crate::provider::{CreateRequest, DirEntry, ExecOutput, ExecRequest, LongCommands, Provider, ProviderError, SandboxInfo, Touch};
 use control::ControlPlane;
 use envd::Envd;
 use std::collections::BTreeMap;
@@ -127,9 +127,9 @@ impl Provider for E2bProvider {
         self.envd.exec(&self.control, sandbox_id, &known, req, started)
     }
 
-    fn supervises_long_commands(&self) -> bool {
+    fn long_commands(&self) -> LongCommands<'_> {
         // envd owns a command's pipes: a command that may become a task starts as one.
-        true
+        LongCommands::SuperviseFromStart
     }
 
     fn read_file(&self, sandbox_id: &str, path: &str, max_bytes: usize, deadline: Instant) -> Result<Vec<u8>, ProviderError> {

@@ -2,12 +2,12 @@
 //! supervisor (its output so far staged, its pipes passed on), and the server records its exit
 //! code when it reaps it.
 
-use super::isolation::spawner;
+use super::isolation::{rootfs, spawner, Isolation};
 use super::launch::Launch;
 use super::{LocalProvider, TASK_TAG_VAR};
 use crate::limits;
 use crate::provider::process;
-use crate::provider::{unix_now, Adoption, ExecRequest, Promotion, Touch};
+use crate::provider::{unix_now, Adopter, Adoption, ExecEnd, ExecRequest, Promotion, Provider, ProviderError, Touch};
 use std::fs;
 use std::io::Write;
 use std::os::fd::AsFd;
@@ -21,7 +21,40 @@ pub(super) const TASKS_DIR: &str = ".sandbox-mcp/tasks";
 /// How long the adopt snippet may take to answer.
 pub(super) const ADOPT_BUDGET: Duration = Duration::from_secs(10);
 
+impl Adopter for LocalProvider {
+    fn exec_or_promote(
+        &self,
+        sandbox_id: &str,
+        req: &ExecRequest,
+        touch: Touch,
+        promotion: &Promotion<'_>,
+    ) -> Result<ExecEnd, ProviderError> {
+        let mut req = req.clone();
+        let Some(dir) = self.task_dir(sandbox_id, promotion.task_id) else {
+            // Not a live sandbox: run the command the plain way, which says why.
+            req.argv = self.shell(promotion.command);
+            return self.run_exec(sandbox_id, &req, touch, None);
+        };
+        // Adoptable from its start: the task tag, and an EXIT trap that records its exit code once
+        // its task directory exists.
+        req.argv = self.shell(&adoptable(promotion.command, &dir));
+        req.envs.insert(TASK_TAG_VAR.to_string(), promotion.task_id.to_string());
+        self.run_exec(sandbox_id, &req, touch, Some(promotion))
+    }
+}
+
 impl LocalProvider {
+    /// The directory of task `task_id` as the sandbox's shell sees it; `None` when the sandbox's
+    /// metadata cannot be read.
+    fn task_dir(&self, sandbox_id: &str, task_id: &str) -> Option<String> {
+        let meta = self.load(sandbox_id).ok()?;
+        let home = match meta.isolation {
+            Isolation::Namespaces => rootfs::HOME.to_string(),
+            Isolation::None => self.home(sandbox_id).to_str()?.to_string(),
+        };
+        Some(format!("{home}/{TASKS_DIR}/{task_id}"))
+    }
+
     /// Hands a running command over to the supervisor's adopt mode: stages the output captured so
     /// far (masked, capped), runs `start.sh adopt` with the pipes' read ends as its stdin and
     /// stderr, and reads its answer. Returns what to do once the server reaps the command: write
@@ -155,5 +188,42 @@ impl LocalProvider {
                 }
             }
         }))
+    }
+}
+
+/// `command` preceded by an `EXIT` trap that writes its exit status into `dir/exit_code` once
+/// `dir` exists (it does once the command became a task), with builtins only: a quick command pays
+/// nothing for it. A command that sets its own `EXIT` trap replaces this one.
+fn adoptable(command: &str, dir: &str) -> String {
+    let dir = sh_quote(dir);
+    let trap = format!("_rc=$?; [ -d {dir} ] && echo \"$_rc\" >{dir}/exit_code; exit \"$_rc\"");
+    format!("trap {} EXIT; {command}", sh_quote(&trap))
+}
+
+/// `s` as one single-quoted shell word.
+fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_exit_trap_records_the_status_only_once_the_directory_exists() {
+        let tmp = std::env::temp_dir().join(format!("sandbox-mcp-trap-{}", std::process::id()));
+        let dir = tmp.join("it's here");
+        let run = |cmd: &str| {
+            let script = adoptable(cmd, dir.to_str().unwrap());
+            std::process::Command::new("/bin/sh").args(["-c", &script]).status().unwrap().code()
+        };
+        assert_eq!(run("exit 7"), Some(7));
+        assert!(!dir.exists());
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_eq!(run("false"), Some(1));
+        assert_eq!(std::fs::read_to_string(dir.join("exit_code")).unwrap(), "1\n");
+        assert_eq!(run("(exit 7)"), Some(7));
+        assert_eq!(std::fs::read_to_string(dir.join("exit_code")).unwrap(), "7\n");
+        std::fs::remove_dir_all(&tmp).unwrap();
     }
 }

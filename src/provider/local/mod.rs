@@ -39,9 +39,8 @@ use crate::ids;
 use crate::mask::Masker;
 use crate::provider::process::{self, Running};
 use crate::provider::{
-    unix_now, CreateRequest, DirEntry, ExecEnd, ExecOutput, ExecRequest, Limits, Promotion, Provider, ProviderError, SandboxInfo, Touch,
+    unix_now, CreateRequest, DirEntry, ExecEnd, ExecOutput, ExecRequest, Limits, LongCommands, Provider, ProviderError, SandboxInfo, Touch,
 };
-use handover::TASKS_DIR;
 use isolation::enter::Init;
 use isolation::files::{self as sandbox_files, SandboxFs};
 use isolation::{cgroup, rootfs, Isolation, Tools};
@@ -469,23 +468,9 @@ impl Provider for LocalProvider {
         }
     }
 
-    fn promotion_dir(&self, sandbox_id: &str, task_id: &str) -> Option<String> {
-        let meta = self.load(sandbox_id).ok()?;
-        let home = match meta.isolation {
-            Isolation::Namespaces => rootfs::HOME.to_string(),
-            Isolation::None => self.home(sandbox_id).to_str()?.to_string(),
-        };
-        Some(format!("{home}/{TASKS_DIR}/{task_id}"))
-    }
-
-    fn exec_or_promote(
-        &self,
-        sandbox_id: &str,
-        req: &ExecRequest,
-        touch: Touch,
-        promotion: &Promotion<'_>,
-    ) -> Result<ExecEnd, ProviderError> {
-        self.run_exec(sandbox_id, req, touch, Some(promotion))
+    fn long_commands(&self) -> LongCommands<'_> {
+        // The server holds a command's pipes: a long command is handed over while it runs.
+        LongCommands::Adopt(self)
     }
 
     fn read_file(&self, sandbox_id: &str, path: &str, max_bytes: usize, _deadline: Instant) -> Result<Vec<u8>, ProviderError> {

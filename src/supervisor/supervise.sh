@@ -436,6 +436,26 @@ kill_pumps() {
     for _q in $_ks; do kill -s KILL "$_q" 2>/dev/null; done
 }
 
+# let_go: closes the supervisor's ends of the pipes (fds 7 and 8), once the pumps hold theirs (a
+# pump that opened its FIFO after that would wait for a writer forever), after the masker's final
+# newline when masking. (A pump killed from outside must not take the supervisor with it: no
+# SIGPIPE for that newline; the task, started earlier, keeps the default.)
+let_go() {
+    _g=0
+    until pumps_open; do
+        _g=$((_g + 1))
+        [ "$_g" -ge 1000 ] && break
+        [ "$_g" -ge 200 ] && sleep 0.005
+    done
+    if [ -n "$MASK" ] && [ -z "$ADOPT" ]; then
+        trap '' PIPE
+        printf '\n' >&7
+        printf '\n' >&8
+        trap - PIPE
+    fi
+    exec 7>&- 8>&-
+}
+
 # pumps_done: both pump subshells have exited (zombies until reaped: they are our children).
 pumps_done() {
     ! alive "$P1" "$P1S" && ! alive "$P2" "$P2S"
@@ -446,6 +466,12 @@ pumps_done() {
 finish() {
     # (The marker file `done` is quoted where shellcheck would take it for the keyword.)
     : >'done'
+    # Without a masker's newline to write, the supervisor's ends of the pipes go at once (once
+    # the pumps hold theirs, see below): the pumps then end as soon as the last writer has gone,
+    # beside the scans that follow instead of after them.
+    if [ -z "$MASK" ] || [ -n "$ADOPT" ]; then
+        let_go
+    fi
     # Leftover members of the task's group, also after a normal exit. Signal 0 to the group is a
     # one-syscall test; only when it finds someone does the /proc scan tell zombies from the living.
     if sig_group 0 "$TPID" && group_tagged "$TPID" "$ID"; then
@@ -459,24 +485,10 @@ finish() {
         done
     fi
     kill_escaped
-    # The supervisor's ends of the FIFOs go last, once the pumps hold theirs (a pump that opened
-    # its FIFO after that would wait for a writer forever).
-    _g=0
-    until pumps_open; do
-        _g=$((_g + 1))
-        [ "$_g" -ge 1000 ] && break
-        [ "$_g" -ge 200 ] && sleep 0.005
-    done
-    # The masker's final newline (see pump), then the supervisor's own ends of the FIFOs.
-    # (A pump killed from outside must not take the supervisor with it: no SIGPIPE here; the
-    # task, started earlier, keeps the default.)
+    # The masker's final newline goes after the task's and its escapees' last bytes (see pump).
     if [ -n "$MASK" ] && [ -z "$ADOPT" ]; then
-        trap '' PIPE
-        printf '\n' >&7
-        printf '\n' >&8
-        trap - PIPE
+        let_go
     fi
-    exec 7>&- 8>&-
     # The pumps usually end within a millisecond of the task: look without a process first,
     # then poll.
     _g=0

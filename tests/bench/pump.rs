@@ -218,9 +218,10 @@ pub fn pump_throughput(b: &mut Bench, ctl: &mut Ctl) -> Result<()> {
 /// floor), both alternated.
 fn cpu_per_mb(b: &mut Bench, ctl: &mut Ctl, stream: &str, cmd: &str, mb: f64) -> Result<()> {
     if ctl.isolation != "namespaces" {
-        b.row(Row::new("tasks", "processor time per MB: the supervisor's processes against `cat`").not_measured(
-            "needs an isolated sandbox (its init's reaped-children times hold the supervisor's processes)",
-        ));
+        b.row(
+            Row::new("tasks", "processor time per MB: the supervisor's processes against `cat`")
+                .not_measured("needs an isolated sandbox (its init's reaped-children times hold the supervisor's processes)"),
+        );
         return Ok(());
     }
     let tick = clock_ticks();

@@ -309,6 +309,36 @@ fn a_task_printing_200_mb_is_capped_and_never_blocked() {
     assert_eq!(meta.trim(), "1048576 198951424", "exact byte counts past the cap");
 }
 
+/// The end of a task that exits with its last writes still in the pipes: the pumps drain them
+/// before the final state, byte-exact, with and without the masker (whose final newline the
+/// supervisor writes after the task's last byte; the unmasked pipes are let go before the scans
+/// for leftovers).
+#[test]
+fn the_last_bytes_before_the_exit_are_kept_in_order_masked_or_not() {
+    let home = Home::new("lastbytes");
+    let mut m = home.stdio();
+    let plain = m.create();
+    let masked = m.ok("create_sandbox", json!({"envs": {"SERVICE_TOKEN": "tok-123456789"}}))["sandbox_id"].as_str().unwrap().to_string();
+    let expected: String = (1..=100_000).map(|i| format!("{i}\n")).collect::<String>() + "end";
+    for sb in [&plain, &masked] {
+        for _ in 0..3 {
+            let s = start(&mut m, sb, "seq 1 100000; printf end; printf e1 >&2; exit 0", json!({}));
+            let done = finish(&mut m, sb, &id(&s));
+            assert_eq!(done["state"], "succeeded", "{done}");
+            assert_eq!(done["stdout_truncated"], false, "{done}");
+            let (mut out, mut offset) = (String::new(), 0);
+            while offset < done["stdout_bytes"].as_u64().unwrap() {
+                let page = m.ok("get_task", json!({"sandbox_id": sb, "task_id": id(&s), "stdout_offset": offset, "limit": 65_536}));
+                out.push_str(page["stdout"].as_str().unwrap());
+                offset = page["stdout_next_offset"].as_u64().unwrap();
+                assert_eq!(page["stderr"], "e1");
+            }
+            assert!(out == expected, "in {sb}: {} bytes instead of {}", out.len(), expected.len());
+            m.ok("delete_task", json!({"sandbox_id": sb, "task_id": id(&s)}));
+        }
+    }
+}
+
 #[test]
 fn escaped_descendants_are_killed_after_the_task_ends() {
     let home = Home::new("escape");

@@ -255,7 +255,8 @@ pick_tools() {
 # pump NAME LOG [PRE]: copies the task's stream (fd 5, its read end of the pipe; in adopt mode
 # the command's own pipe) into LOG, at most LOG_CAP bytes less the PRE bytes LOG already holds,
 # then drains the rest in one process reading large blocks (one pipe hop, no process per chunk).
-# NAME.trunc appears at the first dropped byte; NAME.meta gets "written dropped" at the end
+# NAME.trunc appears at the first dropped byte (after NAME.full, the size of a log filled to the
+# cap, or NAME.wfail); NAME.meta gets "written dropped" at the end
 # (written is - when only the log's size says). When writing LOG fails (a full disk) it still
 # drains the stream, so that the task is neither blocked nor killed by SIGPIPE, and marks
 # NAME.trunc and NAME.wfail. Runs as a subshell of the supervisor.
@@ -309,8 +310,10 @@ pump() {
         [ -n "$_more" ] && _w=$LOG_CAP
     fi
     if [ -n "$_more$_wfail" ]; then
+        # A log filled to the cap says so before the truncation shows (NAME.full holds its size,
+        # which readers then take without a process); a failed write shows first.
+        if [ -n "$_wfail" ]; then : >"$1.wfail"; else printf '%s\n' "$((${3:-0} + _cap))" >"$1.full"; fi
         : >"$1.trunc"
-        [ -n "$_wfail" ] && : >"$1.wfail"
         _rest=
         if [ "$PLAIN" = gnu ]; then
             # GNU dd reports what it copied.
@@ -507,12 +510,8 @@ finish() {
     OUT_TRUNC=0 ERR_TRUNC=0
     [ -e out.trunc ] && OUT_TRUNC=1
     [ -e err.trunc ] && ERR_TRUNC=1
-    set -f
-    # wc's counts and names, split into fields on purpose (globbing is off).
-    # shellcheck disable=SC2046
-    set -- $(wc -c stdout.log stderr.log 2>/dev/null)
-    set +f
-    OUT_BYTES=${1:-0} ERR_BYTES=${3:-0}
+    log_sizes
+    OUT_BYTES=$E_os ERR_BYTES=$E_es
     if [ -e out.wfail ] || [ -e err.wfail ]; then
         ERR="${ERR:+$ERR; }writing the logs failed (is the sandbox's disk full?): they end early and are marked truncated"
     fi

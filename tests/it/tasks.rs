@@ -307,6 +307,35 @@ fn a_task_printing_200_mb_is_capped_and_never_blocked() {
     assert_eq!(done["stderr"], "done\n");
     let meta = std::fs::read_to_string(task_dir(&home, &sb, &id(&s)).join("out.meta")).unwrap();
     assert_eq!(meta.trim(), "1048576 198951424", "exact byte counts past the cap");
+    let full = std::fs::read_to_string(task_dir(&home, &sb, &id(&s)).join("out.full")).unwrap();
+    assert_eq!(full.trim(), "1048576", "the size of the log filled to the cap");
+}
+
+/// While a task runs, a log its pump filled to the cap is reported at its size (read from the
+/// pump's `.full` marker, without a `wc`), beside the other log's own size.
+#[test]
+fn a_running_task_reports_a_capped_log_at_its_size() {
+    let home = Home::new("fullrun");
+    let mut m = home.stdio();
+    let sb = m.create();
+    let s = start(&mut m, &sb, "head -c 3000000 /dev/zero; printf ab >&2; printf c; exec sleep 30", json!({}));
+    let task = id(&s);
+    let seen = wait_for(Duration::from_secs(20), "the capped log and stderr", || {
+        let r = m.ok("get_task", json!({"sandbox_id": sb, "task_id": task, "stdout_offset": 1_048_570}));
+        (r["stdout_truncated"] == true && r["stderr_bytes"] == 2).then_some(r)
+    });
+    assert_eq!(seen["state"], "running", "{seen}");
+    assert_eq!(seen["stdout_bytes"], 1_048_576, "{seen}");
+    assert_eq!(seen["stdout"], "\u{0}".repeat(6), "{seen}");
+    assert_eq!(seen["stderr"], "ab", "{seen}");
+    let dir = task_dir(&home, &sb, &task);
+    assert_eq!(std::fs::read_to_string(dir.join("out.full")).unwrap().trim(), "1048576");
+    assert!(!dir.join("err.full").exists());
+    let done = m.ok("cancel_task", json!({"sandbox_id": sb, "task_id": task}));
+    assert_eq!(
+        (done["state"].as_str(), done["stdout_bytes"].as_i64(), done["stderr_bytes"].as_i64()),
+        (Some("cancelled"), Some(1 << 20), Some(2))
+    );
 }
 
 /// The end of a task that exits with its last writes still in the pipes: the pumps drain them

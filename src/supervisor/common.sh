@@ -29,22 +29,26 @@ alive() {
     proc_stat "$1" && [ "$ST_START" = "$2" ] && [ "$ST_STATE" != Z ]
 }
 
-# now: sets NOW to the Unix time in seconds, from the boot time and the uptime (no fork).
+# now: sets NOW to the Unix time in seconds, from the boot time and the uptime (no fork). The
+# boot time is read once per shell (SUP_BT, empty at the start of every snippet): /proc/stat is
+# read byte by byte up to its btime line.
 # shellcheck disable=SC2034 # NOW is read by supervise.sh only
 now() {
-    _bt=''
-    while read -r _k _v; do
-        if [ "$_k" = btime ]; then
-            _bt=$_v
-            break
-        fi
-    done </proc/stat
+    if [ -z "$SUP_BT" ]; then
+        while read -r _k _v; do
+            if [ "$_k" = btime ]; then
+                SUP_BT=$_v
+                break
+            fi
+        done </proc/stat
+    fi
     read -r _up _x </proc/uptime
-    case $_bt in
+    case $SUP_BT in
     '' | *[!0-9]*) NOW=$(date +%s) ;;
-    *) NOW=$((_bt + ${_up%.*})) ;;
+    *) NOW=$((SUP_BT + ${_up%.*})) ;;
     esac
 }
+SUP_BT=''
 
 # uptime_cs: sets CS to the uptime in hundredths of a second (no fork).
 uptime_cs() {

@@ -168,6 +168,30 @@ page() {
     fi
 }
 
+# log_sizes: sets E_os and E_es to the sizes of stdout.log and stderr.log in the current
+# directory. A log that is empty, or that its pump filled to the cap (its `.full` marker holds
+# the size), needs no process; otherwise one `wc` counts both (0 for both when one is missing).
+log_sizes() {
+    E_os='' E_es=''
+    [ -s stdout.log ] || E_os=0
+    [ -s stderr.log ] || E_es=0
+    [ -z "$E_os" ] && [ -e out.full ] && read -r E_os <out.full
+    [ -z "$E_es" ] && [ -e err.full ] && read -r E_es <err.full
+    case $E_os in *[!0-9]*) E_os='' ;; esac
+    case $E_es in *[!0-9]*) E_es='' ;; esac
+    [ -n "$E_os" ] && [ -n "$E_es" ] && return 0
+    if [ -e stdout.log ] && [ -e stderr.log ]; then
+        set -f
+        # wc's counts and names, split into fields on purpose (globbing is off).
+        # shellcheck disable=SC2046
+        set -- $(wc -c stdout.log stderr.log 2>/dev/null)
+        set +f
+        E_os=${1:-0} E_es=${3:-0}
+    else
+        E_os=0 E_es=0
+    fi
+}
+
 # emit DIR OUT_OFF ERR_OFF LIMIT: emit_state, the saved sizes, `@end`, then the stdout page on
 # stdout and the stderr page on fd 3. Changes the working directory to DIR.
 emit() {
@@ -179,17 +203,8 @@ emit() {
     fi
     if [ -n "$S_out_bytes" ] && [ -n "$S_err_bytes" ]; then
         E_os=$S_out_bytes E_es=$S_err_bytes
-    elif [ ! -s stdout.log ] && [ ! -s stderr.log ]; then
-        E_os=0 E_es=0
-    elif [ -e stdout.log ] && [ -e stderr.log ]; then
-        set -f
-        # wc's counts and names, split into fields on purpose (globbing is off).
-        # shellcheck disable=SC2046
-        set -- "$1" "$2" "$3" "$4" $(wc -c stdout.log stderr.log 2>/dev/null)
-        set +f
-        E_os=${5:-0} E_es=${7:-0}
     else
-        E_os=0 E_es=0
+        log_sizes
     fi
     E_ot=${S_out_truncated:-0} E_et=${S_err_truncated:-0}
     [ -e out.trunc ] && E_ot=1

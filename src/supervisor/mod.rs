@@ -31,7 +31,8 @@
 //! exit status, written by its shell's `EXIT` trap or by the server that reaped it), and markers: `cancel`
 //! (cancel_task asked), `timed_out`, `done` (the task exited), `out.*`/`err.*` (the output pumps:
 //! `.meta` ("written dropped", written `-` when only the log's size says), `.dd` (a copier's
-//! report), `.trunc`, `.wfail`, and `.fifo` only where the shell keeps here-documents in files, see
+//! report), `.full` (the size of a log filled to the cap, written before `.trunc`, so that readers
+//! need no `wc` for it), `.trunc`, `.wfail`, and `.fifo` only where the shell keeps here-documents in files, see
 //! Starting). The tasks directory itself holds the tools each user's first task chose for the pumps
 //! (`.pump-gnu`, `.pump-bytes` or `.pump-slow`; `.awk-mawk` or `.awk-plain`).
 //!

@@ -255,7 +255,8 @@ pick_tools() {
 # pump NAME LOG [PRE]: copies the task's stream (fd 5, its read end of the pipe; in adopt mode
 # the command's own pipe) into LOG, at most LOG_CAP bytes less the PRE bytes LOG already holds,
 # then drains the rest in one process reading large blocks (one pipe hop, no process per chunk).
-# NAME.trunc appears at the first dropped byte; NAME.meta gets "written dropped" at the end
+# NAME.trunc appears at the first dropped byte (after NAME.full, the size of a log filled to the
+# cap, or NAME.wfail); NAME.meta gets "written dropped" at the end
 # (written is - when only the log's size says). When writing LOG fails (a full disk) it still
 # drains the stream, so that the task is neither blocked nor killed by SIGPIPE, and marks
 # NAME.trunc and NAME.wfail. Runs as a subshell of the supervisor.
@@ -309,8 +310,10 @@ pump() {
         [ -n "$_more" ] && _w=$LOG_CAP
     fi
     if [ -n "$_more$_wfail" ]; then
+        # A log filled to the cap says so before the truncation shows (NAME.full holds its size,
+        # which readers then take without a process); a failed write shows first.
+        if [ -n "$_wfail" ]; then : >"$1.wfail"; else printf '%s\n' "$((${3:-0} + _cap))" >"$1.full"; fi
         : >"$1.trunc"
-        [ -n "$_wfail" ] && : >"$1.wfail"
         _rest=
         if [ "$PLAIN" = gnu ]; then
             # GNU dd reports what it copied.
@@ -436,6 +439,26 @@ kill_pumps() {
     for _q in $_ks; do kill -s KILL "$_q" 2>/dev/null; done
 }
 
+# let_go: closes the supervisor's ends of the pipes (fds 7 and 8), once the pumps hold theirs (a
+# pump that opened its FIFO after that would wait for a writer forever), after the masker's final
+# newline when masking. (A pump killed from outside must not take the supervisor with it: no
+# SIGPIPE for that newline; the task, started earlier, keeps the default.)
+let_go() {
+    _g=0
+    until pumps_open; do
+        _g=$((_g + 1))
+        [ "$_g" -ge 1000 ] && break
+        [ "$_g" -ge 200 ] && sleep 0.005
+    done
+    if [ -n "$MASK" ] && [ -z "$ADOPT" ]; then
+        trap '' PIPE
+        printf '\n' >&7
+        printf '\n' >&8
+        trap - PIPE
+    fi
+    exec 7>&- 8>&-
+}
+
 # pumps_done: both pump subshells have exited (zombies until reaped: they are our children).
 pumps_done() {
     ! alive "$P1" "$P1S" && ! alive "$P2" "$P2S"
@@ -446,6 +469,12 @@ pumps_done() {
 finish() {
     # (The marker file `done` is quoted where shellcheck would take it for the keyword.)
     : >'done'
+    # Without a masker's newline to write, the supervisor's ends of the pipes go at once (once
+    # the pumps hold theirs, see below): the pumps then end as soon as the last writer has gone,
+    # beside the scans that follow instead of after them.
+    if [ -z "$MASK" ] || [ -n "$ADOPT" ]; then
+        let_go
+    fi
     # Leftover members of the task's group, also after a normal exit. Signal 0 to the group is a
     # one-syscall test; only when it finds someone does the /proc scan tell zombies from the living.
     if sig_group 0 "$TPID" && group_tagged "$TPID" "$ID"; then
@@ -459,24 +488,10 @@ finish() {
         done
     fi
     kill_escaped
-    # The supervisor's ends of the FIFOs go last, once the pumps hold theirs (a pump that opened
-    # its FIFO after that would wait for a writer forever).
-    _g=0
-    until pumps_open; do
-        _g=$((_g + 1))
-        [ "$_g" -ge 1000 ] && break
-        [ "$_g" -ge 200 ] && sleep 0.005
-    done
-    # The masker's final newline (see pump), then the supervisor's own ends of the FIFOs.
-    # (A pump killed from outside must not take the supervisor with it: no SIGPIPE here; the
-    # task, started earlier, keeps the default.)
+    # The masker's final newline goes after the task's and its escapees' last bytes (see pump).
     if [ -n "$MASK" ] && [ -z "$ADOPT" ]; then
-        trap '' PIPE
-        printf '\n' >&7
-        printf '\n' >&8
-        trap - PIPE
+        let_go
     fi
-    exec 7>&- 8>&-
     # The pumps usually end within a millisecond of the task: look without a process first,
     # then poll.
     _g=0
@@ -495,12 +510,8 @@ finish() {
     OUT_TRUNC=0 ERR_TRUNC=0
     [ -e out.trunc ] && OUT_TRUNC=1
     [ -e err.trunc ] && ERR_TRUNC=1
-    set -f
-    # wc's counts and names, split into fields on purpose (globbing is off).
-    # shellcheck disable=SC2046
-    set -- $(wc -c stdout.log stderr.log 2>/dev/null)
-    set +f
-    OUT_BYTES=${1:-0} ERR_BYTES=${3:-0}
+    log_sizes
+    OUT_BYTES=$E_os ERR_BYTES=$E_es
     if [ -e out.wfail ] || [ -e err.wfail ]; then
         ERR="${ERR:+$ERR; }writing the logs failed (is the sandbox's disk full?): they end early and are marked truncated"
     fi

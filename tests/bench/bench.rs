@@ -94,7 +94,7 @@ impl Bench {
 
     /// Runs one section; a failure becomes a "not measured" row and the run goes on.
     pub fn section(&mut self, group: &'static str, name: &str, f: impl FnOnce(&mut Bench) -> Result<()>) {
-        if !self.o.only.is_empty() && !self.o.only.iter().any(|w| group.contains(w.as_str())) {
+        if !self.o.only.is_empty() && !self.o.only.iter().any(|w| group.contains(w.as_str()) || name.contains(w.as_str())) {
             return;
         }
         eprintln!("bench: {name} …");

@@ -39,6 +39,7 @@ mod protocol;
 mod protocol_tasks;
 mod proxy;
 mod pueue;
+mod pump;
 mod requests;
 mod session;
 mod side;
@@ -90,7 +91,7 @@ fn run() -> Result<ExitCode> {
     b.section("tasks", "get_task vs floors", |b| tasks::get_task_vs_floors(b, &mut ctl));
     b.section("tasks", "start_task vs nohup", |b| tasks::start_task_vs_nohup(b, &mut ctl));
     b.section("tasks", "cancel latency", |b| tasks::cancel_latency(b, &mut ctl));
-    b.section("tasks", "output pump throughput", |b| tasks::pump_throughput(b, &mut ctl));
+    b.section("tasks", "output pump throughput", |b| pump::pump_throughput(b, &mut ctl));
     b.section("tasks", "line visibility", |b| tasks::visibility(b, &mut ctl));
     b.section("tasks", "line visibility, waiting read", |b| tasks::visibility_waiting(b, &mut ctl));
     b.section("tasks", "tasks/get vs get_task", |b| protocol_tasks::tasks_get_vs_get_task(b, &mut ctl));

@@ -19,7 +19,7 @@ pub struct Opts {
     pub pueue_dir: Option<PathBuf>,
     pub e2b_emulator: Option<PathBuf>,
     pub quick: bool,
-    /// Run only the sections whose group contains one of these words (for development).
+    /// Run only the sections whose group or name contains one of these words (for development).
     pub only: Vec<String>,
 }
 

@@ -5,7 +5,7 @@
 # bench-results/latest.{json,md} pointing at the newest. Expects a release build
 # (`make build`); `make bench` does both. BENCH_QUICK=1 runs a tenth of the repetitions.
 # Arguments are passed on to the driver, e.g. `tests/bench/run.sh --quick --only core,tasks`
-# (--only keeps the sections whose group contains one of the words).
+# (--only keeps the sections whose group or name contains one of the words, e.g. `pump`).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 tools=$root/.tools

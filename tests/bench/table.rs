@@ -69,6 +69,13 @@ impl Row {
         self
     }
 
+    /// Latencies with their spread: the median cell reads "median (min–max)".
+    pub fn spread(mut self, s: &Stats) -> Row {
+        self = self.lat(s);
+        self.median = format!("{} ({}–{})", dur(s.median), dur(s.min), dur(s.max));
+        self
+    }
+
     pub fn value(mut self, v: impl Into<String>) -> Row {
         self.median = v.into();
         self

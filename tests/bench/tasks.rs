@@ -1,6 +1,6 @@
 //! The background task tools against process floors: get_task against reading a file,
-//! start_task against `nohup … &`, cancel latency, the output pump's throughput with and without
-//! masking, and how soon a written line is visible through get_task.
+//! start_task against `nohup … &`, cancel latency, and how soon a written line is visible through
+//! get_task. The output pump's rows are in [`crate::pump`].
 
 use crate::bench::{Bench, MAX_ITERATIONS};
 use crate::control::Ctl;
@@ -9,17 +9,12 @@ use crate::process::{sh, spawn_time};
 use crate::session::{state, wait_final, Tools};
 use crate::stats::Stats;
 use crate::table::Row;
-use crate::units::{dur, per_s, secs, times};
+use crate::units::{dur, secs, times};
 use anyhow::{bail, Context, Result};
-use serde_json::{json, Value};
+use serde_json::json;
 use std::fs;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-/// Bytes the throughput task writes.
-const PUMP_BYTES: u64 = 200_000_000;
-/// A 99-character line (plus newline) for the throughput task, so masking works line by line.
-const PUMP_LINE: &str = "0123456789abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789abcdefghijklmnopq";
 
 /// get_task of a finished task against `cat /proc/self/stat` and `tail -c` of a log, interleaved.
 pub fn get_task_vs_floors(b: &mut Bench, ctl: &mut Ctl) -> Result<()> {
@@ -98,11 +93,11 @@ pub fn start_task_vs_nohup(b: &mut Bench, ctl: &mut Ctl) -> Result<()> {
     )?;
     let ours = b.keep("start_task_true_until_final", &xs[0]);
     let floor = b.keep("floor.nohup_start", &xs[1]);
-    b.row(Row::floor("tasks", "`sh -c 'nohup true > log 2>&1 &'` (background start)", &floor));
+    b.row(Row::new("tasks", "floor: `sh -c 'nohup true > log 2>&1 &'` (background start)").spread(&floor));
     let r = ours.median / floor.median;
     b.row(
         Row::new("tasks", "`start_task` of `true` until its final snapshot")
-            .lat(&ours)
+            .spread(&ours)
             .vs(format!("`nohup … &` {}", dur(floor.median)))
             .ratio(format!("{} floor", times(r)))
             .target("≤ 3× floor", r <= 3.0)
@@ -115,9 +110,12 @@ pub fn start_task_vs_nohup(b: &mut Bench, ctl: &mut Ctl) -> Result<()> {
 pub fn cancel_latency(b: &mut Bench, ctl: &mut Ctl) -> Result<()> {
     let plain = ctl.plain.clone();
     let mut starts = Vec::new();
+    // Each start alternated with the spawn floor (`sh -c 'cat /proc/self/stat'`).
+    let mut spawns = Vec::new();
     let mut run = |ctl: &mut Ctl, command: &str, n: usize| -> Result<Vec<f64>> {
         let mut xs = Vec::new();
         for _ in 0..n {
+            spawns.push(spawn_time(&mut sh("cat /proc/self/stat >/dev/null", &[]))?);
             let t = Instant::now();
             let snap = ctl.rpc.tool("start_task", &json!({"sandbox_id": plain, "command": command, "timeout": 120}))?;
             starts.push(secs(t));
@@ -140,15 +138,13 @@ pub fn cancel_latency(b: &mut Bench, ctl: &mut Ctl) -> Result<()> {
     let term = b.keep("cancel.term_respecting", &term);
     let ignoring = b.keep("cancel.term_ignoring", &ignoring);
     let starts = b.keep("start_task_running_command", &starts);
-    let spawn = b.kept_median("floor.cat_proc_self_stat");
-    let mut row = Row::new("tasks", "`start_task` of a still-running command (`sleep 60`), until its answer").lat(&starts);
-    if let Some(f) = spawn {
-        let r = starts.median / f;
-        row = row
-            .vs(format!("`sh -c 'cat /proc/self/stat'` {}", dur(f)))
-            .ratio(format!("{} floor", times(r)))
-            .target("≤ 8× the spawn floor", r <= 8.0);
-    }
+    let spawn = b.keep("floor.cat_proc_self_stat_with_starts", &spawns);
+    let r = starts.median / spawn.median;
+    let row = Row::new("tasks", "`start_task` of a still-running command (`sleep 60`), until its answer")
+        .spread(&starts)
+        .vs(format!("`sh -c 'cat /proc/self/stat'` {} ({}–{}), alternated", dur(spawn.median), dur(spawn.min), dur(spawn.max)))
+        .ratio(format!("{} floor", times(r)))
+        .target("≤ 8× the spawn floor", r <= 8.0);
     b.row(row.note(
         "start_task answers once the supervisor has confirmed the task's own process group (no watch, no sleep); pueue in the pueue group",
     ));
@@ -158,90 +154,6 @@ pub fn cancel_latency(b: &mut Bench, ctl: &mut Ctl) -> Result<()> {
             .lat(&ignoring)
             .target("< 3 s", ignoring.median < 3.0)
             .note("a TERM-ignoring task is KILLed after the 1.5 s cancel grace period, by design"),
-    );
-    Ok(())
-}
-
-/// Runs `command` as a task in `sandbox` and returns the wall time from the start_task request
-/// to the first final snapshot. get_task polls cost CPU that the task competes for, so they are
-/// spaced by a twentieth of the time elapsed (5 to 50 ms): the error stays under about 5 %.
-fn task_wall(ctl: &mut Ctl, sandbox: &str, command: &str, limit: Duration) -> Result<(f64, Value)> {
-    let t = Instant::now();
-    let mut fin = ctl.rpc.tool("start_task", &json!({"sandbox_id": sandbox, "command": command, "timeout": 900}))?;
-    let task = fin["task_id"].as_str().context("no task_id")?.to_string();
-    let deadline = t + limit;
-    while state(&fin) == "running" {
-        if Instant::now() > deadline {
-            bail!("task {task} still running after {limit:?}");
-        }
-        thread::sleep((t.elapsed() / 20).clamp(Duration::from_millis(5), Duration::from_millis(50)));
-        fin = ctl.rpc.tool("get_task", &json!({"sandbox_id": sandbox, "task_id": task, "limit": 1}))?;
-    }
-    let e = secs(t);
-    ctl.delete_task(sandbox, &task)?;
-    Ok((e, fin))
-}
-
-/// A task writing PUMP_BYTES (a tenth with `--quick`), unmasked and masking five secrets, against
-/// the same pipeline writing to /dev/null and piped once through `cat` (the one-pipe floor).
-pub fn pump_throughput(b: &mut Bench, ctl: &mut Ctl) -> Result<()> {
-    let bytes = if b.o.quick { PUMP_BYTES / 10 } else { PUMP_BYTES };
-    let cmd = format!("yes {PUMP_LINE} | head -c {bytes}");
-    let floor_script = format!("{cmd} > /dev/null");
-    // The same command piped once: the least any pump can cost.
-    let pipe_script = format!("{cmd} | cat > /dev/null");
-    let mb = bytes as f64 / 1e6;
-    let (plain, secret) = (ctl.plain.clone(), ctl.secret.clone());
-    let mut floor = Vec::new();
-    let mut pipe = Vec::new();
-    let mut unmasked = Vec::new();
-    let check = |fin: &Value, what: &str| -> Result<()> {
-        if state(fin) != "succeeded" || fin["stdout_truncated"] != json!(true) {
-            bail!("the {what} throughput task ended {fin}");
-        }
-        Ok(())
-    };
-    spawn_time(&mut sh(&floor_script, &[]))?; // warm-up
-    for _ in 0..b.n(5).max(3) {
-        floor.push(spawn_time(&mut sh(&floor_script, &[]))?);
-        pipe.push(spawn_time(&mut sh(&pipe_script, &[]))?);
-        let (e, fin) = task_wall(ctl, &plain, &cmd, Duration::from_secs(300))?;
-        check(&fin, "unmasked")?;
-        unmasked.push(e);
-    }
-    let mut masked = Vec::new();
-    for _ in 0..b.n(5).max(3) {
-        let (e, fin) = task_wall(ctl, &secret, &cmd, Duration::from_secs(600))?;
-        check(&fin, "masked")?;
-        masked.push(e);
-    }
-    let floor = b.keep("floor.pump_dev_null", &floor);
-    let pipe = b.keep("floor.pump_one_pipe", &pipe);
-    let unmasked = b.keep("pump.unmasked", &unmasked);
-    let masked = b.keep("pump.masked", &masked);
-    b.keep_value("pump.bytes", json!(bytes));
-    b.row(
-        Row::new("tasks", format!("floor: `sh -c 'yes … | head -c {bytes} > /dev/null'`")).lat(&floor).rate(per_s(mb / floor.median, "MB")),
-    );
-    b.row(Row::new("tasks", "floor: the same piped once, `sh -c '… | cat > /dev/null'`").lat(&pipe).rate(per_s(mb / pipe.median, "MB")));
-    let r = unmasked.median / pipe.median;
-    b.row(
-        Row::new("tasks", format!("task writing {} MB (`yes … | head -c {bytes}`), no masking: start_task → final", mb as u64))
-            .lat(&unmasked)
-            .rate(per_s(mb / unmasked.median, "MB"))
-            .vs(format!("`| cat > /dev/null` {}", dur(pipe.median)))
-            .ratio(format!("{} one-pipe floor", times(r)))
-            .target("≤ 1.5× the one-pipe floor", r <= 1.5)
-            .note(format!("{} the `> /dev/null` floor ({})", times(unmasked.median / floor.median), dur(floor.median))),
-    );
-    let rate = mb / masked.median;
-    b.row(
-        Row::new("tasks", format!("task writing {} MB, masking 5 secrets: start_task → final", mb as u64))
-            .lat(&masked)
-            .rate(per_s(rate, "MB"))
-            .vs(format!("`| cat > /dev/null` {}", dur(pipe.median)))
-            .ratio(format!("{} one-pipe floor", times(masked.median / pipe.median)))
-            .target("≥ 150 MB/s", rate >= 150.0),
     );
     Ok(())
 }

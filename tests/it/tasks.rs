@@ -307,6 +307,65 @@ fn a_task_printing_200_mb_is_capped_and_never_blocked() {
     assert_eq!(done["stderr"], "done\n");
     let meta = std::fs::read_to_string(task_dir(&home, &sb, &id(&s)).join("out.meta")).unwrap();
     assert_eq!(meta.trim(), "1048576 198951424", "exact byte counts past the cap");
+    let full = std::fs::read_to_string(task_dir(&home, &sb, &id(&s)).join("out.full")).unwrap();
+    assert_eq!(full.trim(), "1048576", "the size of the log filled to the cap");
+}
+
+/// While a task runs, a log its pump filled to the cap is reported at its size (read from the
+/// pump's `.full` marker, without a `wc`), beside the other log's own size.
+#[test]
+fn a_running_task_reports_a_capped_log_at_its_size() {
+    let home = Home::new("fullrun");
+    let mut m = home.stdio();
+    let sb = m.create();
+    let s = start(&mut m, &sb, "head -c 3000000 /dev/zero; printf ab >&2; printf c; exec sleep 30", json!({}));
+    let task = id(&s);
+    let seen = wait_for(Duration::from_secs(20), "the capped log and stderr", || {
+        let r = m.ok("get_task", json!({"sandbox_id": sb, "task_id": task, "stdout_offset": 1_048_570}));
+        (r["stdout_truncated"] == true && r["stderr_bytes"] == 2).then_some(r)
+    });
+    assert_eq!(seen["state"], "running", "{seen}");
+    assert_eq!(seen["stdout_bytes"], 1_048_576, "{seen}");
+    assert_eq!(seen["stdout"], "\u{0}".repeat(6), "{seen}");
+    assert_eq!(seen["stderr"], "ab", "{seen}");
+    let dir = task_dir(&home, &sb, &task);
+    assert_eq!(std::fs::read_to_string(dir.join("out.full")).unwrap().trim(), "1048576");
+    assert!(!dir.join("err.full").exists());
+    let done = m.ok("cancel_task", json!({"sandbox_id": sb, "task_id": task}));
+    assert_eq!(
+        (done["state"].as_str(), done["stdout_bytes"].as_i64(), done["stderr_bytes"].as_i64()),
+        (Some("cancelled"), Some(1 << 20), Some(2))
+    );
+}
+
+/// The end of a task that exits with its last writes still in the pipes: the pumps drain them
+/// before the final state, byte-exact, with and without the masker (whose final newline the
+/// supervisor writes after the task's last byte; the unmasked pipes are let go before the scans
+/// for leftovers).
+#[test]
+fn the_last_bytes_before_the_exit_are_kept_in_order_masked_or_not() {
+    let home = Home::new("lastbytes");
+    let mut m = home.stdio();
+    let plain = m.create();
+    let masked = m.ok("create_sandbox", json!({"envs": {"SERVICE_TOKEN": "tok-123456789"}}))["sandbox_id"].as_str().unwrap().to_string();
+    let expected: String = (1..=100_000).map(|i| format!("{i}\n")).collect::<String>() + "end";
+    for sb in [&plain, &masked] {
+        for _ in 0..3 {
+            let s = start(&mut m, sb, "seq 1 100000; printf end; printf e1 >&2; exit 0", json!({}));
+            let done = finish(&mut m, sb, &id(&s));
+            assert_eq!(done["state"], "succeeded", "{done}");
+            assert_eq!(done["stdout_truncated"], false, "{done}");
+            let (mut out, mut offset) = (String::new(), 0);
+            while offset < done["stdout_bytes"].as_u64().unwrap() {
+                let page = m.ok("get_task", json!({"sandbox_id": sb, "task_id": id(&s), "stdout_offset": offset, "limit": 65_536}));
+                out.push_str(page["stdout"].as_str().unwrap());
+                offset = page["stdout_next_offset"].as_u64().unwrap();
+                assert_eq!(page["stderr"], "e1");
+            }
+            assert!(out == expected, "in {sb}: {} bytes instead of {}", out.len(), expected.len());
+            m.ok("delete_task", json!({"sandbox_id": sb, "task_id": id(&s)}));
+        }
+    }
 }
 
 #[test]

@@ -196,7 +196,7 @@ fn run_keeper(root: &Path, id: &str, shell: &Path, start_init: bool) -> anyhow::
                 let home = provider.home(id);
                 let cgroups = if meta.limits.any() { cgroup::procs_files(id) } else { Vec::new() };
                 let site = init::Site { home: &home, host_network: meta.host_network, shell, cgroups: &cgroups };
-                init::start(tools, &provider.exe, &site, bind_spawner(&dir))
+                init::start(tools, &provider.exe, &site, bind_spawner(&dir)).map_err(|e| e.0)
             });
             match started {
                 Ok(started) => {

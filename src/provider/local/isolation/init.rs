@@ -18,7 +18,7 @@
 //! outside), and the kernel then ends every process inside.
 
 use super::rootfs::{self, Plan};
-use super::{seccomp, spawner, Tools};
+use super::{seccomp, spawner, IsolationError, Tools};
 use crate::provider::process;
 use std::fs::File;
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
@@ -82,7 +82,12 @@ pub struct Site<'a> {
 
 /// Starts the init of a sandbox at `site` and waits for its answer. With `spawner`, the init
 /// serves spawn requests on that listening socket (passed over the answer socket).
-pub fn start(tools: &Tools, exe: &Path, site: &Site<'_>, spawner: Option<UnixListener>) -> Result<Started, String> {
+pub fn start(tools: &Tools, exe: &Path, site: &Site<'_>, spawner: Option<UnixListener>) -> Result<Started, IsolationError> {
+    start_init(tools, exe, site, spawner).map_err(IsolationError)
+}
+
+/// [`start`], its error as a sentence.
+fn start_init(tools: &Tools, exe: &Path, site: &Site<'_>, spawner: Option<UnixListener>) -> Result<Started, String> {
     let Site { home, host_network, shell, cgroups } = *site;
     // Opened here, with the keeper's rights, and inherited as stdin through every exec up to the
     // init's own (a duplicate without close-on-exec; the original closes at the first exec): the
@@ -464,7 +469,7 @@ mod tests {
         let tools = Tools { unshare: fake.clone(), nsenter: fake.clone(), setpriv: Some(fake.clone()), setsid: fake };
         let begun = Instant::now();
         let site = Site { home: &dir, host_network: false, shell: Path::new("/bin/sh"), cgroups: &[] };
-        let err = start(&tools, Path::new("/bin/true"), &site, None).err().unwrap();
+        let err = start(&tools, Path::new("/bin/true"), &site, None).err().unwrap().0;
         assert!(err.contains("exited before it was ready") && err.contains("No space left on device"), "{err}");
         assert!(begun.elapsed() < START_BUDGET / 2, "it waited {:?}", begun.elapsed());
         std::fs::remove_dir_all(&dir).unwrap();

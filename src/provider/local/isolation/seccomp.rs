@@ -78,7 +78,7 @@ fn program() -> Result<BpfProgram, String> {
 
 /// Sets `no_new_privs` and installs the filter on the calling thread (and so on everything it
 /// starts from now on). Call it before the process starts other threads.
-pub fn install() -> Result<(), String> {
+pub(super) fn install() -> Result<(), String> {
     let program = program()?;
     seccompiler::apply_filter(&program).map_err(|e| format!("install the seccomp filter: {e}"))
 }

@@ -75,6 +75,8 @@ impl Bench {
             .env("SANDBOX_MCP_HOME", &self.home)
             .env("SANDBOX_MCP_PROVIDER", "local")
             .env("RUST_LOG", "warn")
+            // The load rows hold more live sandboxes at once than the default cap (64).
+            .env("SANDBOX_MCP_MAX_SANDBOXES", "4096")
             .env_remove("E2B_API_KEY")
             .env_remove("SANDBOX_MCP_HTTP_TOKEN");
         c

@@ -660,6 +660,9 @@ fn run() -> Result<bool> {
         ("SANDBOX_MCP_HOME".to_string(), home.display().to_string()),
         ("SANDBOX_MCP_PROVIDER".into(), "local".into()),
         ("RUST_LOG".into(), "info".into()),
+        // Every client keeps sandboxes of its own, so together they hold more live sandboxes
+        // than the default cap (64) allows.
+        ("SANDBOX_MCP_MAX_SANDBOXES".into(), "4096".into()),
     ];
     let (mut http, addr) = start_http(&o.bin, &env, &work.join("http.log"))?;
     let mut servers: Vec<(String, u32)> = vec![("http".into(), http.id())];

@@ -92,6 +92,10 @@ pub const MAX_WAIT_S: i64 = 60;
 /// listener thread, so the server adds this many.
 pub const MAX_WAITING_CALLS: usize = 64;
 
+/// Of those, the most one client (a session, or a stateless request's connection) may hold, so
+/// that one client parking many waits leaves the others room to wait.
+pub const MAX_WAITING_CALLS_PER_CLIENT: usize = 16;
+
 /// How often a waiting call reads its task again: the local provider (a shell started on the
 /// host) and E2B (one request to the sandbox per read).
 pub const WAIT_POLL_LOCAL: Duration = Duration::from_millis(20);

@@ -15,7 +15,7 @@
 //! calls; the scheduler itself never runs a check. With `n` calls waiting, each is checked at
 //! most every `max(every, n × MIN_GAP)`, so many waits cost a bounded share of the CPU.
 
-use crate::limits::MAX_WAITING_CALLS;
+use crate::limits::{MAX_WAITING_CALLS, MAX_WAITING_CALLS_PER_CLIENT};
 use crate::queue::{Outcome, Respond};
 use crossbeam_channel::{Receiver, Sender};
 use std::collections::{HashMap, HashSet};
@@ -41,6 +41,11 @@ pub trait Watch: Send {
     fn key(&self) -> Option<String> {
         None
     }
+    /// The client the call comes from: one client holds at most
+    /// [`MAX_WAITING_CALLS_PER_CLIENT`] of the waiting places. `None`: counted on its own.
+    fn client(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The most checks that run at once (each on a thread of its own, started when first needed).
@@ -57,6 +62,26 @@ struct Parked {
     next: Instant,
 }
 
+/// How many calls each client has waiting.
+type PerClient = Arc<std::sync::Mutex<HashMap<String, usize>>>;
+
+fn per_client(map: &PerClient) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+    // Single inserts and removals: a poisoned map is still consistent.
+    map.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Gives back a client's waiting place.
+fn leave(map: &PerClient, client: Option<&str>) {
+    let Some(client) = client else { return };
+    let mut counts = per_client(map);
+    if let Some(n) = counts.get_mut(client) {
+        *n -= 1;
+        if *n == 0 {
+            counts.remove(client);
+        }
+    }
+}
+
 /// A parked call as the scheduler holds it: its watch is away while a checker has it.
 struct Slot {
     watch: Option<Box<dyn Watch>>,
@@ -65,6 +90,7 @@ struct Slot {
     until: Instant,
     every: Duration,
     key: String,
+    client: Option<String>,
 }
 
 /// Work for a checker: check a watch, or end its wait.
@@ -81,6 +107,7 @@ type Checked = (u64, Option<Box<dyn Watch>>, Option<Outcome>);
 pub struct Waiter {
     tx: Sender<Parked>,
     waiting: Arc<AtomicUsize>,
+    clients: PerClient,
 }
 
 impl Waiter {
@@ -89,22 +116,35 @@ impl Waiter {
     pub fn start() -> io::Result<Waiter> {
         let (tx, rx) = crossbeam_channel::unbounded::<Parked>();
         let waiting = Arc::new(AtomicUsize::new(0));
-        let count = waiting.clone();
-        thread::Builder::new().name("sandbox-mcp-waiter".into()).spawn(move || schedule(&rx, &count))?;
-        Ok(Waiter { tx, waiting })
+        let clients = PerClient::default();
+        let (count, left) = (waiting.clone(), clients.clone());
+        thread::Builder::new().name("sandbox-mcp-waiter".into()).spawn(move || schedule(&rx, &count, &left))?;
+        Ok(Waiter { tx, waiting, clients })
     }
 
     /// Parks `watch`, answered later through `respond`; checked first after [`Watch::every`].
-    /// Hands both back when [`MAX_WAITING_CALLS`] already wait (or the thread is gone).
+    /// Hands both back when [`MAX_WAITING_CALLS`] already wait, or its client already has
+    /// [`MAX_WAITING_CALLS_PER_CLIENT`] waiting (or the thread is gone).
     #[allow(clippy::result_large_err)]
     pub fn park(&self, watch: Box<dyn Watch>, respond: Respond) -> Result<(), (Box<dyn Watch>, Respond)> {
+        let client = watch.client();
+        if let Some(client) = &client {
+            let mut counts = per_client(&self.clients);
+            let n = counts.entry(client.clone()).or_insert(0);
+            if *n >= MAX_WAITING_CALLS_PER_CLIENT {
+                return Err((watch, respond));
+            }
+            *n += 1;
+        }
         if self.waiting.fetch_add(1, Ordering::SeqCst) >= MAX_WAITING_CALLS {
             self.waiting.fetch_sub(1, Ordering::SeqCst);
+            leave(&self.clients, client.as_deref());
             return Err((watch, respond));
         }
         let next = Instant::now() + watch.every();
         self.tx.send(Parked { watch, respond, next }).map_err(|e| {
             self.waiting.fetch_sub(1, Ordering::SeqCst);
+            leave(&self.clients, client.as_deref());
             let Parked { watch, respond, .. } = e.into_inner();
             (watch, respond)
         })
@@ -113,7 +153,7 @@ impl Waiter {
     /// Parks `watch`, or answers it at once (with [`Watch::give_up`]) when the waiter is full.
     pub fn park_or_answer(&self, watch: Box<dyn Watch>, respond: Respond) {
         if let Err((watch, respond)) = self.park(watch, respond) {
-            log::warn!("{MAX_WAITING_CALLS} calls are already waiting; answering one more at once");
+            log::warn!("the waiting places are taken ({MAX_WAITING_CALLS} in all, {MAX_WAITING_CALLS_PER_CLIENT} per client); answering one more at once");
             respond(watch.give_up());
         }
     }
@@ -126,7 +166,7 @@ impl Waiter {
 
 /// The scheduler: takes parked calls, hands due checks to checkers (one per key at a time, at
 /// most [`CHECKERS`] at once), and answers calls whose check answered or whose wait is over.
-fn schedule(rx: &Receiver<Parked>, count: &AtomicUsize) {
+fn schedule(rx: &Receiver<Parked>, count: &AtomicUsize, clients: &PerClient) {
     let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded::<Job>();
     let (done_tx, done_rx) = crossbeam_channel::unbounded::<Checked>();
     let mut checkers = 0usize;
@@ -139,8 +179,15 @@ fn schedule(rx: &Receiver<Parked>, count: &AtomicUsize) {
         let mut take = |p: Parked, slots: &mut HashMap<u64, Slot>| {
             next_id += 1;
             let key = p.watch.key().unwrap_or_else(|| format!("#{next_id}"));
-            let slot =
-                Slot { until: p.watch.until(), every: p.watch.every(), watch: Some(p.watch), respond: Some(p.respond), next: p.next, key };
+            let slot = Slot {
+                until: p.watch.until(),
+                every: p.watch.every(),
+                client: p.watch.client(),
+                watch: Some(p.watch),
+                respond: Some(p.respond),
+                next: p.next,
+                key,
+            };
             slots.insert(next_id, slot);
             log::debug!("call {next_id} waits ({} waiting)", slots.len());
         };
@@ -156,6 +203,7 @@ fn schedule(rx: &Receiver<Parked>, count: &AtomicUsize) {
                 Some(outcome) => {
                     if let Some(respond) = slot.respond.take() {
                         count.fetch_sub(1, Ordering::SeqCst);
+                        leave(clients, slot.client.as_deref());
                         respond(outcome);
                     }
                     slots.remove(&id);
@@ -325,6 +373,42 @@ mod tests {
             assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), Outcome::Answer(json!("hostile")));
         }
         assert_eq!(waiter.waiting(), 0);
+    }
+
+    /// A Flag of one client.
+    struct Of(&'static str, Flag);
+
+    impl Watch for Of {
+        fn check(&mut self) -> Option<Outcome> {
+            self.1.check()
+        }
+        fn give_up(self: Box<Self>) -> Outcome {
+            Outcome::Answer(json!("late"))
+        }
+        fn until(&self) -> Instant {
+            self.1.until
+        }
+        fn every(&self) -> Duration {
+            self.1.every()
+        }
+        fn client(&self) -> Option<String> {
+            Some(self.0.to_string())
+        }
+    }
+
+    /// One client holds at most its share of the waiting places; another still parks.
+    #[test]
+    fn one_client_holds_at_most_its_share_of_the_waits() {
+        let waiter = Waiter::start().unwrap();
+        let checks = Arc::new(AtomicUsize::new(0));
+        let until = Instant::now() + Duration::from_secs(60);
+        let of = |client: &'static str| Of(client, Flag { flag: Arc::new(AtomicBool::new(false)), until, checks: checks.clone() });
+        for _ in 0..MAX_WAITING_CALLS_PER_CLIENT {
+            assert!(waiter.park(Box::new(of("greedy")), Box::new(|_| {})).is_ok());
+        }
+        assert!(waiter.park(Box::new(of("greedy")), Box::new(|_| {})).is_err(), "over its share");
+        assert!(waiter.park(Box::new(of("other")), Box::new(|_| {})).is_ok(), "another client still waits");
+        assert_eq!(waiter.waiting(), MAX_WAITING_CALLS_PER_CLIENT + 1);
     }
 
     #[test]

@@ -209,7 +209,7 @@ pub fn route_checked(app: &App, session: &Arc<Session>, msg: Incoming, check: En
             Ok(Handled::Done(result)) => Route::Reply(jsonrpc::result(&id, result).to_string()),
             // The tool list is serialized once; only the id changes.
             Ok(Handled::ToolList) => Route::Reply(format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{}}}"#, cached::tools_list())),
-            Ok(Handled::Call(call)) => Route::Call(Work { session: session.clone(), call }),
+            Ok(Handled::Call(call)) => Route::Call(Work { session: session.clone(), call: *call }),
             Err(err) => Route::Reply(jsonrpc::error(&id, &err).to_string()),
         },
     }
@@ -311,7 +311,7 @@ to use {shown}, send it without _meta as a 2025-11-25 request",
 enum Handled {
     Done(Value),
     ToolList,
-    Call(ToolCall),
+    Call(Box<ToolCall>),
 }
 
 fn request(session: &Session, id: &Value, method: &str, params: Option<Value>) -> Result<Handled, RpcError> {
@@ -344,7 +344,7 @@ fn request(session: &Session, id: &Value, method: &str, params: Option<Value>) -
                 _ => Err(RpcError::new(code::INVALID_PARAMS, format!("level must be one of {}", LOG_LEVELS.join(", ")))),
             }
         }
-        "tools/call" => tool_call(session, id, params, None).map(Handled::Call),
+        "tools/call" => tool_call(session, id, params, None).map(|call| Handled::Call(Box::new(call))),
         _ => {
             let method = match method {
                 "tasks/list" => TaskMethod::List(params.as_ref().and_then(|p| p.get("cursor")).cloned()),
@@ -353,7 +353,7 @@ fn request(session: &Session, id: &Value, method: &str, params: Option<Value>) -
                 _ => TaskMethod::Cancel(tasks::task_id_param(params.as_ref())?),
             };
             let in_flight = begin(session, id)?;
-            Ok(Handled::Call(ToolCall { id: id.clone(), op: Op::Tasks(method), arguments: Map::new(), in_flight, meta: None }))
+            Ok(Handled::Call(Box::new(ToolCall { id: id.clone(), op: Op::Tasks(method), arguments: Map::new(), in_flight, meta: None })))
         }
     }
 }
@@ -658,6 +658,10 @@ impl Watch for ResultWatch {
     fn key(&self) -> Option<String> {
         Some(self.handle.sandbox_id.clone())
     }
+
+    fn client(&self) -> Option<String> {
+        Some(self.call.in_flight.client())
+    }
 }
 
 /// The response to `call` with its `CallToolResult` (which never carries a `resultType`).
@@ -702,6 +706,10 @@ impl Watch for CallWatch {
 
     fn key(&self) -> Option<String> {
         Some(self.pending.key.clone())
+    }
+
+    fn client(&self) -> Option<String> {
+        Some(self.call.in_flight.client())
     }
 }
 

@@ -65,12 +65,20 @@ impl crate::queue::Client for InFlight {}
 #[derive(Debug)]
 pub struct InFlight {
     requests: Arc<Requests>,
+    /// The session's id: the client the request comes from.
+    session: String,
     /// The request id, serialized (the map key).
     key: String,
     cancel: Arc<AtomicBool>,
 }
 
 impl InFlight {
+    /// The client the request comes from, for limits shared between clients: its session's id
+    /// (a stateless request's names its connection), the name the work queue shares workers by.
+    pub fn client(&self) -> String {
+        self.session.clone()
+    }
+
     /// The flag set by `notifications/cancelled` and by the end of the session.
     pub fn flag(&self) -> &Arc<AtomicBool> {
         &self.cancel
@@ -220,7 +228,7 @@ impl Session {
         }
         let cancel = Arc::new(AtomicBool::new(false));
         map.insert(key.clone(), cancel.clone());
-        Some(InFlight { requests: self.inflight.clone(), key, cancel })
+        Some(InFlight { requests: self.inflight.clone(), session: self.id.clone(), key, cancel })
     }
 
     /// Flags an in-flight request as cancelled (`notifications/cancelled`); unknown ids are ignored.

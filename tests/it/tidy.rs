@@ -121,6 +121,7 @@ fn limits_from_the_code() -> Vec<(&'static str, String)> {
         ("task ids per subscriptions/listen", format!("{MAX_SUBSCRIBED_TASKS} (-32602 beyond)")),
         ("get_task wait", format!("0–{MAX_WAIT_S} s")),
         ("calls waiting at once", format!("{MAX_WAITING_CALLS} (one more is answered at once)")),
+        ("calls of one client waiting at once", format!("{MAX_WAITING_CALLS_PER_CLIENT} (one more is answered at once)")),
     ]
 }
 

@@ -22,6 +22,11 @@ pub const TASK_TIMEOUT_DEFAULT_S: i64 = 300;
 /// Log bytes saved per stream of a task, and output kept per stream of `run_command`.
 pub const MAX_LOG_BYTES: usize = 1024 * 1024;
 
+/// Bytes per stream `run_command` returns inline by default (`max_output`), and the least it may ask.
+pub const MAX_OUTPUT_DEFAULT: i64 = 16_384;
+/// Lower bound of `run_command`'s `max_output`.
+pub const MAX_OUTPUT_MIN: i64 = 1_024;
+
 /// Largest accepted read offset into a task log.
 pub const MAX_READ_OFFSET: i64 = 1_048_576;
 /// Bounds and default of `limit`, the bytes returned per stream by one task read.

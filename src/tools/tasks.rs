@@ -47,6 +47,14 @@ const WAIT: Param = Param {
 either happens, else when the wait is over. 0 reads at once.",
 };
 
+const UNTIL: Param = Param {
+    name: "until",
+    kind: Kind::Enum(&["output", "exit"]),
+    required: false,
+    description: "With wait: \"output\" (default) answers at the first new output; \"exit\" waits for the task's end and returns \
+everything written meanwhile (within limit).",
+};
+
 const COMMAND: Param =
     Param { name: "command", kind: Kind::Str { max_chars: limits::MAX_COMMAND_CHARS }, required: true, description: "Shell command line." };
 
@@ -109,8 +117,9 @@ pub const GET: Tool = Tool {
     name: "get_task",
     description: "Read a background task's state, exit code and a page of each log. Logs keep the first 1 MiB per stream; \
 page through them with stdout_offset/stderr_offset (the *_next_offset of the previous read). With wait (seconds, at most 60) \
-the read answers when there is new output past those offsets or the task has ended, instead of polling.",
-    params: &[SANDBOX_ID_REQUIRED, TASK_ID, STDOUT_OFFSET, STDERR_OFFSET, LIMIT, WAIT],
+the read answers when there is new output past those offsets (until \"output\") or only when the task has ended \
+(until \"exit\": one call follows a job), else when the wait is over; never poll in a loop without wait.",
+    params: &[SANDBOX_ID_REQUIRED, TASK_ID, STDOUT_OFFSET, STDERR_OFFSET, LIMIT, WAIT, UNTIL],
     output_schema: snapshot_schema,
     read_only: true,
     destructive: false,
@@ -320,13 +329,14 @@ fn get(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
     let (given, task_id) = handle(args)?;
     let window = window(args)?;
     let wait = Duration::from_secs(args.integer(&WAIT)?.max(0) as u64);
+    let until_exit = args.text(&UNTIL)? == Some("exit");
     let sandbox_id = super::target_sandbox(ctx, Some(given))?;
     let task_id = checked_task_id(task_id)?;
     let target = Target { provider: ctx.app.provider.as_ref(), sandbox_id: &sandbox_id };
     let Some(first) = supervisor::status(&target, &task_id, window)? else {
         return Err(no_such_task(&sandbox_id, &task_id));
     };
-    if wait.is_zero() || has_news(&first, window) {
+    if wait.is_zero() || has_news(&first, window, until_exit) {
         return Ok(Reply::Now(render(&sandbox_id, &first)));
     }
     // Wait off the worker: the waiter reads again every `every` until there is news or the
@@ -337,7 +347,7 @@ fn get(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
     let read = move |last: bool| {
         let target = Target { provider: provider.as_ref(), sandbox_id: &sandbox_id };
         match supervisor::status(&target, &task_id, window) {
-            Ok(Some(s)) if last || has_news(&s, window) => Some(Ok(render(&sandbox_id, &s))),
+            Ok(Some(s)) if last || has_news(&s, window, until_exit) => Some(Ok(render(&sandbox_id, &s))),
             Ok(Some(_)) => None,
             Ok(None) => Some(Err(no_such_task(&sandbox_id, &task_id))),
             Err(err) => Some(Err(err.into())),
@@ -347,9 +357,9 @@ fn get(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
 }
 
 /// Whether a waiting read can answer: output past the offsets asked for, or a state other than
-/// running (final, or unknown: waiting would not tell more).
-fn has_news(s: &Snapshot, window: Window) -> bool {
-    s.state != TaskState::Running || s.stdout_bytes > window.stdout_offset || s.stderr_bytes > window.stderr_offset
+/// running (final, or unknown: waiting would not tell more); with `until_exit`, only the latter.
+fn has_news(s: &Snapshot, window: Window, until_exit: bool) -> bool {
+    s.state != TaskState::Running || (!until_exit && (s.stdout_bytes > window.stdout_offset || s.stderr_bytes > window.stderr_offset))
 }
 
 fn cancel(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {

@@ -108,6 +108,10 @@ fn limits_from_the_code() -> Vec<(&'static str, String)> {
         ("task timeout", format!("{TASK_TIMEOUT_MIN_S}–{TASK_TIMEOUT_MAX_S} s, default {TASK_TIMEOUT_DEFAULT_S}")),
         ("log saved per stream", size(MAX_LOG_BYTES)),
         ("run_command output kept per stream", size(MAX_LOG_BYTES)),
+        (
+            "run_command max_output",
+            format!("{}–{} bytes, default {}", thousands(MAX_OUTPUT_MIN), thousands(i(MAX_LOG_BYTES)), thousands(MAX_OUTPUT_DEFAULT)),
+        ),
         ("read offset", format!("0–{}", thousands(MAX_READ_OFFSET))),
         ("read limit", format!("{}–{}, default {}", thousands(READ_LIMIT_MIN), thousands(READ_LIMIT_MAX), thousands(READ_LIMIT_DEFAULT))),
         ("task directories per OS user per sandbox", MAX_TASKS.to_string()),

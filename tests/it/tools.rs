@@ -59,12 +59,59 @@ fn run_command_output_is_capped_at_1_mib_per_stream() {
     let home = Home::new("cap");
     let mut m = home.stdio();
     m.create();
-    let out = m.ok("run_command", json!({"command": "head -c 3000000 /dev/zero | tr '\\0' a; head -c 10 /dev/zero | tr '\\0' b >&2"}));
+    let command = "head -c 3000000 /dev/zero | tr '\\0' a; head -c 10 /dev/zero | tr '\\0' b >&2";
+    let out = m.ok("run_command", json!({"command": command, "max_output": 1048576}));
     assert_eq!(out["stdout"].as_str().unwrap().len(), 1024 * 1024);
-    assert_eq!(out["stdout_truncated"], true);
+    assert_eq!((out["stdout_truncated"].as_bool(), out["stdout_bytes"].as_i64()), (Some(true), Some(1 << 20)));
     assert_eq!(out["stderr"], "bbbbbbbbbb");
     assert_eq!(out["stderr_truncated"], false);
     assert_eq!(out["exit_code"], 0);
+    assert!(out.get("task_id").is_none(), "nothing was cut inline: {}", out["stderr"]);
+}
+
+#[test]
+fn run_command_returns_head_and_tail_inline_and_the_rest_by_offset() {
+    let home = Home::new("inline");
+    let mut m = home.stdio();
+    let sb = m.create();
+    // 3000 numbered lines (about 40 kB) and multi-byte characters on stderr.
+    let out = m.ok(
+        "run_command",
+        json!({"command": "seq 1 3000 | sed 's/^/line /'; i=0; while [ $i -lt 9000 ]; do printf 'é'; i=$((i+1)); done >&2; exit 3"}),
+    );
+    assert_eq!(out["exit_code"], 3);
+    let stdout = out["stdout"].as_str().unwrap();
+    assert!(stdout.len() <= 16384, "{}", stdout.len());
+    assert!(stdout.starts_with("line 1\nline 2\n") && stdout.ends_with("line 3000\n"), "{stdout}");
+    assert!(stdout.contains("bytes cut here; get_task with stdout_offset="), "{stdout}");
+    let stderr = out["stderr"].as_str().unwrap();
+    assert!(stderr.len() <= 16384 && stderr.starts_with("éé") && stderr.ends_with("éé"), "{}", stderr.len());
+    let whole: String = (1..=3000).map(|i| format!("line {i}\n")).collect();
+    assert_eq!(
+        (out["stdout_truncated"].as_bool(), out["stderr_truncated"].as_bool(), out["stdout_bytes"].as_u64(), out["stderr_bytes"].as_u64()),
+        (Some(true), Some(true), Some(whole.len() as u64), Some(18000))
+    );
+    assert_eq!(out["sandbox_id"], sb.as_str());
+    let task = out["task_id"].as_str().expect("a task holds the whole output").to_string();
+    // The complete output, by offset, from the finished task.
+    let mut read = String::new();
+    let mut offset = 0;
+    loop {
+        let page = m.ok("get_task", json!({"sandbox_id": sb, "task_id": task, "stdout_offset": offset, "limit": 65536}));
+        assert_eq!((page["state"].as_str(), page["exit_code"].as_i64()), (Some("failed"), Some(3)), "{page}");
+        read.push_str(page["stdout"].as_str().unwrap());
+        if page["stdout_next_offset"] == offset {
+            break;
+        }
+        offset = page["stdout_next_offset"].as_u64().unwrap();
+    }
+    assert_eq!(read, whole);
+    let listed = m.ok("list_tasks", json!({}));
+    assert_eq!(listed["count"], 1, "{listed}");
+    assert_eq!(m.ok("delete_task", json!({"sandbox_id": sb, "task_id": task}))["deleted"], true);
+    // Small output: nothing cut, no task.
+    let out = m.ok("run_command", json!({"command": "echo hi", "max_output": 1024}));
+    assert_eq!((out["stdout"].as_str(), out["stdout_bytes"].as_i64(), out.get("task_id")), (Some("hi\n"), Some(3), None));
 }
 
 #[test]

@@ -63,8 +63,16 @@ pub const SANDBOX_TIMEOUT_DEFAULT_S: i64 = 300;
 pub const MAX_FILE_BYTES: usize = 4 * 1024 * 1024;
 
 /// Longest `write_file` `content`, in characters: it must fit, with its JSON-RPC envelope, in one
-/// message of at most `MAX_BODY_BYTES`.
-pub const MAX_WRITE_CHARS: usize = 3 * 1024 * 1024;
+/// message of at most `MAX_BODY_BYTES` however the client escapes it (at worst 12 bytes per
+/// character: a character outside the BMP as a `\uXXXX\uXXXX` surrogate pair).
+pub const MAX_WRITE_CHARS: usize = 336 * 1024;
+
+/// Bytes one character may take in a JSON string at worst (see [`MAX_WRITE_CHARS`]).
+pub const WORST_ESCAPED_CHAR_BYTES: usize = 12;
+
+// write_file's arguments at their longest (content, a 4096-character path, a sandbox id, the
+// envelope) fit in one message, escaped at worst.
+const _: () = assert!((MAX_WRITE_CHARS + 4096 + 128) * WORST_ESCAPED_CHAR_BYTES + 1024 <= MAX_BODY_BYTES);
 
 /// Most entries `list_files` returns; the result says when it stopped early.
 pub const MAX_DIR_ENTRIES: usize = 10_000;

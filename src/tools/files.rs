@@ -20,7 +20,7 @@ const CONTENT: Param = Param {
     name: "content",
     kind: Kind::Str { max_chars: limits::MAX_WRITE_CHARS },
     required: true,
-    description: "File content (at most 3 MiB of text; base64 up to about 2.25 MiB of bytes).",
+    description: "File content (length limit in characters: any escaping fits one message; write larger files in parts and join them with a command).",
 };
 
 const ENCODING: Param = Param {

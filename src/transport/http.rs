@@ -284,7 +284,7 @@ impl Listener {
             std::mem::forget(req);
             return;
         }
-        let too_large = matches!(body, Body::TooLarge);
+        let too_large = matches!(body, Body::TooLarge(_));
         let mut answer = self.answer(&req, body);
         if let Some(listen) = answer.listen.take() {
             self.hold(req, listen);
@@ -365,7 +365,16 @@ impl Listener {
                 Body::Incomplete => {
                     Answer::rejected(400, code::INVALID_REQUEST, "Bad Request: the body ended before its announced Content-Length")
                 }
-                _ => Answer::rejected(413, code::INVALID_REQUEST, "Payload Too Large: the body limit is 4 MiB"),
+                Body::TooLarge(prefix) => {
+                    // Its own id when its start names one, so that the client matches the answer.
+                    let id = crate::jsonrpc::id_in_prefix(&prefix).unwrap_or(serde_json::Value::Null);
+                    let message = "Payload Too Large: the body limit is 4 MiB; send smaller messages (write a large file in parts)";
+                    Answer::json(
+                        413,
+                        serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {"code": code::INVALID_REQUEST, "message": message}}),
+                    )
+                }
+                Body::Abandon => Answer::rejected(413, code::INVALID_REQUEST, "Payload Too Large: the body limit is 4 MiB"),
             },
             (Method::Delete, "/mcp") => self.delete(req),
             (_, "/mcp") => Answer::rejected(405, code::METHOD_NOT_ALLOWED, "Method Not Allowed: use POST (and DELETE to end a session)")

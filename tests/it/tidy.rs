@@ -118,7 +118,14 @@ fn limits_from_the_code() -> Vec<(&'static str, String)> {
         ("cancel confirmation", format!("{} s", CANCEL_CONFIRM.as_secs())),
         ("HTTP body (and one stdio message)", size(MAX_BODY_BYTES)),
         ("read_file size", size(MAX_FILE_BYTES)),
-        ("write_file content", format!("{} (characters; the whole message must fit in {})", size(MAX_WRITE_CHARS), size(MAX_BODY_BYTES))),
+        (
+            "write_file content",
+            format!(
+                "{} (characters; escaped at worst, {WORST_ESCAPED_CHAR_BYTES} bytes each, the whole message fits in {})",
+                size(MAX_WRITE_CHARS),
+                size(MAX_BODY_BYTES)
+            ),
+        ),
         ("list_files entries", thousands(i(MAX_DIR_ENTRIES))),
         ("shortest masked secret", format!("{MIN_SECRET_BYTES} bytes")),
         ("open subscriptions/listen streams (HTTP)", format!("{MAX_HTTP_SUBSCRIPTIONS} (503 beyond)")),

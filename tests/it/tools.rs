@@ -266,6 +266,31 @@ fn call_prints_structured_results_and_keeps_sandboxes() {
     let (code, _, stderr) = home.call_cli("run_command", json!({"command": "true"}));
     assert_eq!(code, 1);
     assert!(stderr.contains("create_sandbox"), "{stderr}");
+    // The command's own exit code; arguments from stdin with `-`.
+    assert_eq!(home.call_cli("run_command", json!({"sandbox_id": sb, "command": "exit 3"})).0, 3);
+    let mut child = std::process::Command::new(bin())
+        .args(["call", "run_command", "-"])
+        .envs(home.env())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let input = json!({"sandbox_id": sb, "command": "echo from-stdin; exit 5"}).to_string();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), input.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(5));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("from-stdin"));
+    // Help: global (-h), one tool's arguments, the list of tools.
+    let text = |args: &[&str]| {
+        let out = std::process::Command::new(bin()).args(args).envs(home.env()).output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).to_string())
+    };
+    let (code, help) = text(&["-h"]);
+    assert!(code == Some(0) && help.contains("USAGE") && help.contains("call TOOL --help"), "{help}");
+    let (code, help) = text(&["call", "run_command", "--help"]);
+    assert!(code == Some(0) && help.contains("max_output") && help.contains("command*") && !help.contains("USAGE"), "{help}");
+    let (code, list) = text(&["tools"]);
+    assert!(code == Some(0) && list.lines().filter(|l| l.starts_with("  ")).count() == 11, "{list}");
 }
 
 /// Regression: a sweep (run by every server at start) took a sandbox directory that `create`

@@ -354,6 +354,12 @@ pub trait Provider: Send + Sync {
         Ok(Masker::default())
     }
 
+    /// When the sandbox expires (Unix seconds), as this process knows it without a request to the
+    /// sandbox or its platform; `None` when it does not know.
+    fn expires_at(&self, _sandbox_id: &str) -> Option<i64> {
+        None
+    }
+
     /// Secrets this provider holds now (for example per-sandbox access tokens), masked like the
     /// server's own configuration values in everything returned.
     fn secret_values(&self) -> Vec<String> {

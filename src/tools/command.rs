@@ -74,6 +74,8 @@ continue with get_task (with wait) or stop it with cancel_task. For anything lon
             "timed_out": {"type": "boolean"},
             "duration_ms": {"type": "integer"},
             "task_id": {"type": "string", "description": "running, or output cut: the task get_task reads"},
+            "expires_at": {"type": "integer", "description": "when the sandbox expires, Unix seconds"},
+            "warning": {"type": "string", "description": "when running: the task outlives the sandbox (see set_timeout)"},
             "sandbox_id": {"type": "string"},
             "message": {"type": "string", "description": "when running: what to do next"}
         }, "required": ["state", "exit_code", "stdout", "stderr", "stdout_truncated", "stderr_truncated", "stdout_bytes", "stderr_bytes", "timed_out", "duration_ms"]})
@@ -378,7 +380,23 @@ fn keep_output(
 }
 
 fn run(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
-    run_command(ctx, args).map(|outcome| Reply::Now(outcome.answer()))
+    let outcome = run_command(ctx, args)?;
+    let mut answer = outcome.answer();
+    let sandbox_id = match &outcome {
+        CommandOutcome::Running(running) => Some(running.task.sandbox_id.clone()),
+        CommandOutcome::Completed(_) => super::target_sandbox(ctx, args.text(&SANDBOX_ID)?).ok(),
+    };
+    let task_ends = match &outcome {
+        CommandOutcome::Running(running) => {
+            let left = Request::read(args)?.timeout.saturating_sub(running.duration);
+            Some(unix_now() + left.as_secs() as i64)
+        }
+        CommandOutcome::Completed(_) => None,
+    };
+    if let Some(id) = sandbox_id {
+        super::stamp_expiry(ctx.app.provider.as_ref(), &id, task_ends, &mut answer);
+    }
+    Ok(Reply::Now(answer))
 }
 
 /// Runs run_command: to its end, or, when it may outlive `--task-after`, as the provider keeps

@@ -175,6 +175,7 @@ pub fn all() -> &'static [Tool] {
     const TOOLS: &[Tool] = &[
         sandbox::CREATE,
         sandbox::KILL,
+        sandbox::SET,
         command::RUN,
         files::READ,
         files::WRITE,
@@ -275,6 +276,26 @@ pub fn failure(err: &ToolError) -> Value {
         None => err.message.clone(),
     };
     json!({"content": [{"type": "text", "text": text}], "isError": true})
+}
+
+/// Adds `expires_at` (when the provider knows it without a request) to the result `value` about
+/// sandbox `sandbox_id`, and, when `task_ends` (Unix seconds, the latest end of a task's
+/// timeout) is past it, a `warning` naming set_timeout.
+pub fn stamp_expiry(provider: &dyn crate::provider::Provider, sandbox_id: &str, task_ends: Option<i64>, value: &mut Value) {
+    let Some(at) = provider.expires_at(sandbox_id) else { return };
+    let Some(obj) = value.as_object_mut() else { return };
+    obj.insert("expires_at".into(), json!(at));
+    if let Some(ends) = task_ends.filter(|ends| *ends > at) {
+        obj.insert(
+            "warning".into(),
+            json!(format!(
+                "the task may run until {ends} (Unix seconds), but the sandbox expires at {at}, {}s earlier, and task tools do not renew it; \
+call set_timeout with this sandbox_id and a timeout of at least {} seconds to keep it",
+                ends - at,
+                ends - crate::provider::unix_now() + 30
+            )),
+        );
+    }
 }
 
 /// The sandbox a call targets: its `sandbox_id` argument (`given`), else the session's default

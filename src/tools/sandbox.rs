@@ -96,6 +96,37 @@ pub const KILL: Tool = Tool {
     run: kill,
 };
 
+const SET_TIMEOUT: Param = Param {
+    name: "timeout",
+    kind: Kind::Int { min: limits::SANDBOX_TIMEOUT_MIN_S, max: limits::SANDBOX_TIMEOUT_MAX_S, default: None },
+    required: true,
+    description: "Seconds from now; also what run_command and the file tools renew it to later.",
+};
+
+pub const SET: Tool = Tool {
+    name: "set_timeout",
+    description: "Set when a sandbox expires: timeout seconds from now (extends or shortens it). Task tools never renew a sandbox: \
+before a long background task, make its timeout outlive the task.",
+    params: &[SANDBOX_ID_REQUIRED, SET_TIMEOUT],
+    output_schema: || {
+        json!({"type": "object", "properties": {
+            "sandbox_id": {"type": "string"},
+            "timeout": {"type": "integer"},
+            "expires_at": {"type": "integer", "description": "Unix seconds"}
+        }, "required": ["sandbox_id", "timeout", "expires_at"]})
+    },
+    read_only: false,
+    destructive: false,
+    run: set_timeout,
+};
+
+fn set_timeout(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
+    let id = super::target_sandbox(ctx, Some(args.required_text(&SANDBOX_ID_REQUIRED)?))?;
+    let timeout = args.integer(&SET_TIMEOUT)?.max(1) as u64;
+    let info = ctx.app.provider.set_timeout(&id, timeout, Instant::now() + SANDBOX_CALL_BUDGET)?;
+    Ok(Reply::Now(json!({"sandbox_id": id, "timeout": timeout, "expires_at": info.expires_at})))
+}
+
 /// The arguments of `create_sandbox`.
 fn create_request(args: &Args) -> Result<CreateRequest, ToolError> {
     Ok(CreateRequest {

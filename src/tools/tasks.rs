@@ -94,7 +94,9 @@ fn snapshot_schema() -> Value {
         "stderr_bytes": {"type": "integer"},
         "stdout_truncated": {"type": "boolean"},
         "stderr_truncated": {"type": "boolean"},
-        "error": nullable("string", "why the state is unknown, or failed without an exit code")
+        "error": nullable("string", "why the state is unknown, or failed without an exit code"),
+        "expires_at": {"type": "integer", "description": "when the sandbox expires, Unix seconds (task tools never renew it)"},
+        "warning": {"type": "string", "description": "the task's timeout outlives the sandbox: call set_timeout"}
     }, "required": ["sandbox_id", "task_id", "state", "exit_code", "started_at", "finished_at", "timeout", "stdout", "stderr",
         "stdout_next_offset", "stderr_next_offset", "stdout_bytes", "stderr_bytes", "stdout_truncated", "stderr_truncated", "error"]})
 }
@@ -254,14 +256,19 @@ fn start(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
     // must survive. It stays retained even if this start fails: another start_task may be running
     // in it concurrently (putting it back into the destroy set would kill that task with the
     // session).
+    let stamped = |mut value: Value| {
+        let task_ends = crate::provider::unix_now() + timeout;
+        super::stamp_expiry(ctx.app.provider.as_ref(), &sandbox_id, Some(task_ends), &mut value);
+        value
+    };
     match start_task(ctx, &sandbox_id, launch, StartMode::AtOnce)? {
-        TaskStart::Observed(snapshot) => Ok(Reply::Now(render(&sandbox_id, &snapshot))),
+        TaskStart::Observed(snapshot) => Ok(Reply::Now(stamped(render(&sandbox_id, &snapshot)))),
         TaskStart::Refused(msg) => Err(ToolError::new(msg)),
         TaskStart::Unconfirmed(err) => {
             // Never resubmit: the command may be running. The handle is still the way to find out.
             let msg =
                 format!("the start could not be confirmed ({err}); query this handle with get_task, or kill_sandbox to stop everything");
-            Ok(Reply::Now(render(&sandbox_id, &Snapshot::unconfirmed(&task_id, timeout, msg))))
+            Ok(Reply::Now(stamped(render(&sandbox_id, &Snapshot::unconfirmed(&task_id, timeout, msg)))))
         }
     }
 }
@@ -337,7 +344,9 @@ fn get(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
         return Err(no_such_task(&sandbox_id, &task_id));
     };
     if wait.is_zero() || has_news(&first, window, until_exit) {
-        return Ok(Reply::Now(render(&sandbox_id, &first)));
+        let mut value = render(&sandbox_id, &first);
+        super::stamp_expiry(ctx.app.provider.as_ref(), &sandbox_id, None, &mut value);
+        return Ok(Reply::Now(value));
     }
     // Wait off the worker: the waiter reads again every `every` until there is news or the
     // wait is over (docs/contract.md, "Waiting reads").
@@ -347,7 +356,11 @@ fn get(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
     let read = move |last: bool| {
         let target = Target { provider: provider.as_ref(), sandbox_id: &sandbox_id };
         match supervisor::status(&target, &task_id, window) {
-            Ok(Some(s)) if last || has_news(&s, window, until_exit) => Some(Ok(render(&sandbox_id, &s))),
+            Ok(Some(s)) if last || has_news(&s, window, until_exit) => {
+                let mut value = render(&sandbox_id, &s);
+                super::stamp_expiry(provider.as_ref(), &sandbox_id, None, &mut value);
+                Some(Ok(value))
+            }
             Ok(Some(_)) => None,
             Ok(None) => Some(Err(no_such_task(&sandbox_id, &task_id))),
             Err(err) => Some(Err(err.into())),

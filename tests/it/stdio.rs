@@ -54,7 +54,7 @@ fn requests_before_initialize_get_prompt_errors() {
     c.send_line(&init_line("2025-11-25")).unwrap();
     assert_eq!(next(&c)["result"]["protocolVersion"], "2025-11-25");
     c.send_line(r#"{"jsonrpc":"2.0","id":4,"method":"tools/list"}"#).unwrap();
-    assert_eq!(next(&c)["result"]["tools"].as_array().unwrap().len(), 11);
+    assert_eq!(next(&c)["result"]["tools"].as_array().unwrap().len(), sandbox_mcp::tools::all().len());
 }
 
 #[test]

@@ -290,7 +290,7 @@ fn call_prints_structured_results_and_keeps_sandboxes() {
     let (code, help) = text(&["call", "run_command", "--help"]);
     assert!(code == Some(0) && help.contains("max_output") && help.contains("command*") && !help.contains("USAGE"), "{help}");
     let (code, list) = text(&["tools"]);
-    assert!(code == Some(0) && list.lines().filter(|l| l.starts_with("  ")).count() == 11, "{list}");
+    assert!(code == Some(0) && list.lines().filter(|l| l.starts_with("  ")).count() == sandbox_mcp::tools::all().len(), "{list}");
 }
 
 /// Regression: a sweep (run by every server at start) took a sandbox directory that `create`
@@ -356,4 +356,32 @@ fn a_full_queue_still_reads_pings_and_cancellations() {
     let r: serde_json::Value = serde_json::from_str(&m.client.recv_line(Duration::from_secs(30)).unwrap()).unwrap();
     assert_eq!(r["id"], "b");
     assert!(m.client.recv_line(Duration::from_millis(500)).is_err());
+}
+
+#[test]
+fn results_say_when_the_sandbox_expires_and_set_timeout_changes_it() {
+    let home = Home::new("expiry");
+    let mut m = home.stdio();
+    let created = m.ok("create_sandbox", json!({"timeout": 120}));
+    let sb = created["sandbox_id"].as_str().unwrap().to_string();
+    let at = created["expires_at"].as_i64().unwrap();
+    let out = m.ok("run_command", json!({"command": "true"}));
+    assert!(out["expires_at"].as_i64().unwrap() >= at, "{out}");
+    // A task whose timeout outlives the sandbox is warned about, naming set_timeout.
+    let task = m.ok("start_task", json!({"command": "sleep 30", "timeout": 600}));
+    assert!(task["warning"].as_str().is_some_and(|w| w.contains("set_timeout")), "{task}");
+    assert!(task["expires_at"].as_i64().is_some(), "{task}");
+    let set = m.ok("set_timeout", json!({"sandbox_id": sb, "timeout": 900}));
+    assert_eq!(set["timeout"], 900);
+    let later = set["expires_at"].as_i64().unwrap();
+    assert!(later >= at + 700, "{set}");
+    let got = m.ok("get_task", json!({"sandbox_id": sb, "task_id": task["task_id"]}));
+    assert_eq!(got["expires_at"], later, "{got}");
+    // Within the sandbox's time: no warning.
+    let quiet = m.ok("start_task", json!({"command": "true", "timeout": 60}));
+    assert!(quiet.get("warning").is_none(), "{quiet}");
+    // Shortened.
+    let set = m.ok("set_timeout", json!({"sandbox_id": sb, "timeout": 60}));
+    assert!(set["expires_at"].as_i64().unwrap() < later);
+    assert!(m.err("set_timeout", json!({"sandbox_id": sb, "timeout": 0})).contains("timeout"));
 }

@@ -98,6 +98,10 @@ impl Provider for E2bProvider {
         self.control.info(sandbox_id, touch, deadline)
     }
 
+    fn expires_at(&self, sandbox_id: &str) -> Option<i64> {
+        self.control.expires_at(sandbox_id)
+    }
+
     fn set_timeout(&self, sandbox_id: &str, timeout_s: u64, deadline: Instant) -> Result<SandboxInfo, ProviderError> {
         check_e2b_id(sandbox_id)?;
         self.control.set_timeout(sandbox_id, timeout_s, deadline)

@@ -440,6 +440,11 @@ impl Provider for LocalProvider {
         Ok(self.reach(sandbox_id, touch)?.info())
     }
 
+    fn expires_at(&self, sandbox_id: &str) -> Option<i64> {
+        check_local_id(sandbox_id).ok()?;
+        self.load(sandbox_id).ok().map(|meta| meta.expires_at)
+    }
+
     fn set_timeout(&self, sandbox_id: &str, timeout_s: u64, _deadline: Instant) -> Result<SandboxInfo, ProviderError> {
         let mut meta = self.reach(sandbox_id, Touch::Observe)?;
         meta.timeout = timeout_s;

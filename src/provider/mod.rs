@@ -76,6 +76,10 @@ pub struct SandboxInfo {
     pub limits: Limits,
 }
 
+/// A sandbox as list_sandboxes shows it: what the provider knows, when it was created (Unix
+/// seconds, when known) and its metadata.
+pub type Listed = (SandboxInfo, Option<i64>, BTreeMap<String, String>);
+
 /// One command execution inside a sandbox.
 #[derive(Debug, Clone)]
 pub struct ExecRequest {
@@ -352,6 +356,12 @@ pub trait Provider: Send + Sync {
     /// here": providers that cannot see the environment mask inside the sandbox instead.
     fn env_masker(&self, _sandbox_id: &str, _extra: &BTreeMap<String, String>) -> Result<Masker, ProviderError> {
         Ok(Masker::default())
+    }
+
+    /// Every sandbox of this server's state root, with when it was created and its metadata;
+    /// `None` when the provider cannot list them (list_sandboxes then shows the ones it is told).
+    fn list_sandboxes(&self) -> Option<Vec<Listed>> {
+        None
     }
 
     /// When the sandbox expires (Unix seconds), as this process knows it without a request to the

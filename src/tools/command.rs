@@ -81,7 +81,7 @@ continue with get_task (with wait) or stop it with cancel_task. For anything lon
         }, "required": ["state", "exit_code", "stdout", "stderr", "stdout_truncated", "stderr_truncated", "stdout_bytes", "stderr_bytes", "timed_out", "duration_ms"]})
     },
     read_only: false,
-    destructive: false,
+    destructive: true,
     run,
 };
 
@@ -516,7 +516,8 @@ pub fn start_as_task(ctx: &Ctx<'_>, args: &Args) -> Result<RunningCommand, TaskS
     let timeout = timeout.as_secs().max(1) as i64;
     let launch = Launch { task_id: &task_id, timeout, cwd, command, page_limit: 1, wait: 0 };
     let started = Instant::now();
-    let snapshot = match start_task(ctx, &sandbox_id, launch, StartMode::AtOnce) {
+    let none = BTreeMap::new();
+    let snapshot = match start_task(ctx, &sandbox_id, launch, StartMode::AtOnce(&none)) {
         Ok(TaskStart::Observed(s)) => s,
         Ok(TaskStart::Refused(msg)) => return Err(TaskStartError::Refused(ToolError::new(msg))),
         Ok(TaskStart::Unconfirmed(err)) => {

@@ -3,7 +3,8 @@
 use super::args::{Args, IntField, Kind, Param};
 use super::{Ctx, Reply, Tool, ToolError, SANDBOX_ID_REQUIRED};
 use crate::limits;
-use crate::provider::{CreateRequest, Limits};
+use crate::provider::{CreateRequest, Limits, Touch};
+use crate::supervisor;
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -119,6 +120,70 @@ before a long background task, make its timeout outlive the task.",
     destructive: false,
     run: set_timeout,
 };
+
+pub const LIST: Tool = Tool {
+    name: "list_sandboxes",
+    description: "List the sandboxes this caller can use (over stdio: all of this server's; over HTTP: this session's), \
+with when each expires, its metadata and its task counts: how an agent that reconnects finds its sandboxes.",
+    params: &[],
+    output_schema: || {
+        let nullable_int = json!({"type": ["integer", "null"]});
+        json!({"type": "object", "properties": {
+            "sandboxes": {"type": "array", "items": {"type": "object", "properties": {
+                "sandbox_id": {"type": "string"},
+                "template": {"type": "string"},
+                "created_at": nullable_int,
+                "expires_at": {"type": "integer", "description": "Unix seconds"},
+                "isolation": {"type": "string"},
+                "network": {"type": "boolean"},
+                "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+                "tasks": {"type": ["object", "null"], "properties": {"running": {"type": "integer"}, "total": {"type": "integer"}},
+                    "description": "null when the tasks could not be read"}
+            }, "required": ["sandbox_id", "expires_at", "isolation", "network", "metadata", "tasks"]}},
+            "count": {"type": "integer"}
+        }, "required": ["sandboxes", "count"]})
+    },
+    read_only: true,
+    destructive: false,
+    run: list,
+};
+
+fn list(ctx: &Ctx<'_>, _args: &Args) -> Result<Reply, ToolError> {
+    let provider = ctx.app.provider.as_ref();
+    let visible = ctx.session.visible();
+    let listed = match (&visible, provider.list_sandboxes()) {
+        (None, Some(all)) => all,
+        (Some(ids), Some(all)) => all.into_iter().filter(|(info, _, _)| ids.contains(&info.sandbox_id)).collect(),
+        // A provider that cannot list: the sandboxes the caller is known to use.
+        (_, None) => visible
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|id| provider.info(id, Touch::Observe, Instant::now() + SANDBOX_CALL_BUDGET).ok())
+            .map(|info| (info, None, Default::default()))
+            .collect(),
+    };
+    let sandboxes: Vec<_> = listed
+        .iter()
+        .map(|(info, created_at, metadata)| {
+            let target = supervisor::Target { provider, sandbox_id: &info.sandbox_id };
+            let tasks = supervisor::list(&target).ok().map(|tasks| {
+                let running = tasks.iter().filter(|t| t.state == supervisor::TaskState::Running).count();
+                json!({"running": running, "total": tasks.len()})
+            });
+            json!({
+                "sandbox_id": info.sandbox_id,
+                "template": info.template,
+                "created_at": created_at,
+                "expires_at": info.expires_at,
+                "isolation": info.isolation,
+                "network": info.network,
+                "metadata": metadata,
+                "tasks": tasks,
+            })
+        })
+        .collect();
+    Ok(Reply::Now(json!({"count": sandboxes.len(), "sandboxes": sandboxes})))
+}
 
 fn set_timeout(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
     let id = super::target_sandbox(ctx, Some(args.required_text(&SANDBOX_ID_REQUIRED)?))?;

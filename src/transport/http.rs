@@ -405,7 +405,7 @@ impl Listener {
                 return self.post_modern(req, msg);
             }
             if method == "initialize" {
-                let session = Arc::new(Session::new(ids::random_hex(16), false));
+                let session = Arc::new(Session::new(ids::random_hex(16), false).seeing_state_root(false));
                 let route = protocol::route(&self.app, &session, msg);
                 let Route::Reply(reply) = route else {
                     return Answer::rejected(500, code::INTERNAL_ERROR, "initialize produced no answer");
@@ -474,7 +474,8 @@ drop the Mcp-Session-Id header, or send the request without that _meta inside th
             );
             return Answer::json(400, jsonrpc::error(id, &err));
         }
-        let session = Arc::new(Session::stateless("http-2026"));
+        // Ids are capabilities: only a caller with the bearer token may list the state root's.
+        let session = Arc::new(Session::stateless("http-2026").seeing_state_root(self.app.config.http_token.is_some()));
         let check = |method: &str, params: Option<&Value>, meta: &RequestMeta| headers::check(|name| get(req, name), method, params, meta);
         self.routed(protocol::route_checked(&self.app, &session, msg, &check))
     }

@@ -385,3 +385,29 @@ fn results_say_when_the_sandbox_expires_and_set_timeout_changes_it() {
     assert!(set["expires_at"].as_i64().unwrap() < later);
     assert!(m.err("set_timeout", json!({"sandbox_id": sb, "timeout": 0})).contains("timeout"));
 }
+
+#[test]
+fn list_sandboxes_shows_what_the_caller_can_use() {
+    let home = Home::new("listsb");
+    let mut m = home.stdio();
+    let sb = m.ok("create_sandbox", json!({"metadata": {"owner": "agent-7"}}))["sandbox_id"].as_str().unwrap().to_string();
+    m.ok("start_task", json!({"command": "sleep 30"}));
+    // Over stdio: every sandbox of the state root, another server's included.
+    let other = home.create_detached(json!({}));
+    let listed = m.ok("list_sandboxes", json!({}));
+    assert_eq!(listed["count"], 2, "{listed}");
+    let mine = listed["sandboxes"].as_array().unwrap().iter().find(|s| s["sandbox_id"] == sb.as_str()).unwrap().clone();
+    assert_eq!(mine["metadata"], json!({"owner": "agent-7"}));
+    assert_eq!(mine["tasks"], json!({"running": 1, "total": 1}));
+    assert!(mine["expires_at"].as_i64().is_some() && mine["created_at"].as_i64().is_some(), "{mine}");
+    // Over HTTP: only the session's own.
+    let h = Http::start(&home, &[], &[]);
+    let sid = h.initialize();
+    let created = h.call(&sid, "create_sandbox", json!({}));
+    let listed = h.call(&sid, "list_sandboxes", json!({}));
+    let ids: Vec<&str> =
+        listed["result"]["structuredContent"]["sandboxes"].as_array().unwrap().iter().map(|s| s["sandbox_id"].as_str().unwrap()).collect();
+    assert_eq!(ids, [created["result"]["structuredContent"]["sandbox_id"].as_str().unwrap()], "{listed}");
+    assert!(!ids.contains(&other.as_str()));
+    h.stop();
+}

@@ -440,6 +440,23 @@ impl Provider for LocalProvider {
         Ok(self.reach(sandbox_id, touch)?.info())
     }
 
+    fn list_sandboxes(&self) -> Option<Vec<crate::provider::Listed>> {
+        let mut all = Vec::new();
+        for entry in fs::read_dir(self.root.join("sandboxes")).ok()?.flatten() {
+            let id = entry.file_name().to_string_lossy().into_owned();
+            if check_local_id(&id).is_err() {
+                continue;
+            }
+            if let Ok(meta) = self.load(&id) {
+                if meta.expires_at > unix_now() {
+                    all.push((meta.info(), Some(meta.created_at), meta.metadata.clone()));
+                }
+            }
+        }
+        all.sort_by(|a, b| (a.1, &a.0.sandbox_id).cmp(&(b.1, &b.0.sandbox_id)));
+        Some(all)
+    }
+
     fn expires_at(&self, sandbox_id: &str) -> Option<i64> {
         check_local_id(sandbox_id).ok()?;
         self.load(sandbox_id).ok().map(|meta| meta.expires_at)

@@ -277,10 +277,17 @@ pub fn finish(app: &App, outcome: ReadResult) -> Value {
     result
 }
 
-/// A successful result: `structuredContent` plus the same JSON as text.
+/// A successful result: `structuredContent` plus the same JSON as text; and a read image
+/// (`mime_type` beside `content_base64`, read_file) as an `image` block the model can see.
 pub fn success(structured: Value) -> Value {
     let text = structured.to_string();
-    json!({"content": [{"type": "text", "text": text}], "structuredContent": structured, "isError": false})
+    let mut content = vec![json!({"type": "text", "text": text})];
+    if let (Some(mime), Some(data)) = (structured["mime_type"].as_str(), structured["content_base64"].as_str()) {
+        if mime.starts_with("image/") {
+            content.push(json!({"type": "image", "data": data, "mimeType": mime}));
+        }
+    }
+    json!({"content": content, "structuredContent": structured, "isError": false})
 }
 
 /// A failed result: a text block, no `structuredContent`.

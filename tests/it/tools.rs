@@ -411,3 +411,21 @@ fn list_sandboxes_shows_what_the_caller_can_use() {
     assert!(!ids.contains(&other.as_str()));
     h.stop();
 }
+
+#[test]
+fn read_file_of_an_image_also_returns_an_image_block() {
+    let home = Home::new("image");
+    let mut m = home.stdio();
+    m.create();
+    // A 1x1 PNG.
+    let png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
+    m.ok("write_file", json!({"path": "dot.png", "content": png, "encoding": "base64"}));
+    let r = m.call("read_file", json!({"path": "dot.png"}));
+    assert_eq!(r["structuredContent"]["mime_type"], "image/png", "{r}");
+    assert_eq!(r["content"][1], json!({"type": "image", "data": png, "mimeType": "image/png"}));
+    // Not an image: no block.
+    m.ok("write_file", json!({"path": "bin.dat", "content": "AP8A/w==", "encoding": "base64"}));
+    let r = m.call("read_file", json!({"path": "bin.dat"}));
+    assert_eq!(r["content"].as_array().unwrap().len(), 1, "{r}");
+    assert!(r["structuredContent"].get("mime_type").is_none());
+}

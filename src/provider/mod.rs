@@ -364,6 +364,17 @@ pub trait Provider: Send + Sync {
         None
     }
 
+    /// What the model should know about a sandbox like `info` (writable places, the system,
+    /// the network, how to install packages), one paragraph.
+    fn describe(&self, _info: &SandboxInfo) -> String {
+        String::new()
+    }
+
+    /// The shell `run_command` and `start_task` run a command with.
+    fn command_shell(&self) -> String {
+        self.shell("")[0].clone()
+    }
+
     /// When the sandbox expires (Unix seconds), as this process knows it without a request to the
     /// sandbox or its platform; `None` when it does not know.
     fn expires_at(&self, _sandbox_id: &str) -> Option<i64> {

@@ -74,7 +74,11 @@ and lives until kill_sandbox or its own timeout.",
             "isolation": {"type": "string", "description": "namespaces or none (local provider), e2b (the platform's own)"},
             "network": {"type": "boolean", "description": "Whether commands can reach the outside network"},
             "limits": {"type": "object", "properties": {"memory_mb": limit, "processes": limit},
-                "required": ["memory_mb", "processes"], "description": "Enforced limits; null where none was asked for"}
+                "required": ["memory_mb", "processes"], "description": "Enforced limits; null where none was asked for"},
+            "shell": {"type": "string", "description": "what run_command and start_task run commands with"},
+            "found": {"type": "object", "additionalProperties": {"type": "string"},
+                "description": "interpreters, compilers and tools found inside, with their version line"},
+            "about": {"type": "string", "description": "writable places, the network, how to install packages"}
         }, "required": ["sandbox_id", "provider", "template", "expires_at", "isolation", "network", "limits"]})
     },
     read_only: false,
@@ -217,6 +221,7 @@ fn create(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
         let _ = provider.kill(&info.sandbox_id, Instant::now() + SANDBOX_CALL_BUDGET);
         return Err(ToolError::new("the session ended while the sandbox was being created; it was killed again"));
     }
+    let found = probe(provider.as_ref(), &info.sandbox_id);
     Ok(Reply::Now(json!({
         "sandbox_id": info.sandbox_id,
         "provider": provider.name(),
@@ -225,7 +230,31 @@ fn create(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
         "isolation": info.isolation,
         "network": info.network,
         "limits": {"memory_mb": info.limits.memory_mb, "processes": info.limits.processes},
+        "shell": provider.command_shell(),
+        "found": found,
+        "about": provider.describe(&info),
     })))
+}
+
+/// The tools a model may want, found inside the new sandbox with the first line of their
+/// `--version` (one command; nothing when it fails).
+fn probe(provider: &dyn crate::provider::Provider, sandbox_id: &str) -> serde_json::Map<String, serde_json::Value> {
+    const SCRIPT: &str = "for t in bash python3 pip3 node npm gcc cc make git curl; do \
+if command -v \"$t\" >/dev/null 2>&1; then printf '%s\\t%s\\n' \"$t\" \"$(\"$t\" --version 2>&1 </dev/null | head -n 1)\"; fi; done";
+    let req = crate::provider::ExecRequest {
+        argv: provider.posix_sh(SCRIPT, &[]),
+        envs: Default::default(),
+        cwd: None,
+        output_cap: 64 * 1024,
+        deadline: Instant::now() + Duration::from_secs(10),
+        cancel: None,
+    };
+    let Ok(out) = provider.exec(sandbox_id, &req, Touch::Observe) else { return Default::default() };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once('\t'))
+        .map(|(name, version)| (name.to_string(), json!(version.chars().take(120).collect::<String>())))
+        .collect()
 }
 
 /// The argument of `kill_sandbox`.

@@ -12,6 +12,10 @@ fn run_command_reports_exit_codes_as_data_and_clears_the_environment() {
     let created = m.ok("create_sandbox", json!({"envs": {"GREETING": "hello"}, "metadata": {"owner": "test"}}));
     assert_eq!(created["provider"], "local");
     assert_eq!(created["template"], "base");
+    // What the sandbox has: its shell, the tools found with their versions, where to write.
+    assert_eq!(created["shell"], "/bin/sh");
+    assert!(created["found"]["bash"].as_str().is_some_and(|v| v.contains("bash")), "{created}");
+    assert!(created["about"].as_str().is_some_and(|a| a.contains("home")), "{created}");
     let sb = created["sandbox_id"].as_str().unwrap().to_string();
     let meta = std::fs::metadata(home.sandbox_dir(&sb).join("meta.json")).unwrap();
     assert_eq!(meta.permissions().mode() & 0o777, 0o600);

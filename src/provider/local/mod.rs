@@ -440,6 +440,25 @@ impl Provider for LocalProvider {
         Ok(self.reach(sandbox_id, touch)?.info())
     }
 
+    fn describe(&self, info: &SandboxInfo) -> String {
+        let network = if info.network {
+            "It reaches the outside network."
+        } else {
+            "It has no outside network (create the sandbox with network: true for downloads)."
+        };
+        match info.isolation {
+            "namespaces" => format!(
+                "An isolated Linux sandbox: the host's system directories (/usr, /bin, /lib, /opt) are read-only; write in the home \
+directory /home/user (the default working directory) and /tmp. {network} System packages cannot be installed; install Python \
+packages into a virtual environment (python3 -m venv ~/venv && ~/venv/bin/pip install NAME) and others under the home directory."
+            ),
+            _ => format!(
+                "Commands run on the host as the server's user, without isolation; the file tools are confined to the sandbox's home \
+directory (the default working directory). {network} Install packages under the home directory (for Python: python3 -m venv)."
+            ),
+        }
+    }
+
     fn list_sandboxes(&self) -> Option<Vec<crate::provider::Listed>> {
         let mut all = Vec::new();
         for entry in fs::read_dir(self.root.join("sandboxes")).ok()?.flatten() {

@@ -239,7 +239,7 @@ fn create(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
 /// The tools a model may want, found inside the new sandbox with the first line of their
 /// `--version` (one command; nothing when it fails).
 fn probe(provider: &dyn crate::provider::Provider, sandbox_id: &str) -> serde_json::Map<String, serde_json::Value> {
-    const SCRIPT: &str = "for t in bash python3 pip3 node npm gcc cc make git curl; do \
+    const SCRIPT: &str = "for t in bash python3 node gcc cc make git curl; do \
 if command -v \"$t\" >/dev/null 2>&1; then printf '%s\\t%s\\n' \"$t\" \"$(\"$t\" --version 2>&1 </dev/null | head -n 1)\"; fi; done";
     let req = crate::provider::ExecRequest {
         argv: provider.posix_sh(SCRIPT, &[]),

@@ -19,8 +19,12 @@ pub fn help() -> String {
         "sandbox-mcp: an MCP server that gives AI agents Linux sandboxes\n\n\
 USAGE:\n  sandbox-mcp [stdio]            MCP over stdin/stdout (what MCP clients launch)\n  \
 sandbox-mcp http [--listen ADDR] MCP over HTTP on POST /mcp\n  \
-sandbox-mcp call TOOL [JSON]     one tool call; result JSON on stdout (exit 1 when the tool failed)\n  \
-sandbox-mcp demo                 the durable-task walkthrough, step by step\n\nOPTIONS (flag / environment / default):\n",
+sandbox-mcp call TOOL [JSON|-]   one tool call (`-`: the JSON arguments from stdin); result JSON on stdout;\n    \
+exit 1 when the tool failed, and call run_command exits with the command's exit code\n  \
+sandbox-mcp call TOOL --help     that tool's description and arguments\n  \
+sandbox-mcp tools                the list of tools\n  \
+sandbox-mcp demo                 the durable-task walkthrough, step by step\n  \
+sandbox-mcp -h, --help           this text\n\nOPTIONS (flag / environment / default):\n",
     );
     for o in OPTIONS {
         out.push_str(&format!("  {:<16} {:<24} {}  [{}]\n", o.flag.unwrap_or("-"), o.env.unwrap_or("-"), o.help, o.default));
@@ -28,17 +32,65 @@ sandbox-mcp demo                 the durable-task walkthrough, step by step\n\nO
     out
 }
 
-/// `sandbox-mcp call TOOL [JSON]`: prints `structuredContent` on success (exit 0), or the error
-/// text on stderr (exit 1). Sandboxes created this way outlive the call: pass their id later.
+/// `sandbox-mcp tools`: each tool's name and the first sentence of its description.
+pub fn tool_list() -> String {
+    let mut out = String::from("TOOLS (sandbox-mcp call TOOL --help for a tool's arguments):\n");
+    for t in tools::all() {
+        let first = t.description.split(". ").next().unwrap_or(t.description).trim_end_matches('.');
+        out.push_str(&format!("  {:<15} {first}\n", t.name));
+    }
+    out
+}
+
+/// `sandbox-mcp call TOOL --help`: the tool's description and its arguments (from its input schema).
+pub fn tool_help(tool: &tools::Tool) -> String {
+    let schema = tools::args::input_schema(tool.params);
+    let required: Vec<&str> = schema["required"].as_array().map(|r| r.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
+    let mut out = format!("sandbox-mcp call {} [JSON|-]\n\n{}\n\nARGUMENTS (one JSON object; * required):\n", tool.name, tool.description);
+    for p in tool.params {
+        let prop = &schema["properties"][p.name];
+        let mut kind = match &prop["enum"] {
+            Value::Array(values) => values.iter().map(|v| v.to_string()).collect::<Vec<_>>().join("|"),
+            _ => prop["type"].as_str().unwrap_or("value").to_string(),
+        };
+        if let (Some(min), Some(max)) = (prop["minimum"].as_i64(), prop["maximum"].as_i64()) {
+            kind.push_str(&format!(" {min}..{max}"));
+        }
+        if let Some(default) = prop.get("default") {
+            kind.push_str(&format!(", default {default}"));
+        }
+        let star = if required.contains(&p.name) { "*" } else { "" };
+        out.push_str(&format!("  {:<14} {kind}\n      {}\n", format!("{}{star}", p.name), p.description));
+    }
+    out
+}
+
+/// `sandbox-mcp call TOOL [JSON|-]`: prints `structuredContent` on success (exit 0; for
+/// run_command the command's exit code), or the error text on stderr (exit 1). `-` reads the
+/// arguments from stdin. Sandboxes created this way outlive the call: pass their id later.
 pub fn call(config: Config, words: &[String]) -> Result<i32> {
-    let Some(name) = words.first() else { bail!("usage: sandbox-mcp call TOOL [JSON-ARGUMENTS]") };
+    let Some(name) = words.first() else { bail!("usage: sandbox-mcp call TOOL [JSON-ARGUMENTS|-]; sandbox-mcp tools lists the tools") };
     let Some(tool) = tools::find(name) else {
         let names: Vec<&str> = tools::all().iter().map(|t| t.name).collect();
         bail!("unknown tool {name:?}; tools are: {}", names.join(", "));
     };
-    let arguments: Map<String, Value> = match words.get(1) {
+    if words.get(1).is_some_and(|w| w == "--help") {
+        print!("{}", tool_help(tool));
+        return Ok(0);
+    }
+    let stdin_text;
+    let given = match words.get(1).map(String::as_str) {
+        Some("-") => {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text).context("reading the JSON arguments from stdin")?;
+            stdin_text = text;
+            Some(stdin_text.as_str())
+        }
+        other => other,
+    };
+    let arguments: Map<String, Value> = match given {
         None => Map::new(),
-        Some(text) => match serde_json::from_str(text).with_context(|| format!("arguments {text:?} are not JSON"))? {
+        Some(text) => match serde_json::from_str(text).with_context(|| format!("arguments {:?} are not JSON", crate::cli::shown(text)))? {
             Value::Object(m) => m,
             _ => bail!("arguments must be a JSON object, like '{{\"command\": \"ls\"}}'"),
         },
@@ -64,7 +116,20 @@ pub fn call(config: Config, words: &[String]) -> Result<i32> {
         return Ok(1);
     }
     writeln!(stdout, "{}", result["structuredContent"])?;
+    if tool.name == "run_command" {
+        // The command's own exit code (modulo 256, as a shell reports it).
+        return Ok(result["structuredContent"]["exit_code"].as_i64().map_or(0, |c| c.rem_euclid(256) as i32));
+    }
     Ok(0)
+}
+
+/// At most 200 characters of `text`, for an error message.
+fn shown(text: &str) -> String {
+    let mut out: String = text.chars().take(200).collect();
+    if out.len() < text.len() {
+        out.push('…');
+    }
+    out
 }
 
 struct Demo {
@@ -160,8 +225,13 @@ fn long_command_as_task(d: &mut Demo, sandbox: &str, provider: &str) -> Result<(
         let task = plain["task_id"].as_str().unwrap_or_default().to_string();
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut last = plain.clone();
+        let offset = plain["stdout_next_offset"].clone();
         while last["state"] == json!("running") && Instant::now() < deadline {
-            last = d.call(&mut c, "get_task", json!({"sandbox_id": sandbox, "task_id": task, "stdout_offset": 6, "wait": 10}))?;
+            last = d.call(
+                &mut c,
+                "get_task",
+                json!({"sandbox_id": sandbox, "task_id": task, "stdout_offset": offset, "wait": 30, "until": "exit"}),
+            )?;
         }
         d.expect(
             last["state"] == json!("succeeded") && last["exit_code"] == json!(0) && last["stdout"] == json!("DONE"),
@@ -195,21 +265,10 @@ pub fn demo(config: &Config) -> Result<i32> {
     println!("            The sandbox lives on because start_task retained it; the handle is {sandbox} / {task}.");
 
     let mut b = d.server("session 2")?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut last = Value::Null;
-    let mut polls = 0;
-    while Instant::now() < deadline {
-        polls += 1;
-        last = if polls <= 2 || polls % 4 == 0 {
-            d.call(&mut b, "get_task", json!({"sandbox_id": sandbox, "task_id": task}))?
-        } else {
-            let r = b.call_tool("get_task", json!({"sandbox_id": sandbox, "task_id": task}), Duration::from_secs(30))?;
-            r["structuredContent"].clone()
-        };
-        if last["state"] != json!("running") {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(500));
+    // One waiting call follows the task to its end (until "exit"): no polling loop.
+    let mut last = d.call(&mut b, "get_task", json!({"sandbox_id": sandbox, "task_id": task, "wait": 60, "until": "exit"}))?;
+    if last["state"] == json!("running") {
+        last = d.call(&mut b, "get_task", json!({"sandbox_id": sandbox, "task_id": task, "wait": 60, "until": "exit"}))?;
     }
     println!("\n   final: state {}, exit_code {}, stdout {}", last["state"], last["exit_code"], last["stdout"]);
     d.expect(last["state"] == json!("succeeded") && last["exit_code"] == json!(0), "the task finished with exit 0");

@@ -366,6 +366,15 @@ impl Args {
                 out.positional.extend(it.by_ref().cloned());
                 break;
             }
+            if arg == "-h" || arg == "--help" {
+                // After `call TOOL`: that tool's help; anywhere else: the global help.
+                if out.positional.first().is_some_and(|w| w == "call") && out.positional.len() >= 2 {
+                    out.positional.push("--help".into());
+                } else {
+                    out.positional.insert(0, "--help".into());
+                }
+                continue;
+            }
             if !arg.starts_with("--") {
                 out.positional.push(arg.clone());
                 continue;
@@ -374,7 +383,7 @@ impl Args {
                 Some((n, v)) => (n.to_string(), Some(v.to_string())),
                 None => (arg.clone(), None),
             };
-            if name == "--help" || name == "--version" {
+            if name == "--version" {
                 out.positional.insert(0, name);
                 continue;
             }

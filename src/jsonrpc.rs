@@ -171,8 +171,96 @@ pub fn error(id: &Value, err: &RpcError) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "error": e})
 }
 
+/// How many bytes of a message too large to parse are kept to find its id ([`id_in_prefix`]).
+pub const ID_PREFIX_BYTES: usize = 4096;
+
+/// The `id` of a JSON-RPC message read from its first bytes only (a message too large to parse):
+/// a string or number given as a key of the top-level object, before any cut. `None` when the
+/// prefix is not an object's start or holds no complete top-level `id`.
+pub fn id_in_prefix(prefix: &[u8]) -> Option<Value> {
+    let ws = |b: u8| matches!(b, b' ' | b'\t' | b'\r' | b'\n');
+    let mut i = prefix.iter().position(|b| !ws(*b))?;
+    if prefix[i] != b'{' {
+        return None;
+    }
+    i += 1;
+    let mut depth = 1usize;
+    // End of the string that starts at `at` (its opening quote): the index after its closing quote.
+    let string_end = |at: usize| -> Option<usize> {
+        let mut j = at + 1;
+        while j < prefix.len() {
+            match prefix[j] {
+                b'\\' => j += 2,
+                b'"' => return Some(j + 1),
+                _ => j += 1,
+            }
+        }
+        None
+    };
+    while i < prefix.len() {
+        match prefix[i] {
+            b'"' => {
+                let end = string_end(i)?;
+                let mut after = end;
+                while after < prefix.len() && ws(prefix[after]) {
+                    after += 1;
+                }
+                let is_key = prefix.get(after) == Some(&b':');
+                if depth == 1 && is_key && &prefix[i..end] == b"\"id\"" {
+                    let mut v = after + 1;
+                    while v < prefix.len() && ws(prefix[v]) {
+                        v += 1;
+                    }
+                    let value_end = match prefix.get(v)? {
+                        b'"' => string_end(v)?,
+                        b'-' | b'0'..=b'9' => {
+                            let n = prefix[v..].iter().position(|b| !matches!(b, b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9'))?;
+                            v + n
+                        }
+                        _ => return None,
+                    };
+                    return serde_json::from_slice::<Value>(&prefix[v..value_end]).ok().filter(|id| id.is_string() || id.is_number());
+                }
+                i = end;
+            }
+            b'{' | b'[' => {
+                depth += 1;
+                i += 1;
+            }
+            b'}' | b']' => {
+                depth -= 1;
+                if depth == 0 {
+                    return None;
+                }
+                i += 1;
+            }
+            _ => i += 1,
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn finds_the_top_level_id_in_a_prefix() {
+        use super::id_in_prefix;
+        use serde_json::json;
+        let cases: &[(&[u8], Option<serde_json::Value>)] = &[
+            (br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"arguments":{"content":"xxx"#, Some(json!(7))),
+            (br#" { "id" : "a\"b", "x": 1"#, Some(json!("a\"b"))),
+            (br#"{"method":"m","params":{"id":3,"content":"xx"#, None),
+            (br#"{"method":"m","params":{"id":3},"id":-4.5,"x""#, Some(json!(-4.5))),
+            (br#"{"params":{"content":"\"id\":9"},"id":12}"#, Some(json!(12))),
+            (br#"{"id":12"#, None),
+            (br#"{"id":null,"x":1"#, None),
+            (br#"[{"id":1}]"#, None),
+        ];
+        for (prefix, id) in cases {
+            assert_eq!(&id_in_prefix(prefix), id, "{}", String::from_utf8_lossy(prefix));
+        }
+    }
+
     use super::*;
 
     fn check(input: &str, expected: Incoming) {

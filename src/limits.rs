@@ -22,6 +22,11 @@ pub const TASK_TIMEOUT_DEFAULT_S: i64 = 300;
 /// Log bytes saved per stream of a task, and output kept per stream of `run_command`.
 pub const MAX_LOG_BYTES: usize = 1024 * 1024;
 
+/// Bytes per stream `run_command` returns inline by default (`max_output`), and the least it may ask.
+pub const MAX_OUTPUT_DEFAULT: i64 = 16_384;
+/// Lower bound of `run_command`'s `max_output`.
+pub const MAX_OUTPUT_MIN: i64 = 1_024;
+
 /// Largest accepted read offset into a task log.
 pub const MAX_READ_OFFSET: i64 = 1_048_576;
 /// Bounds and default of `limit`, the bytes returned per stream by one task read.
@@ -58,8 +63,16 @@ pub const SANDBOX_TIMEOUT_DEFAULT_S: i64 = 300;
 pub const MAX_FILE_BYTES: usize = 4 * 1024 * 1024;
 
 /// Longest `write_file` `content`, in characters: it must fit, with its JSON-RPC envelope, in one
-/// message of at most `MAX_BODY_BYTES`.
-pub const MAX_WRITE_CHARS: usize = 3 * 1024 * 1024;
+/// message of at most `MAX_BODY_BYTES` however the client escapes it (at worst 12 bytes per
+/// character: a character outside the BMP as a `\uXXXX\uXXXX` surrogate pair).
+pub const MAX_WRITE_CHARS: usize = 336 * 1024;
+
+/// Bytes one character may take in a JSON string at worst (see [`MAX_WRITE_CHARS`]).
+pub const WORST_ESCAPED_CHAR_BYTES: usize = 12;
+
+// write_file's arguments at their longest (content, a 4096-character path, a sandbox id, the
+// envelope) fit in one message, escaped at worst.
+const _: () = assert!((MAX_WRITE_CHARS + 4096 + 128) * WORST_ESCAPED_CHAR_BYTES + 1024 <= MAX_BODY_BYTES);
 
 /// Most entries `list_files` returns; the result says when it stopped early.
 pub const MAX_DIR_ENTRIES: usize = 10_000;

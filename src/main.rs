@@ -1,5 +1,6 @@
 //! The `sandbox-mcp` binary: parses the command line, sets up stderr logging, and runs one
-//! subcommand. Exit codes: 0 success, 1 failure (or a failed tool for `call`), 2 usage error.
+//! subcommand. Exit codes: 0 success, 1 failure (or a failed tool for `call`), 2 usage error;
+//! `call run_command` exits with the command's exit code.
 
 use sandbox_mcp::config::{Args, Config, IsolationMode, ProviderKind};
 use sandbox_mcp::provider::local::isolation::{self, Isolation};
@@ -31,6 +32,10 @@ fn main() -> ExitCode {
     let command = words.first().map(String::as_str).unwrap_or("stdio");
     if command == "--help" || command == "help" {
         print!("{}", sandbox_mcp::cli::help());
+        return ExitCode::SUCCESS;
+    }
+    if command == "tools" {
+        print!("{}", sandbox_mcp::cli::tool_list());
         return ExitCode::SUCCESS;
     }
     if command == "--version" {

@@ -386,8 +386,11 @@ fn initialize(session: &Session, params: Option<&Value>) -> Value {
 /// Shown to the model by hosts that use `instructions` (2025 sessions).
 const INSTRUCTIONS: &str = "Linux sandboxes for running commands. Call create_sandbox first; later tools default to that sandbox. \
 Use run_command for short commands and start_task for anything long-running: a task's handle (sandbox_id + task_id) stays valid \
-after this session ends, and get_task reads its state and logs by offset. Sandboxes created in this session are killed when it \
-ends, unless a task was started in them.";
+after this session ends, and get_task reads its state and logs by offset (until \"exit\" waits for the end in one call). \
+Sandboxes created in this session are killed when it ends, unless a task was started in them. create_sandbox's result says what \
+the sandbox has: the shell, the interpreters and compilers found (with versions), where to write, the network, how to install \
+packages. Results that name a sandbox give its expires_at; task tools never renew it, so use set_timeout before a long task. \
+list_sandboxes finds your sandboxes again.";
 
 /// The answers that never change, serialized once on first use.
 mod cached {
@@ -417,7 +420,9 @@ mod cached {
 pub const DISCOVER_INSTRUCTIONS: &str = "Linux sandboxes for running commands. Call create_sandbox first and pass its sandbox_id to \
 every later tool (over stdio, tools also default to the last sandbox this process created). Use run_command for short commands and \
 start_task for anything long-running: a task's handle (sandbox_id + task_id) stays valid after the client goes away, and get_task \
-reads its state and logs by offset. A sandbox created by a 2026-07-28 request over HTTP lives until kill_sandbox or its own timeout.";
+reads its state and logs by offset (until \"exit\" waits for the end in one call). A sandbox created by a 2026-07-28 request over \
+HTTP lives until kill_sandbox or its own timeout (expires_at; set_timeout changes it, task tools never renew it). create_sandbox's \
+result says what the sandbox has: the shell, the interpreters and compilers found, where to write, the network, how to install packages.";
 
 fn tool_call(session: &Session, id: &Value, params: Option<Value>, meta: Option<RequestMeta>) -> Result<ToolCall, RpcError> {
     let Some(Value::Object(mut params)) = params else {

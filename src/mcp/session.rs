@@ -25,8 +25,16 @@ struct State {
     initialized: bool,
     protocol_version: String,
     default_sandbox: Option<String>,
-    /// Invariant: only sandboxes this session created, minus those retained by `start_task`.
+    /// Invariant: only sandboxes this session created, minus those retained by `start_task`
+    /// and those a task start in flight holds.
     destroy: BTreeSet<String>,
+    /// Sandboxes a task start in flight holds out of the destroy set: how many starts, and
+    /// whether the sandbox was in the set before.
+    holds: std::collections::BTreeMap<String, (usize, bool)>,
+    /// Sandboxes retained for good (a task runs in them).
+    kept: BTreeSet<String>,
+    /// Sandboxes this session created and did not kill (list_sandboxes over HTTP).
+    mine: BTreeSet<String>,
     ended: bool,
     last_active: Instant,
     /// Handles of the protocol tasks this session created, oldest first (`tasks/list`).
@@ -38,6 +46,8 @@ struct State {
 pub struct Session {
     /// Identifier for logs (the HTTP session id, or `stdio`).
     pub id: String,
+    /// Whether list_sandboxes shows every sandbox of the state root (see [`Session::seeing_state_root`]).
+    sees_state_root: bool,
     /// When true (the `call` subcommand), sandboxes outlive the session.
     keep_sandboxes: bool,
     /// When true (one 2026-07-28 HTTP request), the session records no sandbox at all.
@@ -105,6 +115,7 @@ impl Session {
     pub fn new(id: impl Into<String>, keep_sandboxes: bool) -> Session {
         Session {
             id: id.into(),
+            sees_state_root: true,
             keep_sandboxes,
             stateless: false,
             subscriptions: subscription::Open::default(),
@@ -113,6 +124,9 @@ impl Session {
                 protocol_version: String::new(),
                 default_sandbox: None,
                 destroy: BTreeSet::new(),
+                holds: Default::default(),
+                kept: BTreeSet::new(),
+                mine: BTreeSet::new(),
                 ended: false,
                 last_active: Instant::now(),
                 tasks: Vec::new(),
@@ -124,7 +138,14 @@ impl Session {
     /// The scope of one 2026-07-28 request over HTTP: no default sandbox, no destroy set, so
     /// sandboxes it creates live until `kill_sandbox` or their own timeout.
     pub fn stateless(id: impl Into<String>) -> Session {
-        Session { stateless: true, ..Session::new(id, true) }
+        Session { stateless: true, sees_state_root: false, ..Session::new(id, true) }
+    }
+
+    /// Whether list_sandboxes shows every sandbox of the state root (`yes`), or only this
+    /// session's (an HTTP session; a stateless HTTP request without a bearer token sees none).
+    pub fn seeing_state_root(mut self, yes: bool) -> Session {
+        self.sees_state_root = yes;
+        self
     }
 
     /// Whether this is the scope of a single 2026-07-28 HTTP request.
@@ -176,6 +197,7 @@ impl Session {
             return false;
         }
         s.default_sandbox = Some(sandbox_id.to_string());
+        s.mine.insert(sandbox_id.to_string());
         if !self.keep_sandboxes {
             s.destroy.insert(sandbox_id.to_string());
         }
@@ -184,7 +206,38 @@ impl Session {
 
     /// Takes a sandbox out of the destroy set (`start_task` retains its sandbox).
     pub fn retain(&self, sandbox_id: &str) {
-        self.state().destroy.remove(sandbox_id);
+        let mut s = self.state();
+        s.destroy.remove(sandbox_id);
+        s.kept.insert(sandbox_id.to_string());
+    }
+
+    /// A task start in flight: the sandbox leaves the destroy set until [`Session::settle`].
+    pub fn hold(&self, sandbox_id: &str) {
+        let mut s = self.state();
+        let was = s.destroy.remove(sandbox_id);
+        let hold = s.holds.entry(sandbox_id.to_string()).or_insert((0, false));
+        hold.0 += 1;
+        hold.1 |= was;
+    }
+
+    /// A task start ended: `started` retains the sandbox for good; otherwise, once no other start
+    /// is in flight and no task was started in it, it rejoins the destroy set (a failed start
+    /// retains nothing).
+    pub fn settle(&self, sandbox_id: &str, started: bool) {
+        let mut s = self.state();
+        if started {
+            s.kept.insert(sandbox_id.to_string());
+        }
+        let Some(hold) = s.holds.get_mut(sandbox_id) else { return };
+        hold.0 = hold.0.saturating_sub(1);
+        if hold.0 > 0 {
+            return;
+        }
+        let was = hold.1;
+        s.holds.remove(sandbox_id);
+        if was && !s.ended && !s.kept.contains(sandbox_id) {
+            s.destroy.insert(sandbox_id.to_string());
+        }
     }
 
     /// The version `initialize` negotiated ("" before it).
@@ -208,6 +261,9 @@ impl Session {
     pub fn forget(&self, sandbox_id: &str) {
         let mut s = self.state();
         s.destroy.remove(sandbox_id);
+        s.kept.remove(sandbox_id);
+        s.holds.remove(sandbox_id);
+        s.mine.remove(sandbox_id);
         if s.default_sandbox.as_deref() == Some(sandbox_id) {
             s.default_sandbox = None;
         }
@@ -367,6 +423,21 @@ impl crate::tools::SandboxScope for Session {
 
     fn retain(&self, sandbox_id: &str) {
         Session::retain(self, sandbox_id)
+    }
+
+    fn hold(&self, sandbox_id: &str) {
+        Session::hold(self, sandbox_id)
+    }
+
+    fn settle(&self, sandbox_id: &str, started: bool) {
+        Session::settle(self, sandbox_id, started)
+    }
+
+    fn visible(&self) -> Option<Vec<String>> {
+        if self.sees_state_root {
+            return None;
+        }
+        Some(self.state().mine.iter().cloned().collect())
     }
 
     fn forget(&self, sandbox_id: &str) {

@@ -76,6 +76,10 @@ pub struct SandboxInfo {
     pub limits: Limits,
 }
 
+/// A sandbox as list_sandboxes shows it: what the provider knows, when it was created (Unix
+/// seconds, when known) and its metadata.
+pub type Listed = (SandboxInfo, Option<i64>, BTreeMap<String, String>);
+
 /// One command execution inside a sandbox.
 #[derive(Debug, Clone)]
 pub struct ExecRequest {
@@ -352,6 +356,29 @@ pub trait Provider: Send + Sync {
     /// here": providers that cannot see the environment mask inside the sandbox instead.
     fn env_masker(&self, _sandbox_id: &str, _extra: &BTreeMap<String, String>) -> Result<Masker, ProviderError> {
         Ok(Masker::default())
+    }
+
+    /// Every sandbox of this server's state root, with when it was created and its metadata;
+    /// `None` when the provider cannot list them (list_sandboxes then shows the ones it is told).
+    fn list_sandboxes(&self) -> Option<Vec<Listed>> {
+        None
+    }
+
+    /// What the model should know about a sandbox like `info` (writable places, the system,
+    /// the network, how to install packages), one paragraph.
+    fn describe(&self, _info: &SandboxInfo) -> String {
+        String::new()
+    }
+
+    /// The shell `run_command` and `start_task` run a command with.
+    fn command_shell(&self) -> String {
+        self.shell("")[0].clone()
+    }
+
+    /// When the sandbox expires (Unix seconds), as this process knows it without a request to the
+    /// sandbox or its platform; `None` when it does not know.
+    fn expires_at(&self, _sandbox_id: &str) -> Option<i64> {
+        None
     }
 
     /// Secrets this provider holds now (for example per-sandbox access tokens), masked like the

@@ -107,6 +107,7 @@
 //! | `group`        | when `live` is `0`: `1` if the task's processes still run             |
 //! | `out_size`, `err_size` | bytes saved per log (not in `list` and `delete`)               |
 //! | `out_truncated`, `err_truncated` | as in the state file (not in `list` and `delete`)    |
+//! | `cmd_hex`      | the first 800 bytes of `cmd`, in hex (`list` only)                    |
 
 use crate::limits;
 use crate::provider::{ExecOutput, ExecRequest, Provider, ProviderError, Touch};
@@ -146,6 +147,8 @@ pub mod key {
     pub const OUT_TRUNCATED: &str = "out_truncated";
     /// Whether stderr went over the cap.
     pub const ERR_TRUNCATED: &str = "err_truncated";
+    /// The start of the task's command, hex-encoded (`list` only).
+    pub const CMD_HEX: &str = "cmd_hex";
 }
 
 /// The values of the `status` key.
@@ -240,6 +243,8 @@ pub struct Snapshot {
     pub error: Option<String>,
     /// Processes outside the task's group that were killed by the tag scan.
     pub escaped: u64,
+    /// The start of the task's command (`list` only).
+    pub command: Option<String>,
 }
 
 impl Snapshot {
@@ -262,6 +267,7 @@ impl Snapshot {
             stderr_truncated: false,
             error: Some(error),
             escaped: 0,
+            command: None,
         }
     }
 }
@@ -291,9 +297,14 @@ impl Target<'_> {
     }
 
     fn run(&self, argv: Vec<String>) -> Result<ExecOutput, ProviderError> {
+        self.run_with(argv, &BTreeMap::new())
+    }
+
+    /// [`Target::run`] with the variables `envs` in the snippet's environment.
+    fn run_with(&self, argv: Vec<String>, envs: &BTreeMap<String, String>) -> Result<ExecOutput, ProviderError> {
         let req = ExecRequest {
             argv,
-            envs: BTreeMap::new(),
+            envs: envs.clone(),
             cwd: None,
             output_cap: limits::MAX_LOG_BYTES,
             deadline: Instant::now() + SNIPPET_BUDGET,
@@ -310,7 +321,7 @@ impl Target<'_> {
 /// What `start` observed.
 pub enum Started {
     /// The supervisor answered (the task may already be finished).
-    Observed(Snapshot),
+    Observed(Box<Snapshot>),
     /// The sandbox refused before anything ran (limit, missing cwd, ...).
     Refused(String),
 }
@@ -328,8 +339,8 @@ pub fn start_argv(provider: &dyn Provider, launch: Launch<'_>) -> Result<Vec<Str
 
 /// Starts a task. `Err` when the request failed; [`ProviderError::maybe_applied`] tells whether
 /// the task may nevertheless be running.
-pub fn start(target: &Target<'_>, task_id: &str, argv: Vec<String>) -> Result<Started, ProviderError> {
-    let out = target.run(argv)?;
+pub fn start(target: &Target<'_>, task_id: &str, argv: Vec<String>, envs: &BTreeMap<String, String>) -> Result<Started, ProviderError> {
+    let out = target.run_with(argv, envs)?;
     started(&out, task_id, Window { stdout_offset: 0, stderr_offset: 0, limit: limits::READ_LIMIT_DEFAULT as u64 }, "start_task")
 }
 
@@ -377,7 +388,7 @@ fn started(out: &ExecOutput, task_id: &str, window: Window, what: &str) -> Resul
         return Ok(Started::Refused(msg));
     }
     match parse_one(out, task_id, window) {
-        Some(snap) => Ok(Started::Observed(snap)),
+        Some(snap) => Ok(Started::Observed(Box::new(snap))),
         None => Err(ProviderError::Unconfirmed {
             what: what.into(),
             detail: format!("the supervisor's answer was unreadable: {}", excerpt(out)),
@@ -562,7 +573,17 @@ fn derive(task_id: &str, f: &BTreeMap<&str, &str>, out_page: Vec<u8>, err_page: 
         stderr_truncated: f.get(key::ERR_TRUNCATED).copied() == Some("1"),
         error,
         escaped: num(f, key::ESCAPED).unwrap_or(0).max(0) as u64,
+        command: f.get(key::CMD_HEX).and_then(|hex| from_hex(hex)).map(|bytes| String::from_utf8_lossy(&bytes).chars().take(200).collect()),
     }
+}
+
+/// Bytes from lowercase or uppercase hex digits; `None` when `hex` is not that.
+fn from_hex(hex: &str) -> Option<Vec<u8>> {
+    let hex = hex.trim();
+    if hex.len() % 2 != 0 {
+        return None;
+    }
+    (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok()).collect()
 }
 
 /// The page actually returned: what arrived, bounded by the saved size seen by the snippet (the

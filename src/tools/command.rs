@@ -42,32 +42,46 @@ const TIMEOUT: Param = Param {
     description: "Seconds before the command is killed.",
 };
 
+const MAX_OUTPUT: Param = Param {
+    name: "max_output",
+    kind: Kind::Int { min: limits::MAX_OUTPUT_MIN, max: limits::MAX_LOG_BYTES as i64, default: Some(limits::MAX_OUTPUT_DEFAULT) },
+    required: false,
+    description: "Bytes per stream returned inline (head and tail, a marker between).",
+};
+
 pub const RUN: Tool = Tool {
     name: "run_command",
     description:
         "Run a shell command in a sandbox and wait for it (at most timeout seconds; on timeout its whole process group is killed). \
-A non-zero exit_code is a normal result, not an error. stdout and stderr keep the first 1 MiB each (then *_truncated is true). \
-Values of secret-named environment variables are masked as ***. A command still running after the server's --task-after seconds \
+A non-zero exit_code is a normal result, not an error. At most max_output bytes per stream come inline (head and tail); \
+when cut, *_truncated is true, *_bytes give the totals and get_task with task_id and sandbox_id reads the rest by offset \
+(the first 1 MiB per stream is kept). Values of secret-named environment variables are masked as ***. A command still running after the server's --task-after seconds \
 (25 by default) may go on as a background task: the answer then has state \"running\", a task_id, exit_code null and the output so far; \
 continue with get_task (with wait) or stop it with cancel_task. For anything long-running you may also use start_task directly.",
-    params: &[COMMAND, SANDBOX_ID, CWD, ENVS, TIMEOUT],
+    params: &[COMMAND, SANDBOX_ID, CWD, ENVS, TIMEOUT, MAX_OUTPUT],
     output_schema: || {
         json!({"type": "object", "properties": {
             "state": {"type": "string", "enum": ["completed", "running"], "description": "completed: the command ended (or timed out); running: it goes on as task task_id"},
             "exit_code": {"type": ["integer", "null"], "description": "exit status; 128+N when killed by signal N; 124 on timeout; null while running"},
             "stdout": {"type": "string", "description": "output so far when running"},
             "stderr": {"type": "string"},
-            "stdout_truncated": {"type": "boolean"},
+            "stdout_truncated": {"type": "boolean", "description": "true when stdout was cut inline (or over 1 MiB)"},
             "stderr_truncated": {"type": "boolean"},
+            "stdout_bytes": {"type": "integer", "description": "bytes of stdout kept so far (at most 1 MiB)"},
+            "stderr_bytes": {"type": "integer"},
+            "stdout_next_offset": {"type": "integer", "description": "when running: get_task's stdout_offset to read on"},
+            "stderr_next_offset": {"type": "integer"},
             "timed_out": {"type": "boolean"},
             "duration_ms": {"type": "integer"},
-            "task_id": {"type": "string", "description": "when running: the task to read with get_task"},
-            "sandbox_id": {"type": "string", "description": "when running: the task's sandbox"},
+            "task_id": {"type": "string", "description": "running, or output cut: the task get_task reads"},
+            "expires_at": {"type": "integer", "description": "when the sandbox expires, Unix seconds"},
+            "warning": {"type": "string", "description": "when running: the task outlives the sandbox (see set_timeout)"},
+            "sandbox_id": {"type": "string"},
             "message": {"type": "string", "description": "when running: what to do next"}
-        }, "required": ["state", "exit_code", "stdout", "stderr", "stdout_truncated", "stderr_truncated", "timed_out", "duration_ms"]})
+        }, "required": ["state", "exit_code", "stdout", "stderr", "stdout_truncated", "stderr_truncated", "stdout_bytes", "stderr_bytes", "timed_out", "duration_ms"]})
     },
     read_only: false,
-    destructive: false,
+    destructive: true,
     run,
 };
 
@@ -83,6 +97,8 @@ pub struct Request<'a> {
     pub envs: BTreeMap<String, String>,
     /// The command's timeout.
     pub timeout: Duration,
+    /// Bytes per stream returned inline.
+    pub max_output: usize,
 }
 
 impl<'a> Request<'a> {
@@ -94,6 +110,7 @@ impl<'a> Request<'a> {
             cwd: args.text(&CWD)?,
             envs: args.map(&ENVS)?,
             timeout: Duration::from_secs(args.integer(&TIMEOUT)?.max(0) as u64),
+            max_output: args.integer(&MAX_OUTPUT)?.max(limits::MAX_OUTPUT_MIN) as usize,
         })
     }
 }
@@ -122,14 +139,59 @@ impl CommandOutcome {
 /// The output of a command, masked.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Output {
-    /// Standard output (at most 1 MiB).
+    /// Standard output, within the call's `max_output` (head and tail with a marker between).
     pub stdout: String,
-    /// Standard error (at most 1 MiB).
+    /// Standard error, as stdout.
     pub stderr: String,
-    /// Whether stdout went over the cap.
+    /// Whether stdout was cut inline or went over the 1 MiB cap.
     pub stdout_truncated: bool,
-    /// Whether stderr went over the cap.
+    /// Whether stderr was cut inline or went over the 1 MiB cap.
     pub stderr_truncated: bool,
+    /// Bytes of stdout kept (at most 1 MiB).
+    pub stdout_bytes: u64,
+    /// Bytes of stderr kept (at most 1 MiB).
+    pub stderr_bytes: u64,
+}
+
+impl Output {
+    /// The output of whole (masked) logs returned within `max` bytes per stream; `over_cap` says
+    /// which went over the 1 MiB cap. Returns whether a stream was cut inline.
+    pub fn capped(stdout: &[u8], stderr: &[u8], over_cap: (bool, bool), max: usize) -> (Output, bool) {
+        let (out, out_cut) = inline(stdout, max, "stdout");
+        let (err, err_cut) = inline(stderr, max, "stderr");
+        let output = Output {
+            stdout: out,
+            stderr: err,
+            stdout_truncated: out_cut || over_cap.0,
+            stderr_truncated: err_cut || over_cap.1,
+            stdout_bytes: stdout.len() as u64,
+            stderr_bytes: stderr.len() as u64,
+        };
+        (output, out_cut || err_cut)
+    }
+}
+
+/// `bytes` as text of at most `max` bytes: whole, or its head and tail with a marker between
+/// that says where get_task reads what was cut. Cuts fall on UTF-8 character boundaries.
+fn inline(bytes: &[u8], max: usize, stream: &str) -> (String, bool) {
+    if bytes.len() <= max {
+        return (String::from_utf8_lossy(bytes).into_owned(), false);
+    }
+    let marker = |head: usize, cut: usize| format!("\n[... {cut} bytes cut here; get_task with {stream}_offset={head} reads them ...]\n");
+    let room = max.saturating_sub(marker(bytes.len(), bytes.len()).len());
+    let continuation = |i: usize| bytes.get(i).is_some_and(|b| b & 0xC0 == 0x80);
+    let mut head = room / 2;
+    while head > 0 && continuation(head) {
+        head -= 1;
+    }
+    let mut tail = bytes.len() - (room - room / 2);
+    while tail < bytes.len() && continuation(tail) {
+        tail += 1;
+    }
+    let mut text = String::from_utf8_lossy(&bytes[..head]).into_owned();
+    text.push_str(&marker(head, tail - head));
+    text.push_str(&String::from_utf8_lossy(&bytes[tail..]));
+    (text, true)
 }
 
 /// run_command's result for a command that ended: the one builder of that shape (a plain call,
@@ -147,24 +209,29 @@ pub struct CommandResult {
     pub timed_out: bool,
     /// Wall time, in milliseconds.
     pub duration_ms: u64,
+    /// When the output was cut inline: the finished task that holds all of it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<String>,
+    /// The sandbox of `task_id`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sandbox_id: Option<String>,
 }
 
 impl CommandResult {
-    /// The result of an execution that ended, its output masked with `masker`.
-    pub fn of_exec(out: &ExecOutput, masker: &Masker) -> CommandResult {
-        let text = |bytes: &[u8]| String::from_utf8_lossy(&masker.mask_bytes(bytes)).into_owned();
-        CommandResult {
+    /// The result of an execution that ended, whose output masked is `stdout` and `stderr`,
+    /// returned within `max` bytes per stream; and whether a stream was cut inline.
+    pub fn of_exec(out: &ExecOutput, stdout: &[u8], stderr: &[u8], max: usize) -> (CommandResult, bool) {
+        let (output, cut) = Output::capped(stdout, stderr, (out.stdout_truncated, out.stderr_truncated), max);
+        let result = CommandResult {
             state: "completed",
             exit_code: i64::from(if out.timed_out { TIMED_OUT_EXIT_CODE } else { out.exit_code }),
-            output: Output {
-                stdout: text(&out.stdout),
-                stderr: text(&out.stderr),
-                stdout_truncated: out.stdout_truncated,
-                stderr_truncated: out.stderr_truncated,
-            },
+            output,
             timed_out: out.timed_out,
             duration_ms: out.duration.as_millis() as u64,
-        }
+            task_id: None,
+            sandbox_id: None,
+        };
+        (result, cut)
     }
 
     /// The result of a task that ended (`s`), with its whole logs `stdout` and `stderr` (masked
@@ -183,9 +250,13 @@ impl CommandResult {
                 stderr: String::from_utf8_lossy(stderr).into_owned(),
                 stdout_truncated: s.stdout_truncated,
                 stderr_truncated: s.stderr_truncated,
+                stdout_bytes: s.stdout_bytes.max(stdout.len() as u64),
+                stderr_bytes: s.stderr_bytes.max(stderr.len() as u64),
             },
             timed_out,
             duration_ms,
+            task_id: None,
+            sandbox_id: None,
         }
     }
 
@@ -200,8 +271,10 @@ impl CommandResult {
 pub struct RunningCommand {
     /// Its task.
     pub task: TaskHandle,
-    /// Its output so far, masked (none for a task asked for at once).
+    /// Its output so far, masked, within `max_output` (none for a task asked for at once).
     pub output: Output,
+    /// Where get_task reads on: the bytes of each log so far.
+    pub next_offsets: (u64, u64),
     /// How long it has run.
     pub duration: Duration,
     /// The task as last observed, without its logs (`output` holds them). Its state is
@@ -217,6 +290,8 @@ struct RunningAnswer<'a> {
     exit_code: Option<i64>,
     #[serde(flatten)]
     output: &'a Output,
+    stdout_next_offset: u64,
+    stderr_next_offset: u64,
     timed_out: bool,
     duration_ms: u64,
     task_id: &'a str,
@@ -230,12 +305,15 @@ impl RunningCommand {
         let TaskHandle { sandbox_id, task_id } = &self.task;
         let message = format!(
             "The command is still running, now as background task {task_id} in sandbox {sandbox_id}. Call get_task with this task_id \
-and sandbox_id (wait: up to 60 seconds per call) for its further output and its exit code, or cancel_task to stop it."
+and sandbox_id, the *_next_offset values as offsets, until \"exit\" and wait (up to 60 seconds per call) for its further output \
+and its exit code, or cancel_task to stop it."
         );
         let answer = RunningAnswer {
             state: "running",
             exit_code: None,
             output: &self.output,
+            stdout_next_offset: self.next_offsets.0,
+            stderr_next_offset: self.next_offsets.1,
             timed_out: false,
             duration_ms: self.duration.as_millis() as u64,
             task_id,
@@ -246,35 +324,86 @@ and sandbox_id (wait: up to 60 seconds per call) for its further output and its 
     }
 
     /// A command whose output so far (`stdout`, `stderr`, masked with `masker`) and state were
-    /// observed in `s`.
-    fn observed(sandbox_id: &str, mut s: Snapshot, duration: Duration, masker: &Masker) -> RunningCommand {
-        let text = |bytes: &[u8]| String::from_utf8_lossy(&masker.mask_bytes(bytes)).into_owned();
-        let output = Output {
-            stdout: text(&s.stdout),
-            stderr: text(&s.stderr),
-            stdout_truncated: s.stdout_truncated,
-            stderr_truncated: s.stderr_truncated,
-        };
+    /// observed in `s`; its output returned within `max` bytes per stream.
+    fn observed(sandbox_id: &str, mut s: Snapshot, duration: Duration, masker: &Masker, max: usize) -> RunningCommand {
+        let stdout = masker.mask_bytes(&s.stdout);
+        let stderr = masker.mask_bytes(&s.stderr);
+        let (output, _) = Output::capped(&stdout, &stderr, (s.stdout_truncated, s.stderr_truncated), max);
+        let next_offsets = (stdout.len() as u64, stderr.len() as u64);
         s.stdout = Vec::new();
         s.stderr = Vec::new();
         RunningCommand {
             task: TaskHandle { sandbox_id: sandbox_id.to_string(), task_id: s.task_id.clone() },
             output,
+            next_offsets,
             duration,
             task_state: s,
         }
     }
 }
 
+/// Keeps the whole (masked) output of a command that ended as a finished task in its sandbox,
+/// so that get_task reads by offset what run_command cut inline: the task directory the
+/// supervisor's snippets read (src/supervisor/mod.rs, "Task directory" and "The state file"),
+/// written with the provider's file writes. The state file comes last: until then the
+/// directory reads as no task.
+fn keep_output(
+    ctx: &Ctx<'_>,
+    sandbox_id: &str,
+    (command, timeout): (&str, Duration),
+    out: &ExecOutput,
+    result: &CommandResult,
+    logs: (&[u8], &[u8]),
+) -> Result<String, ToolError> {
+    let provider = ctx.app.provider.as_ref();
+    let task_id = ids::task_id();
+    let dir = format!(".sandbox-mcp/tasks/{task_id}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    provider.write_file(sandbox_id, &format!("{dir}/stdout.log"), logs.0, deadline)?;
+    provider.write_file(sandbox_id, &format!("{dir}/stderr.log"), logs.1, deadline)?;
+    provider.write_file(sandbox_id, &format!("{dir}/cmd"), command.as_bytes(), deadline)?;
+    let finished = unix_now();
+    let started = finished - (result.duration_ms / 1000) as i64;
+    let status = if result.timed_out { supervisor::status_values::TIMED_OUT } else { supervisor::status_values::EXITED };
+    let flag = |b: bool| if b { 1 } else { 0 };
+    let state = format!(
+        "status={status}\ntimeout={}\nstarted_at={started}\nfinished_at={finished}\nexit_code={}\nerror=\nescaped=0\nout_bytes={}\nerr_bytes={}\nout_truncated={}\nerr_truncated={}\n.\n",
+        timeout.as_secs().max(1),
+        result.exit_code,
+        logs.0.len(),
+        logs.1.len(),
+        flag(out.stdout_truncated),
+        flag(out.stderr_truncated),
+    );
+    provider.write_file(sandbox_id, &format!("{dir}/state"), state.as_bytes(), deadline)?;
+    Ok(task_id)
+}
+
 fn run(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
-    run_command(ctx, args).map(|outcome| Reply::Now(outcome.answer()))
+    let outcome = run_command(ctx, args)?;
+    let mut answer = outcome.answer();
+    let sandbox_id = match &outcome {
+        CommandOutcome::Running(running) => Some(running.task.sandbox_id.clone()),
+        CommandOutcome::Completed(_) => super::target_sandbox(ctx, args.text(&SANDBOX_ID)?).ok(),
+    };
+    let task_ends = match &outcome {
+        CommandOutcome::Running(running) => {
+            let left = Request::read(args)?.timeout.saturating_sub(running.duration);
+            Some(unix_now() + left.as_secs() as i64)
+        }
+        CommandOutcome::Completed(_) => None,
+    };
+    if let Some(id) = sandbox_id {
+        super::stamp_expiry(ctx.app.provider.as_ref(), &id, task_ends, &mut answer);
+    }
+    Ok(Reply::Now(answer))
 }
 
 /// Runs run_command: to its end, or, when it may outlive `--task-after`, as the provider keeps
 /// long commands ([`Provider::long_commands`]; ARCHITECTURE.md, "Long run_command calls") until it
 /// goes on as a task at that threshold.
 pub fn run_command(ctx: &Ctx<'_>, args: &Args) -> Result<CommandOutcome, ToolError> {
-    let Request { sandbox_id, command, cwd, envs, timeout } = Request::read(args)?;
+    let Request { sandbox_id, command, cwd, envs, timeout, max_output } = Request::read(args)?;
     let id = super::target_sandbox(ctx, sandbox_id)?;
     let provider = &ctx.app.provider;
     let masker = provider.env_masker(&id, &envs)?;
@@ -319,7 +448,8 @@ pub fn run_command(ctx: &Ctx<'_>, args: &Args) -> Result<CommandOutcome, ToolErr
                         stderr_truncated: out.stderr_truncated,
                         ..Snapshot::unconfirmed(&task_id, timeout.as_secs().max(1) as i64, String::new())
                     };
-                    return Ok(CommandOutcome::Running(Box::new(RunningCommand::observed(&id, so_far, out.duration, &masker))));
+                    let running = RunningCommand::observed(&id, so_far, out.duration, &masker, max_output);
+                    return Ok(CommandOutcome::Running(Box::new(running)));
                 }
             }
         }
@@ -336,7 +466,8 @@ pub fn run_command(ctx: &Ctx<'_>, args: &Args) -> Result<CommandOutcome, ToolErr
             match supervised(ctx, &id, launch, &req.envs, started)? {
                 Supervised::Ended(out) => out,
                 Supervised::Running(snap) => {
-                    return Ok(CommandOutcome::Running(Box::new(RunningCommand::observed(&id, snap, started.elapsed(), &masker))))
+                    let running = RunningCommand::observed(&id, snap, started.elapsed(), &masker, max_output);
+                    return Ok(CommandOutcome::Running(Box::new(running)));
                 }
                 Supervised::Refused => provider.exec(&id, &req, Touch::Renew)?,
             }
@@ -348,7 +479,16 @@ pub fn run_command(ctx: &Ctx<'_>, args: &Args) -> Result<CommandOutcome, ToolErr
         }
         return Err(ToolError::new("the request was cancelled; the command was stopped"));
     }
-    Ok(CommandOutcome::Completed(CommandResult::of_exec(&out, &masker)))
+    let (stdout, stderr) = (masker.mask_bytes(&out.stdout), masker.mask_bytes(&out.stderr));
+    let (mut result, cut) = CommandResult::of_exec(&out, &stdout, &stderr, max_output);
+    if cut {
+        // What was cut stays readable by offset; a sandbox that refuses the write loses only that.
+        if let Ok(task_id) = keep_output(ctx, &id, (command, timeout), &out, &result, (&stdout, &stderr)) {
+            result.task_id = Some(task_id);
+            result.sandbox_id = Some(id);
+        }
+    }
+    Ok(CommandOutcome::Completed(result))
 }
 
 /// Why a run_command asked for as a task at once did not start.
@@ -365,7 +505,7 @@ pub enum TaskStartError {
 /// `envs` is refused: a task's logs would not mask the values of the call's own secret-named
 /// variables.
 pub fn start_as_task(ctx: &Ctx<'_>, args: &Args) -> Result<RunningCommand, TaskStartError> {
-    let Request { sandbox_id, command, cwd, envs, timeout } = Request::read(args).map_err(TaskStartError::Refused)?;
+    let Request { sandbox_id, command, cwd, envs, timeout, .. } = Request::read(args).map_err(TaskStartError::Refused)?;
     if !envs.is_empty() {
         return Err(TaskStartError::Refused(ToolError::new(
             "envs is not supported when run_command runs as a task; export the variables in the command, or create the sandbox with them (its secrets are masked)",
@@ -376,7 +516,8 @@ pub fn start_as_task(ctx: &Ctx<'_>, args: &Args) -> Result<RunningCommand, TaskS
     let timeout = timeout.as_secs().max(1) as i64;
     let launch = Launch { task_id: &task_id, timeout, cwd, command, page_limit: 1, wait: 0 };
     let started = Instant::now();
-    let snapshot = match start_task(ctx, &sandbox_id, launch, StartMode::AtOnce) {
+    let none = BTreeMap::new();
+    let snapshot = match start_task(ctx, &sandbox_id, launch, StartMode::AtOnce(&none)) {
         Ok(TaskStart::Observed(s)) => s,
         Ok(TaskStart::Refused(msg)) => return Err(TaskStartError::Refused(ToolError::new(msg))),
         Ok(TaskStart::Unconfirmed(err)) => {
@@ -384,9 +525,10 @@ pub fn start_as_task(ctx: &Ctx<'_>, args: &Args) -> Result<RunningCommand, TaskS
         }
         Err(err) => return Err(TaskStartError::Failed(err.into())),
     };
-    let mut running = RunningCommand::observed(&sandbox_id, snapshot, started.elapsed(), &Masker::default());
+    let mut running = RunningCommand::observed(&sandbox_id, snapshot, started.elapsed(), &Masker::default(), limits::MAX_LOG_BYTES);
     // The start reads one byte of each log: nothing worth calling output.
     running.output = Output::default();
+    running.next_offsets = (0, 0);
     Ok(running)
 }
 

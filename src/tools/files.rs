@@ -20,7 +20,7 @@ const CONTENT: Param = Param {
     name: "content",
     kind: Kind::Str { max_chars: limits::MAX_WRITE_CHARS },
     required: true,
-    description: "File content (at most 3 MiB of text; base64 up to about 2.25 MiB of bytes).",
+    description: "File content (length limit in characters: any escaping fits one message; write larger files in parts and join them with a command).",
 };
 
 const ENCODING: Param = Param {
@@ -32,14 +32,16 @@ const ENCODING: Param = Param {
 
 pub const READ: Tool = Tool {
     name: "read_file",
-    description: "Read a file from a sandbox (at most 4 MiB). Valid UTF-8 comes back as content; anything else as content_base64.",
+    description: "Read a file from a sandbox (at most 4 MiB). Valid UTF-8 comes back as content; anything else as content_base64. \
+A PNG, JPEG, GIF or WebP image of at most 1 MiB also comes as an image you can see.",
     params: &[PATH, SANDBOX_ID],
     output_schema: || {
         json!({"type": "object", "properties": {
             "path": {"type": "string"},
             "size": {"type": "integer"},
             "content": {"type": "string"},
-            "content_base64": {"type": "string"}
+            "content_base64": {"type": "string"},
+            "mime_type": {"type": "string", "description": "an image's type (then also an image content block)"}
         }, "required": ["path", "size"]})
     },
     read_only: true,
@@ -110,11 +112,32 @@ fn read(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
     let id = super::target_sandbox(ctx, sandbox_id)?;
     let data = ctx.app.provider.read_file(&id, path, limits::MAX_FILE_BYTES, Instant::now() + FILE_CALL_BUDGET)?;
     let mut out = json!({"path": path, "size": data.len()});
+    if let Some(mime) = image_type(&data).filter(|_| data.len() <= IMAGE_MAX_BYTES) {
+        out["mime_type"] = json!(mime);
+    }
     match String::from_utf8(data) {
         Ok(text) => out["content"] = json!(text),
         Err(err) => out["content_base64"] = json!(base64::encode(err.as_bytes())),
     }
     Ok(Reply::Now(out))
+}
+
+/// Largest image read_file also returns as an MCP `image` content block.
+pub const IMAGE_MAX_BYTES: usize = 1024 * 1024;
+
+/// The MIME type of a PNG, JPEG, GIF or WebP image, from its first bytes.
+pub fn image_type(data: &[u8]) -> Option<&'static str> {
+    if data.starts_with(b"\x89PNG\r\n\x1a\n") {
+        Some("image/png")
+    } else if data.starts_with(&[0xFF, 0xD8, 0xFF]) {
+        Some("image/jpeg")
+    } else if data.starts_with(b"GIF87a") || data.starts_with(b"GIF89a") {
+        Some("image/gif")
+    } else if data.len() >= 12 && data.starts_with(b"RIFF") && &data[8..12] == b"WEBP" {
+        Some("image/webp")
+    } else {
+        None
+    }
 }
 
 fn write(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {

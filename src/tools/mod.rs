@@ -1,6 +1,6 @@
 //! The tool registry: names, descriptions, schemas, and the dispatch of one `tools/call`.
 //!
-//! One file per tool family: `sandbox` (create, kill), `command` (run_command), `files`
+//! One file per tool family: `sandbox` (create, kill, set_timeout; later list), `command` (run_command), `files`
 //! (read, write, list) and `tasks` (start, get, cancel, list, delete). Every handler gets validated
 //! arguments, reads them through the `Param` constants of its own table (see [`args`]), and
 //! returns the structured result or a [`ToolError`]; this module turns either into a
@@ -68,8 +68,16 @@ pub trait SandboxScope {
     fn adopt(&self, sandbox_id: &str) -> bool;
     /// Keeps a sandbox past the session's end (a task runs in it).
     fn retain(&self, sandbox_id: &str);
+    /// Keeps a sandbox past the session's end while a task start is in flight.
+    fn hold(&self, sandbox_id: &str);
+    /// The start [`SandboxScope::hold`] announced ended: `started` retains the sandbox, else it
+    /// ends with the session again (unless another task runs in it).
+    fn settle(&self, sandbox_id: &str, started: bool);
     /// Forgets a sandbox that was killed.
     fn forget(&self, sandbox_id: &str);
+    /// The sandboxes list_sandboxes may show: `None` for every sandbox of the state root (stdio,
+    /// `sandbox-mcp call`, HTTP with the bearer token), else these.
+    fn visible(&self) -> Option<Vec<String>>;
 }
 
 /// What a tool handler can reach.
@@ -166,6 +174,10 @@ pub struct Tool {
     pub run: fn(&Ctx<'_>, &Args) -> Result<Reply, ToolError>,
 }
 
+/// The tools that run commands, which reach the outside network when the sandbox has it
+/// (`openWorldHint`).
+pub const OPEN_WORLD: &[&str] = &["run_command", "start_task"];
+
 /// The tools that may become protocol tasks (`execution.taskSupport: "optional"`: the
 /// 2025-11-25 `params.task`, and the 2026-07-28 tasks extension).
 pub const TASK_TOOLS: &[&str] = &["run_command"];
@@ -175,6 +187,8 @@ pub fn all() -> &'static [Tool] {
     const TOOLS: &[Tool] = &[
         sandbox::CREATE,
         sandbox::KILL,
+        sandbox::SET,
+        sandbox::LIST,
         command::RUN,
         files::READ,
         files::WRITE,
@@ -207,7 +221,8 @@ pub fn list() -> Value {
                 "annotations": {
                     "readOnlyHint": t.read_only,
                     "destructiveHint": t.destructive,
-                    "openWorldHint": false,
+                    // Commands reach the outside network when the sandbox has it.
+                    "openWorldHint": OPEN_WORLD.contains(&t.name),
                 },
             })
         })
@@ -262,10 +277,17 @@ pub fn finish(app: &App, outcome: ReadResult) -> Value {
     result
 }
 
-/// A successful result: `structuredContent` plus the same JSON as text.
+/// A successful result: `structuredContent` plus the same JSON as text; and a read image
+/// (`mime_type` beside `content_base64`, read_file) as an `image` block the model can see.
 pub fn success(structured: Value) -> Value {
     let text = structured.to_string();
-    json!({"content": [{"type": "text", "text": text}], "structuredContent": structured, "isError": false})
+    let mut content = vec![json!({"type": "text", "text": text})];
+    if let (Some(mime), Some(data)) = (structured["mime_type"].as_str(), structured["content_base64"].as_str()) {
+        if mime.starts_with("image/") {
+            content.push(json!({"type": "image", "data": data, "mimeType": mime}));
+        }
+    }
+    json!({"content": content, "structuredContent": structured, "isError": false})
 }
 
 /// A failed result: a text block, no `structuredContent`.
@@ -275,6 +297,26 @@ pub fn failure(err: &ToolError) -> Value {
         None => err.message.clone(),
     };
     json!({"content": [{"type": "text", "text": text}], "isError": true})
+}
+
+/// Adds `expires_at` (when the provider knows it without a request) to the result `value` about
+/// sandbox `sandbox_id`, and, when `task_ends` (Unix seconds, the latest end of a task's
+/// timeout) is past it, a `warning` naming set_timeout.
+pub fn stamp_expiry(provider: &dyn crate::provider::Provider, sandbox_id: &str, task_ends: Option<i64>, value: &mut Value) {
+    let Some(at) = provider.expires_at(sandbox_id) else { return };
+    let Some(obj) = value.as_object_mut() else { return };
+    obj.insert("expires_at".into(), json!(at));
+    if let Some(ends) = task_ends.filter(|ends| *ends > at) {
+        obj.insert(
+            "warning".into(),
+            json!(format!(
+                "the task may run until {ends} (Unix seconds), but the sandbox expires at {at}, {}s earlier, and task tools do not renew it; \
+call set_timeout with this sandbox_id and a timeout of at least {} seconds to keep it",
+                ends - at,
+                ends - crate::provider::unix_now() + 30
+            )),
+        );
+    }
 }
 
 /// The sandbox a call targets: its `sandbox_id` argument (`given`), else the session's default
@@ -339,7 +381,7 @@ mod tests {
             assert!(!(hints["readOnlyHint"] == true && hints["destructiveHint"] == true), "{name}");
         }
         let destructive: Vec<&str> = all().iter().filter(|t| t.destructive).map(|t| t.name).collect();
-        assert_eq!(destructive, ["kill_sandbox", "write_file", "cancel_task", "delete_task"]);
+        assert_eq!(destructive, ["kill_sandbox", "run_command", "write_file", "start_task", "cancel_task", "delete_task"]);
         assert_eq!(title("run_command"), "Run command");
     }
 }

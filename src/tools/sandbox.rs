@@ -3,7 +3,8 @@
 use super::args::{Args, IntField, Kind, Param};
 use super::{Ctx, Reply, Tool, ToolError, SANDBOX_ID_REQUIRED};
 use crate::limits;
-use crate::provider::{CreateRequest, Limits};
+use crate::provider::{CreateRequest, Limits, Touch};
+use crate::supervisor;
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -73,7 +74,11 @@ and lives until kill_sandbox or its own timeout.",
             "isolation": {"type": "string", "description": "namespaces or none (local provider), e2b (the platform's own)"},
             "network": {"type": "boolean", "description": "Whether commands can reach the outside network"},
             "limits": {"type": "object", "properties": {"memory_mb": limit, "processes": limit},
-                "required": ["memory_mb", "processes"], "description": "Enforced limits; null where none was asked for"}
+                "required": ["memory_mb", "processes"], "description": "Enforced limits; null where none was asked for"},
+            "shell": {"type": "string", "description": "what run_command and start_task run commands with"},
+            "found": {"type": "object", "additionalProperties": {"type": "string"},
+                "description": "interpreters, compilers and tools found inside, with their version line"},
+            "about": {"type": "string", "description": "writable places, the network, how to install packages"}
         }, "required": ["sandbox_id", "provider", "template", "expires_at", "isolation", "network", "limits"]})
     },
     read_only: false,
@@ -95,6 +100,101 @@ pub const KILL: Tool = Tool {
     destructive: true,
     run: kill,
 };
+
+const SET_TIMEOUT: Param = Param {
+    name: "timeout",
+    kind: Kind::Int { min: limits::SANDBOX_TIMEOUT_MIN_S, max: limits::SANDBOX_TIMEOUT_MAX_S, default: None },
+    required: true,
+    description: "Seconds from now; also what run_command and the file tools renew it to later.",
+};
+
+pub const SET: Tool = Tool {
+    name: "set_timeout",
+    description: "Set when a sandbox expires: timeout seconds from now (extends or shortens it). Task tools never renew a sandbox: \
+before a long background task, make its timeout outlive the task.",
+    params: &[SANDBOX_ID_REQUIRED, SET_TIMEOUT],
+    output_schema: || {
+        json!({"type": "object", "properties": {
+            "sandbox_id": {"type": "string"},
+            "timeout": {"type": "integer"},
+            "expires_at": {"type": "integer", "description": "Unix seconds"}
+        }, "required": ["sandbox_id", "timeout", "expires_at"]})
+    },
+    read_only: false,
+    destructive: false,
+    run: set_timeout,
+};
+
+pub const LIST: Tool = Tool {
+    name: "list_sandboxes",
+    description: "List the sandboxes this caller can use (over stdio: all of this server's; over HTTP: this session's), \
+with when each expires, its metadata and its task counts: how an agent that reconnects finds its sandboxes.",
+    params: &[],
+    output_schema: || {
+        let nullable_int = json!({"type": ["integer", "null"]});
+        json!({"type": "object", "properties": {
+            "sandboxes": {"type": "array", "items": {"type": "object", "properties": {
+                "sandbox_id": {"type": "string"},
+                "template": {"type": "string"},
+                "created_at": nullable_int,
+                "expires_at": {"type": "integer", "description": "Unix seconds"},
+                "isolation": {"type": "string"},
+                "network": {"type": "boolean"},
+                "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+                "tasks": {"type": ["object", "null"], "properties": {"running": {"type": "integer"}, "total": {"type": "integer"}},
+                    "description": "null when the tasks could not be read"}
+            }, "required": ["sandbox_id", "expires_at", "isolation", "network", "metadata", "tasks"]}},
+            "count": {"type": "integer"}
+        }, "required": ["sandboxes", "count"]})
+    },
+    read_only: true,
+    destructive: false,
+    run: list,
+};
+
+fn list(ctx: &Ctx<'_>, _args: &Args) -> Result<Reply, ToolError> {
+    let provider = ctx.app.provider.as_ref();
+    let visible = ctx.session.visible();
+    let listed = match (&visible, provider.list_sandboxes()) {
+        (None, Some(all)) => all,
+        (Some(ids), Some(all)) => all.into_iter().filter(|(info, _, _)| ids.contains(&info.sandbox_id)).collect(),
+        // A provider that cannot list: the sandboxes the caller is known to use.
+        (_, None) => visible
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|id| provider.info(id, Touch::Observe, Instant::now() + SANDBOX_CALL_BUDGET).ok())
+            .map(|info| (info, None, Default::default()))
+            .collect(),
+    };
+    let sandboxes: Vec<_> = listed
+        .iter()
+        .map(|(info, created_at, metadata)| {
+            let target = supervisor::Target { provider, sandbox_id: &info.sandbox_id };
+            let tasks = supervisor::list(&target).ok().map(|tasks| {
+                let running = tasks.iter().filter(|t| t.state == supervisor::TaskState::Running).count();
+                json!({"running": running, "total": tasks.len()})
+            });
+            json!({
+                "sandbox_id": info.sandbox_id,
+                "template": info.template,
+                "created_at": created_at,
+                "expires_at": info.expires_at,
+                "isolation": info.isolation,
+                "network": info.network,
+                "metadata": metadata,
+                "tasks": tasks,
+            })
+        })
+        .collect();
+    Ok(Reply::Now(json!({"count": sandboxes.len(), "sandboxes": sandboxes})))
+}
+
+fn set_timeout(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
+    let id = super::target_sandbox(ctx, Some(args.required_text(&SANDBOX_ID_REQUIRED)?))?;
+    let timeout = args.integer(&SET_TIMEOUT)?.max(1) as u64;
+    let info = ctx.app.provider.set_timeout(&id, timeout, Instant::now() + SANDBOX_CALL_BUDGET)?;
+    Ok(Reply::Now(json!({"sandbox_id": id, "timeout": timeout, "expires_at": info.expires_at})))
+}
 
 /// The arguments of `create_sandbox`.
 fn create_request(args: &Args) -> Result<CreateRequest, ToolError> {
@@ -121,6 +221,7 @@ fn create(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
         let _ = provider.kill(&info.sandbox_id, Instant::now() + SANDBOX_CALL_BUDGET);
         return Err(ToolError::new("the session ended while the sandbox was being created; it was killed again"));
     }
+    let found = probe(provider.as_ref(), &info.sandbox_id);
     Ok(Reply::Now(json!({
         "sandbox_id": info.sandbox_id,
         "provider": provider.name(),
@@ -129,7 +230,31 @@ fn create(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
         "isolation": info.isolation,
         "network": info.network,
         "limits": {"memory_mb": info.limits.memory_mb, "processes": info.limits.processes},
+        "shell": provider.command_shell(),
+        "found": found,
+        "about": provider.describe(&info),
     })))
+}
+
+/// The tools a model may want, found inside the new sandbox with the first line of their
+/// `--version` (one command; nothing when it fails).
+fn probe(provider: &dyn crate::provider::Provider, sandbox_id: &str) -> serde_json::Map<String, serde_json::Value> {
+    const SCRIPT: &str = "for t in bash python3 node gcc cc make git curl; do \
+if command -v \"$t\" >/dev/null 2>&1; then printf '%s\\t%s\\n' \"$t\" \"$(\"$t\" --version 2>&1 </dev/null | head -n 1)\"; fi; done";
+    let req = crate::provider::ExecRequest {
+        argv: provider.posix_sh(SCRIPT, &[]),
+        envs: Default::default(),
+        cwd: None,
+        output_cap: 64 * 1024,
+        deadline: Instant::now() + Duration::from_secs(10),
+        cancel: None,
+    };
+    let Ok(out) = provider.exec(sandbox_id, &req, Touch::Observe) else { return Default::default() };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once('\t'))
+        .map(|(name, version)| (name.to_string(), json!(version.chars().take(120).collect::<String>())))
+        .collect()
 }
 
 /// The argument of `kill_sandbox`.

@@ -47,6 +47,21 @@ const WAIT: Param = Param {
 either happens, else when the wait is over. 0 reads at once.",
 };
 
+const ENVS: Param = Param {
+    name: "envs",
+    kind: Kind::StrMap,
+    required: false,
+    description: "Extra environment variables for this task (secret-named values are masked in its logs).",
+};
+
+const UNTIL: Param = Param {
+    name: "until",
+    kind: Kind::Enum(&["output", "exit"]),
+    required: false,
+    description: "With wait: \"output\" (default) answers at the first new output; \"exit\" waits for the task's end and returns \
+everything written meanwhile (within limit).",
+};
+
 const COMMAND: Param =
     Param { name: "command", kind: Kind::Str { max_chars: limits::MAX_COMMAND_CHARS }, required: true, description: "Shell command line." };
 
@@ -86,7 +101,9 @@ fn snapshot_schema() -> Value {
         "stderr_bytes": {"type": "integer"},
         "stdout_truncated": {"type": "boolean"},
         "stderr_truncated": {"type": "boolean"},
-        "error": nullable("string", "why the state is unknown, or failed without an exit code")
+        "error": nullable("string", "why the state is unknown, or failed without an exit code"),
+        "expires_at": {"type": "integer", "description": "when the sandbox expires, Unix seconds (task tools never renew it)"},
+        "warning": {"type": "string", "description": "the task's timeout outlives the sandbox: call set_timeout"}
     }, "required": ["sandbox_id", "task_id", "state", "exit_code", "started_at", "finished_at", "timeout", "stdout", "stderr",
         "stdout_next_offset", "stderr_next_offset", "stdout_bytes", "stderr_bytes", "stdout_truncated", "stderr_truncated", "error"]})
 }
@@ -98,10 +115,10 @@ pub const START: Tool = Tool {
 restarts: read it with get_task, stop it with cancel_task. The sandbox is kept alive past this session (until kill_sandbox or its \
 timeout; task tools do not renew the timeout). state \"unknown\" means the start could not be confirmed: query the handle, never \
 start the command again blindly.",
-    params: &[COMMAND, SANDBOX_ID, CWD, TIMEOUT],
+    params: &[COMMAND, SANDBOX_ID, CWD, TIMEOUT, ENVS],
     output_schema: snapshot_schema,
     read_only: false,
-    destructive: false,
+    destructive: true,
     run: start,
 };
 
@@ -109,8 +126,9 @@ pub const GET: Tool = Tool {
     name: "get_task",
     description: "Read a background task's state, exit code and a page of each log. Logs keep the first 1 MiB per stream; \
 page through them with stdout_offset/stderr_offset (the *_next_offset of the previous read). With wait (seconds, at most 60) \
-the read answers when there is new output past those offsets or the task has ended, instead of polling.",
-    params: &[SANDBOX_ID_REQUIRED, TASK_ID, STDOUT_OFFSET, STDERR_OFFSET, LIMIT, WAIT],
+the read answers when there is new output past those offsets (until \"output\") or only when the task has ended \
+(until \"exit\": one call follows a job), else when the wait is over; never poll in a loop without wait.",
+    params: &[SANDBOX_ID_REQUIRED, TASK_ID, STDOUT_OFFSET, STDERR_OFFSET, LIMIT, WAIT, UNTIL],
     output_schema: snapshot_schema,
     read_only: true,
     destructive: false,
@@ -140,8 +158,9 @@ pub const LIST: Tool = Tool {
                 "state": {"type": "string"},
                 "exit_code": nullable("integer", "exit status once finished"),
                 "started_at": nullable("integer", "Unix seconds"),
-                "finished_at": nullable("integer", "Unix seconds")
-            }, "required": ["task_id", "state", "exit_code", "started_at", "finished_at"]}},
+                "finished_at": nullable("integer", "Unix seconds"),
+                "command": nullable("string", "the command's first 200 characters")
+            }, "required": ["task_id", "state", "exit_code", "started_at", "finished_at", "command"]}},
             "count": {"type": "integer"},
             "limit": {"type": "integer"}
         }, "required": ["sandbox_id", "tasks", "count", "limit"]})
@@ -195,6 +214,7 @@ struct StartRequest<'a> {
     command: &'a str,
     cwd: Option<&'a str>,
     timeout: i64,
+    envs: BTreeMap<String, String>,
 }
 
 impl<'a> StartRequest<'a> {
@@ -204,6 +224,7 @@ impl<'a> StartRequest<'a> {
             command: args.required_text(&COMMAND)?,
             cwd: args.text(&CWD)?,
             timeout: args.integer(&TIMEOUT)?,
+            envs: args.map(&ENVS)?,
         })
     }
 }
@@ -237,22 +258,26 @@ fn no_such_task(sandbox_id: &str, task_id: &str) -> ToolError {
 }
 
 fn start(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
-    let StartRequest { sandbox_id, command, cwd, timeout } = StartRequest::read(args)?;
+    let StartRequest { sandbox_id, command, cwd, timeout, envs } = StartRequest::read(args)?;
     let sandbox_id = super::target_sandbox(ctx, sandbox_id)?;
     let task_id = ids::task_id();
     let launch = Launch { task_id: &task_id, timeout, cwd, command, page_limit: limits::READ_LIMIT_DEFAULT as u64, wait: 0 };
-    // Retained before the start: if this session ends while the start is in flight, the sandbox
-    // must survive. It stays retained even if this start fails: another start_task may be running
-    // in it concurrently (putting it back into the destroy set would kill that task with the
-    // session).
-    match start_task(ctx, &sandbox_id, launch, StartMode::AtOnce)? {
-        TaskStart::Observed(snapshot) => Ok(Reply::Now(render(&sandbox_id, &snapshot))),
+    // Held before the start: if this session ends while the start is in flight, the sandbox
+    // must survive. A start that fails puts it back into the destroy set, unless another start is
+    // in flight or a task runs in it (StartMode::AtOnce).
+    let stamped = |mut value: Value| {
+        let task_ends = crate::provider::unix_now() + timeout;
+        super::stamp_expiry(ctx.app.provider.as_ref(), &sandbox_id, Some(task_ends), &mut value);
+        value
+    };
+    match start_task(ctx, &sandbox_id, launch, StartMode::AtOnce(&envs))? {
+        TaskStart::Observed(snapshot) => Ok(Reply::Now(stamped(render(&sandbox_id, &snapshot)))),
         TaskStart::Refused(msg) => Err(ToolError::new(msg)),
         TaskStart::Unconfirmed(err) => {
             // Never resubmit: the command may be running. The handle is still the way to find out.
             let msg =
                 format!("the start could not be confirmed ({err}); query this handle with get_task, or kill_sandbox to stop everything");
-            Ok(Reply::Now(render(&sandbox_id, &Snapshot::unconfirmed(&task_id, timeout, msg))))
+            Ok(Reply::Now(stamped(render(&sandbox_id, &Snapshot::unconfirmed(&task_id, timeout, msg)))))
         }
     }
 }
@@ -260,10 +285,11 @@ fn start(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
 /// How [`start_task`] starts a task.
 #[derive(Debug, Clone, Copy)]
 pub enum StartMode<'a> {
-    /// It answers once the task runs (`supervisor::start`); the sandbox is retained past the
-    /// session once the request is known to fit, before it is sent (start_task, a run_command
-    /// asked as a task at once).
-    AtOnce,
+    /// It answers once the task runs (`supervisor::start`), with the command's own variables
+    /// (masked like WaitInside's); the sandbox is held past the session once the request is
+    /// known to fit, before it is sent, and retained once the task runs (start_task, a
+    /// run_command asked as a task at once); a start that fails retains nothing.
+    AtOnce(&'a BTreeMap<String, String>),
     /// It waits inside the sandbox for the task's end, at most `launch.wait` seconds
     /// (`supervisor::run`), and answers with the whole logs; the command's own variables are in
     /// the supervisor's environment (whose masker then masks their secret-named values). The
@@ -302,14 +328,21 @@ shorten the command, or write a script with write_file and start that",
     };
     let target = Target { provider, sandbox_id };
     let started = match mode {
-        StartMode::AtOnce => {
-            ctx.session.retain(sandbox_id);
-            supervisor::start(&target, task_id, argv)
+        StartMode::AtOnce(envs) => {
+            ctx.session.hold(sandbox_id);
+            let started = supervisor::start(&target, task_id, argv, envs);
+            let runs = match &started {
+                Ok(Started::Observed(_)) => true,
+                Ok(Started::Refused(_)) => false,
+                Err(err) => err.maybe_applied(),
+            };
+            ctx.session.settle(sandbox_id, runs);
+            started
         }
         StartMode::WaitInside(envs) => supervisor::run(&target, task_id, argv, envs, wait),
     };
     match started {
-        Ok(Started::Observed(snapshot)) => Ok(TaskStart::Observed(snapshot)),
+        Ok(Started::Observed(snapshot)) => Ok(TaskStart::Observed(*snapshot)),
         Ok(Started::Refused(msg)) => Ok(TaskStart::Refused(msg)),
         Err(err) if err.maybe_applied() => Ok(TaskStart::Unconfirmed(err)),
         Err(err) => Err(err),
@@ -320,14 +353,17 @@ fn get(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
     let (given, task_id) = handle(args)?;
     let window = window(args)?;
     let wait = Duration::from_secs(args.integer(&WAIT)?.max(0) as u64);
+    let until_exit = args.text(&UNTIL)? == Some("exit");
     let sandbox_id = super::target_sandbox(ctx, Some(given))?;
     let task_id = checked_task_id(task_id)?;
     let target = Target { provider: ctx.app.provider.as_ref(), sandbox_id: &sandbox_id };
     let Some(first) = supervisor::status(&target, &task_id, window)? else {
         return Err(no_such_task(&sandbox_id, &task_id));
     };
-    if wait.is_zero() || has_news(&first, window) {
-        return Ok(Reply::Now(render(&sandbox_id, &first)));
+    if wait.is_zero() || has_news(&first, window, until_exit) {
+        let mut value = render(&sandbox_id, &first);
+        super::stamp_expiry(ctx.app.provider.as_ref(), &sandbox_id, None, &mut value);
+        return Ok(Reply::Now(value));
     }
     // Wait off the worker: the waiter reads again every `every` until there is news or the
     // wait is over (docs/contract.md, "Waiting reads").
@@ -337,7 +373,11 @@ fn get(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
     let read = move |last: bool| {
         let target = Target { provider: provider.as_ref(), sandbox_id: &sandbox_id };
         match supervisor::status(&target, &task_id, window) {
-            Ok(Some(s)) if last || has_news(&s, window) => Some(Ok(render(&sandbox_id, &s))),
+            Ok(Some(s)) if last || has_news(&s, window, until_exit) => {
+                let mut value = render(&sandbox_id, &s);
+                super::stamp_expiry(provider.as_ref(), &sandbox_id, None, &mut value);
+                Some(Ok(value))
+            }
             Ok(Some(_)) => None,
             Ok(None) => Some(Err(no_such_task(&sandbox_id, &task_id))),
             Err(err) => Some(Err(err.into())),
@@ -347,9 +387,9 @@ fn get(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
 }
 
 /// Whether a waiting read can answer: output past the offsets asked for, or a state other than
-/// running (final, or unknown: waiting would not tell more).
-fn has_news(s: &Snapshot, window: Window) -> bool {
-    s.state != TaskState::Running || s.stdout_bytes > window.stdout_offset || s.stderr_bytes > window.stderr_offset
+/// running (final, or unknown: waiting would not tell more); with `until_exit`, only the latter.
+fn has_news(s: &Snapshot, window: Window, until_exit: bool) -> bool {
+    s.state != TaskState::Running || (!until_exit && (s.stdout_bytes > window.stdout_offset || s.stderr_bytes > window.stderr_offset))
 }
 
 fn cancel(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
@@ -362,7 +402,9 @@ fn cancel(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
         return Err(no_such_task(&sandbox_id, &task_id));
     };
     if s.state.is_final() {
-        return Ok(Reply::Now(render(&sandbox_id, &s)));
+        let mut value = render(&sandbox_id, &s);
+        super::stamp_expiry(ctx.app.provider.as_ref(), &sandbox_id, None, &mut value);
+        return Ok(Reply::Now(value));
     }
     let why = if s.state == TaskState::Running { "the task is still running" } else { "the task's state cannot be observed" };
     Err(ToolError {
@@ -380,7 +422,10 @@ fn list(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
     let tasks = supervisor::list(&target)?;
     let items: Vec<Value> = tasks
         .iter()
-        .map(|s| json!({"task_id": s.task_id, "state": s.state.name(), "exit_code": s.exit_code, "started_at": s.started_at, "finished_at": s.finished_at}))
+        .map(|s| {
+            json!({"task_id": s.task_id, "state": s.state.name(), "exit_code": s.exit_code, "started_at": s.started_at,
+                "finished_at": s.finished_at, "command": s.command})
+        })
         .collect();
     Ok(Reply::Now(json!({"sandbox_id": sandbox_id, "tasks": items, "count": tasks.len(), "limit": limits::MAX_TASKS})))
 }

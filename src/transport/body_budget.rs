@@ -89,8 +89,9 @@ impl Drop for Share {
 pub enum Body {
     /// The whole body, and the share of the budget it holds until dropped.
     Ok(Vec<u8>, Share),
-    /// Longer than the cap; read to its end and discarded (413).
-    TooLarge,
+    /// Longer than the cap; read to its end and discarded (413) but for its first bytes (at most
+    /// [`crate::jsonrpc::ID_PREFIX_BYTES`], to answer with its id).
+    TooLarge(Vec<u8>),
     /// Over the budget; read to its end and discarded (503 with `Retry-After`).
     OverBudget,
     /// The client stopped sending before its announced length (nothing is parsed; 400).
@@ -107,7 +108,10 @@ pub fn read_body(reader: &mut dyn Read, announced: Option<usize>, cap: usize, ma
     let mut share = Share::new(budget);
     if let Some(n) = announced {
         if n > cap {
-            return drain(reader, announced, 0, max_drain, Body::TooLarge);
+            let mut prefix = vec![0; crate::jsonrpc::ID_PREFIX_BYTES.min(n)];
+            let got = fill(reader, &mut prefix).unwrap_or(0);
+            prefix.truncate(got);
+            return drain(reader, announced, got, max_drain, Body::TooLarge(prefix));
         }
         // The whole announced length at once: a body either fits or is refused before any of it
         // is kept.
@@ -147,8 +151,10 @@ pub fn read_body(reader: &mut dyn Read, announced: Option<usize>, cap: usize, ma
         body.truncate(start + got);
         if body.len() > cap {
             let seen = body.len();
+            body.truncate(crate::jsonrpc::ID_PREFIX_BYTES);
+            let prefix = body.to_vec();
             drop(body);
-            return drain(reader, announced, seen, max_drain, Body::TooLarge);
+            return drain(reader, announced, seen, max_drain, Body::TooLarge(prefix));
         }
         if got < want {
             if announced.is_some_and(|n| body.len() < n) {
@@ -239,8 +245,10 @@ mod tests {
     #[test]
     fn over_the_cap_is_too_large_and_drained() {
         let budget = BodyBudget::new(1 << 20);
-        assert!(matches!(read(&[0u8; 1200], Some(1200), &budget), Body::TooLarge));
-        assert!(matches!(read(&[0u8; 1200], None, &budget), Body::TooLarge));
+        assert!(
+            matches!(read(&[0u8; 1200], Some(1200), &budget), Body::TooLarge(p) if p.len() == 1200.min(crate::jsonrpc::ID_PREFIX_BYTES))
+        );
+        assert!(matches!(read(&[0u8; 1200], None, &budget), Body::TooLarge(p) if !p.is_empty()));
         assert_eq!(budget.used(), 0);
         // A client that announced far more than it sent is abandoned.
         assert!(matches!(read(&[0u8; 10], Some(1 << 30), &budget), Body::Abandon));

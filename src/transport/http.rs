@@ -284,7 +284,7 @@ impl Listener {
             std::mem::forget(req);
             return;
         }
-        let too_large = matches!(body, Body::TooLarge);
+        let too_large = matches!(body, Body::TooLarge(_));
         let mut answer = self.answer(&req, body);
         if let Some(listen) = answer.listen.take() {
             self.hold(req, listen);
@@ -365,7 +365,16 @@ impl Listener {
                 Body::Incomplete => {
                     Answer::rejected(400, code::INVALID_REQUEST, "Bad Request: the body ended before its announced Content-Length")
                 }
-                _ => Answer::rejected(413, code::INVALID_REQUEST, "Payload Too Large: the body limit is 4 MiB"),
+                Body::TooLarge(prefix) => {
+                    // Its own id when its start names one, so that the client matches the answer.
+                    let id = crate::jsonrpc::id_in_prefix(&prefix).unwrap_or(serde_json::Value::Null);
+                    let message = "Payload Too Large: the body limit is 4 MiB; send smaller messages (write a large file in parts)";
+                    Answer::json(
+                        413,
+                        serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {"code": code::INVALID_REQUEST, "message": message}}),
+                    )
+                }
+                Body::Abandon => Answer::rejected(413, code::INVALID_REQUEST, "Payload Too Large: the body limit is 4 MiB"),
             },
             (Method::Delete, "/mcp") => self.delete(req),
             (_, "/mcp") => Answer::rejected(405, code::METHOD_NOT_ALLOWED, "Method Not Allowed: use POST (and DELETE to end a session)")
@@ -396,7 +405,7 @@ impl Listener {
                 return self.post_modern(req, msg);
             }
             if method == "initialize" {
-                let session = Arc::new(Session::new(ids::random_hex(16), false));
+                let session = Arc::new(Session::new(ids::random_hex(16), false).seeing_state_root(false));
                 let route = protocol::route(&self.app, &session, msg);
                 let Route::Reply(reply) = route else {
                     return Answer::rejected(500, code::INTERNAL_ERROR, "initialize produced no answer");
@@ -465,10 +474,11 @@ drop the Mcp-Session-Id header, or send the request without that _meta inside th
             );
             return Answer::json(400, jsonrpc::error(id, &err));
         }
-        // Named after its connection: workers are shared fairly between clients, and a
-        // stateless request's client is its connection.
+        // Named after its connection: workers and waiting places are shared fairly between
+        // clients, and a stateless request's client is its connection. Ids are capabilities:
+        // only a caller with the bearer token may list the state root's sandboxes.
         let peer = req.remote_addr().map_or_else(|| "unknown".to_string(), ToString::to_string);
-        let session = Arc::new(Session::stateless(format!("http-2026 {peer}")));
+        let session = Arc::new(Session::stateless(format!("http-2026 {peer}")).seeing_state_root(self.app.config.http_token.is_some()));
         let check = |method: &str, params: Option<&Value>, meta: &RequestMeta| headers::check(|name| get(req, name), method, params, meta);
         self.routed(protocol::route_checked(&self.app, &session, msg, &check))
     }

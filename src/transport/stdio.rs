@@ -76,13 +76,15 @@ pub fn spawn_writer(replies: Receiver<Out>) -> io::Result<JoinHandle<()>> {
 pub enum Line {
     /// A complete line (without its `\n` and any `\r`).
     Text,
-    /// A line over the limit; it was discarded up to its end.
+    /// A line over the limit; it was discarded up to its end, but for its first
+    /// [`jsonrpc::ID_PREFIX_BYTES`] bytes, left in the buffer (to find its id).
     TooLong,
     /// End of input.
     Eof,
 }
 
-/// Reads one line of at most `max` bytes into `buf`, discarding (not buffering) longer ones.
+/// Reads one line of at most `max` bytes into `buf`, discarding (not buffering) longer ones but
+/// for their first bytes.
 pub fn read_line(input: &mut impl BufRead, buf: &mut Vec<u8>, max: usize) -> io::Result<Line> {
     buf.clear();
     let mut too_long = false;
@@ -108,7 +110,9 @@ pub fn read_line(input: &mut impl BufRead, buf: &mut Vec<u8>, max: usize) -> io:
         if !too_long {
             if buf.len() + take > max {
                 too_long = true;
-                buf.clear();
+                let keep = jsonrpc::ID_PREFIX_BYTES.min(max).saturating_sub(buf.len()).min(take);
+                buf.extend_from_slice(&chunk[..keep]);
+                buf.truncate(jsonrpc::ID_PREFIX_BYTES.min(max));
             } else {
                 buf.extend_from_slice(&chunk[..take]);
             }
@@ -140,7 +144,8 @@ pub fn run_reader(app: &Arc<App>, session: &Arc<Session>, queue: &WorkQueue<Out>
         let msg = match read_line(&mut input, &mut buf, max_line) {
             Ok(Line::Eof) => return,
             Ok(Line::TooLong) => jsonrpc::Incoming::Invalid {
-                id: Value::Null,
+                // Answered with its own id when its start names one, so that the client matches it.
+                id: jsonrpc::id_in_prefix(&buf).unwrap_or(Value::Null),
                 error: RpcError::new(code::PARSE_ERROR, format!("message over {max_line} bytes was discarded; send smaller messages")),
             },
             Ok(Line::Text) if buf.iter().all(u8::is_ascii_whitespace) => continue,
@@ -208,7 +213,10 @@ mod tests {
     #[test]
     fn splits_lines_and_discards_long_ones() {
         let got = lines(b"ab\r\ncdefghij\n\nxy", 5);
-        assert_eq!(got, vec![(Line::Text, b"ab".to_vec()), (Line::TooLong, vec![]), (Line::Text, vec![]), (Line::Text, b"xy".to_vec())]);
-        assert_eq!(lines(b"toolongline", 3), vec![(Line::TooLong, vec![])]);
+        assert_eq!(
+            got,
+            vec![(Line::Text, b"ab".to_vec()), (Line::TooLong, b"cdefg".to_vec()), (Line::Text, vec![]), (Line::Text, b"xy".to_vec())]
+        );
+        assert_eq!(lines(b"toolongline", 3), vec![(Line::TooLong, b"too".to_vec())]);
     }
 }

@@ -67,6 +67,13 @@ fn bodies_over_4_mib_get_413_and_bad_hosts_403() {
     let mut conn = Conn::open(h.addr);
     conn.send("POST", "/mcp", &[("Mcp-Session-Id", &sid)], &big);
     assert_eq!(conn.read().status, 413);
+    // A request too large is answered with its own id, read from its start.
+    let content = "é".repeat(2_200_000);
+    let body = json!({"jsonrpc": "2.0", "id": 42, "method": "tools/call", "params": {"name": "write_file", "arguments": {"path": "a", "content": content}}});
+    let mut conn = Conn::open(h.addr);
+    conn.send("POST", "/mcp", &[("Mcp-Session-Id", &sid)], body.to_string().as_bytes());
+    let r = conn.read();
+    assert_eq!((r.status, r.json()["id"].clone()), (413, json!(42)));
     let r = h.post(&[("Mcp-Session-Id", &sid), ("Host", "evil.example:8765")], PING);
     assert_eq!(r.status, 403);
     let r = h.post(&[("Mcp-Session-Id", &sid)], PING);

@@ -68,7 +68,7 @@ fn stdio_serves_both_eras_in_one_process() {
     assert_eq!(list["result"]["cacheScope"], "public");
     let names: Vec<&str> = list["result"]["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
     assert_eq!(names[0], "create_sandbox");
-    assert_eq!(names.len(), 11);
+    assert_eq!(names.len(), sandbox_mcp::tools::all().len());
     let again = send(body(json!(2), "tools/list", json!({})), json!(2));
     assert_eq!(again["result"]["tools"], list["result"]["tools"], "a deterministic order");
     // Over stdio the process is the scope in both eras: the default sandbox works.

@@ -105,7 +105,7 @@ fn a_long_run_command_becomes_a_task_and_ends_as_one() {
         // The 1 MiB cap counts both sides of the handover.
         let out = m.ok(
             "run_command",
-            json!({"sandbox_id": sb, "command": "head -c 1500000 /dev/zero | tr '\\0' a; sleep 1.5; printf more; echo end >&2"}),
+            json!({"sandbox_id": sb, "command": "head -c 1500000 /dev/zero | tr '\\0' a; sleep 1.5; printf more; echo end >&2", "max_output": 1048576}),
         );
         let (_, task) = running(&out);
         assert_eq!((out["stdout"].as_str().map(str::len), out["stdout_truncated"].as_bool()), (Some(1 << 20), Some(true)));
@@ -277,7 +277,7 @@ fn e2b_scenario(e: &E2bHome) {
     m.ok("run_command", json!({"command": "mkdir -p sub"}));
     let out = m.ok(
         "run_command",
-        json!({"command": "echo $CALL_SECRET $PLAIN; pwd | sed 's,.*/,,'; head -c 1500000 /dev/zero | tr '\\0' e >&2", "cwd": "sub", "envs": {"CALL_SECRET": "call-secret-1", "PLAIN": "p"}}),
+        json!({"command": "echo $CALL_SECRET $PLAIN; pwd | sed 's,.*/,,'; head -c 1500000 /dev/zero | tr '\\0' e >&2", "cwd": "sub", "envs": {"CALL_SECRET": "call-secret-1", "PLAIN": "p"}, "max_output": 1048576}),
     );
     assert_eq!((out["stdout"].as_str(), out["exit_code"].as_i64()), (Some("*** p\nsub\n"), Some(0)), "{}", out["stdout"]);
     assert_eq!((out["stderr"].as_str().map(str::len), out["stderr_truncated"].as_bool()), (Some(1 << 20), Some(true)));

@@ -758,3 +758,35 @@ fn delete_refuses_a_start_in_progress() {
     claim(&mut m, "1");
     m.ok("delete_task", json!({"sandbox_id": sb, "task_id": "0123456789abcdef0123456789abcdef"}));
 }
+
+#[test]
+fn start_task_takes_envs_list_tasks_shows_commands_and_a_failed_start_retains_nothing() {
+    let home = Home::new("taskenvs");
+    let mut m = home.stdio();
+    let sb = m.create();
+    let s = start(&mut m, &sb, "echo $GREETING $API_TOKEN", json!({"envs": {"GREETING": "hi", "API_TOKEN": "tok-secret-123"}}));
+    let done = finish(&mut m, &sb, &id(&s));
+    assert_eq!(done["stdout"], "hi ***\n", "{done}");
+    let long = format!("echo {}; printf 'two\\nlines'", "x".repeat(300));
+    start(&mut m, &sb, &long, json!({}));
+    let listed = m.ok("list_tasks", json!({}));
+    let commands: Vec<&str> = listed["tasks"].as_array().unwrap().iter().map(|t| t["command"].as_str().unwrap()).collect();
+    assert!(commands.contains(&"echo $GREETING $API_TOKEN"), "{listed}");
+    assert!(commands.iter().any(|c| c.chars().count() == 200 && c.starts_with("echo xxx")), "{listed}");
+    // PATH holds only directories that exist in the sandbox.
+    let path = m.ok("run_command", json!({"command": "echo $PATH"}))["stdout"].as_str().unwrap().trim().to_string();
+    assert!(!path.is_empty());
+    for dir in path.split(':') {
+        let out = m.ok("run_command", json!({"command": format!("test -d '{dir}'")}));
+        assert_eq!(out["exit_code"], 0, "{dir} of {path} does not exist inside");
+    }
+    // A start that fails (no such cwd) retains nothing: the sandbox still ends with the session.
+    let other = m.ok("create_sandbox", json!({}))["sandbox_id"].as_str().unwrap().to_string();
+    let err = m.err("start_task", json!({"sandbox_id": other, "command": "true", "cwd": "/no/such/dir"}));
+    assert!(err.contains("not an existing directory"), "{err}");
+    m.close();
+    wait_for(Duration::from_secs(20), "the sandbox of the failed start to end with the session", || {
+        (!home.sandbox_dir(&other).exists()).then_some(())
+    });
+    assert!(home.sandbox_dir(&sb).exists(), "the sandbox with tasks is retained");
+}

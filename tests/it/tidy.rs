@@ -108,13 +108,24 @@ fn limits_from_the_code() -> Vec<(&'static str, String)> {
         ("task timeout", format!("{TASK_TIMEOUT_MIN_S}–{TASK_TIMEOUT_MAX_S} s, default {TASK_TIMEOUT_DEFAULT_S}")),
         ("log saved per stream", size(MAX_LOG_BYTES)),
         ("run_command output kept per stream", size(MAX_LOG_BYTES)),
+        (
+            "run_command max_output",
+            format!("{}–{} bytes, default {}", thousands(MAX_OUTPUT_MIN), thousands(i(MAX_LOG_BYTES)), thousands(MAX_OUTPUT_DEFAULT)),
+        ),
         ("read offset", format!("0–{}", thousands(MAX_READ_OFFSET))),
         ("read limit", format!("{}–{}, default {}", thousands(READ_LIMIT_MIN), thousands(READ_LIMIT_MAX), thousands(READ_LIMIT_DEFAULT))),
         ("task directories per OS user per sandbox", MAX_TASKS.to_string()),
         ("cancel confirmation", format!("{} s", CANCEL_CONFIRM.as_secs())),
         ("HTTP body (and one stdio message)", size(MAX_BODY_BYTES)),
         ("read_file size", size(MAX_FILE_BYTES)),
-        ("write_file content", format!("{} (characters; the whole message must fit in {})", size(MAX_WRITE_CHARS), size(MAX_BODY_BYTES))),
+        (
+            "write_file content",
+            format!(
+                "{} (characters; escaped at worst, {WORST_ESCAPED_CHAR_BYTES} bytes each, the whole message fits in {})",
+                size(MAX_WRITE_CHARS),
+                size(MAX_BODY_BYTES)
+            ),
+        ),
         ("list_files entries", thousands(i(MAX_DIR_ENTRIES))),
         ("shortest masked secret", format!("{MIN_SECRET_BYTES} bytes")),
         ("open subscriptions/listen streams (HTTP)", format!("{MAX_HTTP_SUBSCRIPTIONS} (503 beyond)")),

@@ -12,6 +12,10 @@ fn run_command_reports_exit_codes_as_data_and_clears_the_environment() {
     let created = m.ok("create_sandbox", json!({"envs": {"GREETING": "hello"}, "metadata": {"owner": "test"}}));
     assert_eq!(created["provider"], "local");
     assert_eq!(created["template"], "base");
+    // What the sandbox has: its shell, the tools found with their versions, where to write.
+    assert_eq!(created["shell"], "/bin/sh");
+    assert!(created["found"]["bash"].as_str().is_some_and(|v| v.contains("bash")), "{created}");
+    assert!(created["about"].as_str().is_some_and(|a| a.contains("home")), "{created}");
     let sb = created["sandbox_id"].as_str().unwrap().to_string();
     let meta = std::fs::metadata(home.sandbox_dir(&sb).join("meta.json")).unwrap();
     assert_eq!(meta.permissions().mode() & 0o777, 0o600);
@@ -59,12 +63,59 @@ fn run_command_output_is_capped_at_1_mib_per_stream() {
     let home = Home::new("cap");
     let mut m = home.stdio();
     m.create();
-    let out = m.ok("run_command", json!({"command": "head -c 3000000 /dev/zero | tr '\\0' a; head -c 10 /dev/zero | tr '\\0' b >&2"}));
+    let command = "head -c 3000000 /dev/zero | tr '\\0' a; head -c 10 /dev/zero | tr '\\0' b >&2";
+    let out = m.ok("run_command", json!({"command": command, "max_output": 1048576}));
     assert_eq!(out["stdout"].as_str().unwrap().len(), 1024 * 1024);
-    assert_eq!(out["stdout_truncated"], true);
+    assert_eq!((out["stdout_truncated"].as_bool(), out["stdout_bytes"].as_i64()), (Some(true), Some(1 << 20)));
     assert_eq!(out["stderr"], "bbbbbbbbbb");
     assert_eq!(out["stderr_truncated"], false);
     assert_eq!(out["exit_code"], 0);
+    assert!(out.get("task_id").is_none(), "nothing was cut inline: {}", out["stderr"]);
+}
+
+#[test]
+fn run_command_returns_head_and_tail_inline_and_the_rest_by_offset() {
+    let home = Home::new("inline");
+    let mut m = home.stdio();
+    let sb = m.create();
+    // 3000 numbered lines (about 40 kB) and multi-byte characters on stderr.
+    let out = m.ok(
+        "run_command",
+        json!({"command": "seq 1 3000 | sed 's/^/line /'; i=0; while [ $i -lt 9000 ]; do printf 'é'; i=$((i+1)); done >&2; exit 3"}),
+    );
+    assert_eq!(out["exit_code"], 3);
+    let stdout = out["stdout"].as_str().unwrap();
+    assert!(stdout.len() <= 16384, "{}", stdout.len());
+    assert!(stdout.starts_with("line 1\nline 2\n") && stdout.ends_with("line 3000\n"), "{stdout}");
+    assert!(stdout.contains("bytes cut here; get_task with stdout_offset="), "{stdout}");
+    let stderr = out["stderr"].as_str().unwrap();
+    assert!(stderr.len() <= 16384 && stderr.starts_with("éé") && stderr.ends_with("éé"), "{}", stderr.len());
+    let whole: String = (1..=3000).map(|i| format!("line {i}\n")).collect();
+    assert_eq!(
+        (out["stdout_truncated"].as_bool(), out["stderr_truncated"].as_bool(), out["stdout_bytes"].as_u64(), out["stderr_bytes"].as_u64()),
+        (Some(true), Some(true), Some(whole.len() as u64), Some(18000))
+    );
+    assert_eq!(out["sandbox_id"], sb.as_str());
+    let task = out["task_id"].as_str().expect("a task holds the whole output").to_string();
+    // The complete output, by offset, from the finished task.
+    let mut read = String::new();
+    let mut offset = 0;
+    loop {
+        let page = m.ok("get_task", json!({"sandbox_id": sb, "task_id": task, "stdout_offset": offset, "limit": 65536}));
+        assert_eq!((page["state"].as_str(), page["exit_code"].as_i64()), (Some("failed"), Some(3)), "{page}");
+        read.push_str(page["stdout"].as_str().unwrap());
+        if page["stdout_next_offset"] == offset {
+            break;
+        }
+        offset = page["stdout_next_offset"].as_u64().unwrap();
+    }
+    assert_eq!(read, whole);
+    let listed = m.ok("list_tasks", json!({}));
+    assert_eq!(listed["count"], 1, "{listed}");
+    assert_eq!(m.ok("delete_task", json!({"sandbox_id": sb, "task_id": task}))["deleted"], true);
+    // Small output: nothing cut, no task.
+    let out = m.ok("run_command", json!({"command": "echo hi", "max_output": 1024}));
+    assert_eq!((out["stdout"].as_str(), out["stdout_bytes"].as_i64(), out.get("task_id")), (Some("hi\n"), Some(3), None));
 }
 
 #[test]
@@ -219,6 +270,31 @@ fn call_prints_structured_results_and_keeps_sandboxes() {
     let (code, _, stderr) = home.call_cli("run_command", json!({"command": "true"}));
     assert_eq!(code, 1);
     assert!(stderr.contains("create_sandbox"), "{stderr}");
+    // The command's own exit code; arguments from stdin with `-`.
+    assert_eq!(home.call_cli("run_command", json!({"sandbox_id": sb, "command": "exit 3"})).0, 3);
+    let mut child = std::process::Command::new(bin())
+        .args(["call", "run_command", "-"])
+        .envs(home.env())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let input = json!({"sandbox_id": sb, "command": "echo from-stdin; exit 5"}).to_string();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), input.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(5));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("from-stdin"));
+    // Help: global (-h), one tool's arguments, the list of tools.
+    let text = |args: &[&str]| {
+        let out = std::process::Command::new(bin()).args(args).envs(home.env()).output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).to_string())
+    };
+    let (code, help) = text(&["-h"]);
+    assert!(code == Some(0) && help.contains("USAGE") && help.contains("call TOOL --help"), "{help}");
+    let (code, help) = text(&["call", "run_command", "--help"]);
+    assert!(code == Some(0) && help.contains("max_output") && help.contains("command*") && !help.contains("USAGE"), "{help}");
+    let (code, list) = text(&["tools"]);
+    assert!(code == Some(0) && list.lines().filter(|l| l.starts_with("  ")).count() == sandbox_mcp::tools::all().len(), "{list}");
 }
 
 /// Regression: a sweep (run by every server at start) took a sandbox directory that `create`
@@ -284,4 +360,76 @@ fn a_full_queue_still_reads_pings_and_cancellations() {
     let r: serde_json::Value = serde_json::from_str(&m.client.recv_line(Duration::from_secs(30)).unwrap()).unwrap();
     assert_eq!(r["id"], "b");
     assert!(m.client.recv_line(Duration::from_millis(500)).is_err());
+}
+
+#[test]
+fn results_say_when_the_sandbox_expires_and_set_timeout_changes_it() {
+    let home = Home::new("expiry");
+    let mut m = home.stdio();
+    let created = m.ok("create_sandbox", json!({"timeout": 120}));
+    let sb = created["sandbox_id"].as_str().unwrap().to_string();
+    let at = created["expires_at"].as_i64().unwrap();
+    let out = m.ok("run_command", json!({"command": "true"}));
+    assert!(out["expires_at"].as_i64().unwrap() >= at, "{out}");
+    // A task whose timeout outlives the sandbox is warned about, naming set_timeout.
+    let task = m.ok("start_task", json!({"command": "sleep 30", "timeout": 600}));
+    assert!(task["warning"].as_str().is_some_and(|w| w.contains("set_timeout")), "{task}");
+    assert!(task["expires_at"].as_i64().is_some(), "{task}");
+    let set = m.ok("set_timeout", json!({"sandbox_id": sb, "timeout": 900}));
+    assert_eq!(set["timeout"], 900);
+    let later = set["expires_at"].as_i64().unwrap();
+    assert!(later >= at + 700, "{set}");
+    let got = m.ok("get_task", json!({"sandbox_id": sb, "task_id": task["task_id"]}));
+    assert_eq!(got["expires_at"], later, "{got}");
+    // Within the sandbox's time: no warning.
+    let quiet = m.ok("start_task", json!({"command": "true", "timeout": 60}));
+    assert!(quiet.get("warning").is_none(), "{quiet}");
+    // Shortened.
+    let set = m.ok("set_timeout", json!({"sandbox_id": sb, "timeout": 60}));
+    assert!(set["expires_at"].as_i64().unwrap() < later);
+    assert!(m.err("set_timeout", json!({"sandbox_id": sb, "timeout": 0})).contains("timeout"));
+}
+
+#[test]
+fn list_sandboxes_shows_what_the_caller_can_use() {
+    let home = Home::new("listsb");
+    let mut m = home.stdio();
+    let sb = m.ok("create_sandbox", json!({"metadata": {"owner": "agent-7"}}))["sandbox_id"].as_str().unwrap().to_string();
+    m.ok("start_task", json!({"command": "sleep 30"}));
+    // Over stdio: every sandbox of the state root, another server's included.
+    let other = home.create_detached(json!({}));
+    let listed = m.ok("list_sandboxes", json!({}));
+    assert_eq!(listed["count"], 2, "{listed}");
+    let mine = listed["sandboxes"].as_array().unwrap().iter().find(|s| s["sandbox_id"] == sb.as_str()).unwrap().clone();
+    assert_eq!(mine["metadata"], json!({"owner": "agent-7"}));
+    assert_eq!(mine["tasks"], json!({"running": 1, "total": 1}));
+    assert!(mine["expires_at"].as_i64().is_some() && mine["created_at"].as_i64().is_some(), "{mine}");
+    // Over HTTP: only the session's own.
+    let h = Http::start(&home, &[], &[]);
+    let sid = h.initialize();
+    let created = h.call(&sid, "create_sandbox", json!({}));
+    let listed = h.call(&sid, "list_sandboxes", json!({}));
+    let ids: Vec<&str> =
+        listed["result"]["structuredContent"]["sandboxes"].as_array().unwrap().iter().map(|s| s["sandbox_id"].as_str().unwrap()).collect();
+    assert_eq!(ids, [created["result"]["structuredContent"]["sandbox_id"].as_str().unwrap()], "{listed}");
+    assert!(!ids.contains(&other.as_str()));
+    h.stop();
+}
+
+#[test]
+fn read_file_of_an_image_also_returns_an_image_block() {
+    let home = Home::new("image");
+    let mut m = home.stdio();
+    m.create();
+    // A 1x1 PNG.
+    let png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
+    m.ok("write_file", json!({"path": "dot.png", "content": png, "encoding": "base64"}));
+    let r = m.call("read_file", json!({"path": "dot.png"}));
+    assert_eq!(r["structuredContent"]["mime_type"], "image/png", "{r}");
+    assert_eq!(r["content"][1], json!({"type": "image", "data": png, "mimeType": "image/png"}));
+    // Not an image: no block.
+    m.ok("write_file", json!({"path": "bin.dat", "content": "AP8A/w==", "encoding": "base64"}));
+    let r = m.call("read_file", json!({"path": "bin.dat"}));
+    assert_eq!(r["content"].as_array().unwrap().len(), 1, "{r}");
+    assert!(r["structuredContent"].get("mime_type").is_none());
 }

@@ -142,3 +142,35 @@ fn a_fifo_in_place_of_a_state_file_stalls_only_its_own_sandbox() {
     assert!(r["stdout"].as_str().unwrap_or_default().contains("news"), "{r}");
     assert!(t0.elapsed() < Duration::from_secs(6), "the other sandbox's wait took {:?}", t0.elapsed());
 }
+
+/// The figure: following a 40-line, 40-second job takes at most 3 calls (here 2: the
+/// start and one get_task with `until: "exit"`), and the answer holds every line.
+#[test]
+fn following_a_40_line_40_second_job_takes_at_most_3_calls() {
+    let home = Home::new("wait-exit");
+    let mut m = home.stdio();
+    let sb = m.create();
+    let mut calls = 0;
+    let task = start(&mut m, &sb, "i=1; while [ $i -le 40 ]; do echo line $i; sleep 1; i=$((i+1)); done");
+    calls += 1;
+    let t0 = Instant::now();
+    let mut s = Value::Null;
+    let mut offset = 0;
+    let mut stdout = String::new();
+    while calls < 3 {
+        let args = json!({"sandbox_id": sb, "task_id": task, "wait": 60, "until": "exit", "stdout_offset": offset});
+        let r = m.client.call_tool("get_task", args, Duration::from_secs(75)).unwrap();
+        assert_eq!(r["isError"], false, "{r}");
+        s = r["structuredContent"].clone();
+        calls += 1;
+        stdout.push_str(s["stdout"].as_str().unwrap());
+        offset = s["stdout_next_offset"].as_u64().unwrap();
+        if s["state"] != "running" {
+            break;
+        }
+    }
+    assert_eq!((s["state"].as_str(), s["exit_code"].as_i64()), (Some("succeeded"), Some(0)), "{s}");
+    let expected: String = (1..=40).map(|i| format!("line {i}\n")).collect();
+    assert_eq!(stdout, expected);
+    assert!(calls <= 3 && t0.elapsed() >= Duration::from_secs(35), "{calls} calls, {:?}", t0.elapsed());
+}

@@ -48,6 +48,8 @@ pub(super) struct Known {
     pub timeout_s: Option<u64>,
     /// When this process last renewed the TTL.
     pub renewed: Option<Instant>,
+    /// When the sandbox expires (Unix seconds), as last learned or set by this process.
+    pub expires_at: Option<i64>,
     /// Masker of the sandbox's environment, once read.
     pub masker: Option<Masker>,
 }
@@ -134,6 +136,14 @@ impl ControlPlane {
         if let Some(t) = sandbox.metadata.timeout.as_deref().and_then(|t| t.parse().ok()) {
             k.timeout_s = Some(t);
         }
+        if let Some(at) = sandbox.end_at.as_deref().and_then(super::wire::rfc3339) {
+            k.expires_at = Some(at);
+        }
+    }
+
+    /// When the sandbox expires, as this process last learned or set it (no request).
+    pub fn expires_at(&self, id: &str) -> Option<i64> {
+        self.known().get(id).and_then(|k| k.expires_at)
     }
 
     /// Drops everything known about a sandbox (it is gone, or its access must be re-learned).
@@ -240,11 +250,17 @@ impl ControlPlane {
         if !matches!(reply.status, 200 | 201) {
             return Err(self.api_error(Some(id), "connect", &reply));
         }
-        self.remember(id, &loose::parse(&reply.body));
+        let sandbox: SandboxReply = loose::parse(&reply.body);
+        self.remember(id, &sandbox);
         let mut all = self.known();
         let k = all.entry(id.to_string()).or_default();
         k.renewed = Some(Instant::now());
         k.timeout_s.get_or_insert(timeout_s);
+        if sandbox.end_at.is_none() {
+            // The TTL is now at least the timeout from now.
+            let renewed = unix_now() + timeout_s as i64;
+            k.expires_at = Some(k.expires_at.map_or(renewed, |at| at.max(renewed)));
+        }
         Ok(())
     }
 
@@ -310,6 +326,7 @@ impl ControlPlane {
             let k = all.entry(id.clone()).or_default();
             k.timeout_s = Some(req.timeout_s);
             k.renewed = Some(Instant::now());
+            k.expires_at = Some(unix_now() + req.timeout_s as i64);
         }
         Ok(SandboxInfo {
             sandbox_id: id,
@@ -354,7 +371,12 @@ impl ControlPlane {
         if !matches!(reply.status, 200 | 204) {
             return Err(self.api_error(Some(id), "set timeout", &reply));
         }
-        self.known().entry(id.to_string()).or_default().timeout_s = Some(timeout_s);
+        {
+            let mut all = self.known();
+            let k = all.entry(id.to_string()).or_default();
+            k.timeout_s = Some(timeout_s);
+            k.expires_at = Some(unix_now() + timeout_s as i64);
+        }
         Ok(SandboxInfo {
             sandbox_id: id.to_string(),
             template: String::new(),

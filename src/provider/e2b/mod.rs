@@ -98,6 +98,22 @@ impl Provider for E2bProvider {
         self.control.info(sandbox_id, touch, deadline)
     }
 
+    fn describe(&self, info: &SandboxInfo) -> String {
+        let network = if info.network { "It reaches the outside network." } else { "It has no outside network." };
+        format!(
+            "An E2B sandbox (a small VM of the template): commands run as the template's user, whose home /home/user is the default \
+working directory; system paths need sudo. {network} Install packages with pip install --user NAME (or a venv), npm, or sudo apt-get."
+        )
+    }
+
+    fn command_shell(&self) -> String {
+        "/bin/bash -l (/bin/sh where bash is missing)".into()
+    }
+
+    fn expires_at(&self, sandbox_id: &str) -> Option<i64> {
+        self.control.expires_at(sandbox_id)
+    }
+
     fn set_timeout(&self, sandbox_id: &str, timeout_s: u64, deadline: Instant) -> Result<SandboxInfo, ProviderError> {
         check_e2b_id(sandbox_id)?;
         self.control.set_timeout(sandbox_id, timeout_s, deadline)

@@ -14,10 +14,30 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+/// The entries of the host's `path` that are directories inside a sandbox isolated as `isolation`.
+fn path_inside(path: &str, isolation: Isolation) -> String {
+    let visible = |dir: &str| match isolation {
+        Isolation::Namespaces => crate::provider::local::isolation::rootfs::SYSTEM_DIRS
+            .iter()
+            .any(|sys| dir == *sys || dir.strip_prefix(sys).is_some_and(|rest| rest.starts_with('/'))),
+        Isolation::None => true,
+    };
+    let mut kept: Vec<&str> = Vec::new();
+    for dir in path.split(':') {
+        if dir.starts_with('/') && visible(dir) && Path::new(dir).is_dir() && !kept.contains(&dir) {
+            kept.push(dir);
+        }
+    }
+    kept.join(":")
+}
+
 impl LocalProvider {
     pub(super) fn env_for(&self, id: &str, meta: &Meta, extra: &BTreeMap<String, String>) -> Vec<(String, String)> {
         let mut env: BTreeMap<String, String> = self.inherited_env.iter().cloned().collect();
-        env.entry("PATH".into()).or_insert_with(|| "/usr/local/bin:/usr/bin:/bin".into());
+        // Only the directories that exist inside: an isolated sandbox sees the host's system
+        // directories only, never the server user's own (`~/.cargo/bin`, ...).
+        let path = env.get("PATH").map(|p| path_inside(p, meta.isolation)).filter(|p| !p.is_empty());
+        env.insert("PATH".into(), path.unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into()));
         let home = match meta.isolation {
             Isolation::Namespaces => rootfs::HOME.to_string(),
             Isolation::None => self.home(id).to_string_lossy().into_owned(),

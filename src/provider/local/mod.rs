@@ -440,6 +440,47 @@ impl Provider for LocalProvider {
         Ok(self.reach(sandbox_id, touch)?.info())
     }
 
+    fn describe(&self, info: &SandboxInfo) -> String {
+        let network = if info.network {
+            "It reaches the outside network."
+        } else {
+            "It has no outside network (create the sandbox with network: true for downloads)."
+        };
+        match info.isolation {
+            "namespaces" => format!(
+                "An isolated Linux sandbox: the host's system directories (/usr, /bin, /lib, /opt) are read-only; write in the home \
+directory /home/user (the default working directory) and /tmp. {network} System packages cannot be installed; install Python \
+packages into a virtual environment (python3 -m venv ~/venv && ~/venv/bin/pip install NAME) and others under the home directory."
+            ),
+            _ => format!(
+                "Commands run on the host as the server's user, without isolation; the file tools are confined to the sandbox's home \
+directory (the default working directory). {network} Install packages under the home directory (for Python: python3 -m venv)."
+            ),
+        }
+    }
+
+    fn list_sandboxes(&self) -> Option<Vec<crate::provider::Listed>> {
+        let mut all = Vec::new();
+        for entry in fs::read_dir(self.root.join("sandboxes")).ok()?.flatten() {
+            let id = entry.file_name().to_string_lossy().into_owned();
+            if check_local_id(&id).is_err() {
+                continue;
+            }
+            if let Ok(meta) = self.load(&id) {
+                if meta.expires_at > unix_now() {
+                    all.push((meta.info(), Some(meta.created_at), meta.metadata.clone()));
+                }
+            }
+        }
+        all.sort_by(|a, b| (a.1, &a.0.sandbox_id).cmp(&(b.1, &b.0.sandbox_id)));
+        Some(all)
+    }
+
+    fn expires_at(&self, sandbox_id: &str) -> Option<i64> {
+        check_local_id(sandbox_id).ok()?;
+        self.load(sandbox_id).ok().map(|meta| meta.expires_at)
+    }
+
     fn set_timeout(&self, sandbox_id: &str, timeout_s: u64, _deadline: Instant) -> Result<SandboxInfo, ProviderError> {
         let mut meta = self.reach(sandbox_id, Touch::Observe)?;
         meta.timeout = timeout_s;

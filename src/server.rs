@@ -41,20 +41,18 @@ impl std::fmt::Display for Stop {
 }
 
 /// Starts the worker pool and the waiter; each worker runs [`protocol::execute`] and answers with
-/// `R`, or parks a call that waits with the waiter, which answers it.
-fn start_workers<R: From<Outcome> + Send + 'static>(app: &Arc<App>, waiter: Waiter) -> Result<WorkQueue<R>> {
+/// `R`, or parks a call that waits with the waiter, which answers it. `sharing` is how workers
+/// are shared between clients.
+fn start_workers<R: From<Outcome> + Send + 'static>(app: &Arc<App>, waiter: Waiter, sharing: queue::Sharing) -> Result<WorkQueue<R>> {
     let handler_app = app.clone();
-    let (queue, _handles) = queue::spawn_workers(
-        queue::Sharing::for_workers(app.config.workers, app.config.queue_capacity),
-        app.config.queue_capacity,
-        move |work: Work| match protocol::execute(&handler_app, work) {
+    let (queue, _handles) =
+        queue::spawn_workers(sharing, app.config.queue_capacity, move |work: Work| match protocol::execute(&handler_app, work) {
             Executed::Now(outcome) => Step::Done(outcome),
             Executed::Wait(watch) => {
                 let waiter = waiter.clone();
                 Step::Later(Box::new(move |respond| waiter.park_or_answer(watch, respond)))
             }
-        },
-    );
+        });
     // Workers are not joined: they exit with the process, after shutdown has ended the sessions
     // and killed the commands they wait for.
     Ok(queue)
@@ -84,7 +82,11 @@ fn watch_signals(stop: Sender<Stop>) -> Result<()> {
 pub fn run_stdio(config: Config) -> Result<()> {
     let app = Arc::new(App::new(config)?);
     let waiter = Waiter::start().context("starting the waiter thread")?;
-    let queue = start_workers::<Out>(&app, waiter.clone())?;
+    // One client: its calls wait for a worker however many there are, as before clients had
+    // lanes (the stdio reader never blocks; its feeder holds what the queue cannot).
+    let sharing =
+        queue::Sharing { per_client_queue: usize::MAX, ..queue::Sharing::for_workers(app.config.workers, app.config.queue_capacity) };
+    let queue = start_workers::<Out>(&app, waiter.clone(), sharing)?;
     let (reply_tx, reply_rx) = crossbeam_channel::unbounded::<Out>();
     stdio::spawn_writer(reply_rx).context("starting the stdout writer")?;
     let session = Arc::new(Session::new("stdio", false));
@@ -152,7 +154,8 @@ fn flush(replies: &Sender<Out>, wait: Duration) {
 pub fn run_http(config: Config) -> Result<()> {
     let app = Arc::new(App::new(config)?);
     let waiter = Waiter::start().context("starting the waiter thread")?;
-    let queue = start_workers::<Outcome>(&app, waiter.clone())?;
+    let sharing = queue::Sharing::for_workers(app.config.workers, app.config.queue_capacity);
+    let queue = start_workers::<Outcome>(&app, waiter.clone(), sharing)?;
     let sessions = Arc::new(Sessions::default());
     let listen = app.config.listen;
     // One listener per job that can be in flight (queued, running or waiting) plus spare ones, so

@@ -20,7 +20,7 @@ from sdk_server import http_server
 BIN = os.environ["SANDBOX_MCP_BIN"]
 EXPECTED_TOOLS = {
     "create_sandbox", "kill_sandbox", "run_command", "read_file", "write_file", "list_files",
-    "start_task", "get_task", "cancel_task", "list_tasks", "delete_task",
+    "start_task", "get_task", "cancel_task", "list_tasks", "delete_task", "list_sandboxes", "set_timeout",
 }
 
 

@@ -169,75 +169,20 @@ impl Waiter {
 fn schedule(rx: &Receiver<Parked>, count: &AtomicUsize, clients: &PerClient) {
     let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded::<Job>();
     let (done_tx, done_rx) = crossbeam_channel::unbounded::<Checked>();
+    let mut s = Schedule { slots: HashMap::new(), busy_keys: HashSet::new(), in_flight: 0, next_id: 0, count, clients };
     let mut checkers = 0usize;
-    let mut slots: HashMap<u64, Slot> = HashMap::new();
-    let mut busy_keys: HashSet<String> = HashSet::new();
-    let mut in_flight = 0usize;
-    let mut next_id = 0u64;
     let mut open = true;
-    while open || !slots.is_empty() {
-        let mut take = |p: Parked, slots: &mut HashMap<u64, Slot>| {
-            next_id += 1;
-            let key = p.watch.key().unwrap_or_else(|| format!("#{next_id}"));
-            let slot = Slot {
-                until: p.watch.until(),
-                every: p.watch.every(),
-                client: p.watch.client(),
-                watch: Some(p.watch),
-                respond: Some(p.respond),
-                next: p.next,
-                key,
-            };
-            slots.insert(next_id, slot);
-            log::debug!("call {next_id} waits ({} waiting)", slots.len());
-        };
+    while open || !s.slots.is_empty() {
         // New calls first: checks that take longer than the poll interval must not keep them out.
         for p in rx.try_iter() {
-            take(p, &mut slots);
+            s.take(p);
         }
-        for (id, watch, answer) in done_rx.try_iter() {
-            in_flight -= 1;
-            let Some(slot) = slots.get_mut(&id) else { continue };
-            busy_keys.remove(&slot.key);
-            match answer {
-                Some(outcome) => {
-                    if let Some(respond) = slot.respond.take() {
-                        count.fetch_sub(1, Ordering::SeqCst);
-                        leave(clients, slot.client.as_deref());
-                        respond(outcome);
-                    }
-                    slots.remove(&id);
-                }
-                None => {
-                    slot.watch = watch;
-                    let n = slots.len() as u32;
-                    if let Some(slot) = slots.get_mut(&id) {
-                        slot.next = Instant::now() + slot.every.max(MIN_GAP * n);
-                    }
-                }
-            }
+        for checked in done_rx.try_iter() {
+            s.settle(checked);
         }
         // Everything due now whose key is free goes to a checker.
-        let now = Instant::now();
-        let mut due: Vec<(Instant, u64)> = slots
-            .iter()
-            .filter(|(_, s)| s.watch.is_some() && !busy_keys.contains(&s.key) && s.next.min(s.until) <= now)
-            .map(|(id, s)| (s.next.min(s.until), *id))
-            .collect();
-        due.sort();
-        for (_, id) in due {
-            if in_flight >= CHECKERS {
-                break;
-            }
-            let Some(slot) = slots.get_mut(&id) else { continue };
-            if busy_keys.contains(&slot.key) {
-                continue;
-            }
-            let Some(watch) = slot.watch.take() else { continue };
-            let job = if Instant::now() >= slot.until { Job::GiveUp(id, watch) } else { Job::Check(id, watch) };
-            busy_keys.insert(slot.key.clone());
-            in_flight += 1;
-            if checkers < in_flight.min(CHECKERS) {
+        for job in s.due_jobs() {
+            if checkers < s.in_flight.min(CHECKERS) {
                 let (jobs, done) = (jobs_rx.clone(), done_tx.clone());
                 if thread::Builder::new().name("sandbox-mcp-check".into()).spawn(move || check_forever(&jobs, &done)).is_ok() {
                     checkers += 1;
@@ -248,25 +193,114 @@ fn schedule(rx: &Receiver<Parked>, count: &AtomicUsize, clients: &PerClient) {
                 return;
             }
         }
-        // Sleep until something is due, a check comes back or a call arrives.
-        let wake = slots.values().filter(|s| s.watch.is_some() && !busy_keys.contains(&s.key)).map(|s| s.next.min(s.until)).min();
-        let timeout = wake.map(|w| w.saturating_duration_since(Instant::now())).unwrap_or(Duration::from_secs(3600));
-        if !open && slots.is_empty() {
+        if !open && s.slots.is_empty() {
             return;
         }
+        // Sleep until something is due, a check comes back or a call arrives.
+        let timeout = s.next_due().map_or(Duration::from_secs(3600), |w| w.saturating_duration_since(Instant::now()));
         let arrivals = if open { rx.clone() } else { crossbeam_channel::never() };
         crossbeam_channel::select! {
             recv(arrivals) -> p => match p {
-                Ok(p) => take(p, &mut slots),
+                Ok(p) => s.take(p),
                 Err(_) => open = false,
             },
-            recv(done_rx) -> d => {
-                if let Ok(d) = d {
-                    let _ = done_tx.send(d);
+            recv(done_rx) -> checked => {
+                if let Ok(checked) = checked {
+                    s.settle(checked);
                 }
             },
             default(timeout) => {}
         }
+    }
+}
+
+/// The scheduler's state: the parked calls, the keys with a check out, and the counts it keeps.
+struct Schedule<'a> {
+    slots: HashMap<u64, Slot>,
+    busy_keys: HashSet<String>,
+    in_flight: usize,
+    next_id: u64,
+    count: &'a AtomicUsize,
+    clients: &'a PerClient,
+}
+
+impl Schedule<'_> {
+    /// Holds a newly parked call.
+    fn take(&mut self, p: Parked) {
+        self.next_id += 1;
+        let id = self.next_id;
+        let key = p.watch.key().unwrap_or_else(|| format!("#{id}"));
+        let slot = Slot {
+            until: p.watch.until(),
+            every: p.watch.every(),
+            client: p.watch.client(),
+            watch: Some(p.watch),
+            respond: Some(p.respond),
+            next: p.next,
+            key,
+        };
+        self.slots.insert(id, slot);
+        log::debug!("call {id} waits ({} waiting)", self.slots.len());
+    }
+
+    /// A checker's result: the call is answered, or waits for its next check.
+    fn settle(&mut self, (id, watch, answer): Checked) {
+        self.in_flight -= 1;
+        let n = self.slots.len() as u32;
+        let Some(slot) = self.slots.get_mut(&id) else { return };
+        self.busy_keys.remove(&slot.key);
+        match answer {
+            Some(outcome) => {
+                if let Some(respond) = slot.respond.take() {
+                    self.count.fetch_sub(1, Ordering::SeqCst);
+                    leave(self.clients, slot.client.as_deref());
+                    respond(outcome);
+                }
+                self.slots.remove(&id);
+            }
+            None => {
+                slot.watch = watch;
+                slot.next = Instant::now() + slot.every.max(MIN_GAP * n);
+            }
+        }
+    }
+
+    /// Takes out the checks due now, earliest first, one per free key and at most
+    /// [`CHECKERS`] out at once.
+    fn due_jobs(&mut self) -> Vec<Job> {
+        let now = Instant::now();
+        let mut due: Vec<(Instant, u64)> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| self.idle(s) && s.next.min(s.until) <= now)
+            .map(|(id, s)| (s.next.min(s.until), *id))
+            .collect();
+        due.sort();
+        let mut jobs = Vec::new();
+        for (_, id) in due {
+            if self.in_flight >= CHECKERS {
+                break;
+            }
+            let Some(slot) = self.slots.get_mut(&id) else { continue };
+            if self.busy_keys.contains(&slot.key) {
+                continue;
+            }
+            let Some(watch) = slot.watch.take() else { continue };
+            jobs.push(if Instant::now() >= slot.until { Job::GiveUp(id, watch) } else { Job::Check(id, watch) });
+            self.busy_keys.insert(slot.key.clone());
+            self.in_flight += 1;
+        }
+        jobs
+    }
+
+    /// When the next check of an idle call is due.
+    fn next_due(&self) -> Option<Instant> {
+        self.slots.values().filter(|s| self.idle(s)).map(|s| s.next.min(s.until)).min()
+    }
+
+    /// Whether a call waits here with no check out for it or its key.
+    fn idle(&self, s: &Slot) -> bool {
+        s.watch.is_some() && !self.busy_keys.contains(&s.key)
     }
 }
 

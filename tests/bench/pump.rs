@@ -31,6 +31,40 @@ struct Run {
     end: f64,
 }
 
+/// `pairs` runs of a task, each paired with a run of the one-pipe floor `pipe_script`, the
+/// floor first in even pairs and second in odd ones (so both see the same machine); `before`
+/// runs at the start of every pair.
+struct Pairs {
+    pipe: Vec<f64>,
+    task: Vec<f64>,
+    ends: Vec<f64>,
+    ratios: Vec<f64>,
+}
+
+fn alternate(
+    pairs: usize,
+    pipe_script: &str,
+    mut before: impl FnMut() -> Result<()>,
+    mut task: impl FnMut() -> Result<Run>,
+) -> Result<Pairs> {
+    let mut out = Pairs { pipe: Vec::new(), task: Vec::new(), ends: Vec::new(), ratios: Vec::new() };
+    for i in 0..pairs {
+        before()?;
+        let (p, r) = if i % 2 == 0 {
+            let p = spawn_time(&mut sh(pipe_script, &[]))?;
+            (p, task()?)
+        } else {
+            let r = task()?;
+            (spawn_time(&mut sh(pipe_script, &[]))?, r)
+        };
+        out.ratios.push(r.wall / p);
+        out.pipe.push(p);
+        out.task.push(r.wall);
+        out.ends.push(r.end);
+    }
+    Ok(out)
+}
+
 fn now_ns() -> u128 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
 }
@@ -119,45 +153,28 @@ pub fn pump_throughput(b: &mut Bench, ctl: &mut Ctl) -> Result<()> {
     check(&task_run(ctl, &plain, &cmd, Duration::from_secs(300))?.1, "unmasked")?;
 
     // Floor and task alternated, the order swapped every pair.
-    let (mut floor, mut pipe, mut unmasked, mut ends, mut ratios) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for i in 0..pairs {
+    let mut floor = Vec::new();
+    let before = || -> Result<()> {
         floor.push(spawn_time(&mut sh(&floor_script, &[]))?);
-        let one = |ctl: &mut Ctl| -> Result<Run> {
-            let (r, fin) = task_run(ctl, &plain, &cmd, Duration::from_secs(300))?;
-            check(&fin, "unmasked")?;
-            Ok(r)
-        };
-        let (p, r) = if i % 2 == 0 {
-            let p = spawn_time(&mut sh(&pipe_script, &[]))?;
-            (p, one(ctl)?)
-        } else {
-            let r = one(ctl)?;
-            (spawn_time(&mut sh(&pipe_script, &[]))?, r)
-        };
-        ratios.push(r.wall / p);
-        pipe.push(p);
-        unmasked.push(r.wall);
-        ends.push(r.end);
-    }
-    let (mut pipe_m, mut masked, mut ends_m, mut ratios_m) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for i in 0..pairs {
-        let one = |ctl: &mut Ctl| -> Result<Run> {
+        Ok(())
+    };
+    let unmasked = alternate(pairs, &pipe_script, before, || {
+        let (r, fin) = task_run(ctl, &plain, &cmd, Duration::from_secs(300))?;
+        check(&fin, "unmasked")?;
+        Ok(r)
+    })?;
+    let masked = alternate(
+        pairs,
+        &pipe_script,
+        || Ok(()),
+        || {
             let (r, fin) = task_run(ctl, &secret, &cmd, Duration::from_secs(600))?;
             check(&fin, "masked")?;
             Ok(r)
-        };
-        let (p, r) = if i % 2 == 0 {
-            let p = spawn_time(&mut sh(&pipe_script, &[]))?;
-            (p, one(ctl)?)
-        } else {
-            let r = one(ctl)?;
-            (spawn_time(&mut sh(&pipe_script, &[]))?, r)
-        };
-        ratios_m.push(r.wall / p);
-        pipe_m.push(p);
-        masked.push(r.wall);
-        ends_m.push(r.end);
-    }
+        },
+    )?;
+    let Pairs { pipe, task: unmasked, ends, ratios } = unmasked;
+    let Pairs { pipe: pipe_m, task: masked, ends: ends_m, ratios: ratios_m } = masked;
     let floor = b.keep("floor.pump_dev_null", &floor);
     let pipe = b.keep("floor.pump_one_pipe", &pipe);
     let unmasked = b.keep("pump.unmasked", &unmasked);

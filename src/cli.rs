@@ -60,7 +60,10 @@ pub fn tool_help(tool: &tools::Tool) -> String {
             kind.push_str(&format!(", default {default}"));
         }
         let star = if required.contains(&p.name) { "*" } else { "" };
-        out.push_str(&format!("  {:<14} {kind}\n      {}\n", format!("{}{star}", p.name), p.description));
+        out.push_str(&format!("  {:<14} {kind}\n", format!("{}{star}", p.name)));
+        if !p.description.is_empty() {
+            out.push_str(&format!("      {}\n", p.description));
+        }
     }
     out
 }

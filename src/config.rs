@@ -266,7 +266,7 @@ options! {
         takes_value: true,
         env: Some("SANDBOX_MCP_LOCAL_SH"),
         default: Text("/bin/sh"),
-        help: "POSIX shell the local provider runs commands and supervisor snippets with",
+        help: "POSIX shell of the local provider's supervisor snippets, and of commands where the host has no bash",
     };
     /// Namespace isolation of local sandboxes.
     ISOLATION = OptionSpec {

@@ -205,7 +205,7 @@ pub fn route_checked(app: &App, session: &Arc<Session>, msg: Incoming, check: En
         Incoming::Request { id, method, params } if envelope::is_modern(&method, params.as_ref()) => {
             modern(app, session, &id, &method, params, check)
         }
-        Incoming::Request { id, method, params } => match request(session, &id, &method, params) {
+        Incoming::Request { id, method, params } => match request(app, session, &id, &method, params) {
             Ok(Handled::Done(result)) => Route::Reply(jsonrpc::result(&id, result).to_string()),
             // The tool list is serialized once; only the id changes.
             Ok(Handled::ToolList) => Route::Reply(format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{}}}"#, cached::tools_list())),
@@ -228,7 +228,7 @@ fn modern(app: &App, session: &Arc<Session>, id: &Value, method: &str, params: O
     }
     match method {
         // Serialized once; only the id changes.
-        "server/discover" => Route::Reply(format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{}}}"#, cached::discover())),
+        "server/discover" => Route::Reply(jsonrpc::result(id, envelope::discover(&instructions(app, DISCOVER_INSTRUCTIONS))).to_string()),
         "tools/list" => Route::Reply(format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{}}}"#, cached::tools_list_modern())),
         "tools/call" => match tool_call(session, id, params, Some(meta)) {
             Ok(call) => Route::Call(Work { session: session.clone(), call }),
@@ -314,7 +314,7 @@ enum Handled {
     Call(Box<ToolCall>),
 }
 
-fn request(session: &Session, id: &Value, method: &str, params: Option<Value>) -> Result<Handled, RpcError> {
+fn request(app: &App, session: &Session, id: &Value, method: &str, params: Option<Value>) -> Result<Handled, RpcError> {
     let tasks =
         matches!(method, "tasks/get" | "tasks/result" | "tasks/cancel" | "tasks/list") && session.protocol_version() == TASKS_VERSION;
     let known = tasks || matches!(method, "initialize" | "ping" | "tools/list" | "tools/call" | "logging/setLevel");
@@ -334,7 +334,7 @@ fn request(session: &Session, id: &Value, method: &str, params: Option<Value>) -
         ));
     }
     match method {
-        "initialize" => Ok(Handled::Done(initialize(session, params.as_ref()))),
+        "initialize" => Ok(Handled::Done(initialize(app, session, params.as_ref()))),
         "ping" => Ok(Handled::Done(json!({}))),
         "tools/list" => Ok(Handled::ToolList),
         "logging/setLevel" => {
@@ -367,7 +367,7 @@ fn begin(session: &Session, id: &Value) -> Result<InFlight, RpcError> {
         .ok_or_else(|| RpcError::new(code::INVALID_REQUEST, format!("request id {id} is already in flight; use a new id per request")))
 }
 
-fn initialize(session: &Session, params: Option<&Value>) -> Value {
+fn initialize(app: &App, session: &Session, params: Option<&Value>) -> Value {
     let requested = params.and_then(|p| p.get("protocolVersion")).and_then(Value::as_str).unwrap_or("");
     let version = SUPPORTED_VERSIONS.iter().find(|v| **v == requested).copied().unwrap_or(SUPPORTED_VERSIONS[0]);
     session.initialize(version);
@@ -379,8 +379,19 @@ fn initialize(session: &Session, params: Option<&Value>) -> Value {
         "protocolVersion": version,
         "capabilities": capabilities,
         "serverInfo": envelope::server_info(),
-        "instructions": INSTRUCTIONS,
+        "instructions": instructions(app, INSTRUCTIONS),
     })
+}
+
+/// An era's instructions, then what every sandbox of this server's provider has (its shell,
+/// where to write, the network, how to install packages).
+fn instructions(app: &App, era: &str) -> String {
+    let overview = app.provider.overview();
+    if overview.is_empty() {
+        era.to_string()
+    } else {
+        format!("{era}\n\n{overview}")
+    }
 }
 
 /// Shown to the model by hosts that use `instructions` (2025 sessions).
@@ -394,7 +405,7 @@ list_sandboxes finds your sandboxes again.";
 
 /// The answers that never change, serialized once on first use.
 mod cached {
-    use super::{envelope, tools, DISCOVER_INSTRUCTIONS};
+    use super::{envelope, tools};
     use std::sync::OnceLock;
 
     /// The `tools/list` result of a 2025 session.
@@ -407,12 +418,6 @@ mod cached {
     pub fn tools_list_modern() -> &'static str {
         static ANSWER: OnceLock<String> = OnceLock::new();
         ANSWER.get_or_init(|| envelope::tools_list(tools::list()).to_string())
-    }
-
-    /// The `server/discover` result.
-    pub fn discover() -> &'static str {
-        static ANSWER: OnceLock<String> = OnceLock::new();
-        ANSWER.get_or_init(|| envelope::discover(DISCOVER_INSTRUCTIONS).to_string())
     }
 }
 
@@ -743,6 +748,27 @@ mod tests {
             Route::Silent => panic!("no answer to {line}"),
             Route::Call(_) => panic!("{line} was queued"),
             Route::Listen(_) => panic!("{line} opened a subscription"),
+        }
+    }
+
+    /// Every conversation carries tools/list: at most 9,000 characters, compact, in both eras, and
+    /// no sentence said twice (docs/benchmarks.md has the figures).
+    #[test]
+    fn the_tool_list_fits_its_budget_and_says_each_thing_once() {
+        for (era, text) in [("2025", cached::tools_list()), ("2026-07-28", cached::tools_list_modern())] {
+            let chars = text.chars().count();
+            assert!(chars <= 9_000, "{era}: tools/list is {chars} characters");
+        }
+        let list = tools::list();
+        let mut texts = Vec::new();
+        for tool in list["tools"].as_array().into_iter().flatten() {
+            texts.extend(tool["description"].as_str());
+            let params = tool["inputSchema"]["properties"].as_object().into_iter().flatten();
+            texts.extend(params.filter_map(|(_, p)| p["description"].as_str()));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for sentence in texts.iter().flat_map(|t| t.split(". ")).map(|s| s.trim_end_matches('.')).filter(|s| s.len() > 12) {
+            assert!(seen.insert(sentence), "said twice in tools/list: {sentence:?}");
         }
     }
 

@@ -370,6 +370,13 @@ pub trait Provider: Send + Sync {
         String::new()
     }
 
+    /// What every new sandbox of this provider has, for the server's `instructions`: the shell,
+    /// writable places, the network by default, how to install packages (one paragraph; the
+    /// interpreters found, with versions, are in each create_sandbox result).
+    fn overview(&self) -> String {
+        String::new()
+    }
+
     /// The shell `run_command` and `start_task` run a command with.
     fn command_shell(&self) -> String {
         self.shell("")[0].clone()

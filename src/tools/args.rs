@@ -69,6 +69,8 @@ pub fn input_schema(params: &[Param]) -> Value {
     let mut props = Map::new();
     for p in params {
         let mut s = match p.kind {
+            // Identifiers' lengths are checked, not advertised: maxLength is for long text.
+            Kind::Str { max_chars } if max_chars <= 128 => json!({"type": "string"}),
             Kind::Str { max_chars } => json!({"type": "string", "maxLength": max_chars}),
             Kind::Enum(values) => json!({"type": "string", "enum": values}),
             Kind::Int { min, max, default } => {
@@ -86,7 +88,9 @@ pub fn input_schema(params: &[Param]) -> Value {
                 json!({"type": "object", "properties": props, "additionalProperties": false})
             }
         };
-        s["description"] = json!(p.description);
+        if !p.description.is_empty() {
+            s["description"] = json!(p.description);
+        }
         props.insert(p.name.into(), s);
     }
     let required: Vec<&str> = params.iter().filter(|p| p.required).map(|p| p.name).collect();

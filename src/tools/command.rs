@@ -3,7 +3,7 @@
 
 use super::args::{Args, Kind, Param};
 use super::tasks::{start_task, StartMode, TaskStart};
-use super::{Ctx, Reply, TaskHandle, Tool, ToolError, SANDBOX_ID};
+use super::{field, object, Ctx, Reply, TaskHandle, Tool, ToolError, SANDBOX_ID};
 use crate::ids;
 use crate::limits;
 use crate::mask::Masker;
@@ -18,18 +18,11 @@ use std::time::{Duration, Instant};
 /// Exit code reported when the timeout killed the command (as GNU `timeout` does).
 pub const TIMED_OUT_EXIT_CODE: i32 = 124;
 
-const COMMAND: Param =
-    Param { name: "command", kind: Kind::Str { max_chars: limits::MAX_COMMAND_CHARS }, required: true, description: "Shell command line." };
+const COMMAND: Param = Param { name: "command", kind: Kind::Str { max_chars: limits::MAX_COMMAND_CHARS }, required: true, description: "" };
 
-const CWD: Param = Param {
-    name: "cwd",
-    kind: Kind::Str { max_chars: 4096 },
-    required: false,
-    description: "Working directory; default the sandbox user's home.",
-};
+const CWD: Param = Param { name: "cwd", kind: Kind::Str { max_chars: 4096 }, required: false, description: "" };
 
-const ENVS: Param =
-    Param { name: "envs", kind: Kind::StrMap, required: false, description: "Extra environment variables for this command." };
+const ENVS: Param = Param { name: "envs", kind: Kind::StrMap, required: false, description: "" };
 
 const TIMEOUT: Param = Param {
     name: "timeout",
@@ -39,47 +32,43 @@ const TIMEOUT: Param = Param {
         default: Some(limits::COMMAND_TIMEOUT_DEFAULT_S),
     },
     required: false,
-    description: "Seconds before the command is killed.",
+    description: "Seconds.",
 };
 
 const MAX_OUTPUT: Param = Param {
     name: "max_output",
     kind: Kind::Int { min: limits::MAX_OUTPUT_MIN, max: limits::MAX_LOG_BYTES as i64, default: Some(limits::MAX_OUTPUT_DEFAULT) },
     required: false,
-    description: "Bytes per stream returned inline (head and tail, a marker between).",
+    description: "Bytes per stream.",
 };
 
 pub const RUN: Tool = Tool {
     name: "run_command",
-    description:
-        "Run a shell command in a sandbox and wait for it (at most timeout seconds; on timeout its whole process group is killed). \
-A non-zero exit_code is a normal result, not an error. At most max_output bytes per stream come inline (head and tail); \
-when cut, *_truncated is true, *_bytes give the totals and get_task with task_id and sandbox_id reads the rest by offset \
-(the first 1 MiB per stream is kept). Values of secret-named environment variables are masked as ***. A command still running after the server's --task-after seconds \
-(25 by default) may go on as a background task: the answer then has state \"running\", a task_id, exit_code null and the output so far; \
-continue with get_task (with wait) or stop it with cancel_task. For anything long-running you may also use start_task directly.",
+    description: "Run a command and wait (on timeout its process group is killed: exit_code 124). A non-zero exit_code is \
+a result, not an error. Output over max_output is cut to head and tail (*_truncated); get_task on task_id reads it all. \
+Still running after --task-after (25 s): state \"running\" as task task_id; follow it with get_task.",
     params: &[COMMAND, SANDBOX_ID, CWD, ENVS, TIMEOUT, MAX_OUTPUT],
-    output_schema: || {
-        json!({"type": "object", "properties": {
-            "state": {"type": "string", "enum": ["completed", "running"], "description": "completed: the command ended (or timed out); running: it goes on as task task_id"},
-            "exit_code": {"type": ["integer", "null"], "description": "exit status; 128+N when killed by signal N; 124 on timeout; null while running"},
-            "stdout": {"type": "string", "description": "output so far when running"},
-            "stderr": {"type": "string"},
-            "stdout_truncated": {"type": "boolean", "description": "true when stdout was cut inline (or over 1 MiB)"},
-            "stderr_truncated": {"type": "boolean"},
-            "stdout_bytes": {"type": "integer", "description": "bytes of stdout kept so far (at most 1 MiB)"},
-            "stderr_bytes": {"type": "integer"},
-            "stdout_next_offset": {"type": "integer", "description": "when running: get_task's stdout_offset to read on"},
-            "stderr_next_offset": {"type": "integer"},
-            "timed_out": {"type": "boolean"},
-            "duration_ms": {"type": "integer"},
-            "task_id": {"type": "string", "description": "running, or output cut: the task get_task reads"},
-            "expires_at": {"type": "integer", "description": "when the sandbox expires, Unix seconds"},
-            "warning": {"type": "string", "description": "when running: the task outlives the sandbox (see set_timeout)"},
-            "sandbox_id": {"type": "string"},
-            "message": {"type": "string", "description": "when running: what to do next"}
-        }, "required": ["state", "exit_code", "stdout", "stderr", "stdout_truncated", "stderr_truncated", "stdout_bytes", "stderr_bytes", "timed_out", "duration_ms"]})
-    },
+    output_schema: Some(|| {
+        object(&[
+            ("state", json!({"type": "string", "enum": ["completed", "running"]})),
+            ("exit_code", field("integer|null")),
+            ("stdout", field("string")),
+            ("stderr", field("string")),
+            ("stdout_truncated", field("boolean")),
+            ("stderr_truncated", field("boolean")),
+            ("stdout_bytes", field("integer")),
+            ("stderr_bytes", field("integer")),
+            ("stdout_next_offset", field("integer")),
+            ("stderr_next_offset", field("integer")),
+            ("timed_out", field("boolean")),
+            ("duration_ms", field("integer")),
+            ("task_id", field("string")),
+            ("expires_at", field("integer")),
+            ("warning", field("string")),
+            ("sandbox_id", field("string")),
+            ("message", field("string")),
+        ])
+    }),
     read_only: false,
     destructive: true,
     run,
@@ -193,6 +182,20 @@ fn inline(bytes: &[u8], max: usize, stream: &str) -> (String, bool) {
     text.push_str(&String::from_utf8_lossy(&bytes[tail..]));
     (text, true)
 }
+
+/// The fields every completed run_command result has (its outputSchema gives types only).
+pub const COMPLETED_FIELDS: &[&str] = &[
+    "state",
+    "exit_code",
+    "stdout",
+    "stderr",
+    "stdout_truncated",
+    "stderr_truncated",
+    "stdout_bytes",
+    "stderr_bytes",
+    "timed_out",
+    "duration_ms",
+];
 
 /// run_command's result for a command that ended: the one builder of that shape (a plain call,
 /// the end observed inside the sandbox, and a protocol task's result).

@@ -9,41 +9,17 @@ use std::time::{Duration, Instant};
 /// How long one file operation may take.
 const FILE_CALL_BUDGET: Duration = Duration::from_secs(60);
 
-const PATH: Param = Param {
-    name: "path",
-    kind: Kind::Str { max_chars: 4096 },
-    required: true,
-    description: "File path in the sandbox; relative paths start at the sandbox user's home.",
-};
+const PATH: Param = Param { name: "path", kind: Kind::Str { max_chars: 4096 }, required: true, description: "" };
 
-const CONTENT: Param = Param {
-    name: "content",
-    kind: Kind::Str { max_chars: limits::MAX_WRITE_CHARS },
-    required: true,
-    description: "File content (length limit in characters: any escaping fits one message; write larger files in parts and join them with a command).",
-};
+const CONTENT: Param = Param { name: "content", kind: Kind::Str { max_chars: limits::MAX_WRITE_CHARS }, required: true, description: "" };
 
-const ENCODING: Param = Param {
-    name: "encoding",
-    kind: Kind::Enum(&["utf8", "base64"]),
-    required: false,
-    description: "How content is encoded; default utf8.",
-};
+const ENCODING: Param = Param { name: "encoding", kind: Kind::Enum(&["utf8", "base64"]), required: false, description: "" };
 
 pub const READ: Tool = Tool {
     name: "read_file",
-    description: "Read a file from a sandbox (at most 4 MiB). Valid UTF-8 comes back as content; anything else as content_base64. \
-A PNG, JPEG, GIF or WebP image of at most 1 MiB also comes as an image you can see.",
+    description: "Read a file (≤ 4 MiB): UTF-8 as content, else content_base64; PNG, JPEG, GIF, WebP ≤ 1 MiB also as an image.",
     params: &[PATH, SANDBOX_ID],
-    output_schema: || {
-        json!({"type": "object", "properties": {
-            "path": {"type": "string"},
-            "size": {"type": "integer"},
-            "content": {"type": "string"},
-            "content_base64": {"type": "string"},
-            "mime_type": {"type": "string", "description": "an image's type (then also an image content block)"}
-        }, "required": ["path", "size"]})
-    },
+    output_schema: None,
     read_only: true,
     destructive: false,
     run: read,
@@ -51,15 +27,9 @@ A PNG, JPEG, GIF or WebP image of at most 1 MiB also comes as an image you can s
 
 pub const WRITE: Tool = Tool {
     name: "write_file",
-    description: "Write (create or replace) a file in a sandbox, creating missing parent directories. \
-content is text, or base64 when encoding is \"base64\". Larger files: write them in parts with run_command.",
+    description: "Create or replace a file (and parent directories). Bigger than content allows: write parts, join with run_command.",
     params: &[PATH, CONTENT, SANDBOX_ID, ENCODING],
-    output_schema: || {
-        json!({"type": "object", "properties": {
-            "path": {"type": "string"},
-            "bytes_written": {"type": "integer"}
-        }, "required": ["path", "bytes_written"]})
-    },
+    output_schema: None,
     read_only: false,
     destructive: true,
     run: write,
@@ -67,19 +37,9 @@ content is text, or base64 when encoding is \"base64\". Larger files: write them
 
 pub const LIST: Tool = Tool {
     name: "list_files",
-    description: "List a directory in a sandbox (not recursive), sorted by name. type is file, dir, symlink or other.",
+    description: "List a directory (not recursive, sorted, at most 10000 entries).",
     params: &[PATH, SANDBOX_ID],
-    output_schema: || {
-        json!({"type": "object", "properties": {
-            "path": {"type": "string"},
-            "entries": {"type": "array", "items": {"type": "object", "properties": {
-                "name": {"type": "string"},
-                "type": {"type": "string", "enum": ["file", "dir", "symlink", "other"]},
-                "size": {"type": "integer"}
-            }, "required": ["name", "type", "size"]}},
-            "truncated": {"type": "boolean", "description": "true when the listing stopped at 10000 entries"}
-        }, "required": ["path", "entries", "truncated"]})
-    },
+    output_schema: None,
     read_only: true,
     destructive: false,
     run: list,

@@ -21,7 +21,7 @@ mod sandbox;
 mod tasks;
 
 use args::{Args, Param};
-pub use command::{CommandOutcome, CommandResult, Output, RunningCommand, TaskStartError, TIMED_OUT_EXIT_CODE};
+pub use command::{CommandOutcome, CommandResult, Output, RunningCommand, TaskStartError, COMPLETED_FIELDS, TIMED_OUT_EXIT_CODE};
 
 /// A task's handle: which sandbox, which supervisor task (spelled `<task_id>.<sandbox_id>` as a
 /// protocol task's `taskId`).
@@ -164,8 +164,11 @@ pub struct Tool {
     pub description: &'static str,
     /// Arguments.
     pub params: &'static [Param],
-    /// The schema of `structuredContent`.
-    pub output_schema: fn() -> Value,
+    /// The schema of `structuredContent`, on the two results programs branch on (run_command's
+    /// and get_task's: exit codes, states, offsets). Every tool returns `structuredContent`;
+    /// the others' fields are docs/contract.md's, kept out of the `tools/list` every
+    /// conversation carries.
+    pub output_schema: Option<fn() -> Value>,
     /// Whether the tool only reads (`readOnlyHint`).
     pub read_only: bool,
     /// Whether the tool may destroy or overwrite something (`destructiveHint`).
@@ -207,28 +210,32 @@ pub fn find(name: &str) -> Option<&'static Tool> {
     all().iter().find(|t| t.name == name)
 }
 
-/// The `tools/list` result.
+/// The `tools/list` result. Every conversation carries it, so it says each fact once: the
+/// descriptions hold what a model must know, output schemas give types only, and annotations
+/// only what differs from the protocol's defaults (`openWorldHint` always: its default is true).
 pub fn list() -> Value {
     let tools: Vec<Value> = all()
         .iter()
         .map(|t| {
-            json!({
+            let mut hints = Map::new();
+            if t.read_only {
+                hints.insert("readOnlyHint".into(), json!(true));
+            } else if !t.destructive {
+                hints.insert("destructiveHint".into(), json!(false));
+            }
+            // Commands reach the outside network when the sandbox has it.
+            hints.insert("openWorldHint".into(), json!(OPEN_WORLD.contains(&t.name)));
+            let mut tool = json!({
                 "name": t.name,
-                "title": title(t.name),
                 "description": t.description,
                 "inputSchema": args::input_schema(t.params),
-                "outputSchema": (t.output_schema)(),
-                "annotations": {
-                    "readOnlyHint": t.read_only,
-                    "destructiveHint": t.destructive,
-                    // Commands reach the outside network when the sandbox has it.
-                    "openWorldHint": OPEN_WORLD.contains(&t.name),
-                },
-            })
-        })
-        .map(|mut tool| {
+                "annotations": hints,
+            });
+            if let Some(schema) = t.output_schema {
+                tool["outputSchema"] = schema();
+            }
             // 2025-11-25 protocol tasks (mcp/tasks.rs); other versions ignore the field.
-            if TASK_TOOLS.iter().any(|n| tool["name"] == *n) {
+            if TASK_TOOLS.contains(&t.name) {
                 tool["execution"] = json!({"taskSupport": "optional"});
             }
             tool
@@ -237,19 +244,19 @@ pub fn list() -> Value {
     json!({ "tools": tools })
 }
 
-fn title(name: &str) -> String {
-    let mut out = String::new();
-    for (i, word) in name.split('_').enumerate() {
-        if i > 0 {
-            out.push(' ');
-        }
-        let mut chars = word.chars();
-        if let Some(c) = chars.next() {
-            out.extend(if i == 0 { c.to_uppercase().collect::<Vec<_>>() } else { vec![c] });
-            out.push_str(chars.as_str());
-        }
+/// One field of an output schema: its JSON type, or types joined by `|` (`"integer|null"`).
+pub(crate) fn field(ty: &str) -> Value {
+    match ty.split_once('|') {
+        None => json!({"type": ty}),
+        Some(_) => json!({"type": ty.split('|').collect::<Vec<_>>()}),
     }
-    out
+}
+
+/// An output schema: an object of `fields` with their types (which fields a result always has is
+/// docs/contract.md's to say: `required` lists would double the schemas).
+pub(crate) fn object(fields: &[(&str, Value)]) -> Value {
+    let properties: Map<String, Value> = fields.iter().map(|(name, schema)| (name.to_string(), schema.clone())).collect();
+    json!({"type": "object", "properties": properties})
 }
 
 /// Runs one tool call: its `CallToolResult` now, or the read that will give it.
@@ -344,20 +351,11 @@ call create_sandbox and pass the sandbox_id it returns",
 }
 
 /// The `sandbox_id` parameter shared by most tools.
-pub const SANDBOX_ID: Param = Param {
-    name: "sandbox_id",
-    kind: args::Kind::Str { max_chars: 128 },
-    required: false,
-    description: "Sandbox to use; defaults to the last sandbox this session created. Required for 2026-07-28 requests over HTTP, which have no session.",
-};
+pub const SANDBOX_ID: Param = Param { name: "sandbox_id", kind: args::Kind::Str { max_chars: 128 }, required: false, description: "" };
 
 /// The required `sandbox_id` parameter of tools reached by handle.
-pub const SANDBOX_ID_REQUIRED: Param = Param {
-    name: "sandbox_id",
-    kind: args::Kind::Str { max_chars: 128 },
-    required: true,
-    description: "The sandbox, as returned by create_sandbox or start_task.",
-};
+pub const SANDBOX_ID_REQUIRED: Param =
+    Param { name: "sandbox_id", kind: args::Kind::Str { max_chars: 128 }, required: true, description: "" };
 
 #[cfg(test)]
 mod tests {
@@ -370,7 +368,7 @@ mod tests {
             let name = tool["name"].as_str().unwrap();
             assert!(name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'), "{name}");
             assert!(!tool["description"].as_str().unwrap().is_empty());
-            for schema in [&tool["inputSchema"], &tool["outputSchema"]] {
+            for schema in [&tool["inputSchema"], &tool["outputSchema"]].into_iter().filter(|s| !s.is_null()) {
                 assert_eq!(schema["type"], "object", "{name}");
                 assert!(schema["properties"].is_object(), "{name}");
                 let text = schema.to_string();
@@ -378,10 +376,11 @@ mod tests {
             }
             assert_eq!(tool["inputSchema"]["additionalProperties"], false, "{name}");
             let hints = &tool["annotations"];
-            assert!(!(hints["readOnlyHint"] == true && hints["destructiveHint"] == true), "{name}");
+            assert!(hints["openWorldHint"].is_boolean(), "{name}");
         }
+        let typed: Vec<&str> = all().iter().filter(|t| t.output_schema.is_some()).map(|t| t.name).collect();
+        assert_eq!(typed, ["run_command", "get_task"]);
         let destructive: Vec<&str> = all().iter().filter(|t| t.destructive).map(|t| t.name).collect();
         assert_eq!(destructive, ["kill_sandbox", "run_command", "write_file", "start_task", "cancel_task", "delete_task"]);
-        assert_eq!(title("run_command"), "Run command");
     }
 }

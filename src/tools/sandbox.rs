@@ -11,12 +11,7 @@ use std::time::{Duration, Instant};
 /// How long creating or killing a sandbox may take.
 const SANDBOX_CALL_BUDGET: Duration = Duration::from_secs(60);
 
-const TEMPLATE: Param = Param {
-    name: "template",
-    kind: Kind::Str { max_chars: 128 },
-    required: false,
-    description: "Template (image) name; default \"base\".",
-};
+const TEMPLATE: Param = Param { name: "template", kind: Kind::Str { max_chars: 128 }, required: false, description: "Default \"base\"." };
 
 const TIMEOUT: Param = Param {
     name: "timeout",
@@ -26,24 +21,23 @@ const TIMEOUT: Param = Param {
         default: Some(limits::SANDBOX_TIMEOUT_DEFAULT_S),
     },
     required: false,
-    description: "Seconds the sandbox lives without use; run_command and the file tools renew it, task tools do not.",
+    description: "Idle seconds to expiry; run_command and file tools renew it, task tools don't.",
 };
 
 const ENVS: Param = Param {
     name: "envs",
     kind: Kind::StrMap,
     required: false,
-    description: "Environment variables of every command in the sandbox. Values of names containing KEY, TOKEN, SECRET or PASSWORD are masked in output.",
+    description: "Values of names with KEY, TOKEN, SECRET or PASSWORD are masked in output.",
 };
 
-const METADATA: Param =
-    Param { name: "metadata", kind: Kind::StrMap, required: false, description: "Free-form string labels stored with the sandbox." };
+const METADATA: Param = Param { name: "metadata", kind: Kind::StrMap, required: false, description: "" };
 
 const NETWORK: Param = Param {
     name: "network",
     kind: Kind::Bool,
     required: false,
-    description: "Outside network access. Local sandboxes isolated with namespaces: false (the default) gives only the sandbox's own loopback, true the host's network. E2B sandboxes have the network unless false.",
+    description: "Default: false locally (own loopback only; true: the host's network), true on E2B.",
 };
 
 const LIMITS: Param = Param {
@@ -53,34 +47,16 @@ const LIMITS: Param = Param {
         IntField { name: "processes", min: limits::SANDBOX_PROCESSES_MIN, max: limits::SANDBOX_PROCESSES_MAX },
     ]),
     required: false,
-    description: "Resource limits of a local sandbox, enforced with cgroups: memory_mb (memory in MiB) and processes (at once). A limit the host cannot enforce fails the call.",
+    description: "Local cgroup limits; fails if not enforceable.",
 };
 
 pub const CREATE: Tool = Tool {
     name: "create_sandbox",
-    description: "Create a Linux sandbox and make it this session's default sandbox. \
-It lives until kill_sandbox, until its timeout passes without use (ordinary tools renew it), or until this session ends \
-(unless a background task was started in it with start_task, which keeps it alive for later sessions). \
-A 2026-07-28 request over HTTP has no session: the sandbox is nobody's default (pass its sandbox_id to every later call) \
-and lives until kill_sandbox or its own timeout.",
+    description: "Create a Linux sandbox, the session's default sandbox_id. Commands run with bash (else sh) in its home, where relative \
+paths start; the result says what is inside and how to install packages. It ends with kill_sandbox, its timeout, or the session unless start_task ran \
+in it. Sessionless requests (2026-07-28 HTTP) always pass sandbox_id.",
     params: &[TEMPLATE, TIMEOUT, ENVS, METADATA, NETWORK, LIMITS],
-    output_schema: || {
-        let limit = json!({"type": ["integer", "null"]});
-        json!({"type": "object", "properties": {
-            "sandbox_id": {"type": "string"},
-            "provider": {"type": "string"},
-            "template": {"type": "string"},
-            "expires_at": {"type": "integer", "description": "Unix seconds"},
-            "isolation": {"type": "string", "description": "namespaces or none (local provider), e2b (the platform's own)"},
-            "network": {"type": "boolean", "description": "Whether commands can reach the outside network"},
-            "limits": {"type": "object", "properties": {"memory_mb": limit, "processes": limit},
-                "required": ["memory_mb", "processes"], "description": "Enforced limits; null where none was asked for"},
-            "shell": {"type": "string", "description": "what run_command and start_task run commands with"},
-            "found": {"type": "object", "additionalProperties": {"type": "string"},
-                "description": "interpreters, compilers and tools found inside, with their version line"},
-            "about": {"type": "string", "description": "writable places, the network, how to install packages"}
-        }, "required": ["sandbox_id", "provider", "template", "expires_at", "isolation", "network", "limits"]})
-    },
+    output_schema: None,
     read_only: false,
     destructive: false,
     run: create,
@@ -88,14 +64,9 @@ and lives until kill_sandbox or its own timeout.",
 
 pub const KILL: Tool = Tool {
     name: "kill_sandbox",
-    description: "Kill a sandbox and everything running in it, background tasks included. killed is false when it was already gone.",
+    description: "Kill a sandbox and everything in it, tasks included.",
     params: &[SANDBOX_ID_REQUIRED],
-    output_schema: || {
-        json!({"type": "object", "properties": {
-            "sandbox_id": {"type": "string"},
-            "killed": {"type": "boolean"}
-        }, "required": ["sandbox_id", "killed"]})
-    },
+    output_schema: None,
     read_only: false,
     destructive: true,
     run: kill,
@@ -105,21 +76,14 @@ const SET_TIMEOUT: Param = Param {
     name: "timeout",
     kind: Kind::Int { min: limits::SANDBOX_TIMEOUT_MIN_S, max: limits::SANDBOX_TIMEOUT_MAX_S, default: None },
     required: true,
-    description: "Seconds from now; also what run_command and the file tools renew it to later.",
+    description: "",
 };
 
 pub const SET: Tool = Tool {
     name: "set_timeout",
-    description: "Set when a sandbox expires: timeout seconds from now (extends or shortens it). Task tools never renew a sandbox: \
-before a long background task, make its timeout outlive the task.",
+    description: "Make a sandbox expire timeout seconds from now. Before a long task, make it outlive the task.",
     params: &[SANDBOX_ID_REQUIRED, SET_TIMEOUT],
-    output_schema: || {
-        json!({"type": "object", "properties": {
-            "sandbox_id": {"type": "string"},
-            "timeout": {"type": "integer"},
-            "expires_at": {"type": "integer", "description": "Unix seconds"}
-        }, "required": ["sandbox_id", "timeout", "expires_at"]})
-    },
+    output_schema: None,
     read_only: false,
     destructive: false,
     run: set_timeout,
@@ -127,26 +91,9 @@ before a long background task, make its timeout outlive the task.",
 
 pub const LIST: Tool = Tool {
     name: "list_sandboxes",
-    description: "List the sandboxes this caller can use (over stdio: all of this server's; over HTTP: this session's), \
-with when each expires, its metadata and its task counts: how an agent that reconnects finds its sandboxes.",
+    description: "Your sandboxes (stdio: this server's; HTTP: the session's), to find them after reconnecting.",
     params: &[],
-    output_schema: || {
-        let nullable_int = json!({"type": ["integer", "null"]});
-        json!({"type": "object", "properties": {
-            "sandboxes": {"type": "array", "items": {"type": "object", "properties": {
-                "sandbox_id": {"type": "string"},
-                "template": {"type": "string"},
-                "created_at": nullable_int,
-                "expires_at": {"type": "integer", "description": "Unix seconds"},
-                "isolation": {"type": "string"},
-                "network": {"type": "boolean"},
-                "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
-                "tasks": {"type": ["object", "null"], "properties": {"running": {"type": "integer"}, "total": {"type": "integer"}},
-                    "description": "null when the tasks could not be read"}
-            }, "required": ["sandbox_id", "expires_at", "isolation", "network", "metadata", "tasks"]}},
-            "count": {"type": "integer"}
-        }, "required": ["sandboxes", "count"]})
-    },
+    output_schema: None,
     read_only: true,
     destructive: false,
     run: list,

@@ -3,7 +3,7 @@
 //! tools never renew its TTL.
 
 use super::args::{Args, Kind, Param};
-use super::{Ctx, Pending, Reply, Tool, ToolError, SANDBOX_ID, SANDBOX_ID_REQUIRED};
+use super::{field, object, Ctx, Pending, Reply, Tool, ToolError, SANDBOX_ID, SANDBOX_ID_REQUIRED};
 use crate::provider::ProviderError;
 use crate::supervisor::{self, Deleted, Launch, Snapshot, Started, Target, TaskState, Window};
 use crate::{ids, limits};
@@ -11,112 +11,86 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-const TASK_ID: Param = Param {
-    name: "task_id",
-    kind: Kind::Str { max_chars: 64 },
-    required: true,
-    description: "The task's id (32 lowercase hex characters) as returned by start_task.",
-};
+const TASK_ID: Param = Param { name: "task_id", kind: Kind::Str { max_chars: 64 }, required: true, description: "" };
 
 const STDOUT_OFFSET: Param = Param {
     name: "stdout_offset",
     kind: Kind::Int { min: 0, max: limits::MAX_READ_OFFSET, default: Some(0) },
     required: false,
-    description: "Byte offset into the saved stdout; pass the previous stdout_next_offset to read on.",
+    description: "The previous stdout_next_offset.",
 };
 
 const STDERR_OFFSET: Param = Param {
     name: "stderr_offset",
     kind: Kind::Int { min: 0, max: limits::MAX_READ_OFFSET, default: Some(0) },
     required: false,
-    description: "Byte offset into the saved stderr.",
+    description: "",
 };
 
 const LIMIT: Param = Param {
     name: "limit",
     kind: Kind::Int { min: limits::READ_LIMIT_MIN, max: limits::READ_LIMIT_MAX, default: Some(limits::READ_LIMIT_DEFAULT) },
     required: false,
-    description: "Bytes per stream to return.",
+    description: "",
 };
 
 const WAIT: Param = Param {
     name: "wait",
     kind: Kind::Int { min: 0, max: limits::MAX_WAIT_S, default: Some(0) },
     required: false,
-    description: "Seconds to wait (0-60) for output beyond the offsets given or for the task to end; the read answers as soon as \
-either happens, else when the wait is over. 0 reads at once.",
+    description: "Seconds; 0 reads now.",
 };
 
-const ENVS: Param = Param {
-    name: "envs",
-    kind: Kind::StrMap,
-    required: false,
-    description: "Extra environment variables for this task (secret-named values are masked in its logs).",
-};
+const ENVS: Param = Param { name: "envs", kind: Kind::StrMap, required: false, description: "" };
 
 const UNTIL: Param = Param {
     name: "until",
     kind: Kind::Enum(&["output", "exit"]),
     required: false,
-    description: "With wait: \"output\" (default) answers at the first new output; \"exit\" waits for the task's end and returns \
-everything written meanwhile (within limit).",
+    description: "Wait for output past the offsets, or for the task's exit (one call follows a job).",
 };
 
-const COMMAND: Param =
-    Param { name: "command", kind: Kind::Str { max_chars: limits::MAX_COMMAND_CHARS }, required: true, description: "Shell command line." };
+const COMMAND: Param = Param { name: "command", kind: Kind::Str { max_chars: limits::MAX_COMMAND_CHARS }, required: true, description: "" };
 
-const CWD: Param = Param {
-    name: "cwd",
-    kind: Kind::Str { max_chars: 4096 },
-    required: false,
-    description: "Working directory (must exist); default the sandbox user's home.",
-};
+const CWD: Param = Param { name: "cwd", kind: Kind::Str { max_chars: 4096 }, required: false, description: "" };
 
 const TIMEOUT: Param = Param {
     name: "timeout",
     kind: Kind::Int { min: limits::TASK_TIMEOUT_MIN_S, max: limits::TASK_TIMEOUT_MAX_S, default: Some(limits::TASK_TIMEOUT_DEFAULT_S) },
     required: false,
-    description: "Seconds before the task is stopped (TERM, then KILL) and marked timed_out.",
+    description: "Seconds.",
 };
 
-/// A nullable field, spelled with `anyOf` (more portable than a `type` array).
-fn nullable(ty: &str, description: &str) -> Value {
-    json!({"anyOf": [{"type": ty}, {"type": "null"}], "description": description})
-}
-
+/// The task snapshot of start_task, get_task and cancel_task.
 fn snapshot_schema() -> Value {
-    json!({"type": "object", "properties": {
-        "sandbox_id": {"type": "string"},
-        "task_id": {"type": "string"},
-        "state": {"type": "string", "enum": ["running", "succeeded", "failed", "cancelled", "timed_out", "unknown"]},
-        "exit_code": nullable("integer", "exit status once finished; 128+N when killed by signal N"),
-        "started_at": nullable("integer", "Unix seconds"),
-        "finished_at": nullable("integer", "Unix seconds"),
-        "timeout": {"type": "integer"},
-        "stdout": {"type": "string"},
-        "stderr": {"type": "string"},
-        "stdout_next_offset": {"type": "integer"},
-        "stderr_next_offset": {"type": "integer"},
-        "stdout_bytes": {"type": "integer", "description": "bytes saved so far (at most 1 MiB)"},
-        "stderr_bytes": {"type": "integer"},
-        "stdout_truncated": {"type": "boolean"},
-        "stderr_truncated": {"type": "boolean"},
-        "error": nullable("string", "why the state is unknown, or failed without an exit code"),
-        "expires_at": {"type": "integer", "description": "when the sandbox expires, Unix seconds (task tools never renew it)"},
-        "warning": {"type": "string", "description": "the task's timeout outlives the sandbox: call set_timeout"}
-    }, "required": ["sandbox_id", "task_id", "state", "exit_code", "started_at", "finished_at", "timeout", "stdout", "stderr",
-        "stdout_next_offset", "stderr_next_offset", "stdout_bytes", "stderr_bytes", "stdout_truncated", "stderr_truncated", "error"]})
+    object(&[
+        ("sandbox_id", field("string")),
+        ("task_id", field("string")),
+        ("state", json!({"type": "string", "enum": ["running", "succeeded", "failed", "cancelled", "timed_out", "unknown"]})),
+        ("exit_code", field("integer|null")),
+        ("started_at", field("integer|null")),
+        ("finished_at", field("integer|null")),
+        ("timeout", field("integer")),
+        ("stdout", field("string")),
+        ("stderr", field("string")),
+        ("stdout_next_offset", field("integer")),
+        ("stderr_next_offset", field("integer")),
+        ("stdout_bytes", field("integer")),
+        ("stderr_bytes", field("integer")),
+        ("stdout_truncated", field("boolean")),
+        ("stderr_truncated", field("boolean")),
+        ("error", field("string|null")),
+        ("expires_at", field("integer")),
+        ("warning", field("string")),
+    ])
 }
 
 pub const START: Tool = Tool {
     name: "start_task",
-    description: "Start a shell command in the background and return its handle (sandbox_id + task_id) with the state observed so far \
-(a quick command may already be finished, output included). The handle stays valid after this session ends and after the server \
-restarts: read it with get_task, stop it with cancel_task. The sandbox is kept alive past this session (until kill_sandbox or its \
-timeout; task tools do not renew the timeout). state \"unknown\" means the start could not be confirmed: query the handle, never \
-start the command again blindly.",
+    description: "Run a command in the background. Its handle (sandbox_id + task_id) outlives the session and server \
+restarts, and keeps the sandbox past the session. state \"unknown\": start unconfirmed; read the handle, never rerun blindly.",
     params: &[COMMAND, SANDBOX_ID, CWD, TIMEOUT, ENVS],
-    output_schema: snapshot_schema,
+    output_schema: None,
     read_only: false,
     destructive: true,
     run: start,
@@ -124,12 +98,9 @@ start the command again blindly.",
 
 pub const GET: Tool = Tool {
     name: "get_task",
-    description: "Read a background task's state, exit code and a page of each log. Logs keep the first 1 MiB per stream; \
-page through them with stdout_offset/stderr_offset (the *_next_offset of the previous read). With wait (seconds, at most 60) \
-the read answers when there is new output past those offsets (until \"output\") or only when the task has ended \
-(until \"exit\": one call follows a job), else when the wait is over; never poll in a loop without wait.",
+    description: "A task's state, exit code and a page of each log (1 MiB per stream kept) by offset. Wait, don't poll.",
     params: &[SANDBOX_ID_REQUIRED, TASK_ID, STDOUT_OFFSET, STDERR_OFFSET, LIMIT, WAIT, UNTIL],
-    output_schema: snapshot_schema,
+    output_schema: Some(snapshot_schema),
     read_only: true,
     destructive: false,
     run: get,
@@ -137,10 +108,9 @@ the read answers when there is new output past those offsets (until \"output\") 
 
 pub const CANCEL: Tool = Tool {
     name: "cancel_task",
-    description: "Stop a running background task (TERM to its process group, KILL if needed) and wait up to 3 s for it to end. \
-A finished task is returned unchanged. If the end cannot be confirmed the call fails; kill_sandbox stops everything.",
-    params: &[SANDBOX_ID_REQUIRED, TASK_ID, STDOUT_OFFSET, STDERR_OFFSET, LIMIT],
-    output_schema: snapshot_schema,
+    description: "TERM, then KILL a task's process group; waits 3 s for its end, else fails.",
+    params: &[SANDBOX_ID_REQUIRED, TASK_ID],
+    output_schema: None,
     read_only: false,
     destructive: true,
     run: cancel,
@@ -148,23 +118,9 @@ A finished task is returned unchanged. If the end cannot be confirmed the call f
 
 pub const LIST: Tool = Tool {
     name: "list_tasks",
-    description: "List the background tasks kept in a sandbox (at most 128; remove finished ones with delete_task).",
+    description: "Tasks kept in a sandbox (at most 128; delete_task removes finished ones).",
     params: &[SANDBOX_ID],
-    output_schema: || {
-        json!({"type": "object", "properties": {
-            "sandbox_id": {"type": "string"},
-            "tasks": {"type": "array", "items": {"type": "object", "properties": {
-                "task_id": {"type": "string"},
-                "state": {"type": "string"},
-                "exit_code": nullable("integer", "exit status once finished"),
-                "started_at": nullable("integer", "Unix seconds"),
-                "finished_at": nullable("integer", "Unix seconds"),
-                "command": nullable("string", "the command's first 200 characters")
-            }, "required": ["task_id", "state", "exit_code", "started_at", "finished_at", "command"]}},
-            "count": {"type": "integer"},
-            "limit": {"type": "integer"}
-        }, "required": ["sandbox_id", "tasks", "count", "limit"]})
-    },
+    output_schema: None,
     read_only: true,
     destructive: false,
     run: list,
@@ -172,14 +128,9 @@ pub const LIST: Tool = Tool {
 
 pub const DELETE: Tool = Tool {
     name: "delete_task",
-    description: "Delete a finished background task's directory (state and logs). Refuses a task that is still running.",
+    description: "Delete a finished task's state and logs.",
     params: &[SANDBOX_ID_REQUIRED, TASK_ID],
-    output_schema: || {
-        json!({"type": "object", "properties": {
-            "task_id": {"type": "string"},
-            "deleted": {"type": "boolean"}
-        }, "required": ["task_id", "deleted"]})
-    },
+    output_schema: None,
     read_only: false,
     destructive: true,
     run: delete,
@@ -394,7 +345,8 @@ fn has_news(s: &Snapshot, window: Window, until_exit: bool) -> bool {
 
 fn cancel(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
     let (given, task_id) = handle(args)?;
-    let window = window(args)?;
+    // The logs' first page; get_task pages on (one way to read logs).
+    let window = Window { stdout_offset: 0, stderr_offset: 0, limit: limits::READ_LIMIT_DEFAULT.max(0) as u64 };
     let sandbox_id = super::target_sandbox(ctx, Some(given))?;
     let task_id = checked_task_id(task_id)?;
     let target = Target { provider: ctx.app.provider.as_ref(), sandbox_id: &sandbox_id };
@@ -456,11 +408,12 @@ mod tests {
             let req = StartRequest::read(&args).unwrap();
             assert_eq!(req.command, "a");
         }
-        for tool in [GET, CANCEL] {
-            let [all, required] = <[Args; 2]>::try_from(samples(tool.name, tool.params)).unwrap();
-            assert_eq!(handle(&all).unwrap(), ("a", "a"), "{}", tool.name);
-            assert_eq!(window(&all).unwrap().limit, limits::READ_LIMIT_MIN as u64, "{}", tool.name);
-            assert_eq!(window(&required).unwrap().limit, limits::READ_LIMIT_DEFAULT as u64, "{}", tool.name);
+        let [all, required] = <[Args; 2]>::try_from(samples(GET.name, GET.params)).unwrap();
+        assert_eq!(handle(&all).unwrap(), ("a", "a"));
+        assert_eq!(window(&all).unwrap().limit, limits::READ_LIMIT_MIN as u64);
+        assert_eq!(window(&required).unwrap().limit, limits::READ_LIMIT_DEFAULT as u64);
+        for args in samples(CANCEL.name, CANCEL.params) {
+            assert_eq!(handle(&args).unwrap(), ("a", "a"));
         }
         for args in samples(DELETE.name, DELETE.params) {
             assert_eq!(handle(&args).unwrap(), ("a", "a"));

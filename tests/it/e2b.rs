@@ -82,6 +82,9 @@ fn tools(e: &E2bHome) {
     );
     let out = m.ok("run_command", json!({"command": "sleep 30", "timeout": 1}));
     assert_eq!(out["timed_out"], true);
+    // Commands run with bash, as on the local provider: one meaning per command.
+    assert!(created["shell"].as_str().is_some_and(|s| s.contains("bash")), "{created}");
+    assert_eq!(m.ok("run_command", json!({"command": "[[ a == a ]] && echo {x,y}"}))["stdout"], "x y\n");
     assert_eq!(m.ok("write_file", json!({"path": "d/a.txt", "content": "héllo"}))["bytes_written"], 6);
     assert_eq!(m.ok("read_file", json!({"path": "d/a.txt"}))["content"], "héllo");
     assert_eq!(m.ok("write_file", json!({"path": "b.bin", "content": "AP8=", "encoding": "base64"}))["bytes_written"], 2);

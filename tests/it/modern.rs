@@ -63,6 +63,7 @@ fn stdio_serves_both_eras_in_one_process() {
     assert_eq!(r["capabilities"]["tools"], json!({"listChanged": false}));
     assert_eq!(r["capabilities"]["extensions"], json!({"io.modelcontextprotocol/tasks": {}}));
     assert!(r["ttlMs"].as_u64().is_some() && r["cacheScope"] == "public", "{r}");
+    assert!(r["instructions"].as_str().is_some_and(|t| t.contains("Commands run with /bin/bash")), "{r}");
     let list = send(body(json!(1), "tools/list", json!({})), json!(1));
     assert_complete(&list["result"]);
     assert_eq!(list["result"]["cacheScope"], "public");

@@ -33,6 +33,12 @@ fn version_negotiation_echoes_supported_versions() {
         assert_eq!(r["result"]["protocolVersion"], answered, "{asked}");
         assert_eq!(r["result"]["serverInfo"]["name"], "sandbox-mcp");
         assert!(r["result"]["capabilities"]["tools"].is_object());
+        // The instructions say what every sandbox has: the shell, where to write, the network
+        // and how to install packages.
+        let text = r["result"]["instructions"].as_str().unwrap_or_default();
+        for fact in ["create_sandbox", "Commands run with /bin/bash", "/tmp", "no outside network", "venv"] {
+            assert!(text.contains(fact), "{asked}: the instructions lack {fact:?}: {text}");
+        }
     }
 }
 

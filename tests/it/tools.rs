@@ -13,10 +13,17 @@ fn run_command_reports_exit_codes_as_data_and_clears_the_environment() {
     assert_eq!(created["provider"], "local");
     assert_eq!(created["template"], "base");
     // What the sandbox has: its shell, the tools found with their versions, where to write.
-    assert_eq!(created["shell"], "/bin/sh");
+    // Commands run with bash (this host has it), as on E2B: `[[ ]]` and `{a,b}` mean the same
+    // on both providers, for run_command and for start_task.
+    assert_eq!(created["shell"], "/bin/bash");
     assert!(created["found"]["bash"].as_str().is_some_and(|v| v.contains("bash")), "{created}");
     assert!(created["about"].as_str().is_some_and(|a| a.contains("home")), "{created}");
     let sb = created["sandbox_id"].as_str().unwrap().to_string();
+    let bashism = "[[ a == a ]] && echo {x,y}";
+    assert_eq!(m.ok("run_command", json!({"command": bashism}))["stdout"], "x y\n");
+    let task = m.ok("start_task", json!({"sandbox_id": sb, "command": bashism}))["task_id"].as_str().unwrap().to_string();
+    let done = m.ok("get_task", json!({"sandbox_id": sb, "task_id": task, "wait": 10, "until": "exit"}));
+    assert_eq!((done["state"].as_str(), done["stdout"].as_str()), (Some("succeeded"), Some("x y\n")), "{done}");
     let meta = std::fs::metadata(home.sandbox_dir(&sb).join("meta.json")).unwrap();
     assert_eq!(meta.permissions().mode() & 0o777, 0o600);
     let out = m.ok("run_command", json!({"command": "echo $GREETING $CALL_VAR; echo oops >&2; exit 7", "envs": {"CALL_VAR": "there"}}));

@@ -99,11 +99,12 @@ impl Provider for E2bProvider {
     }
 
     fn describe(&self, info: &SandboxInfo) -> String {
-        let network = if info.network { "It reaches the outside network." } else { "It has no outside network." };
-        format!(
-            "An E2B sandbox (a small VM of the template): commands run as the template's user, whose home /home/user is the default \
-working directory; system paths need sudo. {network} Install packages with pip install --user NAME (or a venv), npm, or sudo apt-get."
-        )
+        about(info.network)
+    }
+
+    fn overview(&self) -> String {
+        let about = about(true);
+        format!("E2B sandboxes. Commands run with {}. {about}", self.command_shell())
     }
 
     fn command_shell(&self) -> String {
@@ -208,6 +209,15 @@ working directory; system paths need sudo. {network} Install packages with pip i
     fn secret_values(&self) -> Vec<String> {
         self.control.tokens()
     }
+}
+
+/// What the model should know about an E2B sandbox.
+fn about(network: bool) -> String {
+    let network = if network { "It reaches the outside network." } else { "It has no outside network." };
+    format!(
+        "An E2B sandbox (a small VM of the template): commands run as the template's user, whose home /home/user is the default \
+working directory; system paths need sudo. {network} Install packages with pip install --user NAME (or a venv), npm, or sudo apt-get."
+    )
 }
 
 #[cfg(test)]

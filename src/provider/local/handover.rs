@@ -211,19 +211,29 @@ mod tests {
 
     #[test]
     fn the_exit_trap_records_the_status_only_once_the_directory_exists() {
-        let tmp = std::env::temp_dir().join(format!("sandbox-mcp-trap-{}", std::process::id()));
-        let dir = tmp.join("it's here");
-        let run = |cmd: &str| {
-            let script = adoptable(cmd, dir.to_str().unwrap());
-            std::process::Command::new("/bin/sh").args(["-c", &script]).status().unwrap().code()
-        };
-        assert_eq!(run("exit 7"), Some(7));
-        assert!(!dir.exists());
-        std::fs::create_dir_all(&dir).unwrap();
-        assert_eq!(run("false"), Some(1));
-        assert_eq!(std::fs::read_to_string(dir.join("exit_code")).unwrap(), "1\n");
-        assert_eq!(run("(exit 7)"), Some(7));
-        assert_eq!(std::fs::read_to_string(dir.join("exit_code")).unwrap(), "7\n");
-        std::fs::remove_dir_all(&tmp).unwrap();
+        // Under every shell a command may run with: sh, and bash where the host has it.
+        for (i, shell) in ["/bin/sh", "/bin/bash"].into_iter().enumerate() {
+            if !std::path::Path::new(shell).exists() {
+                continue;
+            }
+            let tmp = std::env::temp_dir().join(format!("sandbox-mcp-trap-{}-{i}", std::process::id()));
+            let dir = tmp.join("it's here");
+            let run = |cmd: &str| {
+                let script = adoptable(cmd, dir.to_str().unwrap());
+                std::process::Command::new(shell).args(["-c", &script]).status().unwrap().code()
+            };
+            assert_eq!(run("exit 7"), Some(7), "{shell}");
+            assert!(!dir.exists());
+            std::fs::create_dir_all(&dir).unwrap();
+            assert_eq!(run("false"), Some(1), "{shell}");
+            assert_eq!(std::fs::read_to_string(dir.join("exit_code")).unwrap(), "1\n", "{shell}");
+            assert_eq!(run("(exit 7)"), Some(7), "{shell}");
+            assert_eq!(std::fs::read_to_string(dir.join("exit_code")).unwrap(), "7\n", "{shell}");
+            // The last command of the line is not exec'd in place of the shell (bash does that
+            // for a lone command): the trap still runs after it.
+            assert_eq!(run("sh -c 'exit 5'"), Some(5), "{shell}");
+            assert_eq!(std::fs::read_to_string(dir.join("exit_code")).unwrap(), "5\n", "{shell}");
+            std::fs::remove_dir_all(&tmp).unwrap();
+        }
     }
 }

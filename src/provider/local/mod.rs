@@ -79,7 +79,11 @@ const KILL_SCAN_BUDGET: Duration = Duration::from_secs(3);
 /// The local provider.
 pub struct LocalProvider {
     root: PathBuf,
+    /// The POSIX shell of the supervisor snippets and the provider's own scripts.
     shell: PathBuf,
+    /// What run_command and start_task run commands with: bash where the host (whose system
+    /// directories every sandbox shows) has it, else `shell`.
+    command_shell: PathBuf,
     /// The program started as the keeper (this binary).
     exe: PathBuf,
     inherited_env: Vec<(String, String)>,
@@ -124,6 +128,7 @@ impl LocalProvider {
         let provider = LocalProvider {
             root: root.to_path_buf(),
             shell: shell.to_path_buf(),
+            command_shell: command_shell(shell),
             exe,
             inherited_env,
             running: Running::default(),
@@ -279,6 +284,33 @@ fn describe_limits(limits: &Limits) -> String {
         .filter_map(|(name, v)| v.map(|v| format!("{name}: {v}")))
         .collect();
     format!("limits {{{}}}", parts.join(", "))
+}
+
+/// The shell of commands: bash, as on E2B, so that `[[ ]]` and `{a,b}` mean the same on both
+/// providers; `posix` where bash is missing. Not a login shell: `/etc/profile` would replace the
+/// sandbox's PATH with the host's.
+fn command_shell(posix: &Path) -> PathBuf {
+    ["/bin/bash", "/usr/bin/bash"].iter().map(PathBuf::from).find(|p| process::is_executable(p)).unwrap_or_else(|| posix.to_path_buf())
+}
+
+/// What the model should know about a local sandbox of isolation `tier`.
+fn about(tier: &str, network: bool) -> String {
+    let network = if network {
+        "It reaches the outside network."
+    } else {
+        "It has no outside network (create the sandbox with network: true for downloads)."
+    };
+    match tier {
+        "namespaces" => format!(
+            "An isolated Linux sandbox: the host's system directories (/usr, /bin, /lib, /opt) are read-only; write in the home \
+directory /home/user (the default working directory) and /tmp. {network} System packages cannot be installed; install Python \
+packages into a virtual environment (python3 -m venv ~/venv && ~/venv/bin/pip install NAME) and others under the home directory."
+        ),
+        _ => format!(
+            "Commands run on the host as the server's user, without isolation; the file tools are confined to the sandbox's home \
+directory (the default working directory). {network} Install packages under the home directory (for Python: python3 -m venv)."
+        ),
+    }
 }
 
 /// Checks the form of a local sandbox id.
@@ -440,23 +472,14 @@ impl Provider for LocalProvider {
         Ok(self.reach(sandbox_id, touch)?.info())
     }
 
+    fn overview(&self) -> String {
+        let tier = self.isolation.name();
+        let about = about(tier, false);
+        format!("Local sandboxes (isolation: {tier}). Commands run with {}. {about}", self.command_shell.display())
+    }
+
     fn describe(&self, info: &SandboxInfo) -> String {
-        let network = if info.network {
-            "It reaches the outside network."
-        } else {
-            "It has no outside network (create the sandbox with network: true for downloads)."
-        };
-        match info.isolation {
-            "namespaces" => format!(
-                "An isolated Linux sandbox: the host's system directories (/usr, /bin, /lib, /opt) are read-only; write in the home \
-directory /home/user (the default working directory) and /tmp. {network} System packages cannot be installed; install Python \
-packages into a virtual environment (python3 -m venv ~/venv && ~/venv/bin/pip install NAME) and others under the home directory."
-            ),
-            _ => format!(
-                "Commands run on the host as the server's user, without isolation; the file tools are confined to the sandbox's home \
-directory (the default working directory). {network} Install packages under the home directory (for Python: python3 -m venv)."
-            ),
-        }
+        about(info.isolation, info.network)
     }
 
     fn list_sandboxes(&self) -> Option<Vec<crate::provider::Listed>> {
@@ -490,11 +513,11 @@ directory (the default working directory). {network} Install packages under the 
     }
 
     fn shell(&self, script: &str) -> Vec<String> {
-        vec![self.shell.to_string_lossy().into_owned(), "-c".into(), script.into()]
+        vec![self.command_shell.to_string_lossy().into_owned(), "-c".into(), script.into()]
     }
 
     fn task_shell(&self) -> String {
-        self.shell.to_string_lossy().into_owned()
+        self.command_shell.to_string_lossy().into_owned()
     }
 
     fn posix_sh(&self, script: &str, args: &[&str]) -> Vec<String> {

@@ -218,6 +218,9 @@ pub struct CommandResult {
     /// The sandbox of `task_id`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sandbox_id: Option<String>,
+    /// Why output that was cut inline could not be kept for get_task.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
 }
 
 impl CommandResult {
@@ -233,6 +236,7 @@ impl CommandResult {
             duration_ms: out.duration.as_millis() as u64,
             task_id: None,
             sandbox_id: None,
+            warning: None,
         };
         (result, cut)
     }
@@ -260,6 +264,7 @@ impl CommandResult {
             duration_ms,
             task_id: None,
             sandbox_id: None,
+            warning: None,
         }
     }
 
@@ -345,6 +350,9 @@ and its exit code, or cancel_task to stop it."
     }
 }
 
+/// Where task directories live, relative to the sandbox's home.
+const TASKS_DIR: &str = ".sandbox-mcp/tasks";
+
 /// Keeps the whole (masked) output of a command that ended as a finished task in its sandbox,
 /// so that get_task reads by offset what run_command cut inline: the task directory the
 /// supervisor's snippets read (src/supervisor/mod.rs, "Task directory" and "The state file"),
@@ -359,9 +367,21 @@ fn keep_output(
     logs: (&[u8], &[u8]),
 ) -> Result<String, ToolError> {
     let provider = ctx.app.provider.as_ref();
-    let task_id = ids::task_id();
-    let dir = format!(".sandbox-mcp/tasks/{task_id}");
     let deadline = Instant::now() + Duration::from_secs(30);
+    // A kept output is a task directory like any other: it counts against the sandbox's limit.
+    let held = match provider.list_dir(sandbox_id, TASKS_DIR, limits::MAX_TASKS + 1, deadline) {
+        Ok((entries, _)) => entries.iter().filter(|e| ids::is_task_id(&e.name)).count(),
+        Err(_) => 0,
+    };
+    if held >= limits::MAX_TASKS {
+        return Err(ToolError::new(format!(
+            "the sandbox already holds {} task directories, the limit: delete finished tasks with delete_task (list_tasks shows \
+them), or pass a larger max_output",
+            limits::MAX_TASKS
+        )));
+    }
+    let task_id = ids::task_id();
+    let dir = format!("{TASKS_DIR}/{task_id}");
     provider.write_file(sandbox_id, &format!("{dir}/stdout.log"), logs.0, deadline)?;
     provider.write_file(sandbox_id, &format!("{dir}/stderr.log"), logs.1, deadline)?;
     provider.write_file(sandbox_id, &format!("{dir}/cmd"), command.as_bytes(), deadline)?;
@@ -486,9 +506,12 @@ pub fn run_command(ctx: &Ctx<'_>, args: &Args) -> Result<CommandOutcome, ToolErr
     let (mut result, cut) = CommandResult::of_exec(&out, &stdout, &stderr, max_output);
     if cut {
         // What was cut stays readable by offset; a sandbox that refuses the write loses only that.
-        if let Ok(task_id) = keep_output(ctx, &id, (command, timeout), &out, &result, (&stdout, &stderr)) {
-            result.task_id = Some(task_id);
-            result.sandbox_id = Some(id);
+        match keep_output(ctx, &id, (command, timeout), &out, &result, (&stdout, &stderr)) {
+            Ok(task_id) => {
+                result.task_id = Some(task_id);
+                result.sandbox_id = Some(id);
+            }
+            Err(err) => result.warning = Some(format!("the output was cut inline and not kept for get_task: {}", err.message)),
         }
     }
     Ok(CommandOutcome::Completed(result))

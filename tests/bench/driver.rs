@@ -31,6 +31,7 @@ mod http_server;
 mod isolation;
 mod load;
 mod machine;
+mod model;
 mod options;
 mod probes;
 mod process;
@@ -98,6 +99,7 @@ fn run() -> Result<ExitCode> {
     b.section("tasks", "run_command promoted to a task", |b| protocol_tasks::promotion_latency(b, &mut ctl));
     b.section("tasks", "plain run_command promoted", |b| protocol_tasks::plain_promotion_latency(b, &mut ctl));
     b.section("tasks", "task end, waiting read", |b| protocol_tasks::end_to_waiting_answer(b, &mut ctl));
+    b.section("model", "what the model pays: tool list, calls to follow, inline cap", |b| model::model_rows(b, &mut ctl));
     b.section("processes", "process creations per tool", processes::process_counts);
     b.section("pueue", "pueue vs task tools", |b| pueue::pueue_vs_tasks(b, &mut ctl));
     b.section("http", "HTTP ping, scaling and starvation", |b| http::http_ping(b, &ctl));

@@ -123,6 +123,12 @@ fn run_command_returns_head_and_tail_inline_and_the_rest_by_offset() {
     // Small output: nothing cut, no task.
     let out = m.ok("run_command", json!({"command": "echo hi", "max_output": 1024}));
     assert_eq!((out["stdout"].as_str(), out["stdout_bytes"].as_i64(), out.get("task_id")), (Some("hi\n"), Some(3), None));
+    // Kept outputs count against the sandbox's 128 task directories: at the limit, cut output is
+    // not kept, and the answer says why and what to do.
+    m.ok("run_command", json!({"command": "cd .sandbox-mcp/tasks && for i in $(seq 128); do mkdir $(printf '%032x' $i); done"}));
+    let out = m.ok("run_command", json!({"command": "seq 1 3000", "max_output": 1024}));
+    assert_eq!((out["stdout_truncated"].as_bool(), out.get("task_id")), (Some(true), None), "{out}");
+    assert!(out["warning"].as_str().is_some_and(|w| w.contains("delete_task")), "{out}");
 }
 
 #[test]

@@ -9,6 +9,11 @@
 //! request answered 503 with `Retry-After`. A body longer than a step is read into a buffer
 //! the allocator maps for it alone (see [`MAPPED`]), so that its memory returns to the system
 //! when the request is done and the server's RSS goes back down after a burst.
+//!
+//! Parsed, a body costs more than its bytes: every JSON value becomes a node, every object member
+//! a map entry (a body of many small keys parses to about fifteen times its size). Before it is
+//! parsed, a body also takes the share of its parsed cost ([`parsed_cost`]), so the budget bounds
+//! what the parsed messages hold as well.
 
 use std::io::{self, Read};
 use std::sync::{Arc, Mutex};
@@ -23,6 +28,33 @@ const STEP: usize = 64 * 1024;
 /// large free, up to that maximum).
 const MAPPED: usize = 33 << 20;
 
+/// What one JSON value costs parsed, beyond its bytes: a `serde_json::Value` node, and for an
+/// object member its map entry (key string, node slot), rounded up.
+const PER_VALUE: usize = 64;
+
+/// What `body` costs once parsed, in bytes: its length, plus [`PER_VALUE`] for every value it
+/// holds, counted by one pass over the structural characters outside strings.
+pub fn parsed_cost(body: &[u8]) -> usize {
+    let (mut values, mut in_string, mut escaped) = (1usize, false, false);
+    for &b in body {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+        } else {
+            match b {
+                b'"' => in_string = true,
+                b',' | b':' | b'[' | b'{' => values += 1,
+                _ => {}
+            }
+        }
+    }
+    body.len().saturating_add(values.saturating_mul(PER_VALUE))
+}
+
 /// The total of body bytes held at once, shared by every HTTP connection.
 #[derive(Debug)]
 pub struct BodyBudget {
@@ -34,6 +66,11 @@ impl BodyBudget {
     /// A budget of `limit` bytes.
     pub fn new(limit: usize) -> Arc<BodyBudget> {
         Arc::new(BodyBudget { limit, used: Mutex::new(0) })
+    }
+
+    /// The budget's size in bytes.
+    pub fn limit(&self) -> usize {
+        self.limit
     }
 
     /// Bytes held now.
@@ -69,7 +106,9 @@ impl Share {
         Share { budget: budget.clone(), bytes: 0 }
     }
 
-    fn grow(&mut self, n: usize) -> bool {
+    /// Takes `n` more bytes of the budget for this body; false (nothing taken) when they do not
+    /// fit.
+    pub fn grow(&mut self, n: usize) -> bool {
         let ok = self.budget.take(n);
         if ok {
             self.bytes += n;
@@ -208,6 +247,16 @@ mod tests {
     use super::*;
 
     const CAP: usize = 1000;
+
+    #[test]
+    fn parsed_cost_counts_values_outside_strings() {
+        assert_eq!(parsed_cost(b"1"), 1 + PER_VALUE);
+        assert_eq!(parsed_cost(br#"{"a":1,"b":[2,3]}"#), 17 + 7 * PER_VALUE);
+        // Structural characters inside strings, escaped quotes included, are text.
+        assert_eq!(parsed_cost(br#"{"a":"x,y:[{\",}"}"#), 18 + 3 * PER_VALUE);
+        let many: String = format!("{{{}}}", (0..1000).map(|i| format!("\"k{i}\":{i}")).collect::<Vec<_>>().join(","));
+        assert!(parsed_cost(many.as_bytes()) > 10 * many.len(), "many small keys cost far more than their bytes");
+    }
 
     fn read(data: &[u8], announced: Option<usize>, budget: &Arc<BodyBudget>) -> Body {
         read_body(&mut &data[..], announced, CAP, 10_000, budget)

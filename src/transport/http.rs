@@ -15,6 +15,7 @@ use crate::mcp::envelope::{self, RequestMeta};
 use crate::mcp::protocol::{self, Listen, Refusal, Route, Work, WorkQueue, SUPPORTED_VERSIONS};
 use crate::mcp::session::{Session, Sessions};
 use crate::mcp::subscription;
+use crate::memory;
 use crate::queue::Outcome;
 use crate::transport::headers;
 use crate::waiter::Waiter;
@@ -352,16 +353,39 @@ impl Listener {
             return answer;
         }
         let path = req.url().split('?').next().unwrap_or("");
+        let over_budget = || {
+            Answer::rejected(
+                503,
+                code::SERVER_BUSY,
+                "Service Unavailable: request bodies in progress fill the server's memory budget (--body-budget); retry shortly",
+            )
+            .with("Retry-After", "1")
+        };
         match (req.method(), path) {
             (Method::Get, "/healthz") => Answer::json(200, serde_json::json!({"status": "ok"})),
             (Method::Post, "/mcp") => match body {
-                Body::Ok(bytes, _held) => self.post(req, &bytes),
-                Body::OverBudget => Answer::rejected(
-                    503,
-                    code::SERVER_BUSY,
-                    "Service Unavailable: request bodies in progress fill the server's memory budget (--body-budget); retry shortly",
-                )
-                .with("Retry-After", "1"),
+                Body::Ok(bytes, mut held) => {
+                    // Its parsed cost too, before it is parsed (see body_budget).
+                    let cost = body_budget::parsed_cost(&bytes);
+                    if cost > self.budget.limit() {
+                        Answer::rejected(
+                            413,
+                            code::INVALID_REQUEST,
+                            "Payload Too Large: the message holds too many JSON values to parse within the server's memory budget \
+(--body-budget); send fewer, larger values",
+                        )
+                    } else if held.grow(cost.saturating_sub(bytes.len())) {
+                        let answer = self.post(req, &bytes);
+                        if cost >= memory::RELEASE_AFTER_BYTES {
+                            // Its parsed values are freed by now; give their memory back.
+                            memory::release_free();
+                        }
+                        answer
+                    } else {
+                        over_budget()
+                    }
+                }
+                Body::OverBudget => over_budget(),
                 Body::Incomplete => {
                     Answer::rejected(400, code::INVALID_REQUEST, "Bad Request: the body ended before its announced Content-Length")
                 }

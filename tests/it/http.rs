@@ -450,3 +450,61 @@ fn a_greedy_client_does_not_starve_the_others() {
         assert_eq!(t.join().unwrap().0, 200);
     }
 }
+
+/// Hostile clients: 48 concurrent 3.8 MB bodies of many small keys. Parsed JSON costs about
+/// fifteen times its bytes, so the byte budget alone let the server reach 751 MiB of RSS and keep
+/// 717 MiB after. The budget now charges each body's parsed cost before it is parsed, and the
+/// memory of a large parsed message goes back to the system once it is answered.
+#[test]
+fn parsed_bodies_stay_within_the_memory_budget_and_memory_returns() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    let home = Home::new("httpparsed");
+    let h = Http::start(&home, &[], &[]);
+    let pid = h.child.id();
+    let keys: Vec<String> = (0..330_000).map(|i| format!("\"k{i}\":{}", i % 10)).collect();
+    let meta = r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{},"io.modelcontextprotocol/clientInfo":{"name":"m","version":"0"}}"#;
+    let body =
+        Arc::new(format!(r#"{{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{{"_meta":{meta},"junk":{{{}}}}}}}"#, keys.join(",")));
+    assert!(body.len() > 3_800_000 && body.len() < 4 << 20, "{}", body.len());
+    let (peak, done) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
+    let watcher = {
+        let (peak, done) = (peak.clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::SeqCst) {
+                peak.fetch_max(rss_kib(pid), Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+    let addr = h.addr;
+    let clients: Vec<_> = (0..48)
+        .map(|_| {
+            let body = body.clone();
+            std::thread::spawn(move || {
+                let mut c = Conn::open(addr);
+                let headers = [("Mcp-Method", "tools/list"), ("MCP-Protocol-Version", "2026-07-28")];
+                c.send("POST", "/mcp", &headers, body.as_bytes());
+                c.read().status
+            })
+        })
+        .collect();
+    let statuses: Vec<u16> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    done.store(true, Ordering::SeqCst);
+    watcher.join().unwrap();
+    // Some are answered, the others are told to retry; none is lost.
+    assert!(statuses.iter().all(|s| *s == 200 || *s == 503), "{statuses:?}");
+    assert!(statuses.contains(&200), "{statuses:?}");
+    let peak_mib = peak.load(Ordering::SeqCst) >> 10;
+    assert!(peak_mib <= 160, "peak RSS {peak_mib} MiB");
+    let after = wait_for(Duration::from_secs(5), "the memory to return", || {
+        let mib = rss_kib(pid) >> 10;
+        (mib <= 48).then_some(mib)
+    });
+    assert!(after <= 48);
+    // A message whose parsed values alone exceed the whole budget is refused outright.
+    let commas = format!("[{}0]", "0,".repeat(1_900_000));
+    let r = h.post(&[], &format!(r#"{{"jsonrpc":"2.0","id":2,"method":"ping","params":{{"x":{commas}}}}}"#));
+    assert_eq!(r.status, 413, "{}", r.body);
+    assert!(r.body.contains("too many JSON values"), "{}", r.body);
+}

@@ -260,7 +260,11 @@ fn limits_are_enforced_or_refused_with_the_reason() {
         // 300 processes under a limit of 64: most forks fail. They are counted on the host (a full
         // cgroup leaves no room for a command that counts), and end by themselves.
         let nap = format!("4.{}", u32::from_str_radix(&sandbox_mcp::ids::random_hex(3), 16).unwrap());
-        m.call("run_command", json!({"command": format!("i=0; while [ $i -lt 300 ]; do sleep {nap} & i=$((i+1)); done; wait")}));
+        // Under sh: bash retries a failed fork for half a minute, so its loop would outlive the call.
+        m.call(
+            "run_command",
+            json!({"command": format!("exec sh -c 'i=0; while [ $i -lt 300 ]; do sleep {nap} & i=$((i+1)); done; wait'")}),
+        );
         let running = pids_of_argv(&["sleep", &nap]).len();
         assert!(running <= 64, "{who}: {running} processes under a limit of 64");
         assert!(running >= 8, "{who}: only {running} processes started; the check proves nothing");
@@ -767,7 +771,7 @@ true"#;
         let nap = format!("4.{}", u32::from_str_radix(&sandbox_mcp::ids::random_hex(3), 16).unwrap());
         m.call(
             "run_command",
-            json!({"sandbox_id": sb, "command": format!("i=0; while [ $i -lt 300 ]; do sleep {nap} & i=$((i+1)); done; wait")}),
+            json!({"sandbox_id": sb, "command": format!("exec sh -c 'i=0; while [ $i -lt 300 ]; do sleep {nap} & i=$((i+1)); done; wait'")}),
         );
         let running = pids_of_argv(&["sleep", &nap]).len();
         assert!((8..=64).contains(&running), "{who}: {running} processes under a limit of 64");

@@ -871,3 +871,38 @@ awk '/^CapBnd/ { print "bnd", $2 }' /proc/self/status"#;
         assert_eq!(code, 0, "{who}: tracing the sandbox's own processes must work: {err}");
     }
 }
+
+/// Sandboxes with limits share a contended processor equally: where the host has the cpu
+/// controller (a v1 `cpu` hierarchy or v2's `cpu`), each gets a cpu cgroup of its own, which its
+/// init joins before anything runs.
+#[test]
+fn limited_sandboxes_get_a_cpu_cgroup_of_their_own() {
+    if !is_root() {
+        return; // No writable cgroup: limits are refused (limits_are_enforced_or_refused_with_the_reason).
+    }
+    let home = Home::new("iso-cpu");
+    let mut m = home.stdio();
+    let sb = m.ok("create_sandbox", json!({"limits": {"processes": 64}}))["sandbox_id"].as_str().unwrap().to_string();
+    let v2 = std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let (root, has_cpu) = if v2 {
+        let controllers = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers").unwrap();
+        ("/sys/fs/cgroup", controllers.split_whitespace().any(|c| c == "cpu"))
+    } else {
+        ("/sys/fs/cgroup/cpu", std::path::Path::new("/sys/fs/cgroup/cpu").is_dir())
+    };
+    if !has_cpu {
+        return;
+    }
+    let found =
+        std::process::Command::new("find").args([root, "-type", "d", "-path", &format!("*/sandbox-mcp/{sb}/sandbox")]).output().unwrap();
+    let leaf = String::from_utf8_lossy(&found.stdout).lines().next().map(str::to_string);
+    let leaf = leaf.unwrap_or_else(|| panic!("no cgroup of {sb} under {root}"));
+    let procs = std::fs::read_to_string(format!("{leaf}/cgroup.procs")).unwrap();
+    assert!(!procs.trim().is_empty(), "the sandbox's processes are not in its cpu cgroup {leaf}");
+    if v2 {
+        let parent = std::path::Path::new(&leaf).parent().unwrap().join("cgroup.controllers");
+        assert!(std::fs::read_to_string(parent).unwrap().split_whitespace().any(|c| c == "cpu"), "cpu is not enabled for {sb}");
+    }
+    m.ok("kill_sandbox", json!({"sandbox_id": sb}));
+    assert!(!std::path::Path::new(&leaf).exists(), "the cpu cgroup {leaf} outlived its sandbox");
+}

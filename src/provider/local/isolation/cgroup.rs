@@ -12,6 +12,11 @@
 //! cgroup namespace, out of its sight, and limits hold for every descendant, whatever it writes
 //! on the leaf. Swap is limited to zero where the kernel accounts it, so the memory limit is a
 //! limit. A limit the host cannot enforce (no writable cgroup) is refused with the reason.
+//!
+//! Where the `cpu` controller can be used too (a v1 `cpu` hierarchy, or `cpu` among the v2
+//! controllers), a sandbox with limits also gets a cpu cgroup of its own with the default weight:
+//! sandboxes then share a contended processor equally, however many threads each runs. It is
+//! best effort (no limit is asked for, so nothing is refused when it is missing).
 
 use super::IsolationError;
 use crate::provider::Limits;
@@ -30,8 +35,8 @@ pub const LEAF: &str = "sandbox";
 enum Layout {
     /// cgroup v2: one directory for both controllers.
     V2 { base: PathBuf },
-    /// cgroup v1: one directory per controller.
-    V1 { memory: PathBuf, pids: PathBuf },
+    /// cgroup v1: one directory per controller (`cpu` where that hierarchy is mounted).
+    V1 { memory: PathBuf, pids: PathBuf, cpu: Option<PathBuf> },
 }
 
 /// The server's own cgroup path in the hierarchy whose `/proc/self/cgroup` line ends in `:key:`
@@ -66,7 +71,9 @@ fn layout() -> Result<Layout, String> {
         // Inside a cgroup namespace the server's own path may not be visible: use the mount's root.
         if own_dir.is_dir() { own_dir } else { dir }.join("sandbox-mcp")
     };
-    Ok(Layout::V1 { memory: nest(memory, "memory"), pids: nest(pids, "pids") })
+    let cpu = root.join("cpu");
+    let cpu = cpu.is_dir().then(|| nest(cpu, "cpu"));
+    Ok(Layout::V1 { memory: nest(memory, "memory"), pids: nest(pids, "pids"), cpu })
 }
 
 /// Why limits cannot be enforced on this host, or `Ok` (checks that a cgroup can be created).
@@ -99,8 +106,11 @@ fn create_groups(id: &str, limits: &Limits) -> Result<Vec<PathBuf>, String> {
             fs::create_dir_all(&base).map_err(|e| denied(&base, e))?;
             if let Some(parent) = base.parent() {
                 let _ = fs::write(parent.join("cgroup.subtree_control"), "+memory +pids");
+                let _ = fs::write(parent.join("cgroup.subtree_control"), "+cpu");
             }
             write(base.join("cgroup.subtree_control"), "+memory +pids".into())?;
+            // The processor share, where the controller is available (best effort).
+            let _ = fs::write(base.join("cgroup.subtree_control"), "+cpu");
             let dir = base.join(id);
             fs::create_dir(&dir).map_err(|e| denied(&dir, e))?;
             if let Some(mb) = limits.memory_mb {
@@ -114,7 +124,7 @@ fn create_groups(id: &str, limits: &Limits) -> Result<Vec<PathBuf>, String> {
             fs::create_dir(&leaf).map_err(|e| denied(&leaf, e))?;
             Ok(vec![leaf.join("cgroup.procs")])
         }
-        Layout::V1 { memory, pids } => {
+        Layout::V1 { memory, pids, cpu } => {
             let (mem_dir, pids_dir) = (memory.join(id), pids.join(id));
             for dir in [&mem_dir, &pids_dir] {
                 fs::create_dir_all(dir).map_err(|e| denied(dir, e))?;
@@ -132,7 +142,14 @@ fn create_groups(id: &str, limits: &Limits) -> Result<Vec<PathBuf>, String> {
             for leaf in &leaves {
                 fs::create_dir(leaf).map_err(|e| denied(leaf, e))?;
             }
-            Ok(leaves.iter().map(|l| l.join("cgroup.procs")).collect())
+            let mut procs: Vec<PathBuf> = leaves.iter().map(|l| l.join("cgroup.procs")).collect();
+            // The processor share, where the hierarchy can be written (best effort).
+            if let Some(leaf) = cpu.map(|c| c.join(id).join(LEAF)) {
+                if fs::create_dir_all(&leaf).is_ok() {
+                    procs.push(leaf.join("cgroup.procs"));
+                }
+            }
+            Ok(procs)
         }
     }
 }
@@ -141,7 +158,7 @@ fn create_groups(id: &str, limits: &Limits) -> Result<Vec<PathBuf>, String> {
 fn dirs(id: &str) -> Vec<PathBuf> {
     match layout() {
         Ok(Layout::V2 { base }) => vec![base.join(id)],
-        Ok(Layout::V1 { memory, pids }) => vec![memory.join(id), pids.join(id)],
+        Ok(Layout::V1 { memory, pids, cpu }) => [Some(memory), Some(pids), cpu].into_iter().flatten().map(|d| d.join(id)).collect(),
         Err(_) => vec![],
     }
 }

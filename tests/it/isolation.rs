@@ -103,6 +103,11 @@ fn host_files_other_sandboxes_and_the_state_root_are_out_of_sight() {
         let state_root = home.path.display().to_string();
         let (code, _, _) = sh(&mut m, &format!("ls {state_root}"));
         assert_ne!(code, 0, "{who}: the state root is reachable at its host path");
+        // Nor is its path in the init's command line (the home reaches a non-root init in its
+        // environment, which sandbox code cannot read).
+        let (_, cmdline, _) = sh(&mut m, "tr '\\0' ' ' </proc/1/cmdline; echo; cat /proc/1/environ >/dev/null 2>&1 || echo unreadable");
+        assert!(cmdline.contains("sandbox-init") && !cmdline.contains(&state_root), "{who}: /proc/1/cmdline shows {cmdline}");
+        assert!(cmdline.contains("unreadable"), "{who}: the init's environment is readable: {cmdline}");
         let (code, _, err) = sh(&mut m, "echo x > /usr/planted; echo x > /etc/planted; echo x > /bin/planted");
         assert_ne!(code, 0, "{who}");
         assert!(err.contains("Read-only file system"), "{who}: {err}");

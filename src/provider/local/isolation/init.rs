@@ -111,7 +111,10 @@ fn start_init(tools: &Tools, exe: &Path, site: &Site<'_>, spawner: Option<UnixLi
     if has_cgroup_namespace() {
         cmd.arg("--cgroup");
     }
-    cmd.args(["--", EXE_FROM_STDIN, SUBCOMMAND, "--home"]).arg(if as_root { Path::new(HANDOFF) } else { home });
+    cmd.args(["--", EXE_FROM_STDIN, SUBCOMMAND]);
+    if as_root {
+        cmd.arg("--home").arg(HANDOFF);
+    }
     if !super::visible_inside(shell) {
         cmd.arg("--bind-file").arg(shell);
     }
@@ -132,6 +135,9 @@ fn start_init(tools: &Tools, exe: &Path, site: &Site<'_>, spawner: Option<UnixLi
     let mut holder = cmd
         .env_clear()
         .env("LC_ALL", "C")
+        // Not root: the home's host path reaches the init in its environment, which sandbox code
+        // cannot read (the init is not dumpable), rather than in its argv (`/proc/1/cmdline`).
+        .envs((!as_root).then_some((HOME_VAR, home)))
         .stdin(Stdio::from(exe_fd))
         .stdout(Stdio::from(OwnedFd::from(theirs)))
         .stderr(Stdio::piped())
@@ -295,11 +301,14 @@ pub fn run_stage(args: &[String]) -> anyhow::Result<()> {
     Err(err.into())
 }
 
+/// The variable that gives the init its home's host path when it is not given as `--home`.
+const HOME_VAR: &str = "SANDBOX_MCP_INIT_HOME";
+
 /// The flag that tells the init its stdin is the spawner's listening socket.
 const SPAWNER_FLAG: &str = "--spawner";
 
-/// The body of `sandbox-mcp sandbox-init --home PATH [--bind-file PATH] [--loopback]
-/// [--spawner]`, pid 1 of a new pid namespace. Returns only on a setup failure (after answering
+/// The body of `sandbox-mcp sandbox-init [--home PATH] [--bind-file PATH] [--loopback]
+/// [--spawner]` (the home from [`HOME_VAR`] without `--home`), pid 1 of a new pid namespace. Returns only on a setup failure (after answering
 /// `error ...`).
 pub fn run(args: &[String]) -> anyhow::Result<()> {
     let mut extra_file = None;
@@ -316,7 +325,10 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
             other => anyhow::bail!("unknown argument {other:?}"),
         }
     }
-    let Some(home) = home else { anyhow::bail!("sandbox-init needs --home PATH") };
+    let Some(home) = home.or_else(|| std::env::var_os(HOME_VAR).map(PathBuf::from)) else {
+        anyhow::bail!("sandbox-init needs --home PATH or {HOME_VAR}")
+    };
+    std::env::remove_var(HOME_VAR);
     // A session of its own: no controlling terminal for the init or anything it starts.
     let session = rustix::process::setsid().map(drop).map_err(|e| format!("start a session of its own: {e}"));
     // The spawner's listening socket comes over the answer socket (stdout), close-on-exec so

@@ -227,8 +227,9 @@ fn modern(app: &App, session: &Arc<Session>, id: &Value, method: &str, params: O
         return refuse(err, Refusal::Envelope);
     }
     match method {
-        // Serialized once; only the id changes.
+        // Its instructions end with the provider's overview.
         "server/discover" => Route::Reply(jsonrpc::result(id, envelope::discover(&instructions(app, DISCOVER_INSTRUCTIONS))).to_string()),
+        // Serialized once; only the id changes.
         "tools/list" => Route::Reply(format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{}}}"#, cached::tools_list_modern())),
         "tools/call" => match tool_call(session, id, params, Some(meta)) {
             Ok(call) => Route::Call(Work { session: session.clone(), call }),

@@ -308,8 +308,8 @@ const HOME_VAR: &str = "SANDBOX_MCP_INIT_HOME";
 const SPAWNER_FLAG: &str = "--spawner";
 
 /// The body of `sandbox-mcp sandbox-init [--home PATH] [--bind-file PATH] [--loopback]
-/// [--spawner]` (the home from [`HOME_VAR`] without `--home`), pid 1 of a new pid namespace. Returns only on a setup failure (after answering
-/// `error ...`).
+/// [--spawner]` (the home from [`HOME_VAR`] without `--home`), pid 1 of a new pid namespace.
+/// Returns only on a setup failure (after answering `error ...`).
 pub fn run(args: &[String]) -> anyhow::Result<()> {
     let mut extra_file = None;
     let mut home = None;

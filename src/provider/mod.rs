@@ -16,6 +16,10 @@ pub mod e2b;
 pub mod local;
 pub mod process;
 
+/// Where task directories live, relative to a sandbox's home (`task_root` in the supervisor's
+/// snippets): the hand-over and the outputs run_command keeps write there too.
+pub const TASKS_DIR: &str = ".sandbox-mcp/tasks";
+
 /// What a tool asks of a sandbox's lifetime when it reaches it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Touch {

@@ -7,7 +7,7 @@ use super::{field, object, Ctx, Reply, TaskHandle, Tool, ToolError, SANDBOX_ID};
 use crate::ids;
 use crate::limits;
 use crate::mask::Masker;
-use crate::provider::{unix_now, Adoption, ExecEnd, ExecOutput, ExecRequest, LongCommands, Promotion, Touch};
+use crate::provider::{unix_now, Adoption, ExecEnd, ExecOutput, ExecRequest, LongCommands, Promotion, Touch, TASKS_DIR};
 use crate::supervisor::{self, Launch, Snapshot, Target, TaskState, Window};
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -349,9 +349,6 @@ and its exit code, or cancel_task to stop it."
         }
     }
 }
-
-/// Where task directories live, relative to the sandbox's home.
-const TASKS_DIR: &str = ".sandbox-mcp/tasks";
 
 /// Keeps the whole (masked) output of a command that ended as a finished task in its sandbox,
 /// so that get_task reads by offset what run_command cut inline: the task directory the

@@ -7,16 +7,13 @@ use super::launch::Launch;
 use super::{LocalProvider, TASK_TAG_VAR};
 use crate::limits;
 use crate::provider::process;
-use crate::provider::{unix_now, Adopter, Adoption, ExecEnd, ExecRequest, Promotion, Provider, ProviderError, Touch};
+use crate::provider::{unix_now, Adopter, Adoption, ExecEnd, ExecRequest, Promotion, Provider, ProviderError, Touch, TASKS_DIR};
 use std::fs;
 use std::io::Write;
 use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
-
-/// The tasks directory, relative to a sandbox's home (as `task_root` in the snippets has it).
-pub(super) const TASKS_DIR: &str = ".sandbox-mcp/tasks";
 
 /// How long the adopt snippet may take to answer.
 pub(super) const ADOPT_BUDGET: Duration = Duration::from_secs(10);

@@ -3,7 +3,7 @@
 use crate::config::{Config, ProviderKind};
 use crate::mask::Masker;
 use crate::provider::e2b::E2bProvider;
-use crate::provider::local::isolation;
+use crate::provider::local::isolation::{self, uids::UidRange};
 use crate::provider::local::LocalProvider;
 use crate::provider::{Limits, Provider};
 use anyhow::{Context, Result};
@@ -31,6 +31,7 @@ impl App {
                 let defaults = Limits { memory_mb: config.default_limits.memory_mb, processes: config.default_limits.processes };
                 let local = LocalProvider::new(&config.home, &config.local_shell)
                     .and_then(|p| p.with_isolation(isolation))
+                    .and_then(|p| p.with_uid_range(UidRange::new(config.uid_range)))
                     .map(|p| p.with_policy(config.max_sandboxes, defaults))
                     .context("starting the local provider")?;
                 let local = Arc::new(local);

@@ -102,6 +102,8 @@ pub struct Config {
     pub max_sandboxes: usize,
     /// Limits of a local sandbox whose request sets none, where the host can enforce them.
     pub default_limits: DefaultLimits,
+    /// The host uids (first, last) of isolated local sandboxes when the server runs as root.
+    pub uid_range: (u32, u32),
     /// E2B settings.
     pub e2b: E2bConfig,
 }
@@ -292,6 +294,14 @@ options! {
         default: Text("memory_mb=2048,processes=1024"),
         help: "limits of a local sandbox whose request sets none, where the host can enforce them (none: no limits)",
     };
+    /// Host uids of isolated sandboxes of a root server.
+    UID_RANGE = OptionSpec {
+        flag: Some("--uid-range"),
+        takes_value: true,
+        env: Some("SANDBOX_MCP_UID_RANGE"),
+        default: Text("2000000000-2000065535"),
+        help: "host uids of isolated local sandboxes when the server runs as root, one per sandbox (FIRST-LAST; outside /etc/subuid, /etc/subgid and the user database)",
+    };
     /// E2B API key.
     E2B_API_KEY = OptionSpec {
         flag: None,
@@ -469,6 +479,18 @@ impl Source<'_> {
         Ok(out)
     }
 
+    /// A uid range `FIRST-LAST` (1 ≤ FIRST ≤ LAST < 2^31: some tools read a uid as signed).
+    fn uid_range(&self, spec: &OptionSpec) -> Result<(u32, u32)> {
+        let text = self.text(spec)?;
+        let bad = || anyhow::anyhow!("{} {text:?} is not a range like 2000000000-2000065535 (FIRST-LAST, 1 to 2147483647)", spec.name());
+        let (a, b) = text.trim().split_once('-').ok_or_else(bad)?;
+        let (first, last): (u32, u32) = (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?);
+        if first == 0 || first > last || last > i32::MAX as u32 {
+            return Err(bad());
+        }
+        Ok((first, last))
+    }
+
     /// A socket address such as the default of [`LISTEN`].
     fn address(&self, spec: &OptionSpec) -> Result<SocketAddr> {
         let text = self.text(spec)?;
@@ -525,6 +547,7 @@ impl Config {
             isolation: src.choice(&ISOLATION, "isolation", &IsolationMode::ALL.map(|m| (m.name(), m)))?,
             max_sandboxes: src.number(&MAX_SANDBOXES, 1, 100_000)?,
             default_limits: src.limits(&DEFAULT_LIMITS)?,
+            uid_range: src.uid_range(&UID_RANGE)?,
             e2b: E2bConfig {
                 api_key,
                 domain: src.text(&E2B_DOMAIN)?,
@@ -575,6 +598,17 @@ mod tests {
         assert_eq!(c.listen.to_string(), "127.0.0.1:8765");
         assert_eq!(c.home, PathBuf::from("/h/.local/state/sandbox-mcp"));
         assert_eq!(c.session_idle, Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn uid_ranges_parse_strictly() {
+        let range = |v: &str| load(&[], &[("HOME", "/h"), ("SANDBOX_MCP_UID_RANGE", v)]).map(|c| c.uid_range);
+        assert_eq!(load(&[], &[("HOME", "/h")]).unwrap().uid_range, (2_000_000_000, 2_000_065_535));
+        assert_eq!(range(" 5-5 ").unwrap(), (5, 5));
+        for bad in ["5", "0-10", "10-5", "a-b", "1-2147483648", "-1-5"] {
+            let err = range(bad).unwrap_err().to_string();
+            assert!(err.contains("FIRST-LAST"), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -12,6 +12,15 @@ pub fn random_hex(n: usize) -> String {
     hex(&buf)
 }
 
+/// A random number (for picks that need no secrecy, such as a sandbox's uid).
+pub fn random_u64() -> u64 {
+    let mut buf = [0u8; 8];
+    if let Err(err) = getrandom::fill(&mut buf) {
+        panic!("the OS random number generator failed: {err}");
+    }
+    u64::from_le_bytes(buf)
+}
+
 /// A task id: 32 lowercase hex characters from 128 random bits.
 pub fn task_id() -> String {
     random_hex(16)

@@ -72,6 +72,14 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         }
+        // A root server's sandboxes take their uids from --uid-range: a range someone owns is a
+        // configuration error.
+        if config.isolation == IsolationMode::Namespaces && rustix::process::getuid().is_root() {
+            if let Err(why) = isolation::uids::UidRange::new(config.uid_range).check_free() {
+                eprintln!("sandbox-mcp: {why}");
+                return ExitCode::from(2);
+            }
+        }
     }
     let rest = &words[words.len().min(1)..];
     let result = match command {

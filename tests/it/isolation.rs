@@ -152,11 +152,13 @@ fn host_processes_and_the_servers_environment_are_out_of_sight() {
 fn kill_minus_one_inside_ends_only_the_sandboxs_processes() {
     for home in homes("iso-kill1") {
         let who = who(&home);
+        let mut m = home.stdio();
+        let sb = m.create();
         // A host process of the uid the sandbox's processes run as, outside the sandbox: the
-        // server's own, or the unprivileged sandbox uid when the server is root.
+        // server's own, or the sandbox's own uid when the server is root.
         let uid = match home.run_as {
             Some(u) => Some(u),
-            None if is_root() => Some(sandbox_mcp::provider::local::isolation::SANDBOX_UID),
+            None if is_root() => Some(sandbox_host_uid(&home, &sb)),
             None => None,
         }
         .map(|u| u.to_string());
@@ -166,8 +168,6 @@ fn kill_minus_one_inside_ends_only_the_sandboxs_processes() {
             None => std::process::Command::new("sleep").arg(&nap).spawn(),
         }
         .unwrap();
-        let mut m = home.stdio();
-        let sb = m.create();
         assert_own_pid_namespace(&mut m);
         let (inside, started) = home.marker(&sb, "bg-started");
         sh(&mut m, &format!("setsid sleep 300 >/dev/null 2>&1 & touch {inside}"));
@@ -181,6 +181,52 @@ fn kill_minus_one_inside_ends_only_the_sandboxs_processes() {
         let _ = witness.kill();
         let _ = witness.wait();
     }
+}
+
+/// The host uid a sandbox's root maps to, as its metadata records it.
+fn sandbox_host_uid(home: &Home, sb: &str) -> u32 {
+    let meta: Value = serde_json::from_str(&std::fs::read_to_string(home.sandbox_dir(sb).join("meta.json")).unwrap()).unwrap();
+    meta["owner"][0].as_u64().unwrap_or_else(|| panic!("no owner in {meta}")) as u32
+}
+
+/// As root, every isolated sandbox gets a host uid of its own from `--uid-range`, checked against
+/// the subordinate ids and the user database: per-user kernel quotas and signals are per sandbox,
+/// and no host user owns its files.
+#[test]
+fn a_root_server_gives_every_sandbox_a_uid_of_its_own() {
+    let Some(home) = isolated_home("iso-uids") else { return };
+    if !is_root() {
+        return; // Sandboxes of an ordinary user have its uid (SECURITY.md names what they share).
+    }
+    let mut m = home.stdio();
+    let (a, b) = (m.create(), m.create());
+    let (ua, ub) = (sandbox_host_uid(&home, &a), sandbox_host_uid(&home, &b));
+    assert_ne!(ua, ub, "two sandboxes share host uid {ua}");
+    for (sb, uid) in [(&a, ua), (&b, ub)] {
+        assert!((2_000_000_000..=2_000_065_535).contains(&uid), "{sb}: uid {uid} is outside the default --uid-range");
+        let home_dir = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(home.sandbox_dir(sb).join("home")).unwrap());
+        assert_eq!(home_dir, uid, "{sb}: its home belongs to {home_dir}");
+        // Inside it is root; the user namespace maps that root to its own host uid.
+        let (_, map, _) = sh_in(&mut m, sb, "id -u; cat /proc/self/uid_map");
+        assert_eq!(map.split_whitespace().collect::<Vec<_>>(), ["0", "0", &uid.to_string(), "1"], "{sb}: {map}");
+    }
+    // A range that holds a user of the host (root, uid 0) or overlaps subordinate ids is refused
+    // at start, naming the conflict and the option.
+    let out = std::process::Command::new(bin())
+        .args(["call", "list_sandboxes", "{}"])
+        .envs(home.env())
+        .env("SANDBOX_MCP_UID_RANGE", "1-70000")
+        .output()
+        .unwrap();
+    let bad = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{bad}");
+    assert!(bad.contains("--uid-range") && (bad.contains("/etc/passwd") || bad.contains("/etc/sub")), "{bad}");
+}
+
+/// Runs `command` in sandbox `sb`: (exit code, stdout, stderr).
+fn sh_in(m: &mut Mcp, sb: &str, command: &str) -> (i64, String, String) {
+    let out = m.ok("run_command", json!({"sandbox_id": sb, "command": command, "timeout": 60}));
+    (out["exit_code"].as_i64().unwrap(), out["stdout"].as_str().unwrap().to_string(), out["stderr"].as_str().unwrap().to_string())
 }
 
 /// A TCP listener on `addr`, accepting one connection in the background; true once accepted.

@@ -195,7 +195,8 @@ fn run_keeper(root: &Path, id: &str, shell: &Path, start_init: bool) -> anyhow::
             let started = provider.tools().map_err(|e| e.to_string()).and_then(|tools| {
                 let home = provider.home(id);
                 let cgroups = if meta.limits.any() { cgroup::procs_files(id) } else { Vec::new() };
-                let site = init::Site { home: &home, host_network: meta.host_network, shell, cgroups: &cgroups };
+                let owner = meta.owner.unwrap_or_else(super::isolation::sandbox_owner);
+                let site = init::Site { home: &home, host_network: meta.host_network, shell, cgroups: &cgroups, owner };
                 init::start(tools, &provider.exe, &site, bind_spawner(&dir)).map_err(|e| e.0)
             });
             match started {

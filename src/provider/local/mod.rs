@@ -43,6 +43,7 @@ use crate::provider::{
 };
 use isolation::enter::Init;
 use isolation::files::{self as sandbox_files, SandboxFs};
+use isolation::uids::UidRange;
 use isolation::{cgroup, rootfs, Isolation, Tools};
 use std::collections::BTreeMap;
 use std::fs;
@@ -96,6 +97,9 @@ pub struct LocalProvider {
     max_sandboxes: Option<usize>,
     /// Limits of a sandbox whose request sets none, where the host can enforce them.
     default_limits: Limits,
+    /// Where the host uid of each new isolated sandbox comes from when the server is root;
+    /// `None`: the one [`isolation::SANDBOX_UID`].
+    uid_range: Option<UidRange>,
 }
 
 impl LocalProvider {
@@ -136,6 +140,7 @@ impl LocalProvider {
             tools: isolation::tools().ok(),
             max_sandboxes: None,
             default_limits: Limits::default(),
+            uid_range: None,
         };
         Ok(provider)
     }
@@ -147,6 +152,38 @@ impl LocalProvider {
         self.max_sandboxes = Some(max);
         self.default_limits = defaults;
         self
+    }
+
+    /// Gives each new isolated sandbox a host uid of its own from `range` when the server runs
+    /// as root (elsewhere sandboxes have the server's uid); fails when the range is not free on
+    /// this host (see [`UidRange::check_free`]).
+    pub fn with_uid_range(mut self, range: UidRange) -> Result<LocalProvider, ProviderError> {
+        if rustix::process::getuid().is_root() && self.isolation == Isolation::Namespaces {
+            range.check_free().map_err(ProviderError::Unavailable)?;
+            self.uid_range = Some(range);
+        }
+        Ok(self)
+    }
+
+    /// The host uid and gid of a new isolated sandbox's root: one of its own from the range
+    /// (the server is root), else the server's own.
+    fn new_owner(&self) -> Result<(u32, u32), ProviderError> {
+        let Some(range) = self.uid_range else { return Ok(isolation::sandbox_owner()) };
+        let taken: std::collections::HashSet<u32> = fs::read_dir(self.root.join("sandboxes"))
+            .map(|dir| {
+                dir.flatten()
+                    .filter_map(|e| self.load(&e.file_name().to_string_lossy()).ok())
+                    .filter_map(|meta| meta.owner.map(|(uid, _)| uid))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let uid = range.pick(&taken).ok_or_else(|| {
+            ProviderError::Rejected(format!(
+                "every uid of the sandbox uid range {}-{} (--uid-range) is in use; end a sandbox with kill_sandbox, or give the server a larger range",
+                range.first, range.last
+            ))
+        })?;
+        Ok((uid, uid))
     }
 
     /// The limits a new sandbox gets for a request asking `asked`.
@@ -293,8 +330,14 @@ fn command_shell(posix: &Path) -> PathBuf {
     ["/bin/bash", "/usr/bin/bash"].iter().map(PathBuf::from).find(|p| process::is_executable(p)).unwrap_or_else(|| posix.to_path_buf())
 }
 
-/// What the model should know about a local sandbox of isolation `tier`.
-fn about(tier: &str, network: bool) -> String {
+/// What the model should know about a local sandbox of isolation `tier`; `own_uid`: whether it
+/// has a host uid of its own.
+fn about(tier: &str, network: bool, own_uid: bool) -> String {
+    let identity = if own_uid {
+        "It has a host uid of its own."
+    } else {
+        "It shares the server's host uid with the server's other sandboxes (per-user limits such as processes and inotify watches are shared)."
+    };
     let network = if network {
         "It reaches the outside network."
     } else {
@@ -304,7 +347,8 @@ fn about(tier: &str, network: bool) -> String {
         "namespaces" => format!(
             "An isolated Linux sandbox: the host's system directories (/usr, /bin, /lib, /opt) are read-only; write in the home \
 directory /home/user (the default working directory) and /tmp. {network} System packages cannot be installed; install Python \
-packages into a virtual environment (python3 -m venv ~/venv && ~/venv/bin/pip install NAME) and others under the home directory."
+packages into a virtual environment (python3 -m venv ~/venv && ~/venv/bin/pip install NAME) and others under the home directory. \
+{identity}"
         ),
         _ => format!(
             "Commands run on the host as the server's user, without isolation; the file tools are confined to the sandbox's home \
@@ -359,9 +403,13 @@ impl Provider for LocalProvider {
             (Isolation::None, _) => true,
             (Isolation::Namespaces, network) => network.unwrap_or(false),
         };
-        let owner = (isolation == Isolation::Namespaces).then(isolation::sandbox_owner);
         let limits = self.limits_for(req.limits);
         let slot = self.reserve_slot()?;
+        // Picked while the create lock is held (with the cap on), among the live sandboxes.
+        let owner = match isolation {
+            Isolation::Namespaces => Some(self.new_owner()?),
+            Isolation::None => None,
+        };
         let id = format!("{ID_PREFIX}{}", ids::random_hex(12));
         // Built aside and renamed into place, so that a sandbox directory never exists without
         // its metadata: a sweep running meanwhile (another server starting) takes a directory
@@ -474,12 +522,12 @@ impl Provider for LocalProvider {
 
     fn overview(&self) -> String {
         let tier = self.isolation.name();
-        let about = about(tier, false);
+        let about = about(tier, false, self.uid_range.is_some());
         format!("Local sandboxes (isolation: {tier}). Commands run with {}. {about}", self.command_shell.display())
     }
 
     fn describe(&self, info: &SandboxInfo) -> String {
-        about(info.isolation, info.network)
+        about(info.isolation, info.network, self.uid_range.is_some())
     }
 
     fn list_sandboxes(&self) -> Option<Vec<crate::provider::Listed>> {

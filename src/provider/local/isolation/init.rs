@@ -78,6 +78,8 @@ pub struct Site<'a> {
     pub shell: &'a Path,
     /// The sandbox's cgroup leaves (none without limits).
     pub cgroups: &'a [PathBuf],
+    /// The host uid and gid of the sandbox's root.
+    pub owner: (u32, u32),
 }
 
 /// Starts the init of a sandbox at `site` and waits for its answer. With `spawner`, the init
@@ -88,7 +90,7 @@ pub fn start(tools: &Tools, exe: &Path, site: &Site<'_>, spawner: Option<UnixLis
 
 /// [`start`], its error as a sentence.
 fn start_init(tools: &Tools, exe: &Path, site: &Site<'_>, spawner: Option<UnixListener>) -> Result<Started, String> {
-    let Site { home, host_network, shell, cgroups } = *site;
+    let Site { home, host_network, shell, cgroups, .. } = *site;
     // Opened here, with the keeper's rights, and inherited as stdin through every exec up to the
     // init's own (a duplicate without close-on-exec; the original closes at the first exec): the
     // sandbox's uid needs no path to this binary.
@@ -98,11 +100,11 @@ fn start_init(tools: &Tools, exe: &Path, site: &Site<'_>, spawner: Option<UnixLi
     let mut cmd = if as_root {
         let mut c = Command::new(&tools.unshare);
         c.args(["--mount", "--propagation", "private", "--", EXE_FROM_STDIN, STAGE_SUBCOMMAND]).arg(home).arg("--");
-        let dropped = super::sandbox_command(tools, &tools.unshare);
+        let dropped = super::sandbox_command(tools, &tools.unshare, site.owner);
         c.arg(dropped.get_program()).args(dropped.get_args());
         c
     } else {
-        super::sandbox_command(tools, &tools.unshare)
+        super::sandbox_command(tools, &tools.unshare, site.owner)
     };
     cmd.args(UNSHARE_FLAGS);
     if !host_network {
@@ -480,7 +482,8 @@ mod tests {
         std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
         let tools = Tools { unshare: fake.clone(), nsenter: fake.clone(), setpriv: Some(fake.clone()), setsid: fake };
         let begun = Instant::now();
-        let site = Site { home: &dir, host_network: false, shell: Path::new("/bin/sh"), cgroups: &[] };
+        let site =
+            Site { home: &dir, host_network: false, shell: Path::new("/bin/sh"), cgroups: &[], owner: super::super::sandbox_owner() };
         let err = start(&tools, Path::new("/bin/true"), &site, None).err().unwrap().0;
         assert!(err.contains("exited before it was ready") && err.contains("No space left on device"), "{err}");
         assert!(begun.elapsed() < START_BUDGET / 2, "it waited {:?}", begun.elapsed());

@@ -12,8 +12,9 @@
 //! ([`cgroup`]). Ending the init makes the kernel end every process of the sandbox.
 //!
 //! Identity: sandbox code runs as root of its user namespace. That root is the server's own uid
-//! on the host, except when the server runs as root: then it is [`SANDBOX_UID`], an unprivileged
-//! uid, so that sandbox code is never root over host files.
+//! on the host, except when the server runs as root: then it is an unprivileged uid of the
+//! sandbox's own ([`uids`], from `--uid-range`), so that sandbox code is never root over host files
+//! and sandboxes share no per-user kernel quota ([`SANDBOX_UID`] for sandboxes made before).
 
 pub mod cgroup;
 pub mod enter;
@@ -22,13 +23,15 @@ pub mod init;
 pub mod rootfs;
 pub mod seccomp;
 pub mod spawner;
+pub mod uids;
 
 use crate::config::IsolationMode;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
-/// The host uid and gid of a sandbox's root when the server runs as root.
+/// The unprivileged uid the probe runs as when the server is root, and the host uid of the root of
+/// sandboxes whose metadata names none (made before per-sandbox uids).
 pub const SANDBOX_UID: u32 = 100_000;
 
 /// How one local sandbox is isolated (recorded in its metadata; sandboxes from before isolation
@@ -132,7 +135,7 @@ fn find_tools() -> Result<Tools, String> {
 /// namespaces inside it, created exactly as [`init`] does it.
 fn run_probe() -> Result<(), String> {
     let tools = find_tools()?;
-    let mut cmd = sandbox_command(&tools, &tools.unshare);
+    let mut cmd = sandbox_command(&tools, &tools.unshare, sandbox_owner());
     cmd.args(init::UNSHARE_FLAGS).arg("--net").arg("--").arg("/bin/sh").arg("-c").arg(":");
     let out = cmd.env_clear().env("LC_ALL", "C").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).output();
     match out {
@@ -142,15 +145,15 @@ fn run_probe() -> Result<(), String> {
     }
 }
 
-/// A command that runs `program` with a sandbox's host identity: as it is for an ordinary user;
-/// for root, through `setpriv` as [`SANDBOX_UID`] with no supplementary groups and no
-/// inheritable capabilities.
-pub fn sandbox_command(tools: &Tools, program: &Path) -> Command {
+/// A command that runs `program` with a sandbox's host identity `owner` (uid, gid): as it is for
+/// an ordinary user (whose own uid that is); for root, through `setpriv` as `owner` with no
+/// supplementary groups and no inheritable capabilities.
+pub fn sandbox_command(tools: &Tools, program: &Path, owner: (u32, u32)) -> Command {
     match (&tools.setpriv, rustix::process::getuid().is_root()) {
         (Some(setpriv), true) => {
             let mut cmd = Command::new(setpriv);
-            let id = SANDBOX_UID.to_string();
-            cmd.args(["--reuid", &id, "--regid", &id, "--clear-groups", "--inh-caps=-all", "--"]).arg(program);
+            let (uid, gid) = (owner.0.to_string(), owner.1.to_string());
+            cmd.args(["--reuid", &uid, "--regid", &gid, "--clear-groups", "--inh-caps=-all", "--"]).arg(program);
             cmd
         }
         _ => Command::new(program),

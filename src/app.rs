@@ -31,7 +31,7 @@ impl App {
                 let defaults = Limits { memory_mb: config.default_limits.memory_mb, processes: config.default_limits.processes };
                 let local = LocalProvider::new(&config.home, &config.local_shell)
                     .and_then(|p| p.with_isolation(isolation))
-                    .map(|p| p.with_policy(config.max_sandboxes, defaults))
+                    .map(|p| p.with_policy(config.max_sandboxes, defaults).with_egress(config.egress.clone()))
                     .context("starting the local provider")?;
                 let local = Arc::new(local);
                 let sweeper = local.clone();

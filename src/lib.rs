@@ -34,6 +34,8 @@ pub mod limits;
 
 pub mod descriptors;
 
+pub mod egress;
+
 pub mod base64;
 pub mod client;
 pub mod ids;

@@ -38,6 +38,8 @@ pub enum Kind {
     Bool,
     /// An object of optional integer fields, each with its own range; no other field.
     IntFields(&'static [IntField]),
+    /// A network policy: `true`, `false`, or `{"allow": [...], "deny": [...]}` of domain names.
+    Network,
 }
 
 /// One field of a [`Kind::IntFields`] object.
@@ -80,6 +82,10 @@ pub fn input_schema(params: &[Param]) -> Value {
             }
             Kind::StrMap => json!({"type": "object", "additionalProperties": {"type": "string"}}),
             Kind::Bool => json!({"type": "boolean"}),
+            Kind::Network => {
+                let names = json!({"type": "array", "items": {"type": "string"}});
+                json!({"type": ["boolean", "object"], "properties": {"allow": names, "deny": names}, "additionalProperties": false})
+            }
             Kind::IntFields(fields) => {
                 let props: Map<String, Value> =
                     fields.iter().map(|f| (f.name.to_string(), json!({"type": "integer", "minimum": f.min, "maximum": f.max}))).collect();
@@ -115,6 +121,7 @@ enum Access {
     Map,
     Flag,
     Fields,
+    Network,
 }
 
 impl Access {
@@ -126,6 +133,7 @@ impl Access {
                 | (Access::Map, Kind::StrMap)
                 | (Access::Flag, Kind::Bool)
                 | (Access::Fields, Kind::IntFields(_))
+                | (Access::Network, Kind::Network)
         )
     }
 }
@@ -185,6 +193,14 @@ impl Args {
     /// A boolean argument, if given.
     pub fn flag(&self, p: &Param) -> Result<Option<bool>, ToolError> {
         Ok(self.lookup(p, Access::Flag)?.and_then(Value::as_bool))
+    }
+
+    /// A network policy argument, if given (validated already).
+    pub fn network(&self, p: &Param) -> Result<Option<crate::egress::Network>, ToolError> {
+        match self.lookup(p, Access::Network)? {
+            None => Ok(None),
+            Some(v) => crate::egress::Network::from_json(v).map(Some).map_err(|why| ToolError::new(format!("argument {:?} {why}", p.name))),
+        }
     }
 
     /// The integer fields given in an [`Kind::IntFields`] argument (none when it was not given).
@@ -329,6 +345,7 @@ fn check(p: &Param, value: &Value) -> Result<Value, String> {
             Value::Bool(_) => Ok(value.clone()),
             _ => Err(format!("must be true or false, got {}", describe(value))),
         },
+        Kind::Network => crate::egress::Network::from_json(value).map(|n| n.to_json()),
         Kind::IntFields(fields) => {
             let names = || fields.iter().map(|f| f.name).collect::<Vec<_>>().join(", ");
             let obj = value.as_object().ok_or_else(|| format!("must be an object with fields {}, got {}", names(), describe(value)))?;
@@ -390,6 +407,7 @@ pub(crate) fn samples(tool: &str, params: &[Param]) -> Vec<Args> {
         Kind::Int { min, .. } => json!(min),
         Kind::StrMap => json!({"K": "v"}),
         Kind::Bool => json!(true),
+        Kind::Network => json!({"allow": ["example.org"]}),
         Kind::IntFields(fields) => Value::Object(fields.iter().map(|f| (f.name.to_string(), json!(f.min))).collect()),
     };
     let all: Map<String, Value> = params.iter().map(|p| (p.name.to_string(), value(p))).collect();

@@ -77,7 +77,8 @@ continue with get_task (with wait) or stop it with cancel_task. For anything lon
             "expires_at": {"type": "integer", "description": "when the sandbox expires, Unix seconds"},
             "warning": {"type": "string", "description": "when running: the task outlives the sandbox (see set_timeout)"},
             "sandbox_id": {"type": "string"},
-            "message": {"type": "string", "description": "when running: what to do next"}
+            "message": {"type": "string", "description": "when running: what to do next"},
+            "network_blocked": {"type": "array", "description": "connections the sandbox's proxy refused: {host, port, reason}"}
         }, "required": ["state", "exit_code", "stdout", "stderr", "stdout_truncated", "stderr_truncated", "stdout_bytes", "stderr_bytes", "timed_out", "duration_ms"]})
     },
     read_only: false,
@@ -215,6 +216,9 @@ pub struct CommandResult {
     /// The sandbox of `task_id`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sandbox_id: Option<String>,
+    /// Connections the sandbox's egress proxy refused while the command ran.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub network_blocked: Vec<crate::egress::blocks::Block>,
 }
 
 impl CommandResult {
@@ -230,6 +234,7 @@ impl CommandResult {
             duration_ms: out.duration.as_millis() as u64,
             task_id: None,
             sandbox_id: None,
+            network_blocked: Vec::new(),
         };
         (result, cut)
     }
@@ -257,6 +262,7 @@ impl CommandResult {
             duration_ms,
             task_id: None,
             sandbox_id: None,
+            network_blocked: Vec::new(),
         }
     }
 
@@ -408,6 +414,7 @@ pub fn run_command(ctx: &Ctx<'_>, args: &Args) -> Result<CommandOutcome, ToolErr
     let provider = &ctx.app.provider;
     let masker = provider.env_masker(&id, &envs)?;
     let started = Instant::now();
+    let started_ms = crate::egress::blocks::now_ms();
     let after = ctx.app.config.task_after;
     let may_outlive = !after.is_zero() && timeout > after;
     let req = ExecRequest {
@@ -481,6 +488,7 @@ pub fn run_command(ctx: &Ctx<'_>, args: &Args) -> Result<CommandOutcome, ToolErr
     }
     let (stdout, stderr) = (masker.mask_bytes(&out.stdout), masker.mask_bytes(&out.stderr));
     let (mut result, cut) = CommandResult::of_exec(&out, &stdout, &stderr, max_output);
+    result.network_blocked = provider.network_blocked(&id, started_ms);
     if cut {
         // What was cut stays readable by offset; a sandbox that refuses the write loses only that.
         if let Ok(task_id) = keep_output(ctx, &id, (command, timeout), &out, &result, (&stdout, &stderr)) {

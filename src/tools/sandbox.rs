@@ -41,9 +41,9 @@ const METADATA: Param =
 
 const NETWORK: Param = Param {
     name: "network",
-    kind: Kind::Bool,
+    kind: Kind::Network,
     required: false,
-    description: "Outside network access. Local sandboxes isolated with namespaces: false (the default) gives only the sandbox's own loopback, true the host's network. E2B sandboxes have the network unless false.",
+    description: "Egress: false (default for local sandboxes: none), true (any public destination), or {\"allow\": [...], \"deny\": [...]} domain names (*.x wildcards). Local sandboxes go out only through their own proxy, never to the host or private addresses.",
 };
 
 const LIMITS: Param = Param {
@@ -72,7 +72,7 @@ and lives until kill_sandbox or its own timeout.",
             "template": {"type": "string"},
             "expires_at": {"type": "integer", "description": "Unix seconds"},
             "isolation": {"type": "string", "description": "namespaces or none (local provider), e2b (the platform's own)"},
-            "network": {"type": "boolean", "description": "Whether commands can reach the outside network"},
+            "network": {"type": ["boolean", "object"], "description": "The network policy in force"},
             "limits": {"type": "object", "properties": {"memory_mb": limit, "processes": limit},
                 "required": ["memory_mb", "processes"], "description": "Enforced limits; null where none was asked for"},
             "shell": {"type": "string", "description": "what run_command and start_task run commands with"},
@@ -139,7 +139,7 @@ with when each expires, its metadata and its task counts: how an agent that reco
                 "created_at": nullable_int,
                 "expires_at": {"type": "integer", "description": "Unix seconds"},
                 "isolation": {"type": "string"},
-                "network": {"type": "boolean"},
+                "network": {"type": ["boolean", "object"]},
                 "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
                 "tasks": {"type": ["object", "null"], "properties": {"running": {"type": "integer"}, "total": {"type": "integer"}},
                     "description": "null when the tasks could not be read"}
@@ -151,6 +151,37 @@ with when each expires, its metadata and its task counts: how an agent that reco
     destructive: false,
     run: list,
 };
+
+const POLICY: Param = Param {
+    name: "network",
+    kind: Kind::Network,
+    required: true,
+    description: "false, true, or {\"allow\": [...], \"deny\": [...]} domain names, as create_sandbox takes.",
+};
+
+pub const SET_NETWORK: Tool = Tool {
+    name: "set_network",
+    description: "Replace the network policy of a running sandbox; new connections follow it at once.",
+    params: &[SANDBOX_ID_REQUIRED, POLICY],
+    output_schema: || {
+        json!({"type": "object", "properties": {
+            "sandbox_id": {"type": "string"},
+            "network": {"type": ["boolean", "object"]}
+        }, "required": ["sandbox_id", "network"]})
+    },
+    read_only: false,
+    destructive: false,
+    run: set_network,
+};
+
+fn set_network(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
+    let id = super::target_sandbox(ctx, Some(args.required_text(&SANDBOX_ID_REQUIRED)?))?;
+    let Some(network) = args.network(&POLICY)? else {
+        return Err(ToolError::new("set_network: argument \"network\" is required"));
+    };
+    let info = ctx.app.provider.set_network(&id, &network, Instant::now() + SANDBOX_CALL_BUDGET)?;
+    Ok(Reply::Now(json!({"sandbox_id": id, "network": info.network.to_json()})))
+}
 
 fn list(ctx: &Ctx<'_>, _args: &Args) -> Result<Reply, ToolError> {
     let provider = ctx.app.provider.as_ref();
@@ -180,7 +211,7 @@ fn list(ctx: &Ctx<'_>, _args: &Args) -> Result<Reply, ToolError> {
                 "created_at": created_at,
                 "expires_at": info.expires_at,
                 "isolation": info.isolation,
-                "network": info.network,
+                "network": info.network.to_json(),
                 "metadata": metadata,
                 "tasks": tasks,
             })
@@ -203,7 +234,7 @@ fn create_request(args: &Args) -> Result<CreateRequest, ToolError> {
         timeout_s: args.integer(&TIMEOUT)?.max(0) as u64,
         envs: args.map(&ENVS)?,
         metadata: args.map(&METADATA)?,
-        network: args.flag(&NETWORK)?,
+        network: args.network(&NETWORK)?,
         limits: {
             let given = args.int_fields(&LIMITS)?;
             let field = |name: &str| given.get(name).map(|v| (*v).max(0) as u64);
@@ -228,7 +259,7 @@ fn create(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
         "template": info.template,
         "expires_at": info.expires_at,
         "isolation": info.isolation,
-        "network": info.network,
+        "network": info.network.to_json(),
         "limits": {"memory_mb": info.limits.memory_mb, "processes": info.limits.processes},
         "shell": provider.command_shell(),
         "found": found,

@@ -103,7 +103,8 @@ fn snapshot_schema() -> Value {
         "stderr_truncated": {"type": "boolean"},
         "error": nullable("string", "why the state is unknown, or failed without an exit code"),
         "expires_at": {"type": "integer", "description": "when the sandbox expires, Unix seconds (task tools never renew it)"},
-        "warning": {"type": "string", "description": "the task's timeout outlives the sandbox: call set_timeout"}
+        "warning": {"type": "string", "description": "the task's timeout outlives the sandbox: call set_timeout"},
+        "network_blocked": {"type": "array", "description": "connections the sandbox's proxy refused"}
     }, "required": ["sandbox_id", "task_id", "state", "exit_code", "started_at", "finished_at", "timeout", "stdout", "stderr",
         "stdout_next_offset", "stderr_next_offset", "stdout_bytes", "stderr_bytes", "stdout_truncated", "stderr_truncated", "error"]})
 }
@@ -363,6 +364,7 @@ fn get(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
     if wait.is_zero() || has_news(&first, window, until_exit) {
         let mut value = render(&sandbox_id, &first);
         super::stamp_expiry(ctx.app.provider.as_ref(), &sandbox_id, None, &mut value);
+        super::stamp_blocked(ctx.app.provider.as_ref(), &sandbox_id, first.started_at, &mut value);
         return Ok(Reply::Now(value));
     }
     // Wait off the worker: the waiter reads again every `every` until there is news or the
@@ -376,6 +378,7 @@ fn get(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
             Ok(Some(s)) if last || has_news(&s, window, until_exit) => {
                 let mut value = render(&sandbox_id, &s);
                 super::stamp_expiry(provider.as_ref(), &sandbox_id, None, &mut value);
+                super::stamp_blocked(provider.as_ref(), &sandbox_id, s.started_at, &mut value);
                 Some(Ok(value))
             }
             Ok(Some(_)) => None,

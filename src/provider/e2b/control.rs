@@ -10,6 +10,7 @@
 
 use super::loose;
 use super::reply::{self, Reply};
+use crate::egress::Network;
 use crate::mask::Masker;
 use crate::provider::{unix_now, CreateRequest, Limits, ProviderError, SandboxInfo, Touch};
 use serde::Deserialize;
@@ -304,7 +305,7 @@ impl ControlPlane {
             "envVars": req.envs,
             "metadata": metadata,
             "secure": true,
-            "allow_internet_access": req.network.unwrap_or(true),
+            "allow_internet_access": req.network.as_ref().is_none_or(Network::reaches_out),
         });
         let reply = self.api("POST", "/sandboxes", Some(&body), deadline)?;
         if reply.status != 201 {
@@ -333,7 +334,7 @@ impl ControlPlane {
             template: req.template.clone(),
             expires_at: unix_now() + req.timeout_s as i64,
             isolation: ISOLATION,
-            network: req.network.unwrap_or(true),
+            network: req.network.clone().unwrap_or(Network::Any),
             limits: Limits::default(),
         })
     }
@@ -360,7 +361,7 @@ impl ControlPlane {
             template: sandbox.template_id.unwrap_or_default(),
             expires_at: sandbox.end_at.as_deref().and_then(super::wire::rfc3339).unwrap_or(0),
             isolation: ISOLATION,
-            network: true,
+            network: Network::Any,
             limits: Limits::default(),
         })
     }
@@ -382,7 +383,7 @@ impl ControlPlane {
             template: String::new(),
             expires_at: unix_now() + timeout_s as i64,
             isolation: ISOLATION,
-            network: true,
+            network: Network::Any,
             limits: Limits::default(),
         })
     }

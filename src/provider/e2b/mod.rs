@@ -85,6 +85,13 @@ impl Provider for E2bProvider {
                 "limits are enforced by the local provider only; an E2B sandbox's resources come from its template".into(),
             ));
         }
+        if matches!(req.network, Some(crate::egress::Network::Rules(_))) {
+            return Err(ProviderError::Rejected(
+                "the e2b provider maps network true and false to the platform's internet access, and domain policies are not mapped yet; \
+use network true or false, or the local provider for allow and deny lists"
+                    .into(),
+            ));
+        }
         self.control.create(req, deadline)
     }
 
@@ -99,7 +106,7 @@ impl Provider for E2bProvider {
     }
 
     fn describe(&self, info: &SandboxInfo) -> String {
-        let network = if info.network { "It reaches the outside network." } else { "It has no outside network." };
+        let network = if info.network.reaches_out() { "It reaches the outside network." } else { "It has no outside network." };
         format!(
             "An E2B sandbox (a small VM of the template): commands run as the template's user, whose home /home/user is the default \
 working directory; system paths need sudo. {network} Install packages with pip install --user NAME (or a venv), npm, or sudo apt-get."

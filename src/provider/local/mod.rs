@@ -35,6 +35,7 @@ pub use keeper::run_internal;
 pub use metadata::Meta;
 pub use scan::tagged_pids;
 
+use crate::egress::Network;
 use crate::ids;
 use crate::mask::Masker;
 use crate::provider::process::{self, Running};
@@ -92,6 +93,8 @@ pub struct LocalProvider {
     max_sandboxes: Option<usize>,
     /// Limits of a sandbox whose request sets none, where the host can enforce them.
     default_limits: Limits,
+    /// What the operator decided for every sandbox's egress proxy.
+    egress: crate::egress::Settings,
 }
 
 impl LocalProvider {
@@ -131,6 +134,7 @@ impl LocalProvider {
             tools: isolation::tools().ok(),
             max_sandboxes: None,
             default_limits: Limits::default(),
+            egress: crate::egress::Settings::default(),
         };
         Ok(provider)
     }
@@ -181,6 +185,12 @@ impl LocalProvider {
             )));
         }
         Ok(Some(lock))
+    }
+
+    /// Gives the egress proxies of new sandboxes (and keepers restarted by a sweep) `settings`.
+    pub fn with_egress(mut self, settings: crate::egress::Settings) -> LocalProvider {
+        self.egress = settings;
+        self
     }
 
     /// Makes new sandboxes isolated as `isolation` says (existing ones keep their own way).
@@ -316,16 +326,17 @@ impl Provider for LocalProvider {
             return Err(ProviderError::Rejected(format!("environment variable name {bad:?} is not valid")));
         }
         let isolation = self.isolation;
-        let host_network = match (isolation, req.network) {
-            (Isolation::None, Some(false)) => {
+        let (host_network, policy) = match (isolation, &req.network) {
+            (Isolation::None, Some(Network::Off | Network::Rules(_))) => {
                 return Err(ProviderError::Rejected(
-                    "network: false needs namespace isolation, and this server creates local sandboxes without it \
+                    "network: false or a network policy needs namespace isolation, and this server creates local sandboxes without it \
 (--isolation none, or namespaces are unavailable on this host: see the server's startup warning); leave network out to get the host's network"
                         .into(),
                 ))
             }
-            (Isolation::None, _) => true,
-            (Isolation::Namespaces, network) => network.unwrap_or(false),
+            (Isolation::None, _) => (true, Network::Any),
+            // Every isolated sandbox keeps a private network namespace: egress only through its proxy.
+            (Isolation::Namespaces, network) => (false, network.clone().unwrap_or_default()),
         };
         let owner = (isolation == Isolation::Namespaces).then(isolation::sandbox_owner);
         let limits = self.limits_for(req.limits);
@@ -358,6 +369,8 @@ impl Provider for LocalProvider {
             metadata: req.metadata.clone(),
             isolation,
             host_network,
+            policy,
+            proxy: isolation == Isolation::Namespaces,
             limits,
             owner,
         };
@@ -440,11 +453,37 @@ impl Provider for LocalProvider {
         Ok(self.reach(sandbox_id, touch)?.info())
     }
 
+    fn set_network(&self, sandbox_id: &str, network: &Network, _deadline: Instant) -> Result<SandboxInfo, ProviderError> {
+        let mut meta = self.reach(sandbox_id, Touch::Observe)?;
+        if !meta.proxy {
+            return Err(ProviderError::Rejected(format!(
+                "sandbox {sandbox_id} has no egress proxy (it is not isolated with namespaces, or was created by an older version); its network cannot change"
+            )));
+        }
+        meta.policy = network.clone();
+        self.store(&meta)?;
+        Ok(meta.info())
+    }
+
+    fn network_blocked(&self, sandbox_id: &str, since_ms: u64) -> Vec<crate::egress::blocks::Block> {
+        if check_local_id(sandbox_id).is_err() {
+            return Vec::new();
+        }
+        crate::egress::blocks::BlockLog::new(&self.dir(sandbox_id)).since(since_ms)
+    }
+
     fn describe(&self, info: &SandboxInfo) -> String {
-        let network = if info.network {
-            "It reaches the outside network."
-        } else {
-            "It has no outside network (create the sandbox with network: true for downloads)."
+        let network = match (&info.network, info.isolation) {
+            (_, "none") => "It reaches the outside network.",
+            (Network::Off, _) => "It has no outside network (set_network with true or an allow list of domains enables downloads).",
+            (Network::Any, _) => {
+                "Its network reaches public destinations through its egress proxy (HTTP_PROXY, HTTPS_PROXY and ALL_PROXY are set; \
+pip, npm, git and curl use them; a program that ignores them gets no connection); never the host or private addresses."
+            }
+            (Network::Rules(_), _) => {
+                "Its network reaches only the domains its policy allows, through its egress proxy (HTTP_PROXY, HTTPS_PROXY and ALL_PROXY \
+are set); a refused connection is answered 403 and listed as network_blocked in the command's result."
+            }
         };
         match info.isolation {
             "namespaces" => format!(

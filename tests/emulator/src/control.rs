@@ -272,7 +272,7 @@ fn create(state: &State, req: &HttpRequest, v2: bool) -> HttpReply {
         timeout_s: timeout as u64,
         envs,
         metadata: metadata.clone(),
-        network: Some(true),
+        network: Some(sandbox_mcp::egress::Network::Any),
         ..CreateRequest::default()
     };
     let info = match state.provider.create(&create, Instant::now() + KILL_BUDGET) {

@@ -137,6 +137,14 @@ fn http(conn: TcpStream, first: u8, proxy: &Proxy, deadline: Instant) {
         Err(why) => return answer(&conn, 400, "Bad Request", &format!("sandbox-mcp egress proxy: {why}\n")),
     };
     let tunnel = request.method == "CONNECT";
+    let body = if tunnel {
+        0
+    } else {
+        match request.body_length() {
+            Ok(n) => n,
+            Err(why) => return answer(&conn, 411, "Length Required", &format!("sandbox-mcp egress proxy: {why}\n")),
+        }
+    };
     let dialed = match proxy.reach(&request.host, request.port, tunnel) {
         Ok(d) => d,
         Err(Ok(blocked)) => return answer(&conn, 403, "Forbidden", &blocked),
@@ -152,10 +160,46 @@ fn http(conn: TcpStream, first: u8, proxy: &Proxy, deadline: Instant) {
         Dialed::Direct(up) => (up, request.rewrite(false, None)),
         Dialed::Upstream(up) => (up, request.rewrite(true, proxy.settings().upstream.as_ref().and_then(|u| u.auth.as_deref()))),
     };
-    if (&upstream).write_all(&out_head).and_then(|()| (&upstream).write_all(&rest)).is_err() {
+    if tunnel {
+        if (&upstream).write_all(&rest).is_ok() {
+            relay(conn, upstream);
+        }
         return;
     }
-    relay(conn, upstream);
+    // One request per connection, and nothing of the client's but its body: a second request
+    // written after it (to another host) never reaches the destination or the parent proxy.
+    if (&upstream).write_all(&out_head).is_err() || !forward_body(&conn, &upstream, &rest, body) {
+        return;
+    }
+    let _ = upstream.set_read_timeout(Some(IDLE_BUDGET));
+    pump(upstream, conn);
+}
+
+/// Forwards exactly `length` bytes of request body: what came with the head (`early`), then the
+/// rest from `client`. `false` when the client or the destination failed.
+fn forward_body(client: &TcpStream, upstream: &TcpStream, early: &[u8], length: u64) -> bool {
+    let first = early.len().min(usize::try_from(length).unwrap_or(usize::MAX));
+    if (&*upstream).write_all(&early[..first]).is_err() {
+        return false;
+    }
+    let mut left = length - first as u64;
+    let _ = client.set_read_timeout(Some(IDLE_BUDGET));
+    let mut buf = vec![0u8; RELAY_BUFFER];
+    while left > 0 {
+        let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        match (&*client).read(&mut buf[..want]) {
+            Ok(0) => return false,
+            Ok(n) => {
+                if (&*upstream).write_all(&buf[..n]).is_err() {
+                    return false;
+                }
+                left -= n as u64;
+            }
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return false,
+        }
+    }
+    true
 }
 
 /// Answers with `status` and a plain-text body, then closes.
@@ -212,6 +256,23 @@ struct Request {
 }
 
 impl Request {
+    /// The length of the request body: its `Content-Length`, 0 without one; a chunked body is
+    /// refused (its end could hide a second request).
+    fn body_length(&self) -> Result<u64, String> {
+        let mut length = 0;
+        for header in &self.headers {
+            let (name, value) = header.split_once(':').unwrap_or((header, ""));
+            match name.trim().to_ascii_lowercase().as_str() {
+                "transfer-encoding" => {
+                    return Err("request bodies must have a Content-Length through this proxy (no chunked encoding)".into())
+                }
+                "content-length" => length = value.trim().parse().map_err(|_| "a malformed Content-Length".to_string())?,
+                _ => {}
+            }
+        }
+        Ok(length)
+    }
+
     fn parse(head: &[u8]) -> Result<Request, String> {
         let text = std::str::from_utf8(head).map_err(|_| "the request head is not text".to_string())?;
         let mut lines = text.split("\r\n");
@@ -251,9 +312,13 @@ impl Request {
         };
         let target = if absolute { format!("http://{authority}{}", self.path) } else { self.path.clone() };
         let mut out = format!("{} {target} {}\r\n", self.method, self.version);
+        // The Host header names the destination that was checked, whatever the client wrote.
+        let host =
+            if self.port == 80 { authority.rsplit_once(':').map_or(authority.as_str(), |(h, _)| h).to_string() } else { authority.clone() };
+        out.push_str(&format!("Host: {host}\r\n"));
         for header in &self.headers {
             let name = header.split(':').next().unwrap_or_default().trim().to_ascii_lowercase();
-            if !matches!(name.as_str(), "proxy-connection" | "proxy-authorization" | "connection" | "keep-alive") {
+            if !matches!(name.as_str(), "host" | "proxy-connection" | "proxy-authorization" | "connection" | "keep-alive") {
                 out.push_str(header);
                 out.push_str("\r\n");
             }
@@ -311,7 +376,7 @@ pub(super) fn relay(client: TcpStream, upstream: TcpStream) {
 
 /// Copies `from` into `to` until the end, an error or the idle budget, then closes `to` for
 /// writing.
-fn pump(from: TcpStream, to: TcpStream) {
+pub(super) fn pump(from: TcpStream, to: TcpStream) {
     let mut buf = vec![0u8; RELAY_BUFFER];
     loop {
         match (&from).read(&mut buf) {
@@ -342,7 +407,13 @@ mod tests {
         let r = Request::parse(b"GET http://User:Pw@Pkgs.Test:8080/simple/x?token=s HTTP/1.1\r\nHost: pkgs.test\r\nProxy-Authorization: Basic eA==\r\nProxy-Connection: keep-alive\r\nAccept: */*\r\n\r\n").unwrap();
         assert_eq!((r.host.as_str(), r.port, r.path.as_str()), ("pkgs.test", 8080, "/simple/x?token=s"));
         let out = String::from_utf8(r.rewrite(false, None)).unwrap();
-        assert_eq!(out, "GET /simple/x?token=s HTTP/1.1\r\nHost: pkgs.test\r\nAccept: */*\r\nConnection: close\r\n\r\n");
+        assert_eq!(out, "GET /simple/x?token=s HTTP/1.1\r\nHost: pkgs.test:8080\r\nAccept: */*\r\nConnection: close\r\n\r\n");
+        let lying = Request::parse(b"GET http://a.test/ HTTP/1.1\r\nHost: evil.test\r\nContent-Length: 5\r\n\r\n").unwrap();
+        let out = String::from_utf8(lying.rewrite(false, None)).unwrap();
+        assert!(out.contains("Host: a.test\r\n") && !out.contains("evil"), "{out}");
+        assert_eq!(lying.body_length(), Ok(5));
+        let chunked = Request::parse(b"POST http://a.test/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n").unwrap();
+        assert!(chunked.body_length().is_err());
         let out = String::from_utf8(r.rewrite(true, Some("dTpw"))).unwrap();
         assert!(
             out.starts_with("GET http://pkgs.test:8080/simple/x?token=s HTTP/1.1\r\n") && out.contains("Proxy-Authorization: Basic dTpw"),

@@ -77,6 +77,13 @@ fn serve_upstream(conn: TcpStream, log: &Mutex<Vec<String>>) {
     log.lock().unwrap().push(host.clone());
     let body = format!("hello {host} {path}\n");
     let _ = write!(out, "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+    let _ = out.shutdown(std::net::Shutdown::Write);
+    // Whatever else comes on this connection (a smuggled second request) is recorded too.
+    while let Some(more) = read_head(&mut reader) {
+        if let Some(target) = more.first().and_then(|l| l.split(' ').nth(1)) {
+            log.lock().unwrap().push(format!("smuggled {target}"));
+        }
+    }
 }
 
 fn isolated(name: &str) -> Option<Home> {
@@ -131,6 +138,11 @@ fn policies_allow_deny_and_never_reach_the_host() {
     let r = sh(&mut m, &id, &format!("{CURL} --socks5-hostname 127.0.0.1:3128 http://evil.test/"));
     assert_ne!(out(&r).0, 0, "{r}");
     assert_eq!(r["network_blocked"][0]["host"], "evil.test", "{r}");
+    // A second request pipelined after an allowed one never leaves the proxy.
+    let smuggle = "exec 3<>/dev/tcp/127.0.0.1/3128; printf 'GET http://pkgs.test/one HTTP/1.1\\r\\nHost: pkgs.test\\r\\n\\r\\nGET http://evil.test/two HTTP/1.1\\r\\nHost: evil.test\\r\\n\\r\\n' >&3; timeout 10 cat <&3";
+    let r = sh(&mut m, &id, &format!("bash -c \"{smuggle}\""));
+    assert!(out(&r).1.contains("hello pkgs.test /one"), "{r}");
+    wait_for(Duration::from_secs(5), "the smuggled connection to end", || up.asked().iter().any(|h| h == "pkgs.test").then_some(()));
     // Never the host, whatever the policy: loopback, metadata, private and mapped forms.
     m.ok("set_network", json!({"sandbox_id": id, "network": true}));
     for target in ["127.0.0.1", "169.254.169.254", "10.0.0.1", "[::1]", "[::ffff:127.0.0.1]", "localhost"] {
@@ -145,7 +157,7 @@ fn policies_allow_deny_and_never_reach_the_host() {
     assert!(out(&r).1.contains("refused"), "{r}");
     let r = sh(&mut m, &id, "ip route 2>/dev/null; cat /proc/net/route | wc -l; ls /sys/class/net");
     assert!(!out(&r).1.contains("eth"), "{r}");
-    assert!(!up.asked().iter().any(|h| h == "evil.test" || h == "bad.mirror.test" || h == "127.0.0.1"), "{:?}", up.asked());
+    assert!(!up.asked().iter().any(|h| h.contains("evil.test") || h == "bad.mirror.test" || h == "127.0.0.1"), "{:?}", up.asked());
 
     // Changes at run time: the next connection follows the new policy.
     let c = m.ok("set_network", json!({"sandbox_id": id, "network": {"allow": ["evil.test"]}}));

@@ -236,3 +236,31 @@ fn a_flood_of_connections_and_headers_costs_only_its_sandbox() {
         (out(&r).1 == "hello pkgs.test /again\n").then_some(())
     });
 }
+
+/// On the e2b provider the same argument becomes E2B's egress rules (create and update), which the
+/// emulator enforces with the local sandbox's proxy; a policy E2B cannot express is refused.
+#[test]
+fn e2b_maps_policies_to_its_egress_rules() {
+    if isolated("net-e2b-probe").is_none() {
+        return;
+    }
+    let up = Upstream::start();
+    let e =
+        E2bHome { emulator: Emulator::start_with("namespaces", &[("SANDBOX_MCP_EGRESS_PROXY", &up.url())]), home: Home::new("net-e2b") };
+    let mut m = e.stdio();
+    let policy = json!({"allow": ["pkgs.test"], "deny": []});
+    let c = m.ok("create_sandbox", json!({"network": policy}));
+    assert_eq!(c["network"], policy, "{c}");
+    let id = c["sandbox_id"].as_str().unwrap().to_string();
+    assert_eq!(out(&sh(&mut m, &id, &format!("{CURL} http://pkgs.test/e2b"))), (0, "hello pkgs.test /e2b\n".into()));
+    let r = sh(&mut m, &id, &format!("{CURL} -i http://evil.test/"));
+    assert!(out(&r).1.contains("403"), "{r}");
+    m.ok("set_network", json!({"sandbox_id": id, "network": {"allow": ["evil.test"]}}));
+    assert_eq!(out(&sh(&mut m, &id, &format!("{CURL} http://evil.test/e2b"))), (0, "hello evil.test /e2b\n".into()));
+    m.ok("set_network", json!({"sandbox_id": id, "network": false}));
+    assert!(out(&sh(&mut m, &id, &format!("{CURL} -i http://evil.test/"))).1.contains("network: false"));
+    let err = m.err("create_sandbox", json!({"network": {"allow": ["a.test"], "deny": ["b.a.test"]}}));
+    assert!(err.contains("E2B cannot express") && err.contains("b.a.test"), "{err}");
+    let err = m.err("set_network", json!({"sandbox_id": id, "network": {"deny": ["b.test"]}}));
+    assert!(err.contains("E2B cannot express"), "{err}");
+}

@@ -10,6 +10,7 @@
 
 mod connection;
 mod control;
+pub mod egress;
 mod envd;
 mod loose;
 mod reply;
@@ -85,14 +86,12 @@ impl Provider for E2bProvider {
                 "limits are enforced by the local provider only; an E2B sandbox's resources come from its template".into(),
             ));
         }
-        if matches!(req.network, Some(crate::egress::Network::Rules(_))) {
-            return Err(ProviderError::Rejected(
-                "the e2b provider maps network true and false to the platform's internet access, and domain policies are not mapped yet; \
-use network true or false, or the local provider for allow and deny lists"
-                    .into(),
-            ));
-        }
         self.control.create(req, deadline)
+    }
+
+    fn set_network(&self, sandbox_id: &str, network: &crate::egress::Network, deadline: Instant) -> Result<SandboxInfo, ProviderError> {
+        check_e2b_id(sandbox_id)?;
+        self.control.set_network(sandbox_id, network, deadline)
     }
 
     fn kill(&self, sandbox_id: &str, deadline: Instant) -> Result<bool, ProviderError> {

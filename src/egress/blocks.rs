@@ -16,7 +16,7 @@ pub const FILE: &str = "egress-blocks.jsonl";
 const MAX_FILE: u64 = 64 * 1024;
 
 /// At most this many distinct blocks on one result.
-pub const MAX_REPORTED: usize = 16;
+pub const MAX_REPORTED: usize = crate::limits::NETWORK_BLOCKED_MAX;
 
 /// One refused connection.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -94,7 +94,7 @@ impl BlockLog {
 
 /// `O_NOFOLLOW`: the log is never reached through a link.
 fn libc_nofollow() -> i32 {
-    libc::O_NOFOLLOW
+    rustix::fs::OFlags::NOFOLLOW.bits() as i32
 }
 
 #[cfg(test)]

@@ -6,10 +6,10 @@ use serde_json::{json, Value};
 use std::net::IpAddr;
 
 /// At most this many entries in `allow` and `deny` together.
-pub const MAX_ENTRIES: usize = 256;
+pub const MAX_ENTRIES: usize = crate::limits::NETWORK_POLICY_MAX_ENTRIES;
 
 /// At most this many bytes of JSON for one policy.
-pub const MAX_BYTES: usize = 4096;
+pub const MAX_BYTES: usize = crate::limits::NETWORK_POLICY_MAX_BYTES;
 
 /// The network policy of one sandbox.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

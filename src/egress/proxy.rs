@@ -15,16 +15,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Connections one sandbox's proxy serves at once; more are closed at once.
-pub const MAX_CONNECTIONS: usize = 64;
+pub const MAX_CONNECTIONS: usize = crate::limits::EGRESS_MAX_CONNECTIONS;
 
 /// The largest request head (request line and headers) taken.
-pub const MAX_HEAD: usize = 16 * 1024;
+pub const MAX_HEAD: usize = crate::limits::EGRESS_MAX_HEAD_BYTES;
 
 /// How long a client has to send its whole request head (or SOCKS5 greeting and request).
-pub const HEAD_BUDGET: Duration = Duration::from_secs(10);
+pub const HEAD_BUDGET: Duration = crate::limits::EGRESS_HEAD_BUDGET;
 
 /// A relay with no byte in either direction for this long ends.
-pub const IDLE_BUDGET: Duration = Duration::from_secs(300);
+pub const IDLE_BUDGET: Duration = crate::limits::EGRESS_IDLE_BUDGET;
 
 /// The relay buffer (large enough to keep up with a loopback transfer).
 const RELAY_BUFFER: usize = 64 * 1024;

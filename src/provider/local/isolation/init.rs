@@ -29,8 +29,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The namespaces every isolated sandbox gets (the network namespace is added unless the
-/// sandbox asked for the host's network; the cgroup namespace where the kernel has one).
+/// The namespaces every isolated sandbox gets (and a network namespace, which `Site::host_network`
+/// could leave out and no sandbox of this version does; the cgroup namespace where the kernel has
+/// one).
 pub const UNSHARE_FLAGS: &[&str] =
     &["--user", "--map-root-user", "--mount", "--pid", "--fork", "--ipc", "--uts", "--propagation", "private"];
 
@@ -75,7 +76,8 @@ const STDERR_KEPT: u64 = 2048;
 pub struct Site<'a> {
     /// The sandbox's home on the host.
     pub home: &'a Path,
-    /// Whether the sandbox shares the host's network namespace.
+    /// Whether the sandbox shares the host's network namespace (always false now: every isolated
+    /// sandbox gets a private one and an egress proxy).
     pub host_network: bool,
     /// The server's shell (bound inside when it lives outside the system directories).
     pub shell: &'a Path,

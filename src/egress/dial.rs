@@ -5,6 +5,7 @@
 use super::{address, Settings};
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long a name may take to resolve.
@@ -89,16 +90,30 @@ pub fn open(host: &str, port: u16, settings: &Settings, tunnel: bool) -> Result<
     }
 }
 
+/// Lookups running at once in this process: a lookup that outlives its budget keeps its thread
+/// until the resolver gives up, and a sandbox asking for names that never answer must not pile
+/// such threads up.
+static LOOKUPS: AtomicUsize = AtomicUsize::new(0);
+
+/// At most this many lookups at once.
+const MAX_LOOKUPS: usize = 64;
+
 /// The addresses of `host`, within [`RESOLVE_BUDGET`].
 fn resolve(host: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
+    if LOOKUPS.fetch_add(1, Ordering::SeqCst) >= MAX_LOOKUPS {
+        LOOKUPS.fetch_sub(1, Ordering::SeqCst);
+        return Err(format!("could not resolve {host}: {MAX_LOOKUPS} lookups are already running; try again"));
+    }
     let (tx, rx) = crossbeam_channel::bounded(1);
     let name = host.to_string();
-    std::thread::Builder::new()
-        .name("egress-resolve".into())
-        .spawn(move || {
-            let _ = tx.send((name.as_str(), port).to_socket_addrs().map(|a| a.collect::<Vec<_>>()));
-        })
-        .map_err(|e| format!("could not resolve {host}: {e}"))?;
+    let spawned = std::thread::Builder::new().name("egress-resolve".into()).spawn(move || {
+        let _ = tx.send((name.as_str(), port).to_socket_addrs().map(|a| a.collect::<Vec<_>>()));
+        LOOKUPS.fetch_sub(1, Ordering::SeqCst);
+    });
+    if let Err(e) = spawned {
+        LOOKUPS.fetch_sub(1, Ordering::SeqCst);
+        return Err(format!("could not resolve {host}: {e}"));
+    }
     match rx.recv_timeout(RESOLVE_BUDGET) {
         Ok(Ok(addrs)) => Ok(addrs),
         Ok(Err(err)) => Err(format!("could not resolve {host}: {err}")),

@@ -138,6 +138,13 @@ fn policies_allow_deny_and_never_reach_the_host() {
     let r = sh(&mut m, &id, &format!("{CURL} --socks5-hostname 127.0.0.1:3128 http://evil.test/"));
     assert_ne!(out(&r).0, 0, "{r}");
     assert_eq!(r["network_blocked"][0]["host"], "evil.test", "{r}");
+    // A task that hits a block: get_task says so.
+    let t = m.ok("start_task", json!({"sandbox_id": id, "command": format!("{CURL} http://blocked.test/task; exit 0")}));
+    let done = wait_for(Duration::from_secs(30), "the task to end", || {
+        let g = m.ok("get_task", json!({"sandbox_id": id, "task_id": t["task_id"]}));
+        (g["state"] != "running").then_some(g)
+    });
+    assert!(done["network_blocked"].as_array().unwrap().iter().any(|b| b["host"] == "blocked.test" && b["port"] == 80), "{done}");
     // A second request pipelined after an allowed one never leaves the proxy.
     let smuggle = "exec 3<>/dev/tcp/127.0.0.1/3128; printf 'GET http://pkgs.test/one HTTP/1.1\\r\\nHost: pkgs.test\\r\\n\\r\\nGET http://evil.test/two HTTP/1.1\\r\\nHost: evil.test\\r\\n\\r\\n' >&3; timeout 10 cat <&3";
     let r = sh(&mut m, &id, &format!("bash -c \"{smuggle}\""));

@@ -156,3 +156,32 @@ fn read_status(conn: &TcpStream) -> io::Result<u16> {
     let line = String::from_utf8_lossy(&head);
     line.split(' ').nth(1).and_then(|s| s.parse().ok()).ok_or_else(|| io::Error::other("a malformed answer"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(host: &str) -> String {
+        match open(host, 80, &Settings::default(), true) {
+            Err(DialError::Refused(why)) => why,
+            Err(DialError::Failed(why)) => panic!("{host}: failed instead of refused: {why}"),
+            Ok(_) => panic!("{host}: connected"),
+        }
+    }
+
+    /// The check applies to the address connected to: literals, `localhost`, and a name whose
+    /// answer is the host (this machine's own name resolves to one of its addresses).
+    #[test]
+    fn the_host_is_refused_by_literal_name_and_resolution() {
+        assert!(refused("127.0.0.1").contains("loopback"));
+        assert!(refused("::ffff:10.0.0.1").contains("private"));
+        assert!(refused("localhost").contains("names the host"));
+        let name = rustix::system::uname().nodename().to_string_lossy().into_owned();
+        if resolve(&name, 80).is_ok_and(|a| !a.is_empty()) {
+            let why = refused(&name);
+            assert!(why.contains(&format!("{name} resolves to")), "{why}");
+        } else {
+            eprintln!("this machine's name {name:?} does not resolve; the resolution case is not exercised here");
+        }
+    }
+}

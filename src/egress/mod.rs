@@ -9,6 +9,8 @@ pub mod blocks;
 pub mod dial;
 pub mod policy;
 pub mod proxy;
+pub mod relay;
+pub mod request;
 pub mod socks;
 
 pub use policy::Network;
@@ -97,7 +99,7 @@ impl Upstream {
             None => (None, rest),
         };
         let (host, port) =
-            proxy::split_host_port(hostport, 80).ok_or("the egress proxy URL must name a host and a port (http://host:port)")?;
+            request::split_host_port(hostport, 80).ok_or("the egress proxy URL must name a host and a port (http://host:port)")?;
         Ok(Upstream { url: url.to_string(), host, port, auth })
     }
 }

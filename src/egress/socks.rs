@@ -3,7 +3,9 @@
 //! is recorded like an HTTP one.
 
 use super::dial::Dialed;
-use super::proxy::{relay, valid_host, Proxy};
+use super::proxy::Proxy;
+use super::relay::relay;
+use super::request::valid_host;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Ipv6Addr, TcpStream};
 use std::time::Instant;

@@ -271,3 +271,19 @@ fn e2b_maps_policies_to_its_egress_rules() {
     let err = m.err("set_network", json!({"sandbox_id": id, "network": {"deny": ["b.test"]}}));
     assert!(err.contains("E2B cannot express"), "{err}");
 }
+
+/// Only the operator opens the host to sandboxes (`--egress-allow-host-services`); without the
+/// option the same request is refused (see the test above).
+#[test]
+fn the_operator_can_open_host_services() {
+    let Some(home) = isolated("net-host-services") else { return };
+    let origin = Upstream::start();
+    let mut m = home.stdio_with(&[("SANDBOX_MCP_EGRESS_ALLOW_HOST_SERVICES", "true")]);
+    let id = m.ok("create_sandbox", json!({"network": true}))["sandbox_id"].as_str().unwrap().to_string();
+    let r = sh(&mut m, &id, &format!("{CURL} -x http://127.0.0.1:3128 --noproxy '' http://127.0.0.1:{}/host", origin.port));
+    assert_eq!(out(&r).0, 0, "{r}");
+    assert!(out(&r).1.starts_with("hello "), "{r}");
+    // Still no route of its own: only the proxy reaches the host.
+    let r = sh(&mut m, &id, &format!("{CURL} --noproxy '*' http://127.0.0.1:{}/ || echo refused", origin.port));
+    assert!(out(&r).1.contains("refused"), "{r}");
+}

@@ -104,6 +104,8 @@ pub struct Config {
     pub default_limits: DefaultLimits,
     /// The host uids (first, last) of isolated local sandboxes when the server runs as root.
     pub uid_range: (u32, u32),
+    /// What every sandbox's egress proxy does beyond its policy.
+    pub egress: crate::egress::Settings,
     /// E2B settings.
     pub e2b: E2bConfig,
 }
@@ -302,6 +304,22 @@ options! {
         default: Text("2000000000-2000065535"),
         help: "host uids of isolated local sandboxes when the server runs as root, one per sandbox (FIRST-LAST; outside /etc/subuid, /etc/subgid and the user database)",
     };
+    /// The parent HTTP proxy of every sandbox's egress proxy.
+    EGRESS_PROXY = OptionSpec {
+        flag: Some("--egress-proxy"),
+        takes_value: true,
+        env: Some("SANDBOX_MCP_EGRESS_PROXY"),
+        default: Unset,
+        help: "parent HTTP proxy (http://[user:password@]host:port) that sandboxes' allowed traffic goes through, names unresolved",
+    };
+    /// Whether sandboxes may reach the host's own and private addresses.
+    EGRESS_ALLOW_HOST_SERVICES = OptionSpec {
+        flag: Some("--egress-allow-host-services"),
+        takes_value: false,
+        env: Some("SANDBOX_MCP_EGRESS_ALLOW_HOST_SERVICES"),
+        default: Text("false"),
+        help: "let sandboxes with network reach loopback, private, link-local and the host's own addresses (off: never)",
+    };
     /// E2B API key.
     E2B_API_KEY = OptionSpec {
         flag: None,
@@ -449,6 +467,15 @@ impl Source<'_> {
         Ok(n)
     }
 
+    /// A switch: `true` or `1` on, `false` or `0` off.
+    fn switch(&self, spec: &OptionSpec) -> Result<bool> {
+        match self.text(spec)?.trim() {
+            "true" | "1" => Ok(true),
+            "false" | "0" => Ok(false),
+            other => bail!("{} {other:?} must be true or false", spec.name()),
+        }
+    }
+
     /// A number of seconds from `min` to `max`.
     fn seconds(&self, spec: &OptionSpec, min: usize, max: usize) -> Result<Duration> {
         Ok(Duration::from_secs(self.number(spec, min, max)? as u64))
@@ -548,6 +575,13 @@ impl Config {
             max_sandboxes: src.number(&MAX_SANDBOXES, 1, 100_000)?,
             default_limits: src.limits(&DEFAULT_LIMITS)?,
             uid_range: src.uid_range(&UID_RANGE)?,
+            egress: crate::egress::Settings {
+                upstream: match src.given(&EGRESS_PROXY) {
+                    Some(url) => Some(crate::egress::Upstream::parse(&url).map_err(anyhow::Error::msg).context(EGRESS_PROXY.name())?),
+                    None => None,
+                },
+                host_services: src.switch(&EGRESS_ALLOW_HOST_SERVICES)?,
+            },
             e2b: E2bConfig {
                 api_key,
                 domain: src.text(&E2B_DOMAIN)?,
@@ -564,6 +598,8 @@ impl Config {
         let mut out = Vec::new();
         out.extend(self.http_token.clone());
         out.extend(self.e2b.api_key.clone());
+        // A parent proxy's URL with credentials.
+        out.extend(self.egress.upstream.as_ref().filter(|u| u.auth.is_some()).map(|u| u.url.clone()));
         out
     }
 }
@@ -680,7 +716,8 @@ mod tests {
         }
         assert!(given.len() > 5, "{given:?}");
         assert_eq!(load(&[], &given).unwrap(), load(&[], &home).unwrap());
-        let flags: Vec<String> = OPTIONS.iter().filter_map(|o| Some(format!("{}={}", o.flag?, o.default.text()?))).collect();
+        let flags: Vec<String> =
+            OPTIONS.iter().filter(|o| o.takes_value).filter_map(|o| Some(format!("{}={}", o.flag?, o.default.text()?))).collect();
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
         assert!(flags.len() > 3, "{flags:?}");
         assert_eq!(load(&flags, &home).unwrap(), load(&[], &home).unwrap());

@@ -35,6 +35,8 @@ pub mod limits;
 pub mod descriptors;
 pub mod memory;
 
+pub mod egress;
+
 pub mod base64;
 pub mod client;
 pub mod ids;

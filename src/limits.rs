@@ -114,3 +114,19 @@ pub const MAX_WAITING_CALLS_PER_CLIENT: usize = 16;
 pub const WAIT_POLL_LOCAL: Duration = Duration::from_millis(20);
 /// See [`WAIT_POLL_LOCAL`].
 pub const WAIT_POLL_REMOTE: Duration = Duration::from_secs(1);
+
+/// Entries (`allow` and `deny` together) of one network policy.
+pub const NETWORK_POLICY_MAX_ENTRIES: usize = 256;
+/// Bytes of JSON of one network policy.
+pub const NETWORK_POLICY_MAX_BYTES: usize = 4096;
+
+/// Connections a sandbox's egress proxy serves at once; more are closed at once.
+pub const EGRESS_MAX_CONNECTIONS: usize = 64;
+/// The largest request head (request line and headers) the egress proxy takes.
+pub const EGRESS_MAX_HEAD_BYTES: usize = 16 * 1024;
+/// How long a sandbox has to send a whole request head (or SOCKS5 greeting and request).
+pub const EGRESS_HEAD_BUDGET: Duration = Duration::from_secs(10);
+/// A proxied connection with no byte in either direction for this long ends.
+pub const EGRESS_IDLE_BUDGET: Duration = Duration::from_secs(300);
+/// Distinct blocked connections listed in one `network_blocked`.
+pub const NETWORK_BLOCKED_MAX: usize = 16;

@@ -5,6 +5,7 @@
 //! deadline; an implementation must return (with [`ProviderError::Timeout`] or
 //! [`ProviderError::Unconfirmed`]) by then, give or take the time to kill what it started.
 
+use crate::egress::Network;
 use crate::mask::Masker;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -40,9 +41,8 @@ pub struct CreateRequest {
     pub envs: BTreeMap<String, String>,
     /// Free-form labels.
     pub metadata: BTreeMap<String, String>,
-    /// Outside network access: `Some(false)` none, `Some(true)` the host's, `None` the
-    /// provider's default (local: none; E2B: its platform's).
-    pub network: Option<bool>,
+    /// The network policy: `None` the provider's default (local: none; E2B: its platform's).
+    pub network: Option<Network>,
     /// Resource limits asked for.
     pub limits: Limits,
 }
@@ -74,8 +74,8 @@ pub struct SandboxInfo {
     pub expires_at: i64,
     /// How it is isolated: `namespaces` or `none` (local), `e2b` (the platform's own).
     pub isolation: &'static str,
-    /// Whether it can reach the outside network.
-    pub network: bool,
+    /// The network policy in force.
+    pub network: Network,
     /// The limits enforced on it.
     pub limits: Limits,
 }
@@ -400,6 +400,17 @@ pub trait Provider: Send + Sync {
 
     /// Called once at server shutdown: stop commands this process started and still waits for.
     fn shutdown(&self) {}
+
+    /// Replaces the network policy of a running sandbox (new connections follow it at once).
+    fn set_network(&self, _sandbox_id: &str, _network: &Network, _deadline: Instant) -> Result<SandboxInfo, ProviderError> {
+        Err(ProviderError::Rejected(format!("the {} provider cannot change a running sandbox's network", self.name())))
+    }
+
+    /// The connections the sandbox's egress proxy refused since `since_ms` (Unix milliseconds),
+    /// distinct and bounded; empty where the provider has no such record.
+    fn network_blocked(&self, _sandbox_id: &str, _since_ms: u64) -> Vec<crate::egress::blocks::Block> {
+        Vec::new()
+    }
 }
 
 /// The current time in Unix seconds.

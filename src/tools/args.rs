@@ -38,6 +38,8 @@ pub enum Kind {
     Bool,
     /// An object of optional integer fields, each with its own range; no other field.
     IntFields(&'static [IntField]),
+    /// A network policy: `true`, `false`, or `{"allow": [...], "deny": [...]}` of domain names.
+    Network,
 }
 
 /// One field of a [`Kind::IntFields`] object.
@@ -69,8 +71,9 @@ pub fn input_schema(params: &[Param]) -> Value {
     let mut props = Map::new();
     for p in params {
         let mut s = match p.kind {
-            // Identifiers' lengths are checked, not advertised: maxLength is for long text.
-            Kind::Str { max_chars } if max_chars <= 128 => json!({"type": "string"}),
+            // Identifiers' and paths' lengths are checked, not advertised: maxLength is for the
+            // long texts (commands, file content) a message must have room for.
+            Kind::Str { max_chars } if max_chars <= 4096 => json!({"type": "string"}),
             Kind::Str { max_chars } => json!({"type": "string", "maxLength": max_chars}),
             Kind::Enum(values) => json!({"type": "string", "enum": values}),
             Kind::Int { min, max, default } => {
@@ -82,6 +85,8 @@ pub fn input_schema(params: &[Param]) -> Value {
             }
             Kind::StrMap => json!({"type": "object", "additionalProperties": {"type": "string"}}),
             Kind::Bool => json!({"type": "boolean"}),
+            // Lists of domain names; the tools' descriptions say so (tools/list stays small).
+            Kind::Network => json!({"type": ["boolean", "object"], "properties": {"allow": {"type": "array"}, "deny": {"type": "array"}}}),
             Kind::IntFields(fields) => {
                 let props: Map<String, Value> =
                     fields.iter().map(|f| (f.name.to_string(), json!({"type": "integer", "minimum": f.min, "maximum": f.max}))).collect();
@@ -119,6 +124,7 @@ enum Access {
     Map,
     Flag,
     Fields,
+    Network,
 }
 
 impl Access {
@@ -130,6 +136,7 @@ impl Access {
                 | (Access::Map, Kind::StrMap)
                 | (Access::Flag, Kind::Bool)
                 | (Access::Fields, Kind::IntFields(_))
+                | (Access::Network, Kind::Network)
         )
     }
 }
@@ -189,6 +196,14 @@ impl Args {
     /// A boolean argument, if given.
     pub fn flag(&self, p: &Param) -> Result<Option<bool>, ToolError> {
         Ok(self.lookup(p, Access::Flag)?.and_then(Value::as_bool))
+    }
+
+    /// A network policy argument, if given (validated already).
+    pub fn network(&self, p: &Param) -> Result<Option<crate::egress::Network>, ToolError> {
+        match self.lookup(p, Access::Network)? {
+            None => Ok(None),
+            Some(v) => crate::egress::Network::from_json(v).map(Some).map_err(|why| ToolError::new(format!("argument {:?} {why}", p.name))),
+        }
     }
 
     /// The integer fields given in an [`Kind::IntFields`] argument (none when it was not given).
@@ -333,6 +348,7 @@ fn check(p: &Param, value: &Value) -> Result<Value, String> {
             Value::Bool(_) => Ok(value.clone()),
             _ => Err(format!("must be true or false, got {}", describe(value))),
         },
+        Kind::Network => crate::egress::Network::from_json(value).map(|n| n.to_json()),
         Kind::IntFields(fields) => {
             let names = || fields.iter().map(|f| f.name).collect::<Vec<_>>().join(", ");
             let obj = value.as_object().ok_or_else(|| format!("must be an object with fields {}, got {}", names(), describe(value)))?;
@@ -394,6 +410,7 @@ pub(crate) fn samples(tool: &str, params: &[Param]) -> Vec<Args> {
         Kind::Int { min, .. } => json!(min),
         Kind::StrMap => json!({"K": "v"}),
         Kind::Bool => json!(true),
+        Kind::Network => json!({"allow": ["example.org"]}),
         Kind::IntFields(fields) => Value::Object(fields.iter().map(|f| (f.name.to_string(), json!(f.min))).collect()),
     };
     let all: Map<String, Value> = params.iter().map(|p| (p.name.to_string(), value(p))).collect();

@@ -67,6 +67,7 @@ Still running after --task-after (25 s): state \"running\" as task task_id; foll
             ("warning", field("string")),
             ("sandbox_id", field("string")),
             ("message", field("string")),
+            ("network_blocked", field("array")),
         ])
     }),
     read_only: false,
@@ -221,6 +222,9 @@ pub struct CommandResult {
     /// Why output that was cut inline could not be kept for get_task.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub warning: Option<String>,
+    /// Connections the sandbox's egress proxy refused while the command ran.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub network_blocked: Vec<crate::egress::blocks::Block>,
 }
 
 impl CommandResult {
@@ -237,6 +241,7 @@ impl CommandResult {
             task_id: None,
             sandbox_id: None,
             warning: None,
+            network_blocked: Vec::new(),
         };
         (result, cut)
     }
@@ -265,6 +270,7 @@ impl CommandResult {
             task_id: None,
             sandbox_id: None,
             warning: None,
+            network_blocked: Vec::new(),
         }
     }
 
@@ -428,6 +434,7 @@ pub fn run_command(ctx: &Ctx<'_>, args: &Args) -> Result<CommandOutcome, ToolErr
     let provider = &ctx.app.provider;
     let masker = provider.env_masker(&id, &envs)?;
     let started = Instant::now();
+    let started_ms = crate::egress::blocks::now_ms();
     let after = ctx.app.config.task_after;
     let may_outlive = !after.is_zero() && timeout > after;
     let req = ExecRequest {
@@ -501,6 +508,7 @@ pub fn run_command(ctx: &Ctx<'_>, args: &Args) -> Result<CommandOutcome, ToolErr
     }
     let (stdout, stderr) = (masker.mask_bytes(&out.stdout), masker.mask_bytes(&out.stderr));
     let (mut result, cut) = CommandResult::of_exec(&out, &stdout, &stderr, max_output);
+    result.network_blocked = provider.network_blocked(&id, started_ms);
     if cut {
         // What was cut stays readable by offset; a sandbox that refuses the write loses only that.
         match keep_output(ctx, &id, (command, timeout), &out, &result, (&stdout, &stderr)) {

@@ -192,6 +192,7 @@ pub fn all() -> &'static [Tool] {
         sandbox::KILL,
         sandbox::SET,
         sandbox::LIST,
+        sandbox::SET_NETWORK,
         command::RUN,
         files::READ,
         files::WRITE,
@@ -323,6 +324,16 @@ call set_timeout with this sandbox_id and a timeout of at least {} seconds to ke
                 ends - crate::provider::unix_now() + 30
             )),
         );
+    }
+}
+
+/// Adds `network_blocked` to the result `value` of a task that started at `started_at` (Unix
+/// seconds): the connections the sandbox's egress proxy refused since then, when there are any.
+pub fn stamp_blocked(provider: &dyn crate::provider::Provider, sandbox_id: &str, started_at: Option<i64>, value: &mut Value) {
+    let Some(since) = started_at else { return };
+    let blocked = provider.network_blocked(sandbox_id, (since.max(0) as u64) * 1000);
+    if let (false, Some(obj)) = (blocked.is_empty(), value.as_object_mut()) {
+        obj.insert("network_blocked".into(), json!(blocked));
     }
 }
 

@@ -35,9 +35,10 @@ const METADATA: Param = Param { name: "metadata", kind: Kind::StrMap, required: 
 
 const NETWORK: Param = Param {
     name: "network",
-    kind: Kind::Bool,
+    kind: Kind::Network,
     required: false,
-    description: "Default: false locally (own loopback only; true: the host's network), true on E2B.",
+    description: "false (default; E2B: true), true (public hosts) or {\"allow\": [...], \"deny\": [...]} domains, *.x wildcards; \
+through a proxy, never the host.",
 };
 
 const LIMITS: Param = Param {
@@ -52,9 +53,9 @@ const LIMITS: Param = Param {
 
 pub const CREATE: Tool = Tool {
     name: "create_sandbox",
-    description: "Create a Linux sandbox, the session's default sandbox_id. Commands run with bash (else sh) in its home, where relative \
-paths start; the result says what is inside and how to install packages. It ends with kill_sandbox, its timeout, or the session unless start_task ran \
-in it. Sessionless requests (2026-07-28 HTTP) always pass sandbox_id.",
+    description: "Create a Linux sandbox (the session's default sandbox_id). Commands run with bash (else sh) in its home, where \
+relative paths start; the result says what is inside. It ends with kill_sandbox, its timeout, or the session unless start_task \
+ran in it. Sessionless (2026-07-28 HTTP) calls pass sandbox_id.",
     params: &[TEMPLATE, TIMEOUT, ENVS, METADATA, NETWORK, LIMITS],
     output_schema: None,
     read_only: false,
@@ -81,7 +82,7 @@ const SET_TIMEOUT: Param = Param {
 
 pub const SET: Tool = Tool {
     name: "set_timeout",
-    description: "Make a sandbox expire timeout seconds from now. Before a long task, make it outlive the task.",
+    description: "Expire a sandbox timeout seconds from now; before a long task, make it outlive the task.",
     params: &[SANDBOX_ID_REQUIRED, SET_TIMEOUT],
     output_schema: None,
     read_only: false,
@@ -91,13 +92,34 @@ pub const SET: Tool = Tool {
 
 pub const LIST: Tool = Tool {
     name: "list_sandboxes",
-    description: "Your sandboxes (stdio: this server's; HTTP: the session's), to find them after reconnecting.",
+    description: "Sandboxes you can use (stdio: this server's; HTTP: the session's), after reconnecting too.",
     params: &[],
     output_schema: None,
     read_only: true,
     destructive: false,
     run: list,
 };
+
+const POLICY: Param = Param { name: "network", kind: Kind::Network, required: true, description: "" };
+
+pub const SET_NETWORK: Tool = Tool {
+    name: "set_network",
+    description: "Replace a sandbox's network policy; new connections follow it.",
+    params: &[SANDBOX_ID_REQUIRED, POLICY],
+    output_schema: None,
+    read_only: false,
+    destructive: false,
+    run: set_network,
+};
+
+fn set_network(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
+    let id = super::target_sandbox(ctx, Some(args.required_text(&SANDBOX_ID_REQUIRED)?))?;
+    let Some(network) = args.network(&POLICY)? else {
+        return Err(ToolError::new("set_network: argument \"network\" is required"));
+    };
+    let info = ctx.app.provider.set_network(&id, &network, Instant::now() + SANDBOX_CALL_BUDGET)?;
+    Ok(Reply::Now(json!({"sandbox_id": id, "network": info.network.to_json()})))
+}
 
 fn list(ctx: &Ctx<'_>, _args: &Args) -> Result<Reply, ToolError> {
     let provider = ctx.app.provider.as_ref();
@@ -127,7 +149,7 @@ fn list(ctx: &Ctx<'_>, _args: &Args) -> Result<Reply, ToolError> {
                 "created_at": created_at,
                 "expires_at": info.expires_at,
                 "isolation": info.isolation,
-                "network": info.network,
+                "network": info.network.to_json(),
                 "metadata": metadata,
                 "tasks": tasks,
             })
@@ -150,7 +172,7 @@ fn create_request(args: &Args) -> Result<CreateRequest, ToolError> {
         timeout_s: args.integer(&TIMEOUT)?.max(0) as u64,
         envs: args.map(&ENVS)?,
         metadata: args.map(&METADATA)?,
-        network: args.flag(&NETWORK)?,
+        network: args.network(&NETWORK)?,
         limits: {
             let given = args.int_fields(&LIMITS)?;
             let field = |name: &str| given.get(name).map(|v| (*v).max(0) as u64);
@@ -175,7 +197,7 @@ fn create(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
         "template": info.template,
         "expires_at": info.expires_at,
         "isolation": info.isolation,
-        "network": info.network,
+        "network": info.network.to_json(),
         "limits": {"memory_mb": info.limits.memory_mb, "processes": info.limits.processes},
         "shell": provider.command_shell(),
         "found": found,

@@ -82,6 +82,7 @@ fn snapshot_schema() -> Value {
         ("error", field("string|null")),
         ("expires_at", field("integer")),
         ("warning", field("string")),
+        ("network_blocked", field("array")),
     ])
 }
 
@@ -314,6 +315,7 @@ fn get(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
     if wait.is_zero() || has_news(&first, window, until_exit) {
         let mut value = render(&sandbox_id, &first);
         super::stamp_expiry(ctx.app.provider.as_ref(), &sandbox_id, None, &mut value);
+        super::stamp_blocked(ctx.app.provider.as_ref(), &sandbox_id, first.started_at, &mut value);
         return Ok(Reply::Now(value));
     }
     // Wait off the worker: the waiter reads again every `every` until there is news or the
@@ -327,6 +329,7 @@ fn get(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
             Ok(Some(s)) if last || has_news(&s, window, until_exit) => {
                 let mut value = render(&sandbox_id, &s);
                 super::stamp_expiry(provider.as_ref(), &sandbox_id, None, &mut value);
+                super::stamp_blocked(provider.as_ref(), &sandbox_id, s.started_at, &mut value);
                 Some(Ok(value))
             }
             Ok(Some(_)) => None,

@@ -24,6 +24,7 @@ mod bench;
 mod concurrency;
 mod control;
 mod e2b;
+mod egress;
 mod emulator;
 mod http;
 mod http_client;
@@ -87,6 +88,7 @@ fn run() -> Result<ExitCode> {
     let mut ctl = Ctl::start(&b).context("starting the control session (sandboxes for the tool benchmarks)")?;
     b.section("server core", "run_command vs sh -c true", |b| tools::run_command_vs_floor(b, &mut ctl));
     b.section("isolation", "isolated vs unisolated sandboxes", |b| isolation::isolation_rows(b, &mut ctl));
+    b.section("egress", "the egress proxy", egress::egress_rows);
     b.section("peers", "Python SDK MCPServer (FastMCP)", |b| stdio::peer(b, Peer::Python));
     b.section("peers", "Node server-everything", |b| stdio::peer(b, Peer::Node));
     b.section("tasks", "get_task vs floors", |b| tasks::get_task_vs_floors(b, &mut ctl));

@@ -256,7 +256,7 @@ fn connect_cmd(host: &str, port: u16) -> String {
 }
 
 #[test]
-fn no_network_by_default_and_the_hosts_with_network_true() {
+fn no_network_by_default_and_never_the_host_with_network_true() {
     for home in homes("iso-net") {
         let who = who(&home);
         let mut m = home.stdio();
@@ -276,16 +276,21 @@ fn no_network_by_default_and_the_hosts_with_network_true() {
         // Its own loopback works.
         let (code, out, err) = sh(&mut m, "cat /proc/net/if_inet6 2>/dev/null | grep -c lo; grep -c lo /proc/net/dev");
         assert_eq!(code, 0, "{who}: {out} {err}");
-        // With network: true, the host's network.
+        // With network: true, still a private network namespace: the host stays out of reach
+        // (directly, and through the sandbox's proxy, which refuses loopback and the host).
         m.ok("create_sandbox", json!({"network": true}));
         let (port, rx) = listener("127.0.0.1:0");
-        let (code, out, err) = sh(&mut m, &connect_cmd("127.0.0.1", port));
-        assert_eq!((code, out.as_str()), (0, "hello\n"), "{who}: network true must reach the host: {err}");
-        rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        let (code, _, _) = sh(&mut m, &connect_cmd("127.0.0.1", port));
+        assert_ne!(code, 0, "{who}: network true reached a host loopback listener");
+        let (_, out, _) = sh(&mut m, &format!("curl -sS -i --max-time 10 -x http://127.0.0.1:3128 --noproxy '' http://127.0.0.1:{port}/"));
+        assert!(out.contains("403") && out.contains("never reachable"), "{who}: {out}");
+        assert!(rx.try_recv().is_err(), "{who}");
         if let Some(host) = &host {
             let (port, _rx) = listener(&format!("{host}:0"));
-            let (code, _, err) = sh(&mut m, &connect_cmd(host, port));
-            assert_eq!(code, 0, "{who}: network true must reach {host}: {err}");
+            let (code, _, _) = sh(&mut m, &connect_cmd(host, port));
+            assert_ne!(code, 0, "{who}: network true reached the host's address {host}");
+            let (_, out, _) = sh(&mut m, &format!("curl -sS -i --max-time 10 -x http://127.0.0.1:3128 --noproxy '' http://{host}:{port}/"));
+            assert!(out.contains("403") && out.contains("never reachable"), "{who}: {out}");
         }
     }
 }
@@ -336,8 +341,8 @@ fn bad_network_and_limits_arguments_create_nothing() {
     let Some(home) = isolated_home("iso-badargs") else { return };
     let mut m = home.stdio();
     for (args, want) in [
-        (json!({"network": "yes"}), "must be true or false"),
-        (json!({"network": 1}), "must be true or false"),
+        (json!({"network": "yes"}), "must be true, false, or an object"),
+        (json!({"network": 1}), "must be true, false, or an object"),
         (json!({"limits": {"memory_mb": 8}}), "from 16 to 1048576"),
         (json!({"limits": {"processes": 100000}}), "from 8 to 65536"),
         (json!({"limits": {"memory_mb": "256"}}), "must be an integer"),

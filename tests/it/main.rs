@@ -9,6 +9,7 @@ mod fuzz_corpus;
 mod http;
 mod isolation;
 mod modern;
+mod network;
 mod processes;
 mod promote;
 mod protocol_tasks;

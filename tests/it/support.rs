@@ -537,10 +537,16 @@ impl Emulator {
     /// An emulator whose local sandboxes are isolated as `isolation` says (`--isolation`: none or
     /// namespaces).
     pub fn start_with_isolation(isolation: &str) -> Emulator {
+        Emulator::start_with(isolation, &[])
+    }
+
+    /// [`Emulator::start_with_isolation`], with `extra` environment variables.
+    pub fn start_with(isolation: &str, extra: &[(&str, &str)]) -> Emulator {
         let home = std::env::temp_dir().join(format!("smcp-emulator-{}", sandbox_mcp::ids::random_hex(4)));
         let mut child = Command::new(emulator_bin())
             .args(["--listen", "127.0.0.1:0", "--home", home.to_str().unwrap(), "--isolation", isolation])
             .env("RUST_LOG", "warn")
+            .envs(extra.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -133,6 +133,11 @@ fn limits_from_the_code() -> Vec<(&'static str, String)> {
         ("get_task wait", format!("0–{MAX_WAIT_S} s")),
         ("calls waiting at once", format!("{MAX_WAITING_CALLS} (one more is answered at once)")),
         ("calls of one client waiting at once", format!("{MAX_WAITING_CALLS_PER_CLIENT} (one more is answered at once)")),
+        ("network policy", format!("{NETWORK_POLICY_MAX_ENTRIES} entries, {} of JSON", size(NETWORK_POLICY_MAX_BYTES))),
+        ("egress proxy connections per sandbox", format!("{EGRESS_MAX_CONNECTIONS} at once (closed beyond)")),
+        ("egress proxy request head", format!("{} within {} s", size(EGRESS_MAX_HEAD_BYTES), EGRESS_HEAD_BUDGET.as_secs())),
+        ("egress proxy idle connection", format!("{} s", EGRESS_IDLE_BUDGET.as_secs())),
+        ("network_blocked entries per result", NETWORK_BLOCKED_MAX.to_string()),
     ]
 }
 

@@ -10,6 +10,7 @@
 
 use super::loose;
 use super::reply::{self, Reply};
+use crate::egress::Network;
 use crate::mask::Masker;
 use crate::provider::{unix_now, CreateRequest, Limits, ProviderError, SandboxInfo, Touch};
 use serde::Deserialize;
@@ -174,6 +175,17 @@ impl ControlPlane {
         let res = match method {
             "GET" => self.agent.get(&url).config().timeout_global(Some(timeout)).build().header("X-API-KEY", &self.api_key).call(),
             "DELETE" => self.agent.delete(&url).config().timeout_global(Some(timeout)).build().header("X-API-KEY", &self.api_key).call(),
+            "PUT" => {
+                let payload = body.map(Value::to_string).unwrap_or_else(|| "{}".into());
+                self.agent
+                    .put(&url)
+                    .config()
+                    .timeout_global(Some(timeout))
+                    .build()
+                    .header("X-API-KEY", &self.api_key)
+                    .header("Content-Type", "application/json")
+                    .send(payload.as_bytes())
+            }
             _ => {
                 let payload = body.map(Value::to_string).unwrap_or_else(|| "{}".into());
                 self.agent
@@ -298,14 +310,18 @@ impl ControlPlane {
     pub fn create(&self, req: &CreateRequest, deadline: Instant) -> Result<SandboxInfo, ProviderError> {
         let mut metadata = req.metadata.clone();
         metadata.insert(TIMEOUT_KEY.into(), req.timeout_s.to_string());
-        let body = json!({
+        let (internet, network) = super::egress::create_fields(req.network.as_ref())?;
+        let mut body = json!({
             "templateID": req.template,
             "timeout": req.timeout_s,
             "envVars": req.envs,
             "metadata": metadata,
             "secure": true,
-            "allow_internet_access": req.network.unwrap_or(true),
+            "allow_internet_access": internet,
         });
+        if let Some(network) = network {
+            body["network"] = network;
+        }
         let reply = self.api("POST", "/sandboxes", Some(&body), deadline)?;
         if reply.status != 201 {
             if reply.status == 200 {
@@ -333,7 +349,7 @@ impl ControlPlane {
             template: req.template.clone(),
             expires_at: unix_now() + req.timeout_s as i64,
             isolation: ISOLATION,
-            network: req.network.unwrap_or(true),
+            network: req.network.clone().unwrap_or(Network::Any),
             limits: Limits::default(),
         })
     }
@@ -360,7 +376,25 @@ impl ControlPlane {
             template: sandbox.template_id.unwrap_or_default(),
             expires_at: sandbox.end_at.as_deref().and_then(super::wire::rfc3339).unwrap_or(0),
             isolation: ISOLATION,
-            network: true,
+            network: Network::Any,
+            limits: Limits::default(),
+        })
+    }
+
+    /// `PUT /sandboxes/{id}/network`: the egress rules become those of `network`.
+    pub fn set_network(&self, id: &str, network: &Network, deadline: Instant) -> Result<SandboxInfo, ProviderError> {
+        let body = super::egress::rules(network)?;
+        let reply = self.api("PUT", &format!("/sandboxes/{id}/network"), Some(&body), deadline)?;
+        if !matches!(reply.status, 200 | 204) {
+            return Err(self.api_error(Some(id), "set network", &reply));
+        }
+        let expires_at = self.known().get(id).and_then(|k| k.expires_at).unwrap_or(0);
+        Ok(SandboxInfo {
+            sandbox_id: id.to_string(),
+            template: String::new(),
+            expires_at,
+            isolation: ISOLATION,
+            network: network.clone(),
             limits: Limits::default(),
         })
     }
@@ -382,7 +416,7 @@ impl ControlPlane {
             template: String::new(),
             expires_at: unix_now() + timeout_s as i64,
             isolation: ISOLATION,
-            network: true,
+            network: Network::Any,
             limits: Limits::default(),
         })
     }

@@ -10,6 +10,7 @@
 
 mod connection;
 mod control;
+pub mod egress;
 mod envd;
 mod loose;
 mod reply;
@@ -88,6 +89,11 @@ impl Provider for E2bProvider {
         self.control.create(req, deadline)
     }
 
+    fn set_network(&self, sandbox_id: &str, network: &crate::egress::Network, deadline: Instant) -> Result<SandboxInfo, ProviderError> {
+        check_e2b_id(sandbox_id)?;
+        self.control.set_network(sandbox_id, network, deadline)
+    }
+
     fn kill(&self, sandbox_id: &str, deadline: Instant) -> Result<bool, ProviderError> {
         check_e2b_id(sandbox_id)?;
         self.control.kill(sandbox_id, deadline)
@@ -99,7 +105,7 @@ impl Provider for E2bProvider {
     }
 
     fn describe(&self, info: &SandboxInfo) -> String {
-        about(info.network)
+        about(info.network.reaches_out())
     }
 
     fn overview(&self) -> String {

@@ -5,6 +5,7 @@
 use super::isolation::enter::Init;
 use super::isolation::{cgroup, init, spawner, Isolation};
 use super::{check_local_id, LocalProvider, CREATING_PREFIX, KILL_SCAN_BUDGET};
+use crate::egress;
 use crate::provider::process;
 use crate::provider::{unix_now, Provider, ProviderError};
 use std::fs;
@@ -88,6 +89,7 @@ impl LocalProvider {
             .args(answer.then_some(START_INIT_FLAG))
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into()))
+            .envs(self.egress.to_env())
             .stdin(Stdio::null())
             .stdout(if answer { Stdio::piped() } else { Stdio::null() })
             .stderr(Stdio::null())
@@ -131,6 +133,25 @@ fn bind_spawner(dir: &Path) -> Option<std::os::unix::net::UnixListener> {
             log::warn!("could not bind {}: {err}; commands in this sandbox enter it with nsenter", path.display());
             None
         }
+    }
+}
+
+/// Serves the egress proxy of sandbox `id` on `listener` (bound on the sandbox's loopback
+/// interface) from this keeper, for as long as it lives: the policy is read from the sandbox's
+/// metadata at each new connection; unreadable metadata means no egress (fail closed).
+fn serve_egress(provider: &LocalProvider, id: &str, listener: std::net::TcpListener) {
+    let meta_dir = provider.dir(id);
+    let meta_file = meta_dir.join("meta.json");
+    let policy = move || {
+        fs::read(&meta_file)
+            .ok()
+            .and_then(|text| serde_json::from_slice::<super::Meta>(&text).ok())
+            .map(|m| m.network())
+            .unwrap_or_default()
+    };
+    let proxy = egress::proxy::Proxy::new(Box::new(policy), egress::blocks::BlockLog::new(&meta_dir), egress::Settings::from_env());
+    if let Err(err) = egress::proxy::serve(listener, std::sync::Arc::new(proxy)) {
+        log::warn!("keeper: could not serve the egress proxy of sandbox {id}: {err}; it has no network");
     }
 }
 
@@ -203,6 +224,9 @@ fn run_keeper(root: &Path, id: &str, shell: &Path, start_init: bool) -> anyhow::
                 Ok(started) => {
                     Init { pid: started.pid, start: started.start }.store(&dir)?;
                     holder = Some(started.holder);
+                    if let Some(listener) = started.egress {
+                        serve_egress(&provider, id, listener);
+                    }
                     let _ = writeln!(answer, "ready");
                 }
                 Err(why) => {

@@ -43,6 +43,10 @@ impl LocalProvider {
             Isolation::None => self.home(id).to_string_lossy().into_owned(),
         };
         env.insert("HOME".into(), home);
+        if meta.proxy {
+            // The sandbox's only way out; its own envs may still override them.
+            env.extend(crate::egress::proxy_env());
+        }
         env.extend(meta.envs.iter().map(|(k, v)| (k.clone(), v.clone())));
         env.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
         env.insert(TAG_VAR.into(), id.into());
@@ -222,6 +226,8 @@ mod tests {
             metadata: BTreeMap::new(),
             isolation: Isolation::None,
             host_network: false,
+            policy: Default::default(),
+            proxy: false,
             limits: Limits::default(),
             owner: None,
         };

@@ -3,6 +3,7 @@
 
 use super::isolation::Isolation;
 use super::LocalProvider;
+use crate::egress::Network;
 use crate::ids;
 use crate::provider::{Limits, ProviderError, SandboxInfo};
 use serde::{Deserialize, Serialize};
@@ -34,9 +35,16 @@ pub struct Meta {
     /// How the sandbox is isolated.
     #[serde(default)]
     pub isolation: Isolation,
-    /// Whether an isolated sandbox shares the host's network namespace.
+    /// Whether an isolated sandbox shares the host's network namespace (only sandboxes made
+    /// before every isolated sandbox kept a private one).
     #[serde(default)]
     pub host_network: bool,
+    /// The network policy its egress proxy enforces.
+    #[serde(default)]
+    pub policy: Network,
+    /// Whether it has an egress proxy (its commands get the proxy variables).
+    #[serde(default)]
+    pub proxy: bool,
     /// Limits enforced with cgroups.
     #[serde(default)]
     pub limits: Limits,
@@ -46,9 +54,14 @@ pub struct Meta {
 }
 
 impl Meta {
-    /// Whether commands of this sandbox can reach the outside network.
-    pub fn network(&self) -> bool {
-        self.isolation == Isolation::None || self.host_network
+    /// The network this sandbox's commands have: the host's (reported as `true`) without
+    /// isolation or on the host's network, else its policy.
+    pub fn network(&self) -> Network {
+        if self.isolation == Isolation::None || self.host_network {
+            Network::Any
+        } else {
+            self.policy.clone()
+        }
     }
 
     pub(super) fn info(&self) -> SandboxInfo {

@@ -35,6 +35,7 @@ pub use keeper::run_internal;
 pub use metadata::Meta;
 pub use scan::tagged_pids;
 
+use crate::egress::Network;
 use crate::ids;
 use crate::mask::Masker;
 use crate::provider::process::{self, Running};
@@ -100,6 +101,8 @@ pub struct LocalProvider {
     /// Where the host uid of each new isolated sandbox comes from when the server is root;
     /// `None`: the one [`isolation::SANDBOX_UID`].
     uid_range: Option<UidRange>,
+    /// What the operator decided for every sandbox's egress proxy.
+    egress: crate::egress::Settings,
 }
 
 impl LocalProvider {
@@ -141,6 +144,7 @@ impl LocalProvider {
             max_sandboxes: None,
             default_limits: Limits::default(),
             uid_range: None,
+            egress: crate::egress::Settings::default(),
         };
         Ok(provider)
     }
@@ -223,6 +227,12 @@ impl LocalProvider {
             )));
         }
         Ok(Some(lock))
+    }
+
+    /// Gives the egress proxies of new sandboxes (and keepers restarted by a sweep) `settings`.
+    pub fn with_egress(mut self, settings: crate::egress::Settings) -> LocalProvider {
+        self.egress = settings;
+        self
     }
 
     /// Makes new sandboxes isolated as `isolation` says (existing ones keep their own way).
@@ -332,16 +342,23 @@ fn command_shell(posix: &Path) -> PathBuf {
 
 /// What the model should know about a local sandbox of isolation `tier`; `own_uid`: whether it
 /// has a host uid of its own.
-fn about(tier: &str, network: bool, own_uid: bool) -> String {
+fn about(tier: &str, network: &Network, own_uid: bool) -> String {
     let identity = if own_uid {
         "It has a host uid of its own."
     } else {
         "It shares the server's host uid with the server's other sandboxes (per-user limits such as processes and inotify watches are shared)."
     };
-    let network = if network {
-        "It reaches the outside network."
-    } else {
-        "It has no outside network (create the sandbox with network: true for downloads)."
+    let network = match (network, tier) {
+        (_, "none") => "It reaches the outside network.",
+        (Network::Off, _) => "It has no outside network (set_network with true or an allow list of domains enables downloads).",
+        (Network::Any, _) => {
+            "Its network reaches public destinations through its egress proxy (HTTP_PROXY, HTTPS_PROXY and ALL_PROXY are set; \
+pip, npm, git and curl use them; a program that ignores them gets no connection); never the host or private addresses."
+        }
+        (Network::Rules(_), _) => {
+            "Its network reaches only the domains its policy allows, through its egress proxy (HTTP_PROXY, HTTPS_PROXY and ALL_PROXY \
+are set); a refused connection is answered 403 and listed as network_blocked in the command's result."
+        }
     };
     match tier {
         "namespaces" => format!(
@@ -392,16 +409,17 @@ impl Provider for LocalProvider {
             return Err(ProviderError::Rejected(format!("environment variable name {bad:?} is not valid")));
         }
         let isolation = self.isolation;
-        let host_network = match (isolation, req.network) {
-            (Isolation::None, Some(false)) => {
+        let (host_network, policy) = match (isolation, &req.network) {
+            (Isolation::None, Some(Network::Off | Network::Rules(_))) => {
                 return Err(ProviderError::Rejected(
-                    "network: false needs namespace isolation, and this server creates local sandboxes without it \
+                    "network: false or a network policy needs namespace isolation, and this server creates local sandboxes without it \
 (--isolation none, or namespaces are unavailable on this host: see the server's startup warning); leave network out to get the host's network"
                         .into(),
                 ))
             }
-            (Isolation::None, _) => true,
-            (Isolation::Namespaces, network) => network.unwrap_or(false),
+            (Isolation::None, _) => (true, Network::Any),
+            // Every isolated sandbox keeps a private network namespace: egress only through its proxy.
+            (Isolation::Namespaces, network) => (false, network.clone().unwrap_or_default()),
         };
         let limits = self.limits_for(req.limits);
         let slot = self.reserve_slot()?;
@@ -438,6 +456,8 @@ impl Provider for LocalProvider {
             metadata: req.metadata.clone(),
             isolation,
             host_network,
+            policy,
+            proxy: isolation == Isolation::Namespaces,
             limits,
             owner,
         };
@@ -522,12 +542,31 @@ impl Provider for LocalProvider {
 
     fn overview(&self) -> String {
         let tier = self.isolation.name();
-        let about = about(tier, false, self.uid_range.is_some());
+        let about = about(tier, &Network::Off, self.uid_range.is_some());
         format!("Local sandboxes (isolation: {tier}). Commands run with {}. {about}", self.command_shell.display())
     }
 
+    fn set_network(&self, sandbox_id: &str, network: &Network, _deadline: Instant) -> Result<SandboxInfo, ProviderError> {
+        let mut meta = self.reach(sandbox_id, Touch::Observe)?;
+        if !meta.proxy {
+            return Err(ProviderError::Rejected(format!(
+                "sandbox {sandbox_id} has no egress proxy (it is not isolated with namespaces, or was created by an older version); its network cannot change"
+            )));
+        }
+        meta.policy = network.clone();
+        self.store(&meta)?;
+        Ok(meta.info())
+    }
+
+    fn network_blocked(&self, sandbox_id: &str, since_ms: u64) -> Vec<crate::egress::blocks::Block> {
+        if check_local_id(sandbox_id).is_err() {
+            return Vec::new();
+        }
+        crate::egress::blocks::BlockLog::new(&self.dir(sandbox_id)).since(since_ms)
+    }
+
     fn describe(&self, info: &SandboxInfo) -> String {
-        about(info.isolation, info.network, self.uid_range.is_some())
+        about(info.isolation, &info.network, self.uid_range.is_some())
     }
 
     fn list_sandboxes(&self) -> Option<Vec<crate::provider::Listed>> {

@@ -10,7 +10,9 @@ use super::freezer::{self, Freeze};
 use super::http::{self, HttpReply, HttpRequest};
 use super::process::ProcessTable;
 use super::State;
+use sandbox_mcp::egress::Network;
 use sandbox_mcp::ids;
+use sandbox_mcp::provider::local::isolation::Isolation;
 use sandbox_mcp::provider::{unix_now, CreateRequest, Provider, ProviderError, SandboxInfo, Touch};
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, HashMap};
@@ -174,6 +176,7 @@ pub fn handle(state: &State, req: &HttpRequest) -> HttpReply {
         ("GET", ["sandboxes", id]) => get(state, id),
         ("DELETE", ["sandboxes", id]) => kill(state, id),
         ("POST", ["sandboxes", id, "timeout"]) => set_timeout(state, id, req),
+        ("PUT", ["sandboxes", id, "network"]) => set_network(state, id, req),
         ("POST", ["sandboxes", id, "connect"]) | ("POST", ["v2", "sandboxes", id, "connect"]) => connect(state, id, req),
         ("POST", ["sandboxes", id, "pause"]) => pause(state, id),
         ("POST", ["sandboxes", id, "resume"]) => resume(state, id, req),
@@ -257,6 +260,22 @@ fn create(state: &State, req: &HttpRequest, v2: bool) -> HttpReply {
         (Ok(m), Ok(e)) => (m, e),
         (Err(r), _) | (_, Err(r)) => return r,
     };
+    // The egress rules, enforced by the local sandbox's proxy (namespaces only).
+    let internet = match body.get("allow_internet_access") {
+        None | Some(Value::Null) => None,
+        Some(Value::Bool(b)) => Some(*b),
+        Some(_) => return error(400, "allow_internet_access must be a boolean"),
+    };
+    let network = match sandbox_mcp::provider::e2b::egress::from_e2b(internet, body.get("network")) {
+        Ok(n) => n,
+        Err(why) => return error(400, why),
+    };
+    let network = match (state.provider.isolation(), network) {
+        // Without isolation a sandbox has the host's network; it cannot enforce anything else.
+        (Isolation::None, Network::Any) => None,
+        (Isolation::None, _) => return error(400, "this emulator enforces egress rules only with --isolation namespaces"),
+        (_, n) => Some(n),
+    };
     let id = new_sandbox_id();
     // envd's environment order: user identity, then its globals and the create-time envVars
     // (request envs are added per command).
@@ -272,7 +291,7 @@ fn create(state: &State, req: &HttpRequest, v2: bool) -> HttpReply {
         timeout_s: timeout as u64,
         envs,
         metadata: metadata.clone(),
-        network: Some(true),
+        network,
         ..CreateRequest::default()
     };
     let info = match state.provider.create(&create, Instant::now() + KILL_BUDGET) {
@@ -410,6 +429,28 @@ fn set_timeout(state: &State, id: &str, req: &HttpRequest) -> HttpReply {
         Found::Running(sb, _) => match state.provider.set_timeout(&sb.local_id, timeout as u64, Instant::now() + KILL_BUDGET) {
             Ok(_) => HttpReply::empty(204),
             Err(ProviderError::NotFound { .. }) => not_found(id),
+            Err(err) => error(500, err.to_string()),
+        },
+        Found::Paused(..) => error(409, format!("Sandbox \"{id}\" is not running")),
+        Found::Missing => not_found(id),
+    }
+}
+
+/// `PUT /sandboxes/{id}/network`: replaces the egress rules (omitted fields clear them).
+fn set_network(state: &State, id: &str, req: &HttpRequest) -> HttpReply {
+    let body: Value = match serde_json::from_slice(&req.body) {
+        Ok(v @ Value::Object(_)) => v,
+        _ => return error(400, "the body must be a JSON object"),
+    };
+    let network = match sandbox_mcp::provider::e2b::egress::from_e2b(None, Some(&body)) {
+        Ok(n) => n,
+        Err(why) => return error(400, why),
+    };
+    match state.lookup(id) {
+        Found::Running(sb, _) => match state.provider.set_network(&sb.local_id, &network, Instant::now() + KILL_BUDGET) {
+            Ok(_) => HttpReply::empty(204),
+            Err(ProviderError::NotFound { .. }) => not_found(id),
+            Err(ProviderError::Rejected(msg)) => error(400, msg),
             Err(err) => error(500, err.to_string()),
         },
         Found::Paused(..) => error(409, format!("Sandbox \"{id}\" is not running")),

@@ -159,6 +159,8 @@ impl Emulator {
         prepare_home(&opts.home)?;
         let provider = LocalProvider::new(&opts.home, &opts.shell)
             .and_then(|p| p.with_isolation(opts.isolation))
+            // A parent proxy for the sandboxes' egress proxies, as the server takes it.
+            .map(|p| p.with_egress(sandbox_mcp::egress::Settings::from_env()))
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         kill_leftovers(&provider, &opts.home);
         let user = match opts.isolation {

@@ -29,8 +29,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The namespaces every isolated sandbox gets (the network namespace is added unless the
-/// sandbox asked for the host's network; the cgroup namespace where the kernel has one).
+/// The namespaces every isolated sandbox gets (and a network namespace, which `Site::host_network`
+/// could leave out and no sandbox of this version does; the cgroup namespace where the kernel has
+/// one).
 pub const UNSHARE_FLAGS: &[&str] =
     &["--user", "--map-root-user", "--mount", "--pid", "--fork", "--ipc", "--uts", "--propagation", "private"];
 
@@ -54,6 +55,9 @@ pub struct Started {
     pub start: u64,
     /// The `unshare` process that forked it (it waits for the init and reaps it).
     pub holder: Child,
+    /// The listening socket of the sandbox's egress proxy, bound on its loopback interface (none
+    /// for a sandbox on the host's network).
+    pub egress: Option<std::net::TcpListener>,
 }
 
 /// Whether the kernel offers cgroup namespaces.
@@ -72,7 +76,8 @@ const STDERR_KEPT: u64 = 2048;
 pub struct Site<'a> {
     /// The sandbox's home on the host.
     pub home: &'a Path,
-    /// Whether the sandbox shares the host's network namespace.
+    /// Whether the sandbox shares the host's network namespace (always false now: every isolated
+    /// sandbox gets a private one and an egress proxy).
     pub host_network: bool,
     /// The server's shell (bound inside when it lives outside the system directories).
     pub shell: &'a Path,
@@ -121,7 +126,7 @@ fn start_init(tools: &Tools, exe: &Path, site: &Site<'_>, spawner: Option<UnixLi
         cmd.arg("--bind-file").arg(shell);
     }
     if !host_network {
-        cmd.arg("--loopback");
+        cmd.arg("--loopback").arg(EGRESS_FLAG);
     }
     if spawner.is_some() {
         cmd.arg(SPAWNER_FLAG);
@@ -155,10 +160,11 @@ fn start_init(tools: &Tools, exe: &Path, site: &Site<'_>, spawner: Option<UnixLi
     };
     drop(spawner);
     let begun = Instant::now();
-    let answer = match sent {
-        Ok(()) => read_line_within(ours, START_BUDGET),
-        Err(why) => Answer::Failed(why),
+    let (answer, egress) = match sent {
+        Ok(()) => read_answer(&ours, START_BUDGET),
+        Err(why) => (Answer::Failed(why), None),
     };
+    drop(ours);
     let parsed = match &answer {
         Answer::Line(line) => {
             let mut it = line.split_whitespace();
@@ -170,7 +176,9 @@ fn start_init(tools: &Tools, exe: &Path, site: &Site<'_>, spawner: Option<UnixLi
         _ => None,
     };
     if let Some((pid, start)) = parsed {
-        return Ok(Started { pid, start, holder });
+        if host_network || egress.is_some() {
+            return Ok(Started { pid, start, holder, egress: egress.map(std::net::TcpListener::from) });
+        }
     }
     // Whatever it got to, the namespaces end with the init; the holder follows.
     if let Some(pid) = child_of(holder.id()) {
@@ -183,6 +191,7 @@ fn start_init(tools: &Tools, exe: &Path, site: &Site<'_>, spawner: Option<UnixLi
     let said = said.split_whitespace().collect::<Vec<_>>().join(" ");
     let said = if said.is_empty() { String::new() } else { format!("; it said: {said}") };
     Err(match answer {
+        Answer::Line(line) if parsed.is_some() => format!("the sandbox's init answered {line:?} without its egress socket{said}"),
         Answer::Line(line) => match line.strip_prefix("error ") {
             Some(why) => why.to_string(),
             None => format!("the sandbox's init answered {line:?} instead of ready{said}"),
@@ -239,6 +248,44 @@ pub(crate) fn read_line_within(pipe: impl io::Read + Send + 'static, budget: Dur
     rx.recv_timeout(budget).unwrap_or(Answer::TimedOut)
 }
 
+/// Reads the init's answer line from `conn`, at most [`ANSWER_MAX`] bytes within `budget`, with
+/// the descriptor attached to it (the egress proxy's listening socket), if any.
+fn read_answer(conn: &UnixStream, budget: Duration) -> (Answer, Option<OwnedFd>) {
+    let deadline = Instant::now() + budget;
+    let mut line = Vec::new();
+    let mut got = None;
+    let mut buf = [0u8; 256];
+    loop {
+        if let Some(at) = line.iter().position(|b| *b == b'\n') {
+            line.truncate(at);
+            return (Answer::Line(String::from_utf8_lossy(&line).trim_end().to_string()), got);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return (Answer::TimedOut, None);
+        }
+        if line.len() as u64 > ANSWER_MAX || conn.set_read_timeout(Some(left)).is_err() {
+            return (Answer::Closed, None);
+        }
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
+        match rustix::net::recvmsg(conn, &mut [IoSliceMut::new(&mut buf)], &mut control, rustix::net::RecvFlags::CMSG_CLOEXEC) {
+            Ok(msg) if msg.bytes == 0 => return (Answer::Closed, None),
+            Ok(msg) => {
+                line.extend_from_slice(&buf[..msg.bytes]);
+                for message in control.drain() {
+                    if let rustix::net::RecvAncillaryMessage::ScmRights(mut fds) = message {
+                        got = got.or_else(|| fds.next());
+                    }
+                }
+            }
+            Err(rustix::io::Errno::INTR) => {}
+            Err(rustix::io::Errno::AGAIN) => return (Answer::TimedOut, None),
+            Err(_) => return (Answer::Closed, None),
+        }
+    }
+}
+
 /// Up to `max` bytes of what `pipe` holds until its end, within `budget`, as text.
 fn read_within(pipe: impl io::Read + Send + 'static, max: u64, budget: Duration) -> String {
     let (tx, rx) = crossbeam_channel::bounded(1);
@@ -262,6 +309,23 @@ fn send_fd(conn: &UnixStream, fd: impl std::os::fd::AsFd) -> io::Result<()> {
         return Err(io::Error::other("no room for the descriptor"));
     }
     rustix::net::sendmsg(conn, &[IoSlice::new(b"L")], &mut control, rustix::net::SendFlags::empty())?;
+    Ok(())
+}
+
+/// Sends `data` on `conn` with descriptor `fd` attached, and the rest of `data` after it.
+fn send_with_fd(conn: impl std::os::fd::AsFd, data: &[u8], fd: impl std::os::fd::AsFd) -> io::Result<()> {
+    let fds = [fd.as_fd()];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+    if !control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(io::Error::other("no room for the descriptor"));
+    }
+    let sent = rustix::net::sendmsg(&conn, &[IoSlice::new(data)], &mut control, rustix::net::SendFlags::empty())?;
+    let mut rest = &data[sent..];
+    while !rest.is_empty() {
+        let n = rustix::io::write(&conn, rest)?;
+        rest = &rest[n..];
+    }
     Ok(())
 }
 
@@ -309,14 +373,19 @@ const HOME_VAR: &str = "SANDBOX_MCP_INIT_HOME";
 /// The flag that tells the init its stdin is the spawner's listening socket.
 const SPAWNER_FLAG: &str = "--spawner";
 
+/// The flag that tells the init to bind the egress proxy's port on its loopback interface and
+/// pass the listening socket to the keeper with its answer.
+const EGRESS_FLAG: &str = "--egress";
+
 /// The body of `sandbox-mcp sandbox-init [--home PATH] [--bind-file PATH] [--loopback]
-/// [--spawner]` (the home from [`HOME_VAR`] without `--home`), pid 1 of a new pid namespace.
-/// Returns only on a setup failure (after answering `error ...`).
+/// [--egress] [--spawner]` (the home from [`HOME_VAR`] without `--home`), pid 1 of a new pid
+/// namespace. Returns only on a setup failure (after answering `error ...`).
 pub fn run(args: &[String]) -> anyhow::Result<()> {
     let mut extra_file = None;
     let mut home = None;
     let mut loopback = false;
     let mut serve = false;
+    let mut egress = false;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
@@ -324,6 +393,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
             "--bind-file" => extra_file = it.next().map(PathBuf::from),
             "--loopback" => loopback = true,
             SPAWNER_FLAG => serve = true,
+            EGRESS_FLAG => egress = true,
             other => anyhow::bail!("unknown argument {other:?}"),
         }
     }
@@ -347,15 +417,21 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         if loopback {
             loopback_up().map_err(|e| format!("bring up the loopback interface: {e}"))?;
         }
+        let egress = if egress {
+            let port = crate::egress::PROXY_PORT;
+            Some(std::net::TcpListener::bind(("127.0.0.1", port)).map_err(|e| format!("bind the egress proxy's port {port}: {e}"))?)
+        } else {
+            None
+        };
         limit_nested_namespaces()?;
         out_of_reach()?;
         // Last, while this process has one thread: the filter holds for everything it starts.
         seccomp::install()?;
-        Ok(id)
+        Ok((id, egress))
     });
     let mut out = io::stdout().lock();
     let ready = setup.and_then(|id| listener.map(|l| (id, l)));
-    let ((pid, start), listener) = match ready {
+    let (((pid, start), egress), listener) = match ready {
         Ok(ready) => ready,
         Err(err) => {
             let _ = writeln!(out, "error {}", err.replace('\n', " "));
@@ -363,8 +439,14 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
             anyhow::bail!("{err}");
         }
     };
-    writeln!(out, "ready {pid} {start}")?;
-    out.flush()?;
+    match egress {
+        // The keeper serves the proxy on this socket; the init keeps no copy.
+        Some(egress) => send_with_fd(io::stdout(), format!("ready {pid} {start}\n").as_bytes(), egress)?,
+        None => {
+            writeln!(out, "ready {pid} {start}")?;
+            out.flush()?;
+        }
+    }
     drop(out);
     // Let go of the keeper's socket and pipe, and of this binary (stdin).
     let null = File::options().read(true).write(true).open("/dev/null")?;

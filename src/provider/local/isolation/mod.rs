@@ -1,8 +1,8 @@
 //! Namespace isolation of local sandboxes: whether this host allows it, and the pieces that build
 //! and enter an isolated sandbox.
 //!
-//! An isolated sandbox lives in its own user, mount, pid, ipc and uts namespaces (network too,
-//! unless it asked for the host's network; cgroup where the kernel has it). Their holder is the
+//! An isolated sandbox lives in its own user, mount, pid, ipc, uts and network namespaces (cgroup
+//! where the kernel has it; its network's one way out is its egress proxy, see `crate::egress`). Their holder is the
 //! sandbox's **init**: pid 1 of its pid namespace, this binary's `sandbox-init` subcommand,
 //! started through util-linux `unshare` by the sandbox's keeper. The init assembles the root
 //! filesystem ([`rootfs`]), reports that it is ready, and then serves and reaps. Every later

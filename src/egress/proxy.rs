@@ -1,0 +1,189 @@
+//! The egress proxy of one sandbox: an HTTP forward proxy (absolute-form requests and CONNECT)
+//! and a SOCKS5 endpoint on one listening socket (the first byte tells them apart), enforcing the
+//! sandbox's current policy on every new connection. Bounded: [`MAX_CONNECTIONS`] at once, a
+//! request head of at most [`MAX_HEAD`] bytes within [`HEAD_BUDGET`], and an idle relay ends after
+//! [`IDLE_BUDGET`]. It logs `host:port` only, never a URL, its query or credentials.
+
+use super::blocks::{Block, BlockLog};
+use super::dial::{self, DialError, Dialed};
+use super::policy::{Network, Refusal};
+use super::relay::{forward_body, pump, relay};
+use super::request::{read_head, Request};
+use super::{socks, Settings};
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Connections one sandbox's proxy serves at once; more are closed at once.
+pub const MAX_CONNECTIONS: usize = crate::limits::EGRESS_MAX_CONNECTIONS;
+
+/// The largest request head (request line and headers) taken.
+pub const MAX_HEAD: usize = crate::limits::EGRESS_MAX_HEAD_BYTES;
+
+/// How long a client has to send its whole request head (or SOCKS5 greeting and request).
+pub const HEAD_BUDGET: Duration = crate::limits::EGRESS_HEAD_BUDGET;
+
+/// A relay with no byte in either direction for this long ends.
+pub const IDLE_BUDGET: Duration = crate::limits::EGRESS_IDLE_BUDGET;
+
+/// One sandbox's proxy: where its policy comes from, where blocks go, the operator's settings.
+pub struct Proxy {
+    policy: Box<dyn Fn() -> Network + Send + Sync>,
+    blocks: BlockLog,
+    settings: Settings,
+    active: AtomicUsize,
+}
+
+impl Proxy {
+    /// A proxy that reads the policy with `policy` at each new connection (so a change holds for
+    /// the next connection at once).
+    pub fn new(policy: Box<dyn Fn() -> Network + Send + Sync>, blocks: BlockLog, settings: Settings) -> Proxy {
+        Proxy { policy, blocks, settings, active: AtomicUsize::new(0) }
+    }
+
+    /// Records a refusal and returns the text that explains it to the sandbox.
+    pub(super) fn refuse(&self, host: &str, port: u16, refusal: &Refusal) -> String {
+        self.blocks.record(&Block { host: host.to_string(), port, reason: refusal.reason.clone() });
+        log::info!("egress: blocked {host}:{port}: {}", refusal.reason);
+        let how = if refusal.by_policy {
+            format!(
+                "To allow it, call set_network for this sandbox with network true or a policy whose allow list matches it, for example {{\"allow\": [\"{host}\"]}} (keep the names already allowed)."
+            )
+        } else {
+            "The host, loopback, private, link-local (cloud metadata) and CGNAT addresses are never reachable from a sandbox, whatever its policy; only the server's operator can allow them (--egress-allow-host-services).".to_string()
+        };
+        format!("sandbox-mcp egress proxy: blocked {host}:{port}: {}.\n{how}\n", refusal.reason)
+    }
+
+    /// Decides and opens a connection to `host:port` for the sandbox; `Err` carries what to
+    /// answer: `Ok(text)` a block explained, `Err(text)` a failure.
+    pub(super) fn reach(&self, host: &str, port: u16, tunnel: bool) -> Result<Dialed, Result<String, String>> {
+        let policy = (self.policy)();
+        if let Err(refusal) = policy.decide(host) {
+            return Err(Ok(self.refuse(host, port, &refusal)));
+        }
+        match dial::open(host, port, &self.settings, tunnel) {
+            Ok(dialed) => Ok(dialed),
+            Err(DialError::Refused(reason)) => Err(Ok(self.refuse(host, port, &Refusal { reason, by_policy: false }))),
+            Err(DialError::Failed(why)) => {
+                log::info!("egress: {host}:{port} unreachable");
+                Err(Err(why))
+            }
+        }
+    }
+
+    /// The operator's settings.
+    pub(super) fn settings(&self) -> &Settings {
+        &self.settings
+    }
+}
+
+/// Serves `listener` on a thread of its own until the process ends.
+pub fn serve(listener: TcpListener, proxy: Arc<Proxy>) -> io::Result<()> {
+    std::thread::Builder::new().name("egress-accept".into()).stack_size(128 * 1024).spawn(move || loop {
+        let conn = match listener.accept() {
+            Ok((conn, _)) => conn,
+            Err(_) => {
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        if proxy.active.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+            proxy.active.fetch_sub(1, Ordering::SeqCst);
+            log::info!("egress: {MAX_CONNECTIONS} connections already open; closing a new one");
+            continue;
+        }
+        let mine = proxy.clone();
+        let spawned = std::thread::Builder::new().name("egress-conn".into()).stack_size(256 * 1024).spawn(move || {
+            handle(conn, &mine);
+            mine.active.fetch_sub(1, Ordering::SeqCst);
+        });
+        if spawned.is_err() {
+            proxy.active.fetch_sub(1, Ordering::SeqCst);
+        }
+    })?;
+    Ok(())
+}
+
+/// Serves one connection from the sandbox.
+pub fn handle(conn: TcpStream, proxy: &Proxy) {
+    let _ = conn.set_nodelay(true);
+    let deadline = Instant::now() + HEAD_BUDGET;
+    if conn.set_read_timeout(Some(HEAD_BUDGET)).is_err() || conn.set_write_timeout(Some(IDLE_BUDGET)).is_err() {
+        return;
+    }
+    let mut first = [0u8; 1];
+    if (&conn).read_exact(&mut first).is_err() {
+        return;
+    }
+    if first[0] == socks::VERSION {
+        socks::handle(conn, proxy, deadline);
+    } else {
+        http(conn, first[0], proxy, deadline);
+    }
+}
+
+/// One HTTP proxy request.
+fn http(conn: TcpStream, first: u8, proxy: &Proxy, deadline: Instant) {
+    let (head, rest) = match read_head(&conn, vec![first], deadline) {
+        Ok(read) => read,
+        Err(why) => return answer(&conn, 400, "Bad Request", &format!("sandbox-mcp egress proxy: {why}\n")),
+    };
+    let request = match Request::parse(&head) {
+        Ok(r) => r,
+        Err(why) => return answer(&conn, 400, "Bad Request", &format!("sandbox-mcp egress proxy: {why}\n")),
+    };
+    let tunnel = request.method == "CONNECT";
+    let body = if tunnel {
+        0
+    } else {
+        match request.body_length() {
+            Ok(n) => n,
+            Err(why) => return answer(&conn, 411, "Length Required", &format!("sandbox-mcp egress proxy: {why}\n")),
+        }
+    };
+    let dialed = match proxy.reach(&request.host, request.port, tunnel) {
+        Ok(d) => d,
+        Err(Ok(blocked)) => return answer(&conn, 403, "Forbidden", &blocked),
+        Err(Err(failed)) => return answer(&conn, 502, "Bad Gateway", &format!("sandbox-mcp egress proxy: {failed}\n")),
+    };
+    let (upstream, out_head) = match dialed {
+        Dialed::Direct(up) if tunnel => {
+            if (&conn).write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").is_err() {
+                return;
+            }
+            (up, Vec::new())
+        }
+        Dialed::Direct(up) => (up, request.rewrite(false, None)),
+        Dialed::Upstream(up) => (up, request.rewrite(true, proxy.settings().upstream.as_ref().and_then(|u| u.auth.as_deref()))),
+    };
+    if tunnel {
+        if (&upstream).write_all(&rest).is_ok() {
+            relay(conn, upstream);
+        }
+        return;
+    }
+    // One request per connection, and nothing of the client's but its body: a second request
+    // written after it (to another host) never reaches the destination or the parent proxy.
+    if (&upstream).write_all(&out_head).is_err() || !forward_body(&conn, &upstream, &rest, body) {
+        return;
+    }
+    let _ = upstream.set_read_timeout(Some(IDLE_BUDGET));
+    pump(upstream, conn);
+}
+
+/// Answers with `status` and a plain-text body, then closes.
+fn answer(conn: &TcpStream, status: u16, reason: &str, body: &str) {
+    let head = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let _ = (&*conn).write_all(head.as_bytes()).and_then(|()| (&*conn).write_all(body.as_bytes()));
+    let _ = conn.shutdown(Shutdown::Write);
+    // Let the client read the answer before the close resets the connection.
+    let mut sink = [0u8; 1024];
+    let _ = conn.set_read_timeout(Some(Duration::from_millis(200)));
+    while matches!((&*conn).read(&mut sink), Ok(n) if n > 0) {}
+}

@@ -1,0 +1,208 @@
+//! A proxy request from the sandbox: its head read within bounds, parsed, and rewritten for the
+//! destination or the parent proxy.
+
+use super::policy;
+use super::proxy::{HEAD_BUDGET, MAX_HEAD};
+use std::io::{self, Read};
+use std::net::{IpAddr, TcpStream};
+use std::time::Instant;
+
+/// Reads a request head (to the blank line), at most [`MAX_HEAD`] bytes, by `deadline` however
+/// slowly it comes; returns the head and what came after it.
+pub fn read_head(conn: &TcpStream, mut buf: Vec<u8>, deadline: Instant) -> Result<(Vec<u8>, Vec<u8>), String> {
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let rest = buf.split_off(end + 4);
+            return Ok((buf, rest));
+        }
+        if buf.len() > MAX_HEAD {
+            return Err(format!("the request head is longer than {MAX_HEAD} bytes"));
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || conn.set_read_timeout(Some(left)).is_err() {
+            return Err(format!("the request head did not arrive within {} s", HEAD_BUDGET.as_secs()));
+        }
+        match (&*conn).read(&mut chunk) {
+            Ok(0) => return Err("the connection closed before the end of the request head".into()),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return Err(format!("the request head did not arrive within {} s", HEAD_BUDGET.as_secs())),
+        }
+    }
+}
+
+/// A parsed proxy request.
+#[derive(Debug, PartialEq)]
+pub struct Request {
+    /// `CONNECT`, `GET`, ...
+    pub method: String,
+    /// Lowercase name, or an IP literal (IPv6 without brackets).
+    pub host: String,
+    /// The destination port.
+    pub port: u16,
+    /// The origin-form target (`/path?query`); empty for CONNECT.
+    path: String,
+    version: String,
+    /// The header lines, as sent.
+    headers: Vec<String>,
+}
+
+impl Request {
+    /// The length of the request body: its `Content-Length`, 0 without one; a chunked body is
+    /// refused (its end could hide a second request).
+    pub fn body_length(&self) -> Result<u64, String> {
+        let mut length = 0;
+        for header in &self.headers {
+            let (name, value) = header.split_once(':').unwrap_or((header, ""));
+            match name.trim().to_ascii_lowercase().as_str() {
+                "transfer-encoding" => {
+                    return Err("request bodies must have a Content-Length through this proxy (no chunked encoding)".into())
+                }
+                "content-length" => length = value.trim().parse().map_err(|_| "a malformed Content-Length".to_string())?,
+                _ => {}
+            }
+        }
+        Ok(length)
+    }
+
+    /// Parses a request head (request line and headers, ending with the blank line).
+    pub fn parse(head: &[u8]) -> Result<Request, String> {
+        let text = std::str::from_utf8(head).map_err(|_| "the request head is not text".to_string())?;
+        let mut lines = text.split("\r\n");
+        let line = lines.next().unwrap_or_default();
+        let mut parts = line.split(' ');
+        let (Some(method), Some(target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+            return Err("a malformed request line".into());
+        };
+        if !version.starts_with("HTTP/1.") || method.is_empty() || !method.bytes().all(|b| b.is_ascii_uppercase()) {
+            return Err("a malformed request line".into());
+        }
+        let (authority, path) = if method == "CONNECT" {
+            (target, String::new())
+        } else if let Some(rest) = target.strip_prefix("http://") {
+            match rest.find('/') {
+                Some(at) => (&rest[..at], rest[at..].to_string()),
+                None => (rest, "/".to_string()),
+            }
+        } else {
+            return Err("this is the sandbox's HTTP proxy: send absolute http:// URLs, or CONNECT host:port for anything else".into());
+        };
+        // Credentials in the URL are dropped, never forwarded or logged.
+        let authority = authority.rsplit_once('@').map_or(authority, |(_, hp)| hp);
+        let default_port = if method == "CONNECT" { 0 } else { 80 };
+        let (host, port) =
+            split_host_port(authority, default_port).filter(|(_, p)| *p != 0).ok_or("the request names no valid host and port")?;
+        let headers = lines.filter(|l| !l.is_empty()).map(str::to_string).collect();
+        Ok(Request { method: method.to_string(), host, port, path, version: version.to_string(), headers })
+    }
+
+    /// The head sent on: origin-form to the destination, absolute-form to a parent proxy (with
+    /// its credentials); hop-by-hop and proxy headers dropped, one request per connection.
+    pub fn rewrite(&self, absolute: bool, auth: Option<&str>) -> Vec<u8> {
+        let authority = match self.host.parse::<IpAddr>() {
+            Ok(IpAddr::V6(v6)) => format!("[{v6}]:{}", self.port),
+            _ => format!("{}:{}", self.host, self.port),
+        };
+        let target = if absolute { format!("http://{authority}{}", self.path) } else { self.path.clone() };
+        let mut out = format!("{} {target} {}\r\n", self.method, self.version);
+        // The Host header names the destination that was checked, whatever the client wrote.
+        let host =
+            if self.port == 80 { authority.rsplit_once(':').map_or(authority.as_str(), |(h, _)| h).to_string() } else { authority.clone() };
+        out.push_str(&format!("Host: {host}\r\n"));
+        for header in &self.headers {
+            let name = header.split(':').next().unwrap_or_default().trim().to_ascii_lowercase();
+            if !matches!(name.as_str(), "host" | "proxy-connection" | "proxy-authorization" | "connection" | "keep-alive") {
+                out.push_str(header);
+                out.push_str("\r\n");
+            }
+        }
+        if let Some(auth) = auth {
+            out.push_str(&format!("Proxy-Authorization: Basic {auth}\r\n"));
+        }
+        out.push_str("Connection: close\r\n\r\n");
+        out.into_bytes()
+    }
+}
+
+/// Splits `host:port` (`[v6]:port`; `default` when no port is given and `default` is not 0)
+/// into a lowercase host that is a valid name or IP literal, and the port.
+pub fn split_host_port(authority: &str, default: u16) -> Option<(String, u16)> {
+    let (host, port) = if let Some(rest) = authority.strip_prefix('[') {
+        let (v6, after) = rest.split_once(']')?;
+        let port = match after.strip_prefix(':') {
+            Some(p) => p.parse().ok()?,
+            None if after.is_empty() && default != 0 => default,
+            None => return None,
+        };
+        (v6.parse::<std::net::Ipv6Addr>().ok()?.to_string(), port)
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h.to_string(), p.parse().ok()?),
+            None if default != 0 => (authority.to_string(), default),
+            None => return None,
+        }
+    };
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    valid_host(&host).then_some((host, port))
+}
+
+/// Whether `host` is an IP literal or a valid domain name.
+pub fn valid_host(host: &str) -> bool {
+    host.parse::<IpAddr>().is_ok() || policy::check_name(host).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::net::TcpListener;
+    use std::time::Duration;
+
+    #[test]
+    fn requests_parse_and_rewrite_without_proxy_headers() {
+        let r = Request::parse(b"GET http://User:Pw@Pkgs.Test:8080/simple/x?token=s HTTP/1.1\r\nHost: pkgs.test\r\nProxy-Authorization: Basic eA==\r\nProxy-Connection: keep-alive\r\nAccept: */*\r\n\r\n").unwrap();
+        assert_eq!((r.host.as_str(), r.port, r.path.as_str()), ("pkgs.test", 8080, "/simple/x?token=s"));
+        let out = String::from_utf8(r.rewrite(false, None)).unwrap();
+        assert_eq!(out, "GET /simple/x?token=s HTTP/1.1\r\nHost: pkgs.test:8080\r\nAccept: */*\r\nConnection: close\r\n\r\n");
+        let lying = Request::parse(b"GET http://a.test/ HTTP/1.1\r\nHost: evil.test\r\nContent-Length: 5\r\n\r\n").unwrap();
+        let out = String::from_utf8(lying.rewrite(false, None)).unwrap();
+        assert!(out.contains("Host: a.test\r\n") && !out.contains("evil"), "{out}");
+        assert_eq!(lying.body_length(), Ok(5));
+        let chunked = Request::parse(b"POST http://a.test/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n").unwrap();
+        assert!(chunked.body_length().is_err());
+        let out = String::from_utf8(r.rewrite(true, Some("dTpw"))).unwrap();
+        assert!(
+            out.starts_with("GET http://pkgs.test:8080/simple/x?token=s HTTP/1.1\r\n") && out.contains("Proxy-Authorization: Basic dTpw"),
+            "{out}"
+        );
+        let c = Request::parse(b"CONNECT [::1]:443 HTTP/1.1\r\n\r\n").unwrap();
+        assert_eq!((c.host.as_str(), c.port), ("::1", 443));
+        assert!(Request::parse(b"CONNECT host.test HTTP/1.1\r\n\r\n").is_err(), "CONNECT needs a port");
+        assert!(Request::parse(b"GET / HTTP/1.1\r\n\r\n").unwrap_err().contains("absolute"));
+        assert!(Request::parse(b"GET https://x.test/ HTTP/1.1\r\n\r\n").is_err());
+        assert!(Request::parse(b"GET http://bad host/ HTTP/1.1\r\n\r\n").is_err());
+        assert!(Request::parse(b"GET http://a_b.test\x01/ HTTP/1.1\r\n\r\n").is_err());
+    }
+
+    #[test]
+    fn heads_are_bounded_in_size_and_time() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let flood = std::thread::spawn(move || {
+            let mut c = TcpStream::connect(addr).unwrap();
+            let _ = c.write_all(b"GET http://x.test/ HTTP/1.1\r\n");
+            while c.write_all(b"X-Filler: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n").is_ok() {}
+        });
+        let (conn, _) = listener.accept().unwrap();
+        let err = read_head(&conn, Vec::new(), Instant::now() + Duration::from_secs(5)).unwrap_err();
+        assert!(err.contains("longer than"), "{err}");
+        drop(conn);
+        flood.join().unwrap();
+        let _slow = TcpStream::connect(addr).unwrap();
+        let (conn, _) = listener.accept().unwrap();
+        let t0 = Instant::now();
+        let err = read_head(&conn, Vec::new(), Instant::now() + Duration::from_millis(200)).unwrap_err();
+        assert!(err.contains("did not arrive") && t0.elapsed() < Duration::from_secs(2), "{err}");
+    }
+}

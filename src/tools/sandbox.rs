@@ -190,7 +190,7 @@ fn create(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
         let _ = provider.kill(&info.sandbox_id, Instant::now() + SANDBOX_CALL_BUDGET);
         return Err(ToolError::new("the session ended while the sandbox was being created; it was killed again"));
     }
-    let found = probe(provider.as_ref(), &info.sandbox_id);
+    let found = found_in(provider.as_ref(), &info.sandbox_id, &info.template, info.isolation);
     Ok(Reply::Now(json!({
         "sandbox_id": info.sandbox_id,
         "provider": provider.name(),
@@ -203,6 +203,31 @@ fn create(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
         "found": found,
         "about": provider.describe(&info),
     })))
+}
+
+/// What [`probe`] found in a sandbox of each provider, template and isolation, once per process:
+/// sandboxes made alike hold the same programs (a local sandbox shows the host's userland, an E2B
+/// sandbox its template's image), and the probe costs tens of milliseconds (`node --version`).
+fn found_in(
+    provider: &dyn crate::provider::Provider,
+    sandbox_id: &str,
+    template: &str,
+    isolation: &str,
+) -> serde_json::Map<String, serde_json::Value> {
+    type Found = std::collections::HashMap<String, serde_json::Map<String, serde_json::Value>>;
+    static FOUND: std::sync::OnceLock<std::sync::Mutex<Found>> = std::sync::OnceLock::new();
+    let key = format!("{} {template} {isolation}", provider.name());
+    let cache = FOUND.get_or_init(Default::default);
+    if let Some(known) = cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
+        return known;
+    }
+    let found = probe(provider, sandbox_id);
+    if !found.is_empty() {
+        if let Ok(mut c) = cache.lock() {
+            c.insert(key, found.clone());
+        }
+    }
+    found
 }
 
 /// The tools a model may want, found inside the new sandbox with the first line of their

@@ -1,5 +1,6 @@
 //! What namespace isolation costs: `run_command "true"` in an isolated sandbox and in one
-//! without isolation against `sh -c true`, and `create_sandbox` + `kill_sandbox` in both modes.
+//! without isolation against `sh -c true`, `create_sandbox` + `kill_sandbox` in both modes, and
+//! `create_sandbox` + a first `run_command` against a bubblewrap one-shot sandbox.
 
 use crate::bench::Bench;
 use crate::control::Ctl;
@@ -11,6 +12,8 @@ use crate::units::{dur, times};
 use anyhow::{anyhow, Result};
 use sandbox_mcp::client::StdioClient;
 use serde_json::{json, Value};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::Instant;
 
 /// A session whose new sandboxes are isolated as `mode` says, with one sandbox made.
@@ -38,6 +41,38 @@ fn create_and_kill(rpc: &mut StdioClient) -> Result<f64> {
         return Err(anyhow!("kill_sandbox {id} returned {killed}"));
     }
     Ok(e)
+}
+
+/// One `create_sandbox` + first `run_command "true"` (the kill that follows is not timed).
+fn create_and_run(rpc: &mut StdioClient) -> Result<f64> {
+    let t = Instant::now();
+    let created = rpc.tool("create_sandbox", &json!({"timeout": 60}))?;
+    let id = created["sandbox_id"].clone();
+    let ran = rpc.tool("run_command", &json!({"sandbox_id": id, "command": "true"}))?;
+    let e = t.elapsed().as_secs_f64();
+    rpc.tool("kill_sandbox", &json!({"sandbox_id": id}))?;
+    if ran["exit_code"] != json!(0) {
+        return Err(anyhow!("run_command true in {id} returned {ran}"));
+    }
+    Ok(e)
+}
+
+/// A bubblewrap one-shot sandbox running `sh -c true`: every namespace, the host's `/usr`
+/// read-only (the merged-/usr directories as links, or read-only too), its own `/proc`, `/dev`
+/// and `/tmp`.
+fn bwrap_true(bwrap: &Path) -> Command {
+    let mut c = Command::new(bwrap);
+    c.args(["--unshare-all", "--die-with-parent", "--ro-bind", "/usr", "/usr"]);
+    for dir in ["/bin", "/sbin", "/lib", "/lib64"] {
+        match std::fs::read_link(dir) {
+            Ok(target) => c.arg("--symlink").arg(target).arg(dir),
+            Err(_) if Path::new(dir).is_dir() => c.args(["--ro-bind", dir, dir]),
+            Err(_) => &mut c,
+        };
+    }
+    c.args(["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "sh", "-c", "true"]);
+    c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+    c
 }
 
 /// The rows; measured only where the host allows namespaces.
@@ -90,6 +125,31 @@ pub fn isolation_rows(b: &mut Bench, _ctl: &mut Ctl) -> Result<()> {
             .ratio(format!("{} without", times(iso_ck.median / none_ck.median)))
             .target("< 50 ms together", iso_ck.median < 0.050),
     );
+    match sandbox_mcp::provider::process::which("bwrap", &std::env::var("PATH").unwrap_or_default()) {
+        None => b.row(
+            Row::new("isolation", "`create_sandbox` + first `run_command`, against bubblewrap").not_measured("bwrap is not installed"),
+        ),
+        Some(bwrap) => {
+            let (warm, rounds, block) = (b.n(3), b.n(5), b.n(6));
+            let xs = interleave(
+                warm,
+                rounds,
+                block,
+                &mut [Box::new(|| create_and_run(&mut iso)), Box::new(|| spawn_time(&mut bwrap_true(&bwrap)))],
+            )?;
+            let ours = b.keep("isolation.create_run.namespaces", &xs[0]);
+            let peer = b.keep("isolation.bwrap_true", &xs[1]);
+            let r = ours.median / peer.median;
+            b.row(Row::floor("isolation", "`bwrap --unshare-all … sh -c true` (a one-shot sandbox)", &peer));
+            b.row(
+                Row::new("isolation", "isolated `create_sandbox` + first `run_command \"true\"`")
+                    .lat(&ours)
+                    .vs(format!("bubblewrap one-shot {}", dur(peer.median)))
+                    .ratio(format!("{} bubblewrap", times(r)))
+                    .target("≤ 2× bubblewrap", r <= 2.0),
+            );
+        }
+    }
     for (mut rpc, sb) in [(iso, iso_sb), (none, none_sb)] {
         rpc.tool("kill_sandbox", &json!({"sandbox_id": sb}))?;
         rpc.end()?;

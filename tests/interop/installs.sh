@@ -17,6 +17,18 @@ npm_into() {
     stamp "${@:3}" >"$1/.stamp"
 }
 
+# system_package COMMAND PACKAGE LABEL: the Debian package that provides COMMAND, unless it is
+# on PATH already (as root with apt-get, else through sudo); LABEL is said first.
+system_package() {
+    command -v "$1" >/dev/null 2>&1 && return 0
+    echo "$3"
+    if [ "$(id -u)" = 0 ]; then
+        apt-get install -y -qq "$2" >/dev/null 2>&1 || { apt-get update -qq >/dev/null && apt-get install -y -qq "$2" >/dev/null; }
+    else
+        sudo apt-get install -y -qq "$2" >/dev/null
+    fi
+}
+
 # venv_into DIR LABEL PACKAGE...: a Python venv in DIR with these packages, likewise.
 venv_into() {
     installed "$1" "${@:3}" && return 0

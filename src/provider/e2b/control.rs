@@ -175,21 +175,11 @@ impl ControlPlane {
         let res = match method {
             "GET" => self.agent.get(&url).config().timeout_global(Some(timeout)).build().header("X-API-KEY", &self.api_key).call(),
             "DELETE" => self.agent.delete(&url).config().timeout_global(Some(timeout)).build().header("X-API-KEY", &self.api_key).call(),
-            "PUT" => {
-                let payload = body.map(Value::to_string).unwrap_or_else(|| "{}".into());
-                self.agent
-                    .put(&url)
-                    .config()
-                    .timeout_global(Some(timeout))
-                    .build()
-                    .header("X-API-KEY", &self.api_key)
-                    .header("Content-Type", "application/json")
-                    .send(payload.as_bytes())
-            }
+            // PUT and POST carry the same JSON body.
             _ => {
                 let payload = body.map(Value::to_string).unwrap_or_else(|| "{}".into());
-                self.agent
-                    .post(&url)
+                let request = if method == "PUT" { self.agent.put(&url) } else { self.agent.post(&url) };
+                request
                     .config()
                     .timeout_global(Some(timeout))
                     .build()

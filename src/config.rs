@@ -33,23 +33,27 @@ impl ProviderKind {
 /// The `--isolation` setting of the local provider.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IsolationMode {
-    /// Namespaces when this host allows them, otherwise none (with one warning at startup).
+    /// Namespaces when this host allows them, else Landlock, else sandboxes are refused (never
+    /// none silently).
     Auto,
     /// Namespaces, or refuse to start.
     Namespaces,
+    /// Landlock (each command under a ruleset), or refuse to start.
+    Landlock,
     /// No isolation: commands run as the server's user on the host.
     None,
 }
 
 impl IsolationMode {
     /// Every mode, in the order `--help` lists them.
-    pub const ALL: [IsolationMode; 3] = [IsolationMode::Auto, IsolationMode::Namespaces, IsolationMode::None];
+    pub const ALL: [IsolationMode; 4] = [IsolationMode::Auto, IsolationMode::Namespaces, IsolationMode::Landlock, IsolationMode::None];
 
     /// The name used on the command line.
     pub fn name(self) -> &'static str {
         match self {
             IsolationMode::Auto => "auto",
             IsolationMode::Namespaces => "namespaces",
+            IsolationMode::Landlock => "landlock",
             IsolationMode::None => "none",
         }
     }
@@ -102,6 +106,9 @@ pub struct Config {
     pub max_sandboxes: usize,
     /// Limits of a local sandbox whose request sets none, where the host can enforce them.
     pub default_limits: DefaultLimits,
+    /// The host uids (first and last, inclusive) a root server gives Landlock-tier sandboxes,
+    /// one each.
+    pub uid_range: (u32, u32),
     /// E2B settings.
     pub e2b: E2bConfig,
 }
@@ -274,7 +281,7 @@ options! {
         takes_value: true,
         env: Some("SANDBOX_MCP_ISOLATION"),
         default: Text("auto"),
-        help: "isolation of local sandboxes: auto (namespaces when the host allows them), namespaces, or none",
+        help: "isolation of local sandboxes: auto (namespaces, else landlock, else create_sandbox is refused), namespaces, landlock, or none",
     };
     /// Cap on live local sandboxes.
     MAX_SANDBOXES = OptionSpec {
@@ -283,6 +290,14 @@ options! {
         env: Some("SANDBOX_MCP_MAX_SANDBOXES"),
         default: Text("64"),
         help: "most live local sandboxes in the state root; create_sandbox beyond it is refused",
+    };
+    /// Host uids of Landlock-tier sandboxes under a root server.
+    UID_RANGE = OptionSpec {
+        flag: Some("--uid-range"),
+        takes_value: true,
+        env: Some("SANDBOX_MCP_UID_RANGE"),
+        default: Text("110000-165535"),
+        help: "host uids FIRST-LAST a root server gives landlock-tier sandboxes, one uid each (no user may own them)",
     };
     /// Default limits of local sandboxes.
     DEFAULT_LIMITS = OptionSpec {
@@ -429,6 +444,18 @@ impl Source<'_> {
     }
 
     /// A whole number from `min` to `max`.
+    /// A range of uids `FIRST-LAST`, both above 1000 (clear of system and login users), at most
+    /// a million uids.
+    fn uid_range(&self, spec: &OptionSpec) -> Result<(u32, u32)> {
+        let text = self.text(spec)?;
+        let what = spec.name();
+        let parsed = text.trim().split_once('-').and_then(|(a, b)| Some((a.trim().parse::<u32>().ok()?, b.trim().parse::<u32>().ok()?)));
+        match parsed {
+            Some((first, last)) if first > 1000 && first <= last && last - first < 1_000_000 && last < u32::MAX - 1 => Ok((first, last)),
+            _ => bail!("{what} {text:?} is not a uid range; use FIRST-LAST with 1000 < FIRST <= LAST, for instance 110000-165535"),
+        }
+    }
+
     fn number(&self, spec: &OptionSpec, min: usize, max: usize) -> Result<usize> {
         let text = self.text(spec)?;
         let what = spec.name();
@@ -525,6 +552,7 @@ impl Config {
             isolation: src.choice(&ISOLATION, "isolation", &IsolationMode::ALL.map(|m| (m.name(), m)))?,
             max_sandboxes: src.number(&MAX_SANDBOXES, 1, 100_000)?,
             default_limits: src.limits(&DEFAULT_LIMITS)?,
+            uid_range: src.uid_range(&UID_RANGE)?,
             e2b: E2bConfig {
                 api_key,
                 domain: src.text(&E2B_DOMAIN)?,
@@ -590,6 +618,16 @@ mod tests {
             assert!(err.contains("--default-limits"), "{bad}: {err}");
         }
         assert!(load(&["--max-sandboxes", "0"], &[("HOME", "/h")]).is_err());
+    }
+
+    #[test]
+    fn uid_ranges() {
+        assert_eq!(load(&[], &[("HOME", "/h")]).unwrap().uid_range, (110_000, 165_535));
+        assert_eq!(load(&["--uid-range", "200000-200009"], &[("HOME", "/h")]).unwrap().uid_range, (200_000, 200_009));
+        for bad in ["0-10", "5000", "9-8000", "200000-100000", "x-y"] {
+            let err = load(&["--uid-range", bad], &[("HOME", "/h")]).unwrap_err().to_string();
+            assert!(err.contains("--uid-range"), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -333,6 +333,7 @@ impl ControlPlane {
             template: req.template.clone(),
             expires_at: unix_now() + req.timeout_s as i64,
             isolation: ISOLATION,
+            layers: Vec::new(),
             network: req.network.unwrap_or(true),
             limits: Limits::default(),
         })
@@ -360,6 +361,7 @@ impl ControlPlane {
             template: sandbox.template_id.unwrap_or_default(),
             expires_at: sandbox.end_at.as_deref().and_then(super::wire::rfc3339).unwrap_or(0),
             isolation: ISOLATION,
+            layers: Vec::new(),
             network: true,
             limits: Limits::default(),
         })
@@ -382,6 +384,7 @@ impl ControlPlane {
             template: String::new(),
             expires_at: unix_now() + timeout_s as i64,
             isolation: ISOLATION,
+            layers: Vec::new(),
             network: true,
             limits: Limits::default(),
         })

@@ -57,6 +57,9 @@ pub const ID_PREFIX: &str = "local-";
 /// Name prefix of a sandbox directory being built by `create` (renamed into place when complete).
 const CREATING_PREFIX: &str = ".creating-";
 
+/// A Landlock-tier sandbox's own temporary directory (`TMPDIR`), beside its home.
+pub(super) const TMP_DIR: &str = "tmp";
+
 /// The lock file that orders creates against the cap on live sandboxes, in the state root.
 const CREATE_LOCK: &str = "create.lock";
 
@@ -92,6 +95,10 @@ pub struct LocalProvider {
     max_sandboxes: Option<usize>,
     /// Limits of a sandbox whose request sets none, where the host can enforce them.
     default_limits: Limits,
+    /// The host uids (first, last) a root server gives Landlock-tier sandboxes.
+    uid_range: (u32, u32),
+    /// Why sandboxes cannot be created (`--isolation auto` on a host with no isolation).
+    refusal: Option<String>,
 }
 
 impl LocalProvider {
@@ -131,6 +138,8 @@ impl LocalProvider {
             tools: isolation::tools().ok(),
             max_sandboxes: None,
             default_limits: Limits::default(),
+            uid_range: (110_000, 165_535),
+            refusal: None,
         };
         Ok(provider)
     }
@@ -189,8 +198,61 @@ impl LocalProvider {
             let tools = isolation::tools().map_err(|e| ProviderError::Unavailable(e.0))?;
             self.tools = Some(tools);
         }
+        if isolation == Isolation::Landlock && rustix::process::getuid().is_root() {
+            // Sandboxes of their own uid reach their homes through the state root: it may be
+            // passed through (mode 0711), never listed; each sandbox's directory is its own.
+            let _ = fs::set_permissions(self.root.join("sandboxes"), fs::Permissions::from_mode(0o711));
+        }
         self.isolation = isolation;
         Ok(self)
+    }
+
+    /// Refuses every `create_sandbox` with `why` (a sentence naming the reason and the fix):
+    /// `--isolation auto` on a host that allows no isolation.
+    pub fn refusing(mut self, why: String) -> LocalProvider {
+        self.refusal = Some(why);
+        self
+    }
+
+    /// Gives Landlock-tier sandboxes of a root server uids from `first..=last`.
+    pub fn with_uid_range(mut self, range: (u32, u32)) -> LocalProvider {
+        self.uid_range = range;
+        self
+    }
+
+    /// A uid of its own for a new Landlock-tier sandbox, when the server is root, the uid can be
+    /// taken here (a user namespace may map root alone), and the sandbox's home can be reached
+    /// by it (every directory above the state root lets others pass). `None`: the sandbox runs as
+    /// the server's uid, and its layers do not name `uid`. Called with the creation lock held.
+    fn own_uid(&self) -> Result<Option<u32>, ProviderError> {
+        if !rustix::process::getuid().is_root() {
+            return Ok(None);
+        }
+        let (first, last) = self.uid_range;
+        let mapped = fs::read_to_string("/proc/self/uid_map").unwrap_or_default().lines().any(|l| {
+            let n: Vec<u64> = l.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+            n.len() == 3 && n[0] <= u64::from(first) && u64::from(last) < n[0] + n[2]
+        });
+        let passable = self.root.ancestors().skip(1).all(|d| fs::metadata(d).is_ok_and(|m| m.permissions().mode() & 0o001 != 0));
+        if !mapped || !passable {
+            log::debug!("landlock sandboxes run as the server's uid: uid range mapped {mapped}, state root passable {passable}");
+            return Ok(None);
+        }
+        let mut used = std::collections::BTreeSet::new();
+        if let Ok(dir) = fs::read_dir(self.root.join("sandboxes")) {
+            for entry in dir.flatten() {
+                let id = entry.file_name().to_string_lossy().into_owned();
+                if let Some((uid, _)) = self.load(&id).ok().and_then(|m| m.own_uid().map(|u| (u, ()))) {
+                    used.insert(uid);
+                }
+            }
+        }
+        // A uid whose processes still run (a sandbox being killed) is not given out again.
+        (first..=last).find(|u| !used.contains(u) && scan::uid_pids(*u).is_empty()).map(Some).ok_or_else(|| {
+            ProviderError::Rejected(format!(
+                "every uid of --uid-range {first}-{last} is taken by a live sandbox; end one with kill_sandbox, or give the server a wider --uid-range"
+            ))
+        })
     }
 
     /// How new sandboxes are isolated.
@@ -247,7 +309,7 @@ impl LocalProvider {
         }
         let init = match meta.isolation {
             Isolation::Namespaces => Some(self.live_init(id)?),
-            Isolation::None => None,
+            Isolation::Landlock | Isolation::None => None,
         };
         if touch == Touch::Renew {
             let renewed = now + meta.timeout as i64;
@@ -315,8 +377,19 @@ impl Provider for LocalProvider {
         if let Some(bad) = req.envs.keys().find(|k| k.is_empty() || k.contains('=') || k.contains('\0')) {
             return Err(ProviderError::Rejected(format!("environment variable name {bad:?} is not valid")));
         }
+        if let Some(why) = &self.refusal {
+            return Err(ProviderError::Unavailable(why.clone()));
+        }
         let isolation = self.isolation;
         let host_network = match (isolation, req.network) {
+            (Isolation::Landlock, Some(true)) => {
+                return Err(ProviderError::Rejected(
+                    "network: true is not available in the landlock isolation tier yet: its sandboxes have no egress (TCP connect and bind are refused); \
+leave network out, or run the server where user namespaces work (--isolation namespaces)"
+                        .into(),
+                ))
+            }
+            (Isolation::Landlock, _) => false,
             (Isolation::None, Some(false)) => {
                 return Err(ProviderError::Rejected(
                     "network: false needs namespace isolation, and this server creates local sandboxes without it \
@@ -327,9 +400,13 @@ impl Provider for LocalProvider {
             (Isolation::None, _) => true,
             (Isolation::Namespaces, network) => network.unwrap_or(false),
         };
-        let owner = (isolation == Isolation::Namespaces).then(isolation::sandbox_owner);
         let limits = self.limits_for(req.limits);
         let slot = self.reserve_slot()?;
+        let owner = match isolation {
+            Isolation::Namespaces => Some(isolation::sandbox_owner()),
+            Isolation::Landlock => self.own_uid()?.map(|u| (u, u)),
+            Isolation::None => None,
+        };
         let id = format!("{ID_PREFIX}{}", ids::random_hex(12));
         // Built aside and renamed into place, so that a sandbox directory never exists without
         // its metadata: a sweep running meanwhile (another server starting) takes a directory
@@ -339,10 +416,18 @@ impl Provider for LocalProvider {
             .mode(0o700)
             .create(&building)
             .and_then(|()| fs::DirBuilder::new().mode(0o700).create(building.join("home")));
+        let on_host_tmp = isolation == Isolation::Landlock;
+        let mk = mk.and_then(|()| if on_host_tmp { fs::DirBuilder::new().mode(0o700).create(building.join(TMP_DIR)) } else { Ok(()) });
         let mk = mk.and_then(|()| match owner {
             // The home belongs to the sandbox's root, which is another uid when the server is root.
             Some((uid, gid)) if uid != rustix::process::getuid().as_raw() => {
-                std::os::unix::fs::chown(building.join("home"), Some(uid), Some(gid))
+                std::os::unix::fs::chown(building.join("home"), Some(uid), Some(gid))?;
+                if on_host_tmp {
+                    // Its own uid passes through its directory to reach them.
+                    std::os::unix::fs::chown(building.join(TMP_DIR), Some(uid), Some(gid))?;
+                    fs::set_permissions(&building, fs::Permissions::from_mode(0o711))?;
+                }
+                Ok(())
             }
             _ => Ok(()),
         });
@@ -380,7 +465,7 @@ impl Provider for LocalProvider {
                 .map_err(|why| fail(ProviderError::Rejected(format!("cannot enforce {}: {why}", describe_limits(&limits)))))?;
         }
         match isolation {
-            Isolation::None => self.spawn_keeper(&id),
+            Isolation::None | Isolation::Landlock => self.spawn_keeper(&id),
             // The init joins the sandbox's cgroups itself, before its cgroup namespace exists.
             Isolation::Namespaces => {
                 self.start_isolated(&id).map_err(fail)?;
@@ -399,13 +484,14 @@ impl Provider for LocalProvider {
         // kills only the one that removes it answers true, unless the other still finds processes
         // (an interrupted kill, say by a server killed mid-way: its rest is this call's work).
         let init = Init::load(&dir);
+        let owned_by = self.load(sandbox_id).ok().and_then(|m| m.own_uid());
         let existed = fs::remove_file(dir.join("meta.json")).is_ok();
         let budget = deadline.min(Instant::now() + KILL_SCAN_BUDGET);
         let n = match init {
             // The kernel ends every process of the pid namespace with its init; the directory
             // can go at once (nothing inside runs again), the wait for the end comes after.
             Some(init) => self.signal_init(sandbox_id, init),
-            None => self.kill_tagged(sandbox_id, budget),
+            None => self.kill_tagged(sandbox_id, owned_by, budget),
         };
         if n > 0 {
             log::debug!("sandbox {sandbox_id}: killed {n} processes");
@@ -451,6 +537,12 @@ impl Provider for LocalProvider {
                 "An isolated Linux sandbox: the host's system directories (/usr, /bin, /lib, /opt) are read-only; write in the home \
 directory /home/user (the default working directory) and /tmp. {network} System packages cannot be installed; install Python \
 packages into a virtual environment (python3 -m venv ~/venv && ~/venv/bin/pip install NAME) and others under the home directory."
+            ),
+            "landlock" => format!(
+                "A Linux sandbox confined by Landlock: commands see the host's file system but may read only its system directories \
+(/usr, /bin, /lib, /opt, parts of /etc) and read and write only the home directory (the default working directory, $HOME) and \
+$TMPDIR (use it instead of /tmp). It has no network: TCP connect and bind and UDP are refused. System packages cannot be installed; \
+install Python packages into a virtual environment (python3 -m venv ~/venv) and others under the home directory."
             ),
             _ => format!(
                 "Commands run on the host as the server's user, without isolation; the file tools are confined to the sandbox's home \
@@ -527,7 +619,11 @@ directory (the default working directory). {network} Install packages under the 
         if let Some(init) = init {
             return Self::sandbox_fs(sandbox_id, &sandbox, init)?.write(path, data);
         }
-        self.host_write(sandbox_id, path, data)
+        let written = self.host_write(sandbox_id, path, data)?;
+        if let Some(uid) = sandbox.own_uid() {
+            self.hand_over(sandbox_id, path, uid)?;
+        }
+        Ok(written)
     }
 
     fn list_dir(

@@ -29,6 +29,7 @@ mod keeper;
 mod launch;
 mod metadata;
 mod scan;
+mod uid_claim;
 
 pub use host_files::resolve_inside;
 pub use keeper::run_internal;
@@ -113,7 +114,10 @@ impl LocalProvider {
         })?;
         // A directory that already existed keeps its mode: make it private (it names every
         // sandbox and holds their metadata, envs included); this fails when it is someone else's.
-        fs::set_permissions(&sandboxes, fs::Permissions::from_mode(0o700)).map_err(|err| {
+        // 0711 (passable, not listable) is kept: a root server's Landlock-tier sandboxes pass
+        // through it to their homes.
+        let passable = fs::metadata(&sandboxes).is_ok_and(|m| m.permissions().mode() & 0o777 == 0o711);
+        fs::set_permissions(&sandboxes, fs::Permissions::from_mode(if passable { 0o711 } else { 0o700 })).map_err(|err| {
             ProviderError::Unavailable(format!(
                 "cannot make the local state root {} private (mode 0700): {err}; set SANDBOX_MCP_HOME to a directory of your own",
                 sandboxes.display()
@@ -224,7 +228,7 @@ impl LocalProvider {
     /// taken here (a user namespace may map root alone), and the sandbox's home can be reached
     /// by it (every directory above the state root lets others pass). `None`: the sandbox runs as
     /// the server's uid, and its layers do not name `uid`. Called with the creation lock held.
-    fn own_uid(&self) -> Result<Option<u32>, ProviderError> {
+    fn own_uid(&self, id: &str) -> Result<Option<u32>, ProviderError> {
         if !rustix::process::getuid().is_root() {
             return Ok(None);
         }
@@ -233,7 +237,8 @@ impl LocalProvider {
             let n: Vec<u64> = l.split_whitespace().filter_map(|x| x.parse().ok()).collect();
             n.len() == 3 && n[0] <= u64::from(first) && u64::from(last) < n[0] + n[2]
         });
-        let passable = self.root.ancestors().skip(1).all(|d| fs::metadata(d).is_ok_and(|m| m.permissions().mode() & 0o001 != 0));
+        let sandboxes = self.root.join("sandboxes");
+        let passable = sandboxes.ancestors().all(|d| fs::metadata(d).is_ok_and(|m| m.permissions().mode() & 0o001 != 0));
         if !mapped || !passable {
             log::debug!("landlock sandboxes run as the server's uid: uid range mapped {mapped}, state root passable {passable}");
             return Ok(None);
@@ -247,8 +252,10 @@ impl LocalProvider {
                 }
             }
         }
-        // A uid whose processes still run (a sandbox being killed) is not given out again.
-        (first..=last).find(|u| !used.contains(u) && scan::uid_pids(*u).is_empty()).map(Some).ok_or_else(|| {
+        // A uid whose processes still run (a sandbox being killed) is not given out again, nor one
+        // another state root's server holds (its claim names a sandbox directory that exists).
+        let dir = self.dir(id);
+        (first..=last).find(|u| !used.contains(u) && scan::uid_pids(*u).is_empty() && uid_claim::claim(*u, &dir)).map(Some).ok_or_else(|| {
             ProviderError::Rejected(format!(
                 "every uid of --uid-range {first}-{last} is taken by a live sandbox; end one with kill_sandbox, or give the server a wider --uid-range"
             ))
@@ -402,12 +409,12 @@ leave network out, or run the server where user namespaces work (--isolation nam
         };
         let limits = self.limits_for(req.limits);
         let slot = self.reserve_slot()?;
+        let id = format!("{ID_PREFIX}{}", ids::random_hex(12));
         let owner = match isolation {
             Isolation::Namespaces => Some(isolation::sandbox_owner()),
-            Isolation::Landlock => self.own_uid()?.map(|u| (u, u)),
+            Isolation::Landlock => self.own_uid(&id)?.map(|u| (u, u)),
             Isolation::None => None,
         };
-        let id = format!("{ID_PREFIX}{}", ids::random_hex(12));
         // Built aside and renamed into place, so that a sandbox directory never exists without
         // its metadata: a sweep running meanwhile (another server starting) takes a directory
         // without metadata for the remains of an interrupted kill.
@@ -452,6 +459,9 @@ leave network out, or run the server where user namespaces work (--isolation nam
         });
         if let Err(err) = placed {
             let _ = fs::remove_dir_all(&building);
+            if let Some(uid) = meta.own_uid() {
+                uid_claim::release(uid, &self.dir(&id));
+            }
             return Err(err);
         }
         // In place: it counts against the cap from here on.
@@ -513,6 +523,9 @@ leave network out, or run the server where user namespaces work (--isolation nam
             }
         }
         cgroup::remove(sandbox_id, budget);
+        if let Some(uid) = owned_by {
+            uid_claim::release(uid, &dir);
+        }
         if let Err(err) = removed {
             return Err(ProviderError::Unavailable(format!(
                 "killed the processes of {sandbox_id} but could not remove {}: {err}",
@@ -538,11 +551,11 @@ leave network out, or run the server where user namespaces work (--isolation nam
 directory /home/user (the default working directory) and /tmp. {network} System packages cannot be installed; install Python \
 packages into a virtual environment (python3 -m venv ~/venv && ~/venv/bin/pip install NAME) and others under the home directory."
             ),
-            "landlock" => format!(
+            "landlock" => String::from(
                 "A Linux sandbox confined by Landlock: commands see the host's file system but may read only its system directories \
 (/usr, /bin, /lib, /opt, parts of /etc) and read and write only the home directory (the default working directory, $HOME) and \
 $TMPDIR (use it instead of /tmp). It has no network: TCP connect and bind and UDP are refused. System packages cannot be installed; \
-install Python packages into a virtual environment (python3 -m venv ~/venv) and others under the home directory."
+install Python packages into a virtual environment (python3 -m venv ~/venv) and others under the home directory.",
             ),
             _ => format!(
                 "Commands run on the host as the server's user, without isolation; the file tools are confined to the sandbox's home \

@@ -7,8 +7,9 @@
 //! this program opens itself are close-on-exec already (the standard library and rustix open
 //! them so), and the ones a child must have are given to it explicitly as its stdio.
 //!
-//! This is the crate's one use of `unsafe`: neither the standard library nor rustix offers a safe
-//! way to name a descriptor by its number, which is all `/proc/self/fd` gives.
+//! One of the crate's two uses of `unsafe` (the other: the Landlock tier,
+//! `provider::local::isolation::landlock`): neither the standard library nor rustix offers a
+//! safe way to name a descriptor by its number, which is all `/proc/self/fd` gives.
 
 #![allow(unsafe_code)]
 

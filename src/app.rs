@@ -1,6 +1,6 @@
 //! What every worker shares: the configuration, the provider, and the host-side masker.
 
-use crate::config::{Config, ProviderKind};
+use crate::config::{Config, IsolationMode, ProviderKind};
 use crate::mask::Masker;
 use crate::provider::e2b::E2bProvider;
 use crate::provider::local::isolation::{self, uids::UidRange};
@@ -27,12 +27,21 @@ impl App {
     pub fn new(config: Config) -> Result<App> {
         let provider: Arc<dyn Provider> = match config.provider {
             ProviderKind::Local => {
-                let isolation = isolation::resolve(config.isolation).map_err(anyhow::Error::msg).context("starting the local provider")?;
+                // `auto` never means none: with no isolation here, the provider refuses creation.
+                let (isolation, refusal) = match isolation::resolve(config.isolation) {
+                    Ok(isolation) => (isolation, None),
+                    Err(why) if config.isolation == IsolationMode::Auto => (isolation::Isolation::None, Some(why.0)),
+                    Err(why) => return Err(anyhow::Error::msg(why)).context("starting the local provider"),
+                };
                 let defaults = Limits { memory_mb: config.default_limits.memory_mb, processes: config.default_limits.processes };
                 let local = LocalProvider::new(&config.home, &config.local_shell)
                     .and_then(|p| p.with_isolation(isolation))
                     .and_then(|p| p.with_uid_range(UidRange::new(config.uid_range)))
                     .map(|p| p.with_policy(config.max_sandboxes, defaults).with_egress(config.egress.clone()))
+                    .map(|p| match refusal {
+                        Some(why) => p.refusing(why),
+                        None => p,
+                    })
                     .context("starting the local provider")?;
                 let local = Arc::new(local);
                 let sweeper = local.clone();

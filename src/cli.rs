@@ -24,12 +24,30 @@ exit 1 when the tool failed, and call run_command exits with the command's exit 
 sandbox-mcp call TOOL --help     that tool's description and arguments\n  \
 sandbox-mcp tools                the list of tools\n  \
 sandbox-mcp demo                 the durable-task walkthrough, step by step\n  \
+sandbox-mcp doctor [--json]      what this host allows for isolation, the tier auto picks, remedies;\n    \
+exit 0 when some isolated tier is available\n  \
 sandbox-mcp -h, --help           this text\n\nOPTIONS (flag / environment / default):\n",
     );
     for o in OPTIONS {
         out.push_str(&format!("  {:<16} {:<24} {}  [{}]\n", o.flag.unwrap_or("-"), o.env.unwrap_or("-"), o.help, o.default));
     }
     out
+}
+
+/// `sandbox-mcp doctor [--json]`: prints the host's diagnosis; the exit status is 0 when some
+/// isolated tier is available, else 1.
+pub fn doctor(json: bool) -> u8 {
+    let d = crate::provider::local::isolation::diagnosis::diagnose();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&d).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}")));
+    } else {
+        print!("{}", d.text());
+    }
+    if d.isolated() {
+        0
+    } else {
+        1
+    }
 }
 
 /// `sandbox-mcp tools`: each tool's name and the first sentence of its description.

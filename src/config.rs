@@ -33,23 +33,27 @@ impl ProviderKind {
 /// The `--isolation` setting of the local provider.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IsolationMode {
-    /// Namespaces when this host allows them, otherwise none (with one warning at startup).
+    /// Namespaces when this host allows them, else Landlock, else sandboxes are refused (never
+    /// none silently).
     Auto,
     /// Namespaces, or refuse to start.
     Namespaces,
+    /// Landlock (each command under a ruleset), or refuse to start.
+    Landlock,
     /// No isolation: commands run as the server's user on the host.
     None,
 }
 
 impl IsolationMode {
     /// Every mode, in the order `--help` lists them.
-    pub const ALL: [IsolationMode; 3] = [IsolationMode::Auto, IsolationMode::Namespaces, IsolationMode::None];
+    pub const ALL: [IsolationMode; 4] = [IsolationMode::Auto, IsolationMode::Namespaces, IsolationMode::Landlock, IsolationMode::None];
 
     /// The name used on the command line.
     pub fn name(self) -> &'static str {
         match self {
             IsolationMode::Auto => "auto",
             IsolationMode::Namespaces => "namespaces",
+            IsolationMode::Landlock => "landlock",
             IsolationMode::None => "none",
         }
     }
@@ -278,7 +282,7 @@ options! {
         takes_value: true,
         env: Some("SANDBOX_MCP_ISOLATION"),
         default: Text("auto"),
-        help: "isolation of local sandboxes: auto (namespaces when the host allows them), namespaces, or none",
+        help: "isolation of local sandboxes: auto (namespaces, else landlock, else create_sandbox is refused), namespaces, landlock, or none",
     };
     /// Cap on live local sandboxes.
     MAX_SANDBOXES = OptionSpec {

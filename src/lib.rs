@@ -8,7 +8,8 @@
 //! providers: the work [`queue`] and the [`waiter`], [`jsonrpc`], configuration and limits, and
 //! small helpers. ARCHITECTURE.md has the map and the invariants.
 
-// `unsafe` is refused everywhere but in `descriptors` and `memory`, whose reasons are written there.
+// `unsafe` is refused everywhere but in `descriptors`, `memory` and
+// `provider::local::isolation::landlock`, whose reasons are written there.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]

@@ -21,6 +21,16 @@ fn main() -> ExitCode {
             }
         };
     }
+    if argv.first().map(String::as_str) == Some("doctor") {
+        return match &argv[1..] {
+            [] => ExitCode::from(sandbox_mcp::cli::doctor(false)),
+            [json] if json == "--json" => ExitCode::from(sandbox_mcp::cli::doctor(true)),
+            _ => {
+                eprintln!("sandbox-mcp: usage: sandbox-mcp doctor [--json]");
+                ExitCode::from(2)
+            }
+        };
+    }
     let args = match Args::parse(&argv) {
         Ok(a) => a,
         Err(err) => {
@@ -58,17 +68,20 @@ fn main() -> ExitCode {
         // Resolved once here, so that `auto` warns once and `namespaces` refuses to start.
         match isolation::resolve(config.isolation) {
             Ok(resolved) => {
-                if config.isolation == IsolationMode::Auto && resolved == Isolation::None {
+                if config.isolation == IsolationMode::Auto && resolved == Isolation::Landlock {
                     let why = isolation::probe().err().map(|e| e.0).unwrap_or_default();
-                    log::warn!("local sandboxes run without isolation (--isolation auto): {why}");
+                    log::warn!("local sandboxes are isolated with Landlock, not namespaces (--isolation auto): {why}");
                 }
                 config.isolation = match resolved {
                     Isolation::Namespaces => IsolationMode::Namespaces,
+                    Isolation::Landlock => IsolationMode::Landlock,
                     Isolation::None => IsolationMode::None,
                 };
             }
+            // `auto` starts, and refuses to create sandboxes, saying why (the provider does).
+            Err(why) if config.isolation == IsolationMode::Auto => log::warn!("create_sandbox will be refused: {why}"),
             Err(why) => {
-                eprintln!("sandbox-mcp: --isolation namespaces is not possible on this host: {why}");
+                eprintln!("sandbox-mcp: --isolation {} is not possible on this host: {why}", config.isolation.name());
                 return ExitCode::from(2);
             }
         }

@@ -74,6 +74,9 @@ pub struct SandboxInfo {
     pub expires_at: i64,
     /// How it is isolated: `namespaces` or `none` (local), `e2b` (the platform's own).
     pub isolation: &'static str,
+    /// The isolation layers actually enforced on its processes (none for `none`; the platform's
+    /// own for E2B, which this server cannot check, are not listed).
+    pub layers: Vec<&'static str>,
     /// The network policy in force.
     pub network: Network,
     /// The limits enforced on it.

@@ -197,6 +197,7 @@ fn create(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
         "template": info.template,
         "expires_at": info.expires_at,
         "isolation": info.isolation,
+        "layers": info.layers,
         "network": info.network.to_json(),
         "limits": {"memory_mb": info.limits.memory_mb, "processes": info.limits.processes},
         "shell": provider.command_shell(),

@@ -1,6 +1,7 @@
-//! What namespace isolation costs: `run_command "true"` in an isolated sandbox and in one
-//! without isolation against `sh -c true`, `create_sandbox` + `kill_sandbox` in both modes, and
-//! `create_sandbox` + a first `run_command` against a bubblewrap one-shot sandbox.
+//! What isolation costs: `run_command "true"` in an isolated sandbox (namespaces, landlock) and
+//! in one without isolation against `sh -c true`, `create_sandbox` + `kill_sandbox` with
+//! namespaces and without, `create_sandbox` alone in the Landlock tier, and `create_sandbox` + a
+//! first `run_command` against a bubblewrap one-shot sandbox.
 
 use crate::bench::Bench;
 use crate::control::Ctl;
@@ -75,8 +76,57 @@ fn bwrap_true(bwrap: &Path) -> Command {
     c
 }
 
-/// The rows; measured only where the host allows namespaces.
+/// One `create_sandbox`, timed, then its `kill_sandbox`, not timed; returns the seconds taken.
+fn create_only(rpc: &mut StdioClient) -> Result<f64> {
+    let t = Instant::now();
+    let created = rpc.tool("create_sandbox", &json!({"timeout": 60}))?;
+    let e = t.elapsed().as_secs_f64();
+    rpc.tool("kill_sandbox", &json!({"sandbox_id": created["sandbox_id"].clone()}))?;
+    Ok(e)
+}
+
+/// The Landlock tier's rows; measured only where the kernel has Landlock.
+fn landlock_rows(b: &mut Bench) -> Result<()> {
+    if let Err(why) = sandbox_mcp::provider::local::isolation::landlock::available() {
+        b.row(Row::new("isolation", "Landlock tier").not_measured(why));
+        return Ok(());
+    }
+    let (mut ll, ll_sb) = session_with(b, "landlock")?;
+    let (warm, rounds, block) = (b.n(30), b.n(10), b.n(30));
+    let args = json!({"sandbox_id": ll_sb, "command": "true"});
+    let ok = |r: &Value| r["exit_code"] == json!(0);
+    let xs = interleave(
+        warm,
+        rounds,
+        block,
+        &mut [Box::new(|| ll.timed("run_command", &args, ok)), Box::new(|| spawn_time(&mut sh("true", &[])))],
+    )?;
+    let confined = b.keep("isolation.run_command_true.landlock", &xs[0]);
+    let floor = b.keep("isolation.floor.sh_c_true_landlock", &xs[1]);
+    let r = confined.median / floor.median;
+    b.row(
+        Row::new("isolation", "`run_command \"true\"`, Landlock tier (ruleset, seccomp, no_new_privs applied at exec)")
+            .lat(&confined)
+            .vs(format!("`sh -c true` {}", dur(floor.median)))
+            .ratio(format!("{} floor", times(r)))
+            .target("≤ 1.5× floor", r <= 1.5),
+    );
+    let (warm, rounds, block) = (b.n(3), b.n(5), b.n(6));
+    let xs = interleave(warm, rounds, block, &mut [Box::new(|| create_only(&mut ll))])?;
+    let created = b.keep("isolation.create.landlock", &xs[0]);
+    b.row(
+        Row::new("isolation", "`create_sandbox`, Landlock tier (directories, uid claim, keeper)")
+            .lat(&created)
+            .target("≤ 5 ms", created.median <= 0.005),
+    );
+    ll.tool("kill_sandbox", &json!({"sandbox_id": ll_sb}))?;
+    ll.end()?;
+    Ok(())
+}
+
+/// The rows; the namespace rows measured only where the host allows namespaces.
 pub fn isolation_rows(b: &mut Bench, _ctl: &mut Ctl) -> Result<()> {
+    landlock_rows(b)?;
     if let Err(why) = sandbox_mcp::provider::local::isolation::probe() {
         b.row(Row::new("isolation", "namespace isolation").not_measured(format!("this host refuses namespaces: {why}")));
         return Ok(());

@@ -8,6 +8,7 @@ mod faults;
 mod fuzz_corpus;
 mod http;
 mod isolation;
+mod landlock;
 mod modern;
 mod network;
 mod processes;

@@ -71,7 +71,7 @@ impl Home {
 
     /// Whether sandboxes of this home's servers are isolated with namespaces.
     pub fn isolated(&self) -> bool {
-        self.isolation != "none" && sandbox_mcp::provider::local::isolation::probe().is_ok()
+        (self.isolation == "namespaces" || self.isolation == "auto") && sandbox_mcp::provider::local::isolation::probe().is_ok()
     }
 
     /// A file a command can create to say it started: its path inside the sandbox (for the

@@ -339,6 +339,7 @@ impl ControlPlane {
             template: req.template.clone(),
             expires_at: unix_now() + req.timeout_s as i64,
             isolation: ISOLATION,
+            layers: Vec::new(),
             network: req.network.clone().unwrap_or(Network::Any),
             limits: Limits::default(),
         })
@@ -366,6 +367,7 @@ impl ControlPlane {
             template: sandbox.template_id.unwrap_or_default(),
             expires_at: sandbox.end_at.as_deref().and_then(super::wire::rfc3339).unwrap_or(0),
             isolation: ISOLATION,
+            layers: Vec::new(),
             network: Network::Any,
             limits: Limits::default(),
         })
@@ -384,6 +386,7 @@ impl ControlPlane {
             template: String::new(),
             expires_at,
             isolation: ISOLATION,
+            layers: Vec::new(),
             network: network.clone(),
             limits: Limits::default(),
         })
@@ -406,6 +409,7 @@ impl ControlPlane {
             template: String::new(),
             expires_at: unix_now() + timeout_s as i64,
             isolation: ISOLATION,
+            layers: Vec::new(),
             network: Network::Any,
             limits: Limits::default(),
         })

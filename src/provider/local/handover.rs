@@ -47,7 +47,7 @@ impl LocalProvider {
         let meta = self.load(sandbox_id).ok()?;
         let home = match meta.isolation {
             Isolation::Namespaces => rootfs::HOME.to_string(),
-            Isolation::None => self.home(sandbox_id).to_str()?.to_string(),
+            Isolation::Landlock | Isolation::None => self.home(sandbox_id).to_str()?.to_string(),
         };
         Some(format!("{home}/{TASKS_DIR}/{task_id}"))
     }

@@ -242,6 +242,7 @@ fn run_keeper(root: &Path, id: &str, shell: &Path, start_init: bool) -> anyhow::
     let _ = answer.flush();
     // What the keeper knows without its files: the init, and the last expiry it read.
     let init = Init::load(&dir);
+    let owned_by = provider.load(id).ok().and_then(|m| m.own_uid());
     let mut expires_at = provider.load(id).map(|m| m.expires_at).ok();
     loop {
         if let Some(h) = holder.as_mut() {
@@ -254,7 +255,7 @@ fn run_keeper(root: &Path, id: &str, shell: &Path, start_init: bool) -> anyhow::
             // The state is gone (an operator cleaned the state root, a test removed its home):
             // the sandbox would live on out of every tool's reach. It ends here instead.
             log::info!("keeper: the state of sandbox {id} is gone; ending it");
-            end_without_state(&provider, id, init);
+            end_without_state(&provider, id, init, owned_by);
             return Ok(());
         }
         match provider.load(id) {
@@ -275,7 +276,7 @@ fn run_keeper(root: &Path, id: &str, shell: &Path, start_init: bool) -> anyhow::
         if expires_at.is_none_or(|at| at - unix_now() <= 0) {
             log::info!("keeper: sandbox {id} expired");
             if provider.kill(id, Instant::now() + KILL_SCAN_BUDGET).is_err() {
-                end_without_state(&provider, id, init);
+                end_without_state(&provider, id, init, owned_by);
             }
             return Ok(());
         }
@@ -284,14 +285,14 @@ fn run_keeper(root: &Path, id: &str, shell: &Path, start_init: bool) -> anyhow::
 }
 
 /// Ends sandbox `id` from what its keeper holds in memory: its init (the kernel ends the rest),
-/// or, unisolated, every process tagged with its id.
-fn end_without_state(provider: &LocalProvider, id: &str, init: Option<Init>) {
+/// or, on the host, every process tagged with its id or running as its own uid.
+fn end_without_state(provider: &LocalProvider, id: &str, init: Option<Init>, owned_by: Option<u32>) {
     match init {
         Some(init) => {
             provider.signal_init(id, init);
         }
         None => {
-            provider.kill_tagged(id, Instant::now() + KILL_SCAN_BUDGET);
+            provider.kill_tagged(id, owned_by, Instant::now() + KILL_SCAN_BUDGET);
         }
     }
     cgroup::remove(id, Instant::now() + KILL_SCAN_BUDGET);

@@ -3,8 +3,8 @@
 //! end or to its hand-over.
 
 use super::isolation::enter;
-use super::isolation::{cgroup, rootfs, spawner, Isolation};
-use super::{LocalProvider, Meta, TAG_VAR};
+use super::isolation::{cgroup, landlock, rootfs, spawner, Isolation};
+use super::{LocalProvider, Meta, TAG_VAR, TMP_DIR};
 use crate::provider::process::{self, Ran, Spawn};
 use crate::provider::{ExecEnd, ExecOutput, ExecRequest, Promotion, ProviderError, Touch};
 use std::collections::BTreeMap;
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 /// The entries of the host's `path` that are directories inside a sandbox isolated as `isolation`.
 fn path_inside(path: &str, isolation: Isolation) -> String {
     let visible = |dir: &str| match isolation {
-        Isolation::Namespaces => crate::provider::local::isolation::rootfs::SYSTEM_DIRS
+        Isolation::Namespaces | Isolation::Landlock => crate::provider::local::isolation::rootfs::SYSTEM_DIRS
             .iter()
             .any(|sys| dir == *sys || dir.strip_prefix(sys).is_some_and(|rest| rest.starts_with('/'))),
         Isolation::None => true,
@@ -40,12 +40,15 @@ impl LocalProvider {
         env.insert("PATH".into(), path.unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into()));
         let home = match meta.isolation {
             Isolation::Namespaces => rootfs::HOME.to_string(),
-            Isolation::None => self.home(id).to_string_lossy().into_owned(),
+            Isolation::Landlock | Isolation::None => self.home(id).to_string_lossy().into_owned(),
         };
         env.insert("HOME".into(), home);
         if meta.proxy {
             // The sandbox's only way out; its own envs may still override them.
             env.extend(crate::egress::proxy_env());
+        }
+        if meta.isolation == Isolation::Landlock {
+            env.insert("TMPDIR".into(), self.dir(id).join(TMP_DIR).to_string_lossy().into_owned());
         }
         env.extend(meta.envs.iter().map(|(k, v)| (k.clone(), v.clone())));
         env.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
@@ -121,9 +124,24 @@ impl LocalProvider {
                     Some(c) if home.join(c).is_dir() => home.join(c),
                     Some(c) => return Err(not_a_dir(c)),
                 };
-                let mut cmd = enter::joined(&cgroups, Path::new(program));
-                cmd.args(args).current_dir(dir).process_group(0);
-                (cmd, true)
+                if meta.isolation == Isolation::Landlock {
+                    let mut cmd = Command::new(program);
+                    cmd.args(args).current_dir(dir).process_group(0);
+                    if let Some(uid) = meta.own_uid() {
+                        cmd.uid(uid).gid(uid);
+                    }
+                    let (home, tmp) = (self.home(id), self.dir(id).join(TMP_DIR));
+                    // No egress yet: no TCP port is allowed (the egress proxy's, later).
+                    let plan = landlock::Plan { home: &home, tmp: &tmp, shell: &self.shell, connect_port: None, cgroups: &cgroups };
+                    let confinement = landlock::prepare(&plan)
+                        .map_err(|why| ProviderError::Unavailable(format!("could not confine the command in sandbox {id}: {why}")))?;
+                    landlock::confine(&mut cmd, confinement);
+                    (cmd, true)
+                } else {
+                    let mut cmd = enter::joined(&cgroups, Path::new(program));
+                    cmd.args(args).current_dir(dir).process_group(0);
+                    (cmd, true)
+                }
             }
         };
         cmd.env_clear().envs(self.env_for(id, &meta, envs));

@@ -64,12 +64,30 @@ impl Meta {
         }
     }
 
+    /// The layers enforced on this sandbox's processes.
+    pub fn layers(&self) -> Vec<&'static str> {
+        match self.isolation {
+            Isolation::Namespaces => super::isolation::namespace_layers(self.host_network),
+            Isolation::Landlock => super::isolation::landlock::layers(super::isolation::landlock::abi(), self.owner.is_some()),
+            Isolation::None => Vec::new(),
+        }
+    }
+
+    /// The uid of its own a Landlock-tier sandbox runs as, if any.
+    pub fn own_uid(&self) -> Option<u32> {
+        match (self.isolation, self.owner) {
+            (Isolation::Landlock, Some((uid, _))) => Some(uid),
+            _ => None,
+        }
+    }
+
     pub(super) fn info(&self) -> SandboxInfo {
         SandboxInfo {
             sandbox_id: self.sandbox_id.clone(),
             template: self.template.clone(),
             expires_at: self.expires_at,
             isolation: self.isolation.name(),
+            layers: self.layers(),
             network: self.network(),
             limits: self.limits,
         }

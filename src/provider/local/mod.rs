@@ -29,6 +29,7 @@ mod keeper;
 mod launch;
 mod metadata;
 mod scan;
+mod uid_claim;
 
 pub use host_files::resolve_inside;
 pub use keeper::run_internal;
@@ -58,6 +59,9 @@ pub const ID_PREFIX: &str = "local-";
 
 /// Name prefix of a sandbox directory being built by `create` (renamed into place when complete).
 const CREATING_PREFIX: &str = ".creating-";
+
+/// A Landlock-tier sandbox's own temporary directory (`TMPDIR`), beside its home.
+pub(super) const TMP_DIR: &str = "tmp";
 
 /// The lock file that orders creates against the cap on live sandboxes, in the state root.
 const CREATE_LOCK: &str = "create.lock";
@@ -103,6 +107,8 @@ pub struct LocalProvider {
     uid_range: Option<UidRange>,
     /// What the operator decided for every sandbox's egress proxy.
     egress: crate::egress::Settings,
+    /// Why sandboxes cannot be created (`--isolation auto` on a host with no isolation).
+    refusal: Option<String>,
 }
 
 impl LocalProvider {
@@ -117,7 +123,10 @@ impl LocalProvider {
         })?;
         // A directory that already existed keeps its mode: make it private (it names every
         // sandbox and holds their metadata, envs included); this fails when it is someone else's.
-        fs::set_permissions(&sandboxes, fs::Permissions::from_mode(0o700)).map_err(|err| {
+        // 0711 (passable, not listable) is kept: a root server's Landlock-tier sandboxes pass
+        // through it to their homes.
+        let passable = fs::metadata(&sandboxes).is_ok_and(|m| m.permissions().mode() & 0o777 == 0o711);
+        fs::set_permissions(&sandboxes, fs::Permissions::from_mode(if passable { 0o711 } else { 0o700 })).map_err(|err| {
             ProviderError::Unavailable(format!(
                 "cannot make the local state root {} private (mode 0700): {err}; set SANDBOX_MCP_HOME to a directory of your own",
                 sandboxes.display()
@@ -145,6 +154,7 @@ impl LocalProvider {
             default_limits: Limits::default(),
             uid_range: None,
             egress: crate::egress::Settings::default(),
+            refusal: None,
         };
         Ok(provider)
     }
@@ -160,20 +170,48 @@ impl LocalProvider {
 
     /// Gives each new isolated sandbox a host uid of its own from `range` when the server runs
     /// as root (elsewhere sandboxes have the server's uid); fails when the range is not free on
-    /// this host (see [`UidRange::check_free`]).
+    /// this host (see [`UidRange::check_free`]). A Landlock-tier sandbox gets one only where the
+    /// range is mapped here (a user namespace may map root alone) and every directory above the
+    /// state root lets others pass (its uid reaches its home through them); else it runs as the
+    /// server's uid and its layers do not name `uid`.
     pub fn with_uid_range(mut self, range: UidRange) -> Result<LocalProvider, ProviderError> {
-        if rustix::process::getuid().is_root() && self.isolation == Isolation::Namespaces {
+        if !rustix::process::getuid().is_root() {
+            return Ok(self);
+        }
+        let usable = match self.isolation {
+            Isolation::Namespaces => true,
+            Isolation::Landlock => {
+                let mapped = fs::read_to_string("/proc/self/uid_map").unwrap_or_default().lines().any(|l| {
+                    let n: Vec<u64> = l.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+                    n.len() == 3 && n[0] <= u64::from(range.first) && u64::from(range.last) < n[0] + n[2]
+                });
+                let sandboxes = self.root.join("sandboxes");
+                let passable = sandboxes.ancestors().all(|d| fs::metadata(d).is_ok_and(|m| m.permissions().mode() & 0o001 != 0));
+                if !mapped || !passable {
+                    log::info!(
+                        "landlock sandboxes run as the server's uid: uid range mapped here {mapped}, state root passable {passable}"
+                    );
+                }
+                mapped && passable
+            }
+            Isolation::None => false,
+        };
+        if usable {
             range.check_free().map_err(ProviderError::Unavailable)?;
             self.uid_range = Some(range);
         }
         Ok(self)
     }
 
-    /// The host uid and gid of a new isolated sandbox's root: one of its own from the range
-    /// (the server is root), else the server's own.
-    fn new_owner(&self) -> Result<(u32, u32), ProviderError> {
-        let Some(range) = self.uid_range else { return Ok(isolation::sandbox_owner()) };
-        let taken: std::collections::HashSet<u32> = fs::read_dir(self.root.join("sandboxes"))
+    /// The host uid and gid of new sandbox `id`'s root: one of its own from the range (the
+    /// server is root), else the server's own (namespaces: mapped to root inside; landlock: none
+    /// recorded). Called with the creation lock held (with the cap on). A picked uid is also
+    /// claimed host-wide, so servers of other state roots sharing the range never take it.
+    fn new_owner(&self, id: &str, isolation: Isolation) -> Result<Option<(u32, u32)>, ProviderError> {
+        let Some(range) = self.uid_range.filter(|_| isolation != Isolation::None) else {
+            return Ok((isolation == Isolation::Namespaces).then(isolation::sandbox_owner));
+        };
+        let mut taken: std::collections::HashSet<u32> = fs::read_dir(self.root.join("sandboxes"))
             .map(|dir| {
                 dir.flatten()
                     .filter_map(|e| self.load(&e.file_name().to_string_lossy()).ok())
@@ -181,13 +219,19 @@ impl LocalProvider {
                     .collect()
             })
             .unwrap_or_default();
-        let uid = range.pick(&taken).ok_or_else(|| {
-            ProviderError::Rejected(format!(
-                "every uid of the sandbox uid range {}-{} (--uid-range) is in use; end a sandbox with kill_sandbox, or give the server a larger range",
-                range.first, range.last
-            ))
-        })?;
-        Ok((uid, uid))
+        let dir = self.dir(id);
+        // A claim refused (another state root holds the uid) marks it taken; a few tries.
+        for _ in 0..8 {
+            let Some(uid) = range.pick(&taken) else { break };
+            if uid_claim::claim(uid, &dir) {
+                return Ok(Some((uid, uid)));
+            }
+            taken.insert(uid);
+        }
+        Err(ProviderError::Rejected(format!(
+            "no free uid in the sandbox uid range {}-{} (--uid-range): live sandboxes hold them; end a sandbox with kill_sandbox, or give the server a larger range",
+            range.first, range.last
+        )))
     }
 
     /// The limits a new sandbox gets for a request asking `asked`.
@@ -241,8 +285,20 @@ impl LocalProvider {
             let tools = isolation::tools().map_err(|e| ProviderError::Unavailable(e.0))?;
             self.tools = Some(tools);
         }
+        if isolation == Isolation::Landlock && rustix::process::getuid().is_root() {
+            // Sandboxes of their own uid reach their homes through the state root: it may be
+            // passed through (mode 0711), never listed; each sandbox's directory is its own.
+            let _ = fs::set_permissions(self.root.join("sandboxes"), fs::Permissions::from_mode(0o711));
+        }
         self.isolation = isolation;
         Ok(self)
+    }
+
+    /// Refuses every `create_sandbox` with `why` (a sentence naming the reason and the fix):
+    /// `--isolation auto` on a host that allows no isolation.
+    pub fn refusing(mut self, why: String) -> LocalProvider {
+        self.refusal = Some(why);
+        self
     }
 
     /// How new sandboxes are isolated.
@@ -299,7 +355,7 @@ impl LocalProvider {
         }
         let init = match meta.isolation {
             Isolation::Namespaces => Some(self.live_init(id)?),
-            Isolation::None => None,
+            Isolation::Landlock | Isolation::None => None,
         };
         if touch == Touch::Renew {
             let renewed = now + meta.timeout as i64;
@@ -367,6 +423,12 @@ directory /home/user (the default working directory) and /tmp. {network} System 
 packages into a virtual environment (python3 -m venv ~/venv && ~/venv/bin/pip install NAME) and others under the home directory. \
 {identity}"
         ),
+        "landlock" => format!(
+            "A Linux sandbox confined by Landlock: commands see the host's file system but may read only its system directories \
+(/usr, /bin, /lib, /opt, parts of /etc) and read and write only the home directory (the default working directory, $HOME) and \
+$TMPDIR (use it instead of /tmp). It has no network: TCP connect and bind and UDP are refused. System packages cannot be installed; \
+install Python packages into a virtual environment (python3 -m venv ~/venv) and others under the home directory. {identity}"
+        ),
         _ => format!(
             "Commands run on the host as the server's user, without isolation; the file tools are confined to the sandbox's home \
 directory (the default working directory). {network} Install packages under the home directory (for Python: python3 -m venv)."
@@ -408,8 +470,19 @@ impl Provider for LocalProvider {
         if let Some(bad) = req.envs.keys().find(|k| k.is_empty() || k.contains('=') || k.contains('\0')) {
             return Err(ProviderError::Rejected(format!("environment variable name {bad:?} is not valid")));
         }
+        if let Some(why) = &self.refusal {
+            return Err(ProviderError::Unavailable(why.clone()));
+        }
         let isolation = self.isolation;
         let (host_network, policy) = match (isolation, &req.network) {
+            (Isolation::Landlock, Some(Network::Any | Network::Rules(_))) => {
+                return Err(ProviderError::Rejected(
+                    "a network (true or a policy) is not available in the landlock isolation tier: its sandboxes have no egress (TCP connect and bind are refused); \
+leave network out, or run the server where user namespaces work (--isolation namespaces)"
+                        .into(),
+                ))
+            }
+            (Isolation::Landlock, _) => (false, Network::Off),
             (Isolation::None, Some(Network::Off | Network::Rules(_))) => {
                 return Err(ProviderError::Rejected(
                     "network: false or a network policy needs namespace isolation, and this server creates local sandboxes without it \
@@ -423,12 +496,9 @@ impl Provider for LocalProvider {
         };
         let limits = self.limits_for(req.limits);
         let slot = self.reserve_slot()?;
-        // Picked while the create lock is held (with the cap on), among the live sandboxes.
-        let owner = match isolation {
-            Isolation::Namespaces => Some(self.new_owner()?),
-            Isolation::None => None,
-        };
         let id = format!("{ID_PREFIX}{}", ids::random_hex(12));
+        // Picked while the create lock is held (with the cap on), among the live sandboxes.
+        let owner = self.new_owner(&id, isolation)?;
         // Built aside and renamed into place, so that a sandbox directory never exists without
         // its metadata: a sweep running meanwhile (another server starting) takes a directory
         // without metadata for the remains of an interrupted kill.
@@ -437,10 +507,18 @@ impl Provider for LocalProvider {
             .mode(0o700)
             .create(&building)
             .and_then(|()| fs::DirBuilder::new().mode(0o700).create(building.join("home")));
+        let on_host_tmp = isolation == Isolation::Landlock;
+        let mk = mk.and_then(|()| if on_host_tmp { fs::DirBuilder::new().mode(0o700).create(building.join(TMP_DIR)) } else { Ok(()) });
         let mk = mk.and_then(|()| match owner {
             // The home belongs to the sandbox's root, which is another uid when the server is root.
             Some((uid, gid)) if uid != rustix::process::getuid().as_raw() => {
-                std::os::unix::fs::chown(building.join("home"), Some(uid), Some(gid))
+                std::os::unix::fs::chown(building.join("home"), Some(uid), Some(gid))?;
+                if on_host_tmp {
+                    // Its own uid passes through its directory to reach them.
+                    std::os::unix::fs::chown(building.join(TMP_DIR), Some(uid), Some(gid))?;
+                    fs::set_permissions(&building, fs::Permissions::from_mode(0o711))?;
+                }
+                Ok(())
             }
             _ => Ok(()),
         });
@@ -467,6 +545,9 @@ impl Provider for LocalProvider {
         });
         if let Err(err) = placed {
             let _ = fs::remove_dir_all(&building);
+            if let Some((uid, _)) = meta.owner {
+                uid_claim::release(uid, &self.dir(&id));
+            }
             return Err(err);
         }
         // In place: it counts against the cap from here on.
@@ -480,7 +561,7 @@ impl Provider for LocalProvider {
                 .map_err(|why| fail(ProviderError::Rejected(format!("cannot enforce {}: {why}", describe_limits(&limits)))))?;
         }
         match isolation {
-            Isolation::None => self.spawn_keeper(&id),
+            Isolation::None | Isolation::Landlock => self.spawn_keeper(&id),
             // The init joins the sandbox's cgroups itself, before its cgroup namespace exists.
             Isolation::Namespaces => {
                 self.start_isolated(&id).map_err(fail)?;
@@ -499,13 +580,16 @@ impl Provider for LocalProvider {
         // kills only the one that removes it answers true, unless the other still finds processes
         // (an interrupted kill, say by a server killed mid-way: its rest is this call's work).
         let init = Init::load(&dir);
+        let meta = self.load(sandbox_id).ok();
+        let owned_by = meta.as_ref().and_then(|m| m.own_uid());
+        let claimed = meta.and_then(|m| m.owner).map(|(uid, _)| uid);
         let existed = fs::remove_file(dir.join("meta.json")).is_ok();
         let budget = deadline.min(Instant::now() + KILL_SCAN_BUDGET);
         let n = match init {
             // The kernel ends every process of the pid namespace with its init; the directory
             // can go at once (nothing inside runs again), the wait for the end comes after.
             Some(init) => self.signal_init(sandbox_id, init),
-            None => self.kill_tagged(sandbox_id, budget),
+            None => self.kill_tagged(sandbox_id, owned_by, budget),
         };
         if n > 0 {
             log::debug!("sandbox {sandbox_id}: killed {n} processes");
@@ -527,6 +611,9 @@ impl Provider for LocalProvider {
             }
         }
         cgroup::remove(sandbox_id, budget);
+        if let Some(uid) = claimed {
+            uid_claim::release(uid, &dir);
+        }
         if let Err(err) = removed {
             return Err(ProviderError::Unavailable(format!(
                 "killed the processes of {sandbox_id} but could not remove {}: {err}",
@@ -637,7 +724,11 @@ impl Provider for LocalProvider {
         if let Some(init) = init {
             return Self::sandbox_fs(sandbox_id, &sandbox, init)?.write(path, data);
         }
-        self.host_write(sandbox_id, path, data)
+        let written = self.host_write(sandbox_id, path, data)?;
+        if let Some(uid) = sandbox.own_uid() {
+            self.hand_over(sandbox_id, path, uid)?;
+        }
+        Ok(written)
     }
 
     fn list_dir(

@@ -10,11 +10,14 @@ use std::time::{Duration, Instant};
 impl LocalProvider {
     /// Ends every process tagged with `id` (repeating until two scans a moment apart find none,
     /// within `budget`: a process caught in a long exec can hide from one scan).
-    pub(super) fn kill_tagged(&self, id: &str, deadline: Instant) -> usize {
+    pub(super) fn kill_tagged(&self, id: &str, owner: Option<u32>, deadline: Instant) -> usize {
         let mut killed = 0;
         let mut confirmed = false;
         loop {
-            let pids = tagged_pids(id);
+            let mut pids = tagged_pids(id);
+            if let Some(uid) = owner {
+                pids.extend(uid_pids(uid).into_iter().filter(|p| !pids.contains(p)).collect::<Vec<_>>());
+            }
             if pids.is_empty() {
                 if confirmed || Instant::now() >= deadline {
                     return killed;
@@ -73,6 +76,39 @@ pub fn tagged_pids(id: &str) -> Vec<u32> {
                 Environ::Unsettled => log::debug!("process {pid} showed no environment for {EXEC_SETTLE:?}; taken as not of sandbox {id}"),
             }
             break;
+        }
+    }
+    pids
+}
+
+/// Pids of the live processes whose real or effective uid is `uid`: a uid a root server gave one
+/// Landlock-tier sandbox is that sandbox's alone, so every such process is the sandbox's, tagged
+/// or not. Never this process, pid 0 or 1, or any process when `uid` is root.
+pub fn uid_pids(uid: u32) -> Vec<u32> {
+    let me = std::process::id();
+    let Ok(proc_dir) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    if uid == 0 {
+        return Vec::new();
+    }
+    let mut pids = Vec::new();
+    for entry in proc_dir.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == me || pid <= 1 {
+            continue;
+        }
+        // `status` is a kernel file of a few kilobytes; its `Uid:` line is real, effective, saved, fs.
+        let Ok(status) = fs::read_to_string(format!("/proc/{pid}/status")) else { continue };
+        let ids: Vec<u32> = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .map(|rest| rest.split_whitespace().filter_map(|n| n.parse().ok()).collect())
+            .unwrap_or_default();
+        if ids.iter().take(2).any(|u| *u == uid) {
+            pids.push(pid);
         }
     }
     pids

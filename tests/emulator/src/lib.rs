@@ -166,7 +166,7 @@ impl Emulator {
         let user = match opts.isolation {
             // Commands of an isolated sandbox run as root of its user namespace.
             Isolation::Namespaces => "root".to_string(),
-            Isolation::None => fs::metadata(&opts.home)
+            Isolation::Landlock | Isolation::None => fs::metadata(&opts.home)
                 .map(|m| files::user_name(m.uid()))
                 .ok()
                 .filter(|u| u.parse::<u32>().is_err())

@@ -17,9 +17,11 @@
 //! and sandboxes share no per-user kernel quota ([`SANDBOX_UID`] for sandboxes made before).
 
 pub mod cgroup;
+pub mod diagnosis;
 pub mod enter;
 pub mod files;
 pub mod init;
+pub mod landlock;
 pub mod rootfs;
 pub mod seccomp;
 pub mod spawner;
@@ -41,6 +43,9 @@ pub const SANDBOX_UID: u32 = 100_000;
 pub enum Isolation {
     /// Own namespaces held by an init process.
     Namespaces,
+    /// Landlock: host processes tagged with the sandbox id, each under a Landlock ruleset,
+    /// seccomp and `no_new_privs` (and a uid of its own under a root server).
+    Landlock,
     /// None: a directory plus processes tagged with the sandbox id, as the server's user.
     #[default]
     None,
@@ -51,9 +56,31 @@ impl Isolation {
     pub fn name(self) -> &'static str {
         match self {
             Isolation::Namespaces => "namespaces",
+            Isolation::Landlock => "landlock",
             Isolation::None => "none",
         }
     }
+
+    /// Whether commands run on the host's file system view (landlock, none) rather than in a
+    /// root of their own.
+    pub fn on_host(self) -> bool {
+        self != Isolation::Namespaces
+    }
+}
+
+/// The layers a namespace-isolated sandbox gets: `net` unless it has the host's network,
+/// `cgroup` where the kernel has cgroup namespaces.
+pub fn namespace_layers(host_network: bool) -> Vec<&'static str> {
+    let mut all = vec!["user", "pid", "mount"];
+    if !host_network {
+        all.push("net");
+    }
+    all.extend(["ipc", "uts"]);
+    if init::has_cgroup_namespace() {
+        all.push("cgroup");
+    }
+    all.extend(["seccomp", "no_new_privs"]);
+    all
 }
 
 /// The host's answer to "can sandboxes get namespaces here?", found once per process.
@@ -72,13 +99,23 @@ impl std::fmt::Display for IsolationError {
 
 impl std::error::Error for IsolationError {}
 
-/// Resolves the configured mode against this host. `Auto` becomes `Namespaces` or `None`; the
-/// error (for `Namespaces` only) explains which host setting blocks namespaces.
+/// Resolves the configured mode against this host. `Auto` becomes `Namespaces`, else
+/// `Landlock`, never `None`; the error explains what blocks the tier asked for (for `Auto`: both)
+/// and what would allow it.
 pub fn resolve(mode: IsolationMode) -> Result<Isolation, IsolationError> {
     match mode {
         IsolationMode::None => Ok(Isolation::None),
         IsolationMode::Namespaces => probe().map(|()| Isolation::Namespaces),
-        IsolationMode::Auto => Ok(if probe().is_ok() { Isolation::Namespaces } else { Isolation::None }),
+        IsolationMode::Landlock => landlock::available().map(|_| Isolation::Landlock).map_err(|why| {
+            IsolationError(format!("{why}; use a kernel with Landlock enabled, or --isolation namespaces where user namespaces work"))
+        }),
+        IsolationMode::Auto => match (probe(), landlock::available()) {
+            (Ok(()), _) => Ok(Isolation::Namespaces),
+            (Err(_), Ok(_)) => Ok(Isolation::Landlock),
+            (Err(ns), Err(ll)) => Err(IsolationError(format!(
+                "no isolation is available on this host: namespaces: {ns}; Landlock: {ll}. Fix one of them (`sandbox-mcp doctor` lists the remedies), or start the server with --isolation none to run sandboxes without isolation"
+            ))),
+        },
     }
 }
 
@@ -190,7 +227,10 @@ mod tests {
     #[test]
     fn none_needs_no_probe_and_names_are_stable() {
         assert_eq!(resolve(IsolationMode::None), Ok(Isolation::None));
-        assert_eq!((Isolation::Namespaces.name(), Isolation::None.name()), ("namespaces", "none"));
+        assert_eq!((Isolation::Namespaces.name(), Isolation::Landlock.name(), Isolation::None.name()), ("namespaces", "landlock", "none"));
+        assert!(Isolation::Landlock.on_host() && !Isolation::Namespaces.on_host());
+        assert!(namespace_layers(true).iter().all(|l| *l != "net"));
+        assert!(namespace_layers(false).contains(&"net"));
         assert!(visible_inside(Path::new("/usr/bin/awk")));
         assert!(!visible_inside(Path::new("/tmp/x/sh")));
     }

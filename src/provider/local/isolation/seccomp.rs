@@ -50,6 +50,17 @@ fn target() -> Result<TargetArch, String> {
 
 /// The compiled filter.
 fn program() -> Result<BpfProgram, String> {
+    compile(false)
+}
+
+/// The filter of the Landlock tier: the same list, and, since that tier shares the host's
+/// network stack and Landlock rules only TCP, `socket` refuses every IPv4 and IPv6 socket that is
+/// not TCP (UDP, raw, SCTP, ...).
+pub(super) fn landlock_program() -> Result<BpfProgram, String> {
+    compile(true)
+}
+
+fn compile(inet_tcp_only: bool) -> Result<BpfProgram, String> {
     let whole: Vec<i64> = vec![
         libc::SYS_keyctl,
         libc::SYS_add_key,
@@ -71,6 +82,23 @@ fn program() -> Result<BpfProgram, String> {
             .map_err(|e| format!("build the seccomp rule: {e}"))
     };
     rules.insert(libc::SYS_ioctl, vec![request(TIOCSTI)?, request(TIOCLINUX)?]);
+    if inet_tcp_only {
+        let cond = |arg, len, op, value| SeccompCondition::new(arg, len, op, value).map_err(|e| format!("build the seccomp rule: {e}"));
+        let mut socket = Vec::new();
+        for family in [libc::AF_INET, libc::AF_INET6] {
+            let family = cond(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, family as u64)?;
+            // The type's low bits (flags such as SOCK_CLOEXEC above them) equal to SOCK_STREAM.
+            let stream = cond(1, SeccompCmpArgLen::Dword, SeccompCmpOp::MaskedEq(0xf), libc::SOCK_STREAM as u64)?;
+            for kind in [libc::SOCK_DGRAM, libc::SOCK_RAW, libc::SOCK_SEQPACKET, libc::SOCK_RDM] {
+                let kind = cond(1, SeccompCmpArgLen::Dword, SeccompCmpOp::MaskedEq(0xf), kind as u64)?;
+                socket.push(SeccompRule::new(vec![family.clone(), kind]).map_err(|e| format!("build the seccomp rule: {e}"))?);
+            }
+            // A stream socket whose protocol is not 0 or TCP (SCTP's stream mode).
+            let proto = cond(2, SeccompCmpArgLen::Dword, SeccompCmpOp::Gt, libc::IPPROTO_TCP as u64)?;
+            socket.push(SeccompRule::new(vec![family.clone(), stream, proto]).map_err(|e| format!("build the seccomp rule: {e}"))?);
+        }
+        rules.insert(libc::SYS_socket, socket);
+    }
     let filter = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), target()?)
         .map_err(|e| format!("build the seccomp filter: {e}"))?;
     BpfProgram::try_from(filter).map_err(|e| format!("compile the seccomp filter: {e}"))
@@ -91,6 +119,7 @@ mod tests {
     fn the_filter_compiles_for_this_machine() {
         let program = program().unwrap();
         assert!(!program.is_empty());
+        assert!(landlock_program().unwrap().len() > program.len());
         assert_eq!(DENIED.len(), 14);
     }
 }

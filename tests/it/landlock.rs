@@ -1,0 +1,294 @@
+//! The Landlock isolation tier: the escape suite against it, with the server as this test's
+//! user and, when the test runs as root, once more as an unprivileged user; durable tasks, file
+//! tools and kill_sandbox in it; and `auto` on a host that blocks user namespaces (simulated:
+//! this test's own user namespace with `user.max_user_namespaces` at 0).
+//!
+//! No hostile command here signals more than one pid: the signal check aims at one process this
+//! test started itself.
+
+use crate::support::*;
+use serde_json::{json, Value};
+use std::io::Read;
+use std::net::TcpListener;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener};
+use std::time::Duration;
+
+/// Skips (with a line saying why) where the kernel has no Landlock.
+fn landlock_homes(name: &str) -> Vec<Home> {
+    if let Err(why) = sandbox_mcp::provider::local::isolation::landlock::available() {
+        eprintln!("landlock tests need Landlock, which this kernel lacks: {why}");
+        return Vec::new();
+    }
+    let mut all = vec![Home::new(name).with_isolation("landlock")];
+    if let Some(uid) = unprivileged_uid() {
+        all.push(Home::new(&format!("{name}-user")).with_isolation("landlock").run_as(uid));
+    }
+    all
+}
+
+fn who(home: &Home) -> String {
+    home.run_as.map(|u| format!("as uid {u}")).unwrap_or_else(|| "as the test's user".into())
+}
+
+fn sh(m: &mut Mcp, sandbox: &str, command: &str) -> (i64, String, String) {
+    let out = m.ok("run_command", json!({"sandbox_id": sandbox, "command": command, "timeout": 60}));
+    (out["exit_code"].as_i64().unwrap(), out["stdout"].as_str().unwrap().to_string(), out["stderr"].as_str().unwrap().to_string())
+}
+
+fn create(m: &mut Mcp) -> (String, Value) {
+    let c = m.ok("create_sandbox", json!({"timeout": 120}));
+    (c["sandbox_id"].as_str().unwrap().to_string(), c)
+}
+
+#[test]
+fn create_names_the_tier_and_only_the_layers_in_force() {
+    let abi = sandbox_mcp::provider::local::isolation::landlock::abi();
+    for home in landlock_homes("ll-layers") {
+        let who = who(&home);
+        let mut m = home.stdio();
+        let (_, c) = create(&mut m);
+        assert_eq!((c["isolation"].as_str(), c["network"].as_bool()), (Some("landlock"), Some(false)), "{who}: {c}");
+        let layers: Vec<&str> = c["layers"].as_array().unwrap().iter().map(|l| l.as_str().unwrap()).collect();
+        let own_uid = home.run_as.is_none() && is_root();
+        assert_eq!(layers, sandbox_mcp::provider::local::isolation::landlock::layers(abi, own_uid), "{who}");
+        assert!(m.err("create_sandbox", json!({"network": true})).contains("no egress"), "{who}");
+    }
+    // The namespace tier names its own layers.
+    if sandbox_mcp::provider::local::isolation::probe().is_ok() {
+        let home = Home::new("ll-ns-layers").with_isolation("namespaces");
+        let mut m = home.stdio();
+        let (_, c) = create(&mut m);
+        let layers: Vec<&str> = c["layers"].as_array().unwrap().iter().map(|l| l.as_str().unwrap()).collect();
+        assert_eq!(&layers[..3], ["user", "pid", "mount"], "{c}");
+        assert!(layers.contains(&"net") && layers.contains(&"seccomp") && !layers.iter().any(|l| l.starts_with("landlock")), "{c}");
+    }
+    let home = Home::unisolated("ll-none-layers");
+    let mut m = home.stdio();
+    let (_, c) = create(&mut m);
+    assert_eq!(c["layers"], json!([]), "{c}");
+}
+
+#[test]
+fn host_files_other_sandboxes_the_state_root_and_host_tmp_are_out_of_reach() {
+    for home in landlock_homes("ll-files") {
+        let who = who(&home);
+        let mut m = home.stdio();
+        let (a, _) = create(&mut m);
+        let (b, _) = create(&mut m);
+        let b_home = home.sandbox_dir(&b).join("home");
+        sh(&mut m, &b, "echo b-secret > secret");
+        assert!(b_home.join("secret").exists(), "{who}");
+        let state = home.path.display().to_string();
+        let host_tmp = format!("/tmp/smcp-ll-escape-{}", sandbox_mcp::ids::random_hex(4));
+        std::fs::write(&host_tmp, "host").unwrap();
+        let attempts = [
+            format!("cat {}/secret", b_home.display()),
+            format!("ls {}", b_home.display()),
+            format!("ls {state}/sandboxes"),
+            format!("cat {state}/sandboxes/{a}/meta.json"),
+            format!("touch {state}/planted"),
+            format!("cat {host_tmp}"),
+            "ls /tmp".into(),
+            format!("touch /tmp/smcp-ll-planted-{}", sandbox_mcp::ids::random_hex(4)),
+            "ls /root".into(),
+            "ls /home".into(),
+            "touch /usr/planted".into(),
+            "cat /etc/shadow".into(),
+        ];
+        for attempt in &attempts {
+            let (code, out, _) = sh(&mut m, &a, &format!("{attempt} 2>/dev/null"));
+            assert_ne!(code, 0, "{who}: `{attempt}` succeeded in a landlock sandbox: {out}");
+        }
+        assert!(!home.path.join("planted").exists());
+        // What a sandbox needs still works: its home, its TMPDIR, the system directories.
+        let (code, out, err) =
+            sh(&mut m, &a, "echo ok > f && cat f && echo t > \"$TMPDIR/t\" && cat \"$TMPDIR/t\" && ls /usr/bin >/dev/null && echo sys");
+        assert_eq!((code, out.as_str()), (0, "ok\nt\nsys\n"), "{who}: {err}");
+        let _ = std::fs::remove_file(&host_tmp);
+    }
+}
+
+#[test]
+fn tcp_udp_and_abstract_sockets_to_the_host_are_refused() {
+    for home in landlock_homes("ll-net") {
+        let who = who(&home);
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let name = format!("smcp-ll-{}", sandbox_mcp::ids::random_hex(6));
+        let abstract_listener = UnixListener::bind_addr(&SocketAddr::from_abstract_name(name.as_bytes()).unwrap()).unwrap();
+        abstract_listener.set_nonblocking(true).unwrap();
+        let mut m = home.stdio();
+        let (sb, _) = create(&mut m);
+        let tcp = format!("exec 3<>/dev/tcp/127.0.0.1/{port}");
+        let (code, _, _) = sh(&mut m, &sb, &format!("bash -c '{tcp}' 2>/dev/null"));
+        assert_ne!(code, 0, "{who}: TCP connect to a loopback listener succeeded");
+        assert!(listener.accept().is_err(), "{who}: the loopback listener got a connection");
+        let (code, _, _) = sh(&mut m, &sb, "python3 -c 'import socket; socket.socket().bind((\"127.0.0.1\", 0))' 2>/dev/null");
+        assert_ne!(code, 0, "{who}: a TCP bind succeeded");
+        let (code, _, _) = sh(&mut m, &sb, "python3 -c 'import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM)' 2>/dev/null");
+        assert_ne!(code, 0, "{who}: a UDP socket was created");
+        let abi = sandbox_mcp::provider::local::isolation::landlock::abi();
+        if abi >= 6 {
+            let py = format!("import socket; s = socket.socket(socket.AF_UNIX); s.connect(\"\\0{name}\")");
+            let (code, _, _) = sh(&mut m, &sb, &format!("python3 -c '{py}' 2>/dev/null"));
+            assert_ne!(code, 0, "{who}: an abstract unix socket of the host was reached");
+            assert!(abstract_listener.accept().is_err(), "{who}: the abstract listener got a connection");
+        }
+        // Unix sockets of its own home still work (a pathname socket and a local server).
+        let py = "import socket; s = socket.socket(socket.AF_UNIX); s.bind(\"sock\"); s.listen(); print(\"bound\")";
+        let (code, out, err) = sh(&mut m, &sb, &format!("python3 -c '{py}'"));
+        assert_eq!((code, out.as_str()), (0, "bound\n"), "{who}: {err}");
+    }
+}
+
+#[test]
+fn signals_to_host_processes_are_refused_with_a_uid_of_its_own() {
+    if !is_root() || sandbox_mcp::provider::local::isolation::landlock::available().is_err() {
+        return;
+    }
+    // Only the root server gives a sandbox its own uid; the unprivileged server's sandboxes share
+    // its uid, and SECURITY.md says what that leaves open.
+    let home = Home::new("ll-signal").with_isolation("landlock");
+    let nap = unique_sleep();
+    let mut witness = std::process::Command::new("sleep").arg(&nap).spawn().unwrap();
+    let mut m = home.stdio();
+    let (sb, _) = create(&mut m);
+    let (code, _, _) = sh(&mut m, &sb, &format!("kill -TERM {} 2>/dev/null", witness.id()));
+    assert_ne!(code, 0, "a landlock sandbox signalled a host process");
+    let server = m.client.pid();
+    let (code, _, _) = sh(&mut m, &sb, &format!("kill -0 {server} 2>/dev/null"));
+    assert_ne!(code, 0, "a landlock sandbox may signal the server");
+    assert!(witness.try_wait().unwrap().is_none());
+    let _ = witness.kill();
+    let _ = witness.wait();
+}
+
+#[test]
+fn tasks_file_tools_and_kill_work_across_server_processes() {
+    for home in landlock_homes("ll-tasks") {
+        let who = who(&home);
+        // Each step below is a server process of its own: tasks outlive the one that started them.
+        let step = |tool: &str, args: Value| -> Value {
+            let mut m = home.stdio();
+            let out = m.ok(tool, args);
+            m.close();
+            out
+        };
+        // A sandbox that outlives the session that made it (stdio ends its own sandboxes).
+        let mut first = home.stdio();
+        let sb = create(&mut first).0;
+        let started = step("start_task", json!({"sandbox_id": sb, "command": "echo begun; sleep 300"}));
+        let task = started["task_id"].as_str().unwrap().to_string();
+        let got = step("get_task", json!({"sandbox_id": sb, "task_id": task, "wait": 10}));
+        assert_eq!(got["stdout"], "begun\n", "{who}: {got}");
+        let cancelled = step("cancel_task", json!({"sandbox_id": sb, "task_id": task}));
+        assert_eq!(cancelled["state"], "cancelled", "{who}: {cancelled}");
+        // File tools: inside the home only; a written file is the sandbox's to change.
+        step("write_file", json!({"sandbox_id": sb, "path": "dir/new.txt", "content": "hello"}));
+        let out = step("run_command", json!({"sandbox_id": sb, "command": "cat dir/new.txt && echo more >> dir/new.txt && echo appended"}));
+        assert_eq!(out["stdout"], "helloappended\n", "{who}: {out}");
+        let mut m = home.stdio();
+        let refused = m.err("read_file", json!({"sandbox_id": sb, "path": "../meta.json"}));
+        assert!(!refused.contains("sandbox_id"), "{who}: {refused}");
+        // kill_sandbox ends a detached process that dropped its environment too, where the
+        // sandbox has a uid of its own (a root server).
+        let nap = unique_sleep();
+        m.ok("run_command", json!({"sandbox_id": sb, "command": format!("setsid env -i sleep {nap} >/dev/null 2>&1 &")}));
+        let pid = pid_of_argv(&["sleep", &nap]);
+        m.ok("kill_sandbox", json!({"sandbox_id": sb}));
+        if home.run_as.is_none() && is_root() {
+            wait_for(Duration::from_secs(10), "the untagged sleep to end with its sandbox", || (!pid_alive(pid)).then_some(()));
+        } else {
+            // Without a uid of its own an untagged process is out of the server's sight
+            // (SECURITY.md): end it here, by its own pid.
+            let _ = std::process::Command::new("kill").arg(pid.to_string()).status();
+        }
+        assert!(!home.sandbox_dir(&sb).exists(), "{who}");
+        m.close();
+        first.close();
+    }
+}
+
+/// On a host that refuses user namespaces (this test's own user namespace with
+/// `user.max_user_namespaces` at 0), `auto` picks Landlock, says so once, names no `uid` layer
+/// (root of that namespace cannot take another uid), and its sandbox keeps the state root out of
+/// reach.
+#[test]
+fn auto_picks_landlock_where_user_namespaces_are_blocked() {
+    if sandbox_mcp::provider::local::isolation::probe().is_err() || sandbox_mcp::provider::local::isolation::landlock::available().is_err()
+    {
+        return;
+    }
+    let home = Home::new("ll-blocked");
+    let run = |args: &str| {
+        let script = format!("echo 0 > /proc/sys/user/max_user_namespaces && exec \"$0\" --isolation auto call {args}");
+        std::process::Command::new("unshare")
+            .args(["--user", "--map-root-user", "--", "/bin/sh", "-c", &script])
+            .arg(bin())
+            .envs(home.env())
+            .env_remove("SANDBOX_MCP_ISOLATION")
+            .output()
+            .unwrap()
+    };
+    let out = run("create_sandbox '{\"timeout\": 60}'");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(err.matches("isolated with Landlock").count(), 1, "{err}");
+    assert!(err.contains("user.max_user_namespaces"), "{err}");
+    let created: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(created["isolation"], "landlock", "{created}");
+    let layers = created["layers"].as_array().unwrap();
+    assert!(layers.contains(&json!("landlock-fs")) && !layers.contains(&json!("uid")), "{created}");
+    let sb = created["sandbox_id"].as_str().unwrap();
+    let cmd = format!("ls {}/sandboxes 2>/dev/null; echo done", home.path.display());
+    let out = run(&format!("run_command '{}'", json!({"sandbox_id": sb, "command": cmd})));
+    let ran: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(ran["stdout"], "done\n", "{ran}");
+    // The doctor on that host names the blocking setting and its remedy, and picks landlock.
+    let out = std::process::Command::new("unshare")
+        .args([
+            "--user",
+            "--map-root-user",
+            "--",
+            "/bin/sh",
+            "-c",
+            "echo 0 > /proc/sys/user/max_user_namespaces && exec \"$0\" doctor --json",
+        ])
+        .arg(bin())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let d: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(d["auto_tier"], "landlock", "{d}");
+    let userns = d["checks"].as_array().unwrap().iter().find(|c| c["name"] == "user_namespaces").unwrap();
+    assert_eq!(userns["ok"], false, "{d}");
+    assert!(userns["remedy"].as_str().unwrap().contains("user.max_user_namespaces"), "{d}");
+    home.call_cli("kill_sandbox", json!({"sandbox_id": sb}));
+}
+
+#[test]
+fn doctor_reports_this_host_and_exits_zero_with_an_isolated_tier() {
+    let out = std::process::Command::new(bin()).args(["doctor", "--json"]).output().unwrap();
+    let d: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(out.status.success(), d["auto_tier"] != "none", "{d}");
+    for key in ["kernel", "auto_tier", "layers", "checks"] {
+        assert!(d.get(key).is_some(), "{key} missing: {d}");
+    }
+    let out = std::process::Command::new(bin()).arg("doctor").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("--isolation auto:") && text.contains("landlock"), "{text}");
+    let out = std::process::Command::new(bin()).args(["doctor", "--yaml"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let mut none = String::new();
+    let _ = out.stdout.as_slice().read_to_string(&mut none);
+    assert!(none.is_empty());
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Uid:").map(|r| r.split_whitespace().next() == Some("0"))))
+        .unwrap_or(false)
+}

@@ -292,3 +292,44 @@ fn is_root() -> bool {
         .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Uid:").map(|r| r.split_whitespace().next() == Some("0"))))
         .unwrap_or(false)
 }
+
+/// A sandbox that swaps a directory of its home for a symbolic link to a host directory, as fast
+/// as it can, while `write_file` writes below it (and `read_file` reads), never gets a file
+/// written (or read) outside its home:
+/// the kernel resolves every file-tool path inside the home (`openat2`), so the race a lexical
+/// check leaves open (check, then the swap, then the write) is closed. The host directory is
+/// writable by everyone, so only that resolution keeps the write out.
+#[test]
+fn write_file_cannot_be_raced_out_of_the_home() {
+    for home in landlock_homes("ll-race") {
+        let who = who(&home);
+        let outside = home.path.join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::set_permissions(&outside, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+        let mut m = home.stdio();
+        let (sb, _) = create(&mut m);
+        // `d` is always there, a directory or the link, exchanged atomically (renameat2
+        // RENAME_EXCHANGE) as fast as the sandbox can.
+        sh(&mut m, &sb, &format!("mkdir d && ln -s {} s", outside.display()));
+        let swap = "exec python3 -c 'import ctypes\nx = ctypes.CDLL(None).renameat2\nwhile True: x(-100, b\"d\", -100, b\"s\", 2)'";
+        let task = m.ok("start_task", json!({"sandbox_id": sb, "command": swap}))["task_id"].as_str().unwrap().to_string();
+        let mut written = 0;
+        for i in 0..1000 {
+            let r = m.call("write_file", json!({"sandbox_id": sb, "path": format!("d/x{i}"), "content": "escaped"}));
+            written += usize::from(r["isError"] != json!(true));
+        }
+        // Reads race the same way: a host file beside the link's target never comes back.
+        std::fs::write(outside.join("secret"), "host secret").unwrap();
+        for _ in 0..300 {
+            let r = m.call("read_file", json!({"sandbox_id": sb, "path": "d/secret"}));
+            assert!(!r.to_string().contains("host secret"), "{who}: read_file read outside the home: {r}");
+        }
+        std::fs::remove_file(outside.join("secret")).unwrap();
+        let swapper = m.ok("cancel_task", json!({"sandbox_id": sb, "task_id": task}));
+        assert!(swapper["stderr"] == "", "{who}: the swap failed: {swapper}");
+        let leaked: Vec<_> = std::fs::read_dir(&outside).unwrap().flatten().map(|e| e.file_name()).collect();
+        assert!(leaked.is_empty(), "{who}: write_file wrote outside the home: {leaked:?} ({written} writes succeeded)");
+        m.ok("kill_sandbox", json!({"sandbox_id": sb}));
+        m.close();
+    }
+}

@@ -1,12 +1,12 @@
 //! The file tools of an unisolated sandbox: paths resolved lexically inside the sandbox home,
-//! symbolic links of existing ancestors included (an isolated sandbox's are in
-//! [`super::isolation::files`]).
+//! symbolic links of existing ancestors included (an isolated sandbox's, and a Landlock-tier
+//! sandbox's, whose code may race the server, are in [`super::isolation::files`]; the lexical
+//! check here still gives the Landlock tier its clear refusal of a path outside the home).
 
 use super::LocalProvider;
 use crate::provider::{DirEntry, EntryKind, ProviderError};
 use std::fs;
 use std::io::{self, Read};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 
 impl LocalProvider {
@@ -62,25 +62,6 @@ impl LocalProvider {
         }
         fs::write(&full, data).map_err(|err| file_error(path, err))?;
         Ok(data.len() as u64)
-    }
-
-    /// Gives the file `path` that `write_file` just wrote in sandbox `sandbox_id`, and the
-    /// directories it made for it, to the sandbox's own `uid` (a Landlock-tier sandbox of a root
-    /// server): what the server made there must be the sandbox's to change. Symbolic links are
-    /// never followed.
-    pub(super) fn hand_over(&self, sandbox_id: &str, path: &str, uid: u32) -> Result<(), ProviderError> {
-        let full = self.resolve(sandbox_id, path)?;
-        let home = self.home(sandbox_id);
-        let me = rustix::process::getuid().as_raw();
-        for p in full.ancestors().take_while(|p| p.starts_with(&home) && *p != home) {
-            match fs::symlink_metadata(p) {
-                Ok(m) if m.uid() == me && !m.file_type().is_symlink() => {
-                    std::os::unix::fs::lchown(p, Some(uid), Some(uid)).map_err(|err| file_error(path, err))?
-                }
-                _ => {}
-            }
-        }
-        Ok(())
     }
 
     /// `list_files` in unisolated sandbox `sandbox_id`.

@@ -335,6 +335,16 @@ impl LocalProvider {
     }
 
     /// The file system of isolated sandbox `id`, reached as `reach_with_init` found it.
+    /// A Landlock-tier sandbox's home as a [`SandboxFs`], and `path` as a path in it (checked
+    /// lexically here for a clear refusal; the kernel keeps every lookup inside).
+    fn home_fs(&self, id: &str, meta: &Meta, path: &str) -> Result<(SandboxFs, String), ProviderError> {
+        let home = self.home(id);
+        let full = host_files::resolve_inside(&home, path)?;
+        let inside = format!("/{}", full.strip_prefix(&home).map(|p| p.to_string_lossy().into_owned()).unwrap_or_default());
+        let server = (rustix::process::getuid().as_raw(), rustix::process::getgid().as_raw());
+        Ok((SandboxFs::home(&home, meta.owner.unwrap_or(server))?, inside))
+    }
+
     fn sandbox_fs(id: &str, meta: &Meta, init: Init) -> Result<SandboxFs, ProviderError> {
         SandboxFs::open(id, init, meta.owner.unwrap_or_else(isolation::sandbox_owner))
     }
@@ -716,6 +726,10 @@ leave network out, or run the server where user namespaces work (--isolation nam
         if let Some(init) = init {
             return Self::sandbox_fs(sandbox_id, &sandbox, init)?.read(path, max_bytes);
         }
+        if sandbox.isolation == Isolation::Landlock {
+            let (fs, inside) = self.home_fs(sandbox_id, &sandbox, path)?;
+            return fs.read(&inside, max_bytes);
+        }
         self.host_read(sandbox_id, path, max_bytes)
     }
 
@@ -724,11 +738,11 @@ leave network out, or run the server where user namespaces work (--isolation nam
         if let Some(init) = init {
             return Self::sandbox_fs(sandbox_id, &sandbox, init)?.write(path, data);
         }
-        let written = self.host_write(sandbox_id, path, data)?;
-        if let Some(uid) = sandbox.own_uid() {
-            self.hand_over(sandbox_id, path, uid)?;
+        if sandbox.isolation == Isolation::Landlock {
+            let (fs, inside) = self.home_fs(sandbox_id, &sandbox, path)?;
+            return fs.write(&inside, data);
         }
-        Ok(written)
+        self.host_write(sandbox_id, path, data)
     }
 
     fn list_dir(
@@ -741,6 +755,10 @@ leave network out, or run the server where user namespaces work (--isolation nam
         let (sandbox, init) = self.reach_with_init(sandbox_id, Touch::Renew)?;
         if let Some(init) = init {
             return Self::sandbox_fs(sandbox_id, &sandbox, init)?.list(path, max_entries);
+        }
+        if sandbox.isolation == Isolation::Landlock {
+            let (fs, inside) = self.home_fs(sandbox_id, &sandbox, path)?;
+            return fs.list(&inside, max_entries);
         }
         self.host_list(sandbox_id, path, max_entries)
     }

@@ -7,6 +7,10 @@
 //! refused (a server running as root would otherwise act on them with its own privileges), and
 //! so is anything that is not a regular file or directory.
 //!
+//! The Landlock tier's file tools use the same code with the sandbox's home as the root of every
+//! lookup ([`SandboxFs::home`]): its commands share the host's file system, so a race that swaps
+//! a directory of the home for a symbolic link must not carry a write of a root server outside.
+//!
 //! When the server runs as root, each operation runs on its worker thread with the sandbox's
 //! uid and gid as effective ids ([`ActAs`], restored on drop): the kernel then checks access as
 //! for the sandbox's own root (no host-root powers over what the sandbox can see), and what the
@@ -31,6 +35,8 @@ const SYSFS_MAGIC: i64 = 0x6265_6572;
 pub struct SandboxFs {
     root: OwnedFd,
     owner: (u32, u32),
+    /// Where relative paths start, as a path below `root`.
+    base: &'static str,
 }
 
 impl SandboxFs {
@@ -47,12 +53,21 @@ impl SandboxFs {
         if !init.alive() {
             return Err(gone());
         }
-        Ok(SandboxFs { root, owner })
+        Ok(SandboxFs { root, owner, base: HOME })
+    }
+
+    /// Opens a Landlock-tier sandbox's `home` as the root of every lookup: tool paths must then
+    /// be given relative to it (relative paths, or absolute ones with `/` the home).
+    pub fn home(home: &std::path::Path, owner: (u32, u32)) -> Result<SandboxFs, ProviderError> {
+        let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+        let root = openat2(CWD, home, flags, Mode::empty(), ResolveFlags::empty())
+            .map_err(|e| ProviderError::Unavailable(format!("cannot open the sandbox home {}: {e}", home.display())))?;
+        Ok(SandboxFs { root, owner, base: "" })
     }
 
     /// Reads a regular file of at most `max_bytes`.
     pub fn read(&self, path: &str, max_bytes: usize) -> Result<Vec<u8>, ProviderError> {
-        let inside = inside(path)?;
+        let inside = self.inside(path)?;
         let _as = act_as(self.owner)?;
         let flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK;
         let fd = self.open_at(&inside, flags, Mode::empty()).map_err(|e| errno_error(path, e))?;
@@ -79,7 +94,7 @@ impl SandboxFs {
 
     /// Writes a regular file, creating missing parent directories.
     pub fn write(&self, path: &str, data: &[u8]) -> Result<u64, ProviderError> {
-        let inside = inside(path)?;
+        let inside = self.inside(path)?;
         let _as = act_as(self.owner)?;
         let (parent, name) = match inside.rsplit_once('/') {
             Some((p, n)) if !n.is_empty() && n != "." && n != ".." => (if p.is_empty() { "/" } else { p }, n),
@@ -107,7 +122,7 @@ impl SandboxFs {
 
     /// Lists a directory (at most `max_entries`, sorted by name; `true` when more were left out).
     pub fn list(&self, path: &str, max_entries: usize) -> Result<(Vec<DirEntry>, bool), ProviderError> {
-        let inside = inside(path)?;
+        let inside = self.inside(path)?;
         let _as = act_as(self.owner)?;
         let fd =
             self.open_at(&inside, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).map_err(|e| errno_error(path, e))?;
@@ -141,7 +156,15 @@ impl SandboxFs {
     /// Whether `path` is an existing directory inside the sandbox.
     pub fn is_dir(&self, path: &str) -> bool {
         let Ok(_as) = act_as(self.owner) else { return false };
-        inside(path).is_ok_and(|p| self.open_at(&p, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).is_ok())
+        self.inside(path).is_ok_and(|p| self.open_at(&p, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).is_ok())
+    }
+
+    /// The sandbox path of a tool path: absolute as given, relative under the home.
+    fn inside(&self, path: &str) -> Result<String, ProviderError> {
+        if path.is_empty() || path.contains('\0') {
+            return Err(ProviderError::Rejected("path must be a non-empty string without NUL bytes".into()));
+        }
+        Ok(if path.starts_with('/') { path.to_string() } else { format!("{}/{path}", self.base) })
     }
 
     fn open_at(&self, inside: &str, flags: OFlags, mode: Mode) -> rustix::io::Result<OwnedFd> {
@@ -213,14 +236,6 @@ fn act_as(owner: (u32, u32)) -> Result<ActAs, ProviderError> {
     ActAs::sandbox(owner).map_err(|e| ProviderError::Unavailable(format!("cannot take the sandbox's identity for a file operation: {e}")))
 }
 
-/// The sandbox path of a tool path: absolute as given, relative under the home.
-fn inside(path: &str) -> Result<String, ProviderError> {
-    if path.is_empty() || path.contains('\0') {
-        return Err(ProviderError::Rejected("path must be a non-empty string without NUL bytes".into()));
-    }
-    Ok(if path.starts_with('/') { path.to_string() } else { format!("{HOME}/{path}") })
-}
-
 fn refuse_kernel_fs(fd: &impl AsFd, path: &str) -> Result<(), ProviderError> {
     let kind = fstatfs(fd).map_err(|e| errno_error(path, e))?.f_type as i64;
     if kind == PROC_SUPER_MAGIC || kind == SYSFS_MAGIC {
@@ -270,9 +285,12 @@ mod tests {
 
     #[test]
     fn tool_paths_map_to_sandbox_paths() {
-        assert_eq!(inside("a/b.txt").unwrap(), "/home/user/a/b.txt");
-        assert_eq!(inside("/etc/hosts").unwrap(), "/etc/hosts");
-        assert!(inside("").is_err());
-        assert!(inside("a\0b").is_err());
+        let home = SandboxFs::home(std::path::Path::new("/"), (0, 0)).unwrap();
+        let isolated = SandboxFs { base: HOME, ..SandboxFs::home(std::path::Path::new("/"), (0, 0)).unwrap() };
+        assert_eq!(isolated.inside("a/b.txt").unwrap(), "/home/user/a/b.txt");
+        assert_eq!(isolated.inside("/etc/hosts").unwrap(), "/etc/hosts");
+        assert_eq!(home.inside("a/b.txt").unwrap(), "/a/b.txt");
+        assert!(isolated.inside("").is_err());
+        assert!(home.inside("a\0b").is_err());
     }
 }

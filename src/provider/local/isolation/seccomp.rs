@@ -60,7 +60,14 @@ pub(super) fn landlock_program() -> Result<BpfProgram, String> {
     compile(true)
 }
 
+/// Each variant compiled once per process (a Landlock-tier command would otherwise pay the
+/// compilation at every start).
 fn compile(inet_tcp_only: bool) -> Result<BpfProgram, String> {
+    static COMPILED: [std::sync::OnceLock<Result<BpfProgram, String>>; 2] = [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
+    COMPILED[usize::from(inet_tcp_only)].get_or_init(|| build(inet_tcp_only)).clone()
+}
+
+fn build(inet_tcp_only: bool) -> Result<BpfProgram, String> {
     let whole: Vec<i64> = vec![
         libc::SYS_keyctl,
         libc::SYS_add_key,

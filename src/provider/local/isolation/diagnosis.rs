@@ -163,9 +163,9 @@ pub fn diagnose() -> Diagnosis {
         name: "sandbox_uid",
         ok: root,
         detail: if root {
-            "the server runs as root: each landlock-tier sandbox gets a uid of its own from --uid-range".into()
+            "the server runs as root: each isolated sandbox (namespaces or landlock) gets a host uid of its own from --uid-range".into()
         } else {
-            "the server is not root: landlock-tier sandboxes run as the server's uid".into()
+            "the server is not root: sandboxes share the server's uid (per-user quotas; landlock-tier commands can also signal the server user's processes)".into()
         },
         remedy: None,
     });

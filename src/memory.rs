@@ -5,9 +5,9 @@
 //! server that parsed one large message keeps its peak resident size for the rest of its life.
 //! After such a request the HTTP listener asks glibc to return what is free ([`release_free`]).
 //!
-//! One of the crate's three uses of `unsafe` (with `descriptors` and the Landlock tier): `malloc_trim` has no safe wrapper. It takes no pointer and
-//! only walks the allocator's own free lists under their locks, so calling it is sound at any time
-//! from any thread.
+//! One of the crate's three uses of `unsafe` (with `descriptors` and the Landlock tier):
+//! `malloc_trim` has no safe wrapper. It takes no pointer and only walks the allocator's own
+//! free lists under their locks, so calling it is sound at any time from any thread.
 
 #![allow(unsafe_code)]
 

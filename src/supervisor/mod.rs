@@ -10,16 +10,18 @@
 //!
 //! | Snippet     | `$1`, `$2`, ...                                                          |
 //! |-------------|---------------------------------------------------------------------------|
-//! | `start`     | ID TIMEOUT TASK_SHELL CWD COMMAND SUPERVISE_PROGRAM SH PAGE_LIMIT WAIT     |
+//! | `start`     | ID TIMEOUT TASK_SHELL CWD COMMAND SUPERVISE_PROGRAM SH PAGE_LIMIT WAIT INPUT |
 //! | `start` (adopt) | `adopt` ID TIMEOUT LEFT PGID OUT_PRE ERR_PRE OUT_TRUNC ERR_TRUNC STARTED_AT COMMAND SUPERVISE_PROGRAM SH |
-//! | `supervise` | `supervise` DIR TIMEOUT TASK_SHELL CWD COMMAND WAIT (passed on by `start.sh`) |
+//! | `supervise` | `supervise` DIR TIMEOUT TASK_SHELL CWD COMMAND WAIT INPUT SH (passed on by `start.sh`) |
 //! | `supervise` (adopt) | `adopt` DIR TIMEOUT LEFT PGID OUT_PRE ERR_PRE STARTED_AT (passed on by `start.sh`) |
 //! | `status`    | ID OUT_OFFSET ERR_OFFSET LIMIT                                             |
 //! | `cancel`    | ID OUT_OFFSET ERR_OFFSET LIMIT                                             |
 //! | `list`      | (none)                                                                     |
 //! | `delete`    | ID                                                                         |
+//! | `resize`    | ID ROWS COLS                                                               |
 //!
-//! CWD is empty for the sandbox user's home. Constants shared with the Rust side arrive as a
+//! CWD is empty for the sandbox user's home. INPUT is empty (stdin is `/dev/null`), `stdin`, or
+//! `pty ROWS COLS` (see "Input" below). Constants shared with the Rust side arrive as a
 //! generated preamble of `NAME=value` lines ([`Snippet::constants`]): `MAX_TASKS` (start),
 //! `LOG_CAP` and `TERM_GRACE_CS` (supervise), `CANCEL_KILL_CS` and `CANCEL_WAIT_CS` (cancel),
 //! `CLAIM_FRESH_CS` (delete); the masker gets `min_len` from a generated `BEGIN`.
@@ -35,6 +37,18 @@
 //! need no `wc` for it), `.trunc`, `.wfail`, and `.fifo` only where the shell keeps here-documents in files, see
 //! Starting). The tasks directory itself holds the tools each user's first task chose for the pumps
 //! (`.pump-gnu`, `.pump-bytes` or `.pump-slow`; `.awk-mawk` or `.awk-plain`).
+//!
+//! # Input
+//!
+//! A task started with INPUT has, in its directory, `input` (the INPUT word and size), the FIFO
+//! `stdin` (the task's stdin; for a pty, script(1)'s, which types it into the terminal) and the
+//! FIFO `stdin.eof`. A holder subshell of the supervisor keeps `stdin` open read-write, so that
+//! the task sees no end of input between two writers, until a writer opens and closes
+//! `stdin.eof` (send_input's `eof`, or the supervisor once the task has ended); it then writes
+//! `stdin.closed`. The server writes both FIFOs from outside, never through a symbolic link and
+//! never blocking (`provider::InputChannel`). A pty task's wrapper (`PTY_WRAP`) writes `pty`:
+//! its pid (the leader of the terminal's session) and its terminal, which `resize.sh` checks
+//! against `/proc` before it uses them.
 //!
 //! # Starting
 //!
@@ -116,7 +130,7 @@ use std::time::{Duration, Instant};
 
 pub mod snippet;
 
-pub use snippet::{mask_awk, Call, Launch, Snippet};
+pub use snippet::{mask_awk, Call, Launch, Snippet, TaskInput};
 
 /// The keys of an `@task` block that [`parse_answer`] and [`parse_list`] read (the table in the
 /// module doc says what each means).
@@ -466,6 +480,40 @@ pub fn delete(target: &Target<'_>, task_id: &str) -> Result<Deleted, ProviderErr
         return Ok(Deleted::Refused(Box::new(snap)));
     }
     Err(ProviderError::Unavailable(format!("delete_task got an unreadable answer: {}", excerpt(&out))))
+}
+
+/// What `resize` found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resized {
+    /// The terminal has the new size.
+    Yes,
+    /// There is no such task.
+    Missing,
+    /// The task has ended (its recorded status).
+    Over(String),
+    /// The task was started without a terminal.
+    NoTerminal,
+    /// The task's terminal is not recorded yet (it is starting).
+    NotYet,
+    /// The sandbox refused (why, in its words).
+    Refused(String),
+}
+
+/// Sets the size of a pty task's terminal.
+pub fn resize(target: &Target<'_>, task_id: &str, rows: u16, cols: u16) -> Result<Resized, ProviderError> {
+    let out = target.call(Call::Resize { task_id, rows, cols })?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().next().unwrap_or("");
+    let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
+    match word {
+        "@resized" => Ok(Resized::Yes),
+        "@none" => Ok(Resized::Missing),
+        "@over" => Ok(Resized::Over(rest.chars().take(40).collect())),
+        "@nopty" => Ok(Resized::NoTerminal),
+        "@notyet" => Ok(Resized::NotYet),
+        "@error" => Ok(Resized::Refused(rest.chars().take(300).collect())),
+        _ => Err(ProviderError::Unavailable(format!("resize_task got an unreadable answer: {}", excerpt(&out)))),
+    }
 }
 
 fn excerpt(out: &ExecOutput) -> String {

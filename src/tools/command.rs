@@ -489,6 +489,7 @@ pub fn run_command(ctx: &Ctx<'_>, args: &Args) -> Result<CommandOutcome, ToolErr
                 command,
                 page_limit: limits::MAX_LOG_BYTES as u64,
                 wait: after.as_secs(),
+                input: None,
             };
             match supervised(ctx, &id, launch, &req.envs, started)? {
                 Supervised::Ended(out) => out,
@@ -545,7 +546,7 @@ pub fn start_as_task(ctx: &Ctx<'_>, args: &Args) -> Result<RunningCommand, TaskS
     let sandbox_id = super::target_sandbox(ctx, sandbox_id).map_err(TaskStartError::Refused)?;
     let task_id = ids::task_id();
     let timeout = timeout.as_secs().max(1) as i64;
-    let launch = Launch { task_id: &task_id, timeout, cwd, command, page_limit: 1, wait: 0 };
+    let launch = Launch { task_id: &task_id, timeout, cwd, command, page_limit: 1, wait: 0, input: None };
     let started = Instant::now();
     let none = BTreeMap::new();
     let snapshot = match start_task(ctx, &sandbox_id, launch, StartMode::AtOnce(&none)) {

@@ -2,16 +2,16 @@
 //! `delete_task` (docs/contract.md, "Background tasks"). Task state lives in the sandbox; these
 //! tools never renew its TTL.
 
-use super::args::{Args, Kind, Param};
+use super::args::{Args, IntField, Kind, Param};
 use super::{field, object, Ctx, Pending, Reply, Tool, ToolError, SANDBOX_ID, SANDBOX_ID_REQUIRED};
 use crate::provider::ProviderError;
-use crate::supervisor::{self, Deleted, Launch, Snapshot, Started, Target, TaskState, Window};
+use crate::supervisor::{self, Deleted, Launch, Snapshot, Started, Target, TaskInput, TaskState, Window};
 use crate::{ids, limits};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-const TASK_ID: Param = Param { name: "task_id", kind: Kind::Str { max_chars: 64 }, required: true, description: "" };
+pub(super) const TASK_ID: Param = Param { name: "task_id", kind: Kind::Str { max_chars: 64 }, required: true, description: "" };
 
 const STDOUT_OFFSET: Param = Param {
     name: "stdout_offset",
@@ -61,6 +61,21 @@ const TIMEOUT: Param = Param {
     description: "Seconds.",
 };
 
+const STDIN: Param = Param { name: "stdin", kind: Kind::Bool, required: false, description: "Keep stdin open for send_input." };
+
+/// A terminal's size when `pty` leaves a field out.
+const PTY_DEFAULT: (u16, u16) = (24, 80);
+
+const PTY: Param = Param {
+    name: "pty",
+    kind: Kind::IntFields(&[
+        IntField { name: "rows", min: limits::PTY_SIZE_MIN, max: limits::PTY_SIZE_MAX },
+        IntField { name: "cols", min: limits::PTY_SIZE_MIN, max: limits::PTY_SIZE_MAX },
+    ]),
+    required: false,
+    description: "Run on a terminal of its own (default 24x80); output in stdout.",
+};
+
 /// The task snapshot of start_task, get_task and cancel_task.
 fn snapshot_schema() -> Value {
     object(&[
@@ -90,7 +105,7 @@ pub const START: Tool = Tool {
     name: "start_task",
     description: "Run a command in the background. Its handle (sandbox_id + task_id) outlives the session and server \
 restarts, and keeps the sandbox past the session. state \"unknown\": start unconfirmed; read the handle, never rerun blindly.",
-    params: &[COMMAND, SANDBOX_ID, CWD, TIMEOUT, ENVS],
+    params: &[COMMAND, SANDBOX_ID, CWD, TIMEOUT, ENVS, STDIN, PTY],
     output_schema: None,
     read_only: false,
     destructive: true,
@@ -142,7 +157,7 @@ fn handle(args: &Args) -> Result<(&str, &str), ToolError> {
     Ok((args.required_text(&SANDBOX_ID_REQUIRED)?, args.required_text(&TASK_ID)?))
 }
 
-fn checked_task_id(id: &str) -> Result<String, ToolError> {
+pub(super) fn checked_task_id(id: &str) -> Result<String, ToolError> {
     if !ids::is_task_id(id) {
         let shown: String = id.chars().take(40).collect();
         return Err(ToolError::new(format!(
@@ -167,6 +182,7 @@ struct StartRequest<'a> {
     cwd: Option<&'a str>,
     timeout: i64,
     envs: BTreeMap<String, String>,
+    input: Option<TaskInput>,
 }
 
 impl<'a> StartRequest<'a> {
@@ -177,8 +193,23 @@ impl<'a> StartRequest<'a> {
             cwd: args.text(&CWD)?,
             timeout: args.integer(&TIMEOUT)?,
             envs: args.map(&ENVS)?,
+            input: input(args)?,
         })
     }
+}
+
+/// What the task reads: a terminal when `pty` is given (it implies stdin), else stdin with
+/// `stdin: true`, else nothing.
+fn input(args: &Args) -> Result<Option<TaskInput>, ToolError> {
+    let stdin = args.flag(&STDIN)? == Some(true);
+    // (Each field was validated within its bounds already.)
+    let field =
+        |pty: &BTreeMap<String, i64>, name: &str, default: u16| pty.get(name).map_or(default, |&n| u16::try_from(n).unwrap_or(default));
+    Ok(match args.int_fields_given(&PTY)? {
+        Some(pty) => Some(TaskInput::Pty { rows: field(&pty, "rows", PTY_DEFAULT.0), cols: field(&pty, "cols", PTY_DEFAULT.1) }),
+        None if stdin => Some(TaskInput::Stdin),
+        None => None,
+    })
 }
 
 /// The snapshot as a tool result.
@@ -203,17 +234,25 @@ fn render(sandbox_id: &str, s: &Snapshot) -> Value {
     })
 }
 
-fn no_such_task(sandbox_id: &str, task_id: &str) -> ToolError {
+pub(super) fn no_such_task(sandbox_id: &str, task_id: &str) -> ToolError {
     ToolError::new(format!(
         "there is no task {task_id} in sandbox {sandbox_id} (it was deleted, never existed, or the sandbox was replaced); list_tasks shows the tasks it holds"
     ))
 }
 
 fn start(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
-    let StartRequest { sandbox_id, command, cwd, timeout, envs } = StartRequest::read(args)?;
+    let StartRequest { sandbox_id, command, cwd, timeout, envs, input } = StartRequest::read(args)?;
     let sandbox_id = super::target_sandbox(ctx, sandbox_id)?;
+    if input.is_some() && !ctx.app.provider.task_input() {
+        let provider = ctx.app.provider.as_ref();
+        return Err(ToolError::new(format!(
+            "the {} provider cannot give a task stdin or a terminal yet; pipe the input into the command (printf 'y\\n' | cmd), \
+or use a program's batch mode (top -b -n 1)",
+            provider.name()
+        )));
+    }
     let task_id = ids::task_id();
-    let launch = Launch { task_id: &task_id, timeout, cwd, command, page_limit: limits::READ_LIMIT_DEFAULT as u64, wait: 0 };
+    let launch = Launch { task_id: &task_id, timeout, cwd, command, page_limit: limits::READ_LIMIT_DEFAULT as u64, wait: 0, input };
     // Held before the start: if this session ends while the start is in flight, the sandbox
     // must survive. A start that fails puts it back into the destroy set, unless another start is
     // in flight or a task runs in it (StartMode::AtOnce).

@@ -55,8 +55,13 @@ start_input() {
     case $IN in
     pty*)
         _shell=${SHELL-}
+        # A background command of a shell ignores SIGINT, and so would everything on the
+        # terminal: Ctrl-C must interrupt there, so the default comes back where env can do it.
+        _ds=''
+        env --default-signal=INT true 2>/dev/null && _ds='env --default-signal=INT'
+        # shellcheck disable=SC2086 # _ds is a command and its flag, split on purpose
         SANDBOX_MCP_TASK=$ID SANDBOX_MCP_CMD=$CMD SANDBOX_MCP_TSH=$TSH SANDBOX_MCP_PTY=$D/pty SANDBOX_MCP_SIZE=${IN#pty } \
-            SANDBOX_MCP_SHELL=$_shell SHELL=$SH setsid script -qfec "$PTY_WRAP" /dev/null <"$D/stdin" >&7 2>&8 6<&- 7>&- 8>&- 9>&- &
+            SANDBOX_MCP_SHELL=$_shell SHELL=$SH setsid $_ds script -qfec "$PTY_WRAP" /dev/null <"$D/stdin" >&7 2>&8 6<&- 7>&- 8>&- 9>&- &
         ;;
     *)
         # shellcheck disable=SC2086 # the task shell and its flags, split as above

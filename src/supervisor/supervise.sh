@@ -75,6 +75,7 @@ give_up() {
 # answer is one line instead, written later: `@over` once the final state is saved, or the
 # timer's `@wait` after WAIT seconds, whichever comes first.
 launch() {
+    # shellcheck disable=SC2034 # SH is read by supervise-input.sh only
     D=$1 T=$2 TSH=$3 CWD=$4 CMD=$5 WAIT=${6:-0} IN=${7-} SH=${8:-/bin/sh}
     ID=${D##*/}
     # fd 9: start.sh's pipe, closed once the task is confirmed (that is start.sh's answer).

@@ -44,9 +44,8 @@ const MAX_OUTPUT: Param = Param {
 
 pub const RUN: Tool = Tool {
     name: "run_command",
-    description: "Run a command and wait (on timeout its process group is killed: exit_code 124). A non-zero exit_code is \
-a result, not an error. Output over max_output is cut to head and tail (*_truncated); get_task on task_id reads it all. \
-Still running after --task-after (25 s): state \"running\" as task task_id; follow it with get_task.",
+    description: "Run a command and wait; a timeout kills its group (exit_code 124). Output over max_output keeps head and \
+tail (*_truncated; get_task on task_id reads all). Still running after 25 s: state \"running\", a task to follow with get_task.",
     params: &[COMMAND, SANDBOX_ID, CWD, ENVS, TIMEOUT, MAX_OUTPUT],
     output_schema: Some(|| {
         object(&[

@@ -11,14 +11,9 @@ use crate::supervisor::{self, Resized, Target, TaskState, Window};
 use serde_json::json;
 use std::time::Instant;
 
-const DATA: Param = Param {
-    name: "data",
-    kind: Kind::Str { max_chars: limits::MAX_INPUT_BYTES },
-    required: true,
-    description: "Text; \"\\n\" ends a line, \"\\u0003\" is Ctrl-C on a pty.",
-};
+const DATA: Param = Param { name: "data", kind: Kind::Str { max_chars: limits::MAX_INPUT_BYTES }, required: true, description: "" };
 
-const EOF: Param = Param { name: "eof", kind: Kind::Bool, required: false, description: "Then close stdin." };
+const EOF: Param = Param { name: "eof", kind: Kind::Bool, required: false, description: "" };
 
 const ROWS: Param = Param {
     name: "rows",
@@ -36,12 +31,11 @@ const COLS: Param = Param {
 
 pub const SEND: Tool = Tool {
     name: "send_input",
-    description: "Write to the stdin (or type into the pty) of a task started with stdin or pty. Fails, never waits long, \
-when the task does not read.",
+    description: "Type into a stdin or pty task; eof closes. Fails, never hangs, if it does not read.",
     params: &[SANDBOX_ID_REQUIRED, TASK_ID, DATA, EOF],
     output_schema: None,
     read_only: false,
-    destructive: false,
+    destructive: true,
     run: send,
 };
 

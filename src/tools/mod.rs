@@ -396,6 +396,7 @@ mod tests {
         let typed: Vec<&str> = all().iter().filter(|t| t.output_schema.is_some()).map(|t| t.name).collect();
         assert_eq!(typed, ["run_command", "get_task"]);
         let destructive: Vec<&str> = all().iter().filter(|t| t.destructive).map(|t| t.name).collect();
-        assert_eq!(destructive, ["kill_sandbox", "run_command", "write_file", "start_task", "cancel_task", "delete_task"]);
+        // (send_input types into a task: what it types can do anything the task can.)
+        assert_eq!(destructive, ["kill_sandbox", "run_command", "write_file", "start_task", "cancel_task", "delete_task", "send_input"]);
     }
 }

@@ -17,7 +17,7 @@ const STDOUT_OFFSET: Param = Param {
     name: "stdout_offset",
     kind: Kind::Int { min: 0, max: limits::MAX_READ_OFFSET, default: Some(0) },
     required: false,
-    description: "The previous stdout_next_offset.",
+    description: "Last stdout_next_offset.",
 };
 
 const STDERR_OFFSET: Param = Param {
@@ -47,7 +47,7 @@ const UNTIL: Param = Param {
     name: "until",
     kind: Kind::Enum(&["output", "exit"]),
     required: false,
-    description: "Wait for output past the offsets, or for the task's exit (one call follows a job).",
+    description: "Wait for output past the offsets, or the exit.",
 };
 
 const COMMAND: Param = Param { name: "command", kind: Kind::Str { max_chars: limits::MAX_COMMAND_CHARS }, required: true, description: "" };
@@ -61,7 +61,7 @@ const TIMEOUT: Param = Param {
     description: "Seconds.",
 };
 
-const STDIN: Param = Param { name: "stdin", kind: Kind::Bool, required: false, description: "Keep stdin open for send_input." };
+const STDIN: Param = Param { name: "stdin", kind: Kind::Bool, required: false, description: "For send_input." };
 
 /// A terminal's size when `pty` leaves a field out.
 const PTY_DEFAULT: (u16, u16) = (24, 80);
@@ -73,7 +73,7 @@ const PTY: Param = Param {
         IntField { name: "cols", min: limits::PTY_SIZE_MIN, max: limits::PTY_SIZE_MAX },
     ]),
     required: false,
-    description: "Run on a terminal of its own (default 24x80); output in stdout.",
+    description: "Own terminal (default 24x80).",
 };
 
 /// The task snapshot of start_task, get_task and cancel_task.
@@ -103,8 +103,8 @@ fn snapshot_schema() -> Value {
 
 pub const START: Tool = Tool {
     name: "start_task",
-    description: "Run a command in the background. Its handle (sandbox_id + task_id) outlives the session and server \
-restarts, and keeps the sandbox past the session. state \"unknown\": start unconfirmed; read the handle, never rerun blindly.",
+    description: "Run a command in the background; its handle (sandbox_id, task_id) outlives session and server, and keeps \
+the sandbox. state \"unknown\": unconfirmed, read it, never rerun.",
     params: &[COMMAND, SANDBOX_ID, CWD, TIMEOUT, ENVS, STDIN, PTY],
     output_schema: None,
     read_only: false,
@@ -114,7 +114,7 @@ restarts, and keeps the sandbox past the session. state \"unknown\": start uncon
 
 pub const GET: Tool = Tool {
     name: "get_task",
-    description: "A task's state, exit code and a page of each log (1 MiB per stream kept) by offset. Wait, don't poll.",
+    description: "State, exit code and a log page per stream (1 MiB kept) by offset. Wait, don't poll.",
     params: &[SANDBOX_ID_REQUIRED, TASK_ID, STDOUT_OFFSET, STDERR_OFFSET, LIMIT, WAIT, UNTIL],
     output_schema: Some(snapshot_schema),
     read_only: true,
@@ -124,7 +124,7 @@ pub const GET: Tool = Tool {
 
 pub const CANCEL: Tool = Tool {
     name: "cancel_task",
-    description: "TERM, then KILL a task's process group; waits 3 s for its end, else fails.",
+    description: "TERM then KILL the task's group; fails if not over in 3 s.",
     params: &[SANDBOX_ID_REQUIRED, TASK_ID],
     output_schema: None,
     read_only: false,

@@ -337,10 +337,11 @@ pub enum InputError {
     Closed,
     /// Nobody reads the channel any more.
     NoReader,
-    /// The task left its input full until the deadline; `written` bytes went in first.
+    /// The task left its input full until the deadline; `written` bytes went in first (when
+    /// known).
     Full {
         /// Bytes written before the buffer stayed full.
-        written: usize,
+        written: Option<usize>,
     },
     /// Something in the sandbox replaced a file of the channel: what it found there.
     Tampered(String),
@@ -456,19 +457,17 @@ pub trait Provider: Send + Sync {
         Err(ProviderError::Rejected(format!("the {} provider cannot change a running sandbox's network", self.name())))
     }
 
-    /// Whether tasks can have input here (`stdin`, `pty`, `send_input`, `resize_task`); a
-    /// provider without it says what to do instead in [`Provider::send_input`]'s error.
+    /// Whether this provider writes a task's input itself, from the server
+    /// ([`Provider::send_input`]); otherwise the supervisor's `input.sh` writes it inside the
+    /// sandbox, through `exec`.
     fn task_input(&self) -> bool {
         false
     }
 
     /// Writes `input.data` to a task's input channel (`input_channel`) without blocking past
-    /// `deadline`, then closes the input when `input.eof`.
+    /// `deadline`, then closes the input when `input.eof` (only where [`Provider::task_input`]).
     fn send_input(&self, _sandbox_id: &str, _input: &Input<'_>, _deadline: Instant) -> Result<(), InputError> {
-        Err(InputError::Unsupported(format!(
-            "the {} provider cannot send input to a task; pipe the input into the command instead (printf 'y\\n' | cmd), or use the local provider",
-            self.name()
-        )))
+        Err(InputError::Unsupported(format!("the {} provider does not write a task's input from the server", self.name())))
     }
 
     /// The connections the sandbox's egress proxy refused since `since_ms` (Unix milliseconds),

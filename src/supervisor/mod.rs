@@ -19,12 +19,13 @@
 //! | `list`      | (none)                                                                     |
 //! | `delete`    | ID                                                                         |
 //! | `resize`    | ID ROWS COLS                                                               |
+//! | `input`     | ID EOF DATA (EOF `1` closes the input; DATA in printf `%b` form)          |
 //!
 //! CWD is empty for the sandbox user's home. INPUT is empty (stdin is `/dev/null`), `stdin`, or
 //! `pty ROWS COLS` (see "Input" below). Constants shared with the Rust side arrive as a
 //! generated preamble of `NAME=value` lines ([`Snippet::constants`]): `MAX_TASKS` (start),
 //! `LOG_CAP` and `TERM_GRACE_CS` (supervise), `CANCEL_KILL_CS` and `CANCEL_WAIT_CS` (cancel),
-//! `CLAIM_FRESH_CS` (delete); the masker gets `min_len` from a generated `BEGIN`.
+//! `CLAIM_FRESH_CS` (delete), `INPUT_WAIT_S` (input); the masker gets `min_len` from a generated `BEGIN`.
 //!
 //! # Task directory
 //!
@@ -124,7 +125,7 @@
 //! | `cmd_hex`      | the first 800 bytes of `cmd`, in hex (`list` only)                    |
 
 use crate::limits;
-use crate::provider::{ExecOutput, ExecRequest, Provider, ProviderError, Touch};
+use crate::provider::{ExecOutput, ExecRequest, InputError, Provider, ProviderError, Touch};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -482,6 +483,50 @@ pub fn delete(target: &Target<'_>, task_id: &str) -> Result<Deleted, ProviderErr
     Err(ProviderError::Unavailable(format!("delete_task got an unreadable answer: {}", excerpt(&out))))
 }
 
+/// `send_input` through a snippet in the sandbox (a provider that cannot write the task's input
+/// itself, [`Provider::task_input`]): the same channel, written by `input.sh` under `timeout`.
+pub fn send_input(target: &Target<'_>, task_id: &str, data: &[u8], eof: bool) -> Result<(), InputError> {
+    let escaped = printf_b(data);
+    let call = Call::Input { task_id, data: &escaped, eof };
+    let argv = call.argv(target.provider);
+    let encoded = serde_json::to_string(&argv).map(|s| s.len()).unwrap_or(usize::MAX);
+    if encoded > limits::MAX_SANDBOX_REQUEST_BYTES {
+        return Err(InputError::Unsupported(format!(
+            "this input would be {encoded} bytes once encoded for the sandbox, over the {} byte limit (backslashes and NUL bytes count more than once); send it in smaller calls",
+            limits::MAX_SANDBOX_REQUEST_BYTES
+        )));
+    }
+    let out = target.run(argv)?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().next().unwrap_or("");
+    let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
+    match word {
+        "@written" => Ok(()),
+        "@none" | "@missing" => Err(InputError::Missing),
+        "@closed" => Err(InputError::Closed),
+        "@full" => Err(InputError::Full { written: None }),
+        "@tampered" => Err(InputError::Tampered(format!(
+            "the task's input channel \"stdin\" is {}, not the FIFO the supervisor made",
+            rest.chars().take(80).collect::<String>()
+        ))),
+        _ => Err(InputError::Provider(ProviderError::Unavailable(format!("send_input got an unreadable answer: {}", excerpt(&out))))),
+    }
+}
+
+/// `data` as printf's `%b` reads it back: backslashes doubled, NUL as `\0000` (a NUL cannot
+/// travel in an argument); everything else as it is.
+fn printf_b(data: &[u8]) -> String {
+    let mut out = Vec::with_capacity(data.len());
+    for &b in data {
+        match b {
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            0 => out.extend_from_slice(b"\\0000"),
+            b => out.push(b),
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// What `resize` found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resized {
@@ -645,6 +690,15 @@ fn cut(mut page: Vec<u8>, size: u64, offset: u64, limit: u64) -> (Vec<u8>, u64) 
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn input_travels_in_printf_b_form() {
+        assert_eq!(super::printf_b(b"a\\b\0c%s\n"), "a\\\\b\\0000c%s\n");
+        // What printf %b makes of it is the input again.
+        let out =
+            std::process::Command::new("sh").args(["-c", "printf '%b' \"$1\"", "sh", &super::printf_b(b"x\\c\0001\n")]).output().unwrap();
+        assert_eq!(out.stdout, b"x\\c\0001\n");
+    }
+
     use super::*;
 
     fn output(stdout: &str, stderr: &str) -> ExecOutput {

@@ -70,12 +70,22 @@ pub enum Snippet {
     Delete,
     /// `resize.sh`: sets the size of a pty task's terminal.
     Resize,
+    /// `input.sh`: writes a task's input from inside the sandbox.
+    Input,
 }
 
 impl Snippet {
     /// Every snippet, in declaration order.
-    pub const ALL: [Snippet; 7] =
-        [Snippet::Start, Snippet::Supervise, Snippet::Status, Snippet::Cancel, Snippet::List, Snippet::Delete, Snippet::Resize];
+    pub const ALL: [Snippet; 8] = [
+        Snippet::Start,
+        Snippet::Supervise,
+        Snippet::Status,
+        Snippet::Cancel,
+        Snippet::List,
+        Snippet::Delete,
+        Snippet::Resize,
+        Snippet::Input,
+    ];
 
     /// The snippet's own file, without `common.sh`.
     fn file(self) -> &'static str {
@@ -87,6 +97,7 @@ impl Snippet {
             Snippet::List => include_str!("list.sh"),
             Snippet::Delete => include_str!("delete.sh"),
             Snippet::Resize => include_str!("resize.sh"),
+            Snippet::Input => include_str!("input.sh"),
         }
     }
 
@@ -97,6 +108,7 @@ impl Snippet {
             Snippet::Supervise => vec![("LOG_CAP", limits::MAX_LOG_BYTES as u128), ("TERM_GRACE_CS", centis(TIMEOUT_KILL_GRACE))],
             Snippet::Cancel => vec![("CANCEL_KILL_CS", centis(CANCEL_KILL_GRACE)), ("CANCEL_WAIT_CS", centis(CANCEL_WAIT))],
             Snippet::Delete => vec![("CLAIM_FRESH_CS", centis(CLAIM_FRESH))],
+            Snippet::Input => vec![("INPUT_WAIT_S", limits::INPUT_WRITE_WAIT.as_secs() as u128)],
             Snippet::Status | Snippet::List | Snippet::Resize => Vec::new(),
         }
     }
@@ -158,7 +170,7 @@ impl Snippet {
 
     /// The program as sent to the sandbox (comments and indentation dropped).
     pub fn source(self) -> &'static str {
-        static SOURCES: OnceLock<[String; 7]> = OnceLock::new();
+        static SOURCES: OnceLock<[String; 8]> = OnceLock::new();
         let all = SOURCES.get_or_init(|| Snippet::ALL.map(|s| s.assemble(compact)));
         &all[self as usize]
     }
@@ -166,7 +178,7 @@ impl Snippet {
     /// The program of an adoption as sent to the sandbox: [`Snippet::source`] with the adopt
     /// mode (`start.sh` and `supervise.sh`; the others have none).
     pub fn adopt_source(self) -> &'static str {
-        static SOURCES: OnceLock<[String; 7]> = OnceLock::new();
+        static SOURCES: OnceLock<[String; 8]> = OnceLock::new();
         let all = SOURCES.get_or_init(|| Snippet::ALL.map(|s| s.assemble_for(compact, Variant::Adopt)));
         &all[self as usize]
     }
@@ -282,6 +294,15 @@ pub enum Call<'a> {
         /// The task.
         task_id: &'a str,
     },
+    /// Write a task's input (`data` in printf %b form) and close it when `eof`.
+    Input {
+        /// The task.
+        task_id: &'a str,
+        /// The bytes, escaped for printf's %b.
+        data: &'a str,
+        /// Close the input after them.
+        eof: bool,
+    },
     /// Resize a pty task's terminal.
     Resize {
         /// The task.
@@ -303,6 +324,7 @@ impl Call<'_> {
             Call::List => Snippet::List,
             Call::Delete { .. } => Snippet::Delete,
             Call::Resize { .. } => Snippet::Resize,
+            Call::Input { .. } => Snippet::Input,
         }
     }
 
@@ -351,6 +373,7 @@ impl Call<'_> {
             Call::List => Vec::new(),
             Call::Delete { task_id } => vec![task_id.to_string()],
             Call::Resize { task_id, rows, cols } => vec![task_id.to_string(), rows.to_string(), cols.to_string()],
+            Call::Input { task_id, data, eof } => vec![task_id.to_string(), u8::from(eof).to_string(), data.to_string()],
         }
     }
 

@@ -71,7 +71,13 @@ fn send(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
     let provider = ctx.app.provider.as_ref();
     let dir = task_dir(&task_id);
     let input = Input { task_dir: &dir, data: data.as_bytes(), eof };
-    match provider.send_input(&sandbox_id, &input, Instant::now() + limits::INPUT_WRITE_WAIT) {
+    let written = if provider.task_input() {
+        provider.send_input(&sandbox_id, &input, Instant::now() + limits::INPUT_WRITE_WAIT)
+    } else {
+        // The supervisor's snippet writes it inside the sandbox (E2B).
+        supervisor::send_input(&Target { provider, sandbox_id: &sandbox_id }, &task_id, data.as_bytes(), eof)
+    };
+    match written {
         Ok(()) => Ok(Reply::Now(json!({"sandbox_id": sandbox_id, "task_id": task_id, "bytes": data.len(), "eof": eof}))),
         Err(InputError::Unsupported(msg)) => Err(ToolError::new(msg)),
         Err(InputError::Provider(err)) => Err(err.into()),
@@ -101,9 +107,10 @@ fn explain(ctx: &Ctx<'_>, sandbox_id: &str, task_id: &str, err: InputError, len:
         InputError::Closed => format!("task {task_id}'s input was closed (eof: true); nothing more can be sent to it"),
         InputError::NoReader => format!("task {task_id} no longer reads its input (it closed its stdin); nothing can be sent to it"),
         InputError::Full { written } => format!(
-            "task {task_id} is not reading its input: its buffer stayed full for {} s, and {written} of the {len} bytes went in. \
+            "task {task_id} is not reading its input: its buffer stayed full for {} s, and {} of the {len} bytes went in. \
 Send the rest later, check the task with get_task, or cancel_task it",
-            limits::INPUT_WRITE_WAIT.as_secs()
+            limits::INPUT_WRITE_WAIT.as_secs(),
+            written.map_or_else(|| "some".to_string(), |n| n.to_string())
         ),
         InputError::Tampered(what) => {
             format!("{what}: something in the sandbox replaced it, so input cannot reach task {task_id}; nothing was written")
@@ -135,12 +142,6 @@ fn resize(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
     let cols = size(args.integer(&COLS)?);
     let sandbox_id = super::target_sandbox(ctx, Some(given))?;
     let provider = ctx.app.provider.as_ref();
-    if !provider.task_input() {
-        return Err(ToolError::new(format!(
-            "the {} provider has no task terminals, so there is nothing to resize; run full-screen programs in their batch mode (top -b -n 1)",
-            provider.name()
-        )));
-    }
     let target = Target { provider, sandbox_id: &sandbox_id };
     match supervisor::resize(&target, &task_id, rows, cols)? {
         Resized::Yes => Ok(Reply::Now(json!({"sandbox_id": sandbox_id, "task_id": task_id, "rows": rows, "cols": cols}))),

@@ -243,14 +243,6 @@ pub(super) fn no_such_task(sandbox_id: &str, task_id: &str) -> ToolError {
 fn start(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
     let StartRequest { sandbox_id, command, cwd, timeout, envs, input } = StartRequest::read(args)?;
     let sandbox_id = super::target_sandbox(ctx, sandbox_id)?;
-    if input.is_some() && !ctx.app.provider.task_input() {
-        let provider = ctx.app.provider.as_ref();
-        return Err(ToolError::new(format!(
-            "the {} provider cannot give a task stdin or a terminal yet; pipe the input into the command (printf 'y\\n' | cmd), \
-or use a program's batch mode (top -b -n 1)",
-            provider.name()
-        )));
-    }
     let task_id = ids::task_id();
     let launch = Launch { task_id: &task_id, timeout, cwd, command, page_limit: limits::READ_LIMIT_DEFAULT as u64, wait: 0, input };
     // Held before the start: if this session ends while the start is in flight, the sandbox

@@ -283,3 +283,51 @@ fn ctrl_c_reaches_a_pty_task_and_cancel_ends_it() {
     assert_eq!(r["stdout"].as_str().unwrap().trim(), "0", "{r}");
     m.close();
 }
+
+/// E2B (through the emulator): the same channel, written by the supervisor's snippet inside the
+/// sandbox; a new server process sends input and resizes; the channel's attacks fail there too.
+#[test]
+fn input_and_terminals_on_e2b() {
+    let e = E2bHome::new("input-e2b");
+    let mut a = e.stdio();
+    let sb = sandbox(&mut a);
+    let task = start(&mut a, &sb, "read -r a; printf 'got:%s\\n' \"$a\"; cat; echo end", json!({"stdin": true}));
+    // Backslashes, % and a NUL byte arrive as they were sent.
+    send_ok(&mut a, &sb, &task, "one \\c %s\n");
+    stdout_has(&mut a, &sb, &task, "got:one \\c %s\n");
+    let pty =
+        start(&mut a, &sb, "stty size; while read l; do [ \"$l\" = size ] && stty size; done", json!({"pty": {"rows": 12, "cols": 34}}));
+    stdout_has(&mut a, &sb, &pty, "12 34");
+    a.close();
+    let mut b = e.stdio();
+    b.ok("send_input", json!({"sandbox_id": sb, "task_id": task, "data": "x\u{0}y\n", "eof": true}));
+    let s = finish(&mut b, &sb, &task);
+    assert_eq!(s["stdout"], "got:one \\c %s\nx\u{0}y\nend\n", "{s}");
+    let e2 = send_err(&mut b, &sb, &task, "late");
+    assert!(e2.contains("has ended"), "{e2}");
+    b.ok("resize_task", json!({"sandbox_id": sb, "task_id": pty, "rows": 50, "cols": 60}));
+    send_ok(&mut b, &sb, &pty, "size\n");
+    stdout_has(&mut b, &sb, &pty, "50 60");
+    // A task without input, one that never reads, a replaced FIFO.
+    let plain = start(&mut b, &sb, "sleep 30", json!({}));
+    assert!(send_err(&mut b, &sb, &plain, "x").contains("without stdin or pty"));
+    let idle = start(&mut b, &sb, "sleep 60", json!({"stdin": true}));
+    let chunk = "z".repeat(64 * 1024);
+    let failed = (0..4).find_map(|_| {
+        let t0 = Instant::now();
+        let r = send(&mut b, &sb, &idle, &chunk);
+        assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
+        (r["isError"] == json!(true)).then(|| r["content"][0]["text"].as_str().unwrap().to_string())
+    });
+    assert!(failed.is_some_and(|m| m.contains("is not reading its input")));
+    let dir = format!(".sandbox-mcp/tasks/{plain}");
+    let fake = start(&mut b, &sb, "cat; sleep 60", json!({"stdin": true}));
+    let fake_dir = format!(".sandbox-mcp/tasks/{fake}");
+    b.ok("run_command", json!({"sandbox_id": sb, "command": format!("cd ~/{fake_dir} && rm stdin && ln -s ~/{dir}/cmd stdin")}));
+    let m = send_err(&mut b, &sb, &fake, "x");
+    assert!(m.contains("replaced"), "{m}");
+    for t in [&pty, &plain, &idle, &fake] {
+        b.ok("cancel_task", json!({"sandbox_id": sb, "task_id": t}));
+    }
+    b.close();
+}

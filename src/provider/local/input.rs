@@ -91,12 +91,12 @@ fn write_all(fd: &OwnedFd, data: &[u8], deadline: Instant) -> Result<(), InputEr
             Err(Errno::AGAIN) => {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
-                    return Err(InputError::Full { written });
+                    return Err(InputError::Full { written: Some(written) });
                 }
                 let mut fds = [PollFd::new(fd, PollFlags::OUT)];
                 let wait = rustix::event::Timespec { tv_sec: left.as_secs() as i64, tv_nsec: i64::from(left.subsec_nanos()) };
                 match poll(&mut fds, Some(&wait)) {
-                    Ok(0) => return Err(InputError::Full { written }),
+                    Ok(0) => return Err(InputError::Full { written: Some(written) }),
                     Ok(_) | Err(Errno::INTR) => {}
                     Err(e) => return Err(InputError::Provider(ProviderError::Unavailable(format!("waiting for the task's input: {e}")))),
                 }
@@ -147,7 +147,7 @@ mod tests {
         let big = vec![b'a'; 1 << 20];
         let t0 = Instant::now();
         match write(&fd, &big, false, soon()) {
-            Err(InputError::Full { written }) => assert!(written > 0 && written < big.len()),
+            Err(InputError::Full { written: Some(written) }) => assert!(written > 0 && written < big.len()),
             other => panic!("{other:?}"),
         }
         assert!(t0.elapsed() < Duration::from_secs(2));

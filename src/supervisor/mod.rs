@@ -695,8 +695,8 @@ mod tests {
         assert_eq!(super::printf_b(b"a\\b\0c%s\n"), "a\\\\b\\0000c%s\n");
         // What printf %b makes of it is the input again.
         let out =
-            std::process::Command::new("sh").args(["-c", "printf '%b' \"$1\"", "sh", &super::printf_b(b"x\\c\0001\n")]).output().unwrap();
-        assert_eq!(out.stdout, b"x\\c\0001\n");
+            std::process::Command::new("sh").args(["-c", "printf '%b' \"$1\"", "sh", &super::printf_b(b"x\\c\x001\n")]).output().unwrap();
+        assert_eq!(out.stdout, b"x\\c\x001\n");
     }
 
     use super::*;

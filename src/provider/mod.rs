@@ -345,8 +345,8 @@ pub enum InputError {
     },
     /// Something in the sandbox replaced a file of the channel: what it found there.
     Tampered(String),
-    /// This provider cannot send input (what to do instead).
-    Unsupported(String),
+    /// The call cannot be done as asked (why, and what to do instead).
+    Refused(String),
     /// The sandbox could not be reached.
     Provider(ProviderError),
 }
@@ -467,7 +467,7 @@ pub trait Provider: Send + Sync {
     /// Writes `input.data` to a task's input channel (`input_channel`) without blocking past
     /// `deadline`, then closes the input when `input.eof` (only where [`Provider::task_input`]).
     fn send_input(&self, _sandbox_id: &str, _input: &Input<'_>, _deadline: Instant) -> Result<(), InputError> {
-        Err(InputError::Unsupported(format!("the {} provider does not write a task's input from the server", self.name())))
+        Err(InputError::Refused(format!("the {} provider does not write a task's input from the server", self.name())))
     }
 
     /// The connections the sandbox's egress proxy refused since `since_ms` (Unix milliseconds),

@@ -491,7 +491,7 @@ pub fn send_input(target: &Target<'_>, task_id: &str, data: &[u8], eof: bool) ->
     let argv = call.argv(target.provider);
     let encoded = serde_json::to_string(&argv).map(|s| s.len()).unwrap_or(usize::MAX);
     if encoded > limits::MAX_SANDBOX_REQUEST_BYTES {
-        return Err(InputError::Unsupported(format!(
+        return Err(InputError::Refused(format!(
             "this input would be {encoded} bytes once encoded for the sandbox, over the {} byte limit (backslashes and NUL bytes count more than once); send it in smaller calls",
             limits::MAX_SANDBOX_REQUEST_BYTES
         )));

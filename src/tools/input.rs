@@ -7,7 +7,7 @@ use super::tasks::{checked_task_id, no_such_task, TASK_ID};
 use super::{Ctx, Reply, Tool, ToolError, SANDBOX_ID_REQUIRED};
 use crate::limits;
 use crate::provider::{Input, InputError};
-use crate::supervisor::{self, Resized, Target, TaskState, Window};
+use crate::supervisor::{self, Resized, Target, Window};
 use serde_json::json;
 use std::time::Instant;
 
@@ -79,7 +79,7 @@ fn send(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
     };
     match written {
         Ok(()) => Ok(Reply::Now(json!({"sandbox_id": sandbox_id, "task_id": task_id, "bytes": data.len(), "eof": eof}))),
-        Err(InputError::Unsupported(msg)) => Err(ToolError::new(msg)),
+        Err(InputError::Refused(msg)) => Err(ToolError::new(msg)),
         Err(InputError::Provider(err)) => Err(err.into()),
         Err(err) => Err(explain(ctx, &sandbox_id, &task_id, err, data.len())),
     }
@@ -100,12 +100,14 @@ fn explain(ctx: &Ctx<'_>, sandbox_id: &str, task_id: &str, err: InputError, len:
             state.name()
         ));
     }
-    ToolError::new(match err {
+    let mut message = match err {
         InputError::Missing => format!(
             "task {task_id} was started without stdin or pty, so it reads nothing; start the program again with start_task and stdin: true (or pty)"
         ),
         InputError::Closed => format!("task {task_id}'s input was closed (eof: true); nothing more can be sent to it"),
-        InputError::NoReader => format!("task {task_id} no longer reads its input (it closed its stdin); nothing can be sent to it"),
+        InputError::NoReader => format!(
+            "task {task_id} no longer reads its input (it closed its stdin, or something in the sandbox replaced the channel); nothing was written"
+        ),
         InputError::Full { written } => format!(
             "task {task_id} is not reading its input: its buffer stayed full for {} s, and {} of the {len} bytes went in. \
 Send the rest later, check the task with get_task, or cancel_task it",
@@ -115,24 +117,13 @@ Send the rest later, check the task with get_task, or cancel_task it",
         InputError::Tampered(what) => {
             format!("{what}: something in the sandbox replaced it, so input cannot reach task {task_id}; nothing was written")
         }
-        InputError::Unsupported(msg) => msg,
+        InputError::Refused(msg) => msg,
         InputError::Provider(e) => e.to_string(),
-    })
-    .with_state(state)
-}
-
-trait WithState {
-    fn with_state(self, state: Option<TaskState>) -> ToolError;
-}
-
-impl WithState for ToolError {
-    /// Adds the task's state when it could not be read.
-    fn with_state(mut self, state: Option<TaskState>) -> ToolError {
-        if state.is_none() {
-            self.message.push_str(" (the task's state could not be read)");
-        }
-        self
+    };
+    if state.is_none() {
+        message.push_str(" (the task's state could not be read)");
     }
+    ToolError::new(message)
 }
 
 fn resize(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {

@@ -5,11 +5,14 @@
 # PTY_WRAP: what script(1) runs on a pty task's terminal: records its pid (the session's leader,
 # which keeps it through the exec) and its terminal in the task directory's `pty` (resize.sh
 # reads it), sets the asked size, then runs the command with the task shell and the task's own
-# environment (its SHELL restored, the wrapper's variables gone).
+# environment (its SHELL restored, the wrapper's variables gone; TERM xterm-256color where the
+# environment has none, since full-screen programs need one).
 # shellcheck disable=SC2016 # a program for script's shell: its $ are that shell's
 PTY_WRAP='printf "%s %s\n" "$$" "$(tty)" >"$SANDBOX_MCP_PTY"
 set -- $SANDBOX_MCP_SIZE
 stty rows "$1" cols "$2" 2>/dev/null
+[ -n "$TERM" ] || TERM=xterm-256color
+export TERM
 c=$SANDBOX_MCP_CMD t=$SANDBOX_MCP_TSH
 if [ -n "$SANDBOX_MCP_SHELL" ]; then SHELL=$SANDBOX_MCP_SHELL; else unset SHELL; fi
 unset SANDBOX_MCP_CMD SANDBOX_MCP_TSH SANDBOX_MCP_PTY SANDBOX_MCP_SIZE SANDBOX_MCP_SHELL

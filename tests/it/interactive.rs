@@ -227,11 +227,11 @@ fn a_pty_task_has_a_terminal_of_its_own_that_outlives_the_server() {
     let mut a = home.stdio();
     let sb =
         a.ok("create_sandbox", json!({"timeout": 300, "envs": {"API_TOKEN": "tok-abcdefgh"}}))["sandbox_id"].as_str().unwrap().to_string();
-    let loop_ = "[ -t 0 ] && [ -t 1 ] && echo on-a-tty; stty size; echo \"key=$API_TOKEN\"; \
+    let loop_ = "[ -t 0 ] && [ -t 1 ] && echo on-a-tty; [ -n \"$TERM\" ] && echo has-term; stty size; echo \"key=$API_TOKEN\"; \
 while read l; do case $l in size) stty size ;; tty) tty ;; q) exit 4 ;; esac; done";
     let task = start(&mut a, &sb, loop_, json!({"pty": {"rows": 30, "cols": 100}}));
     let out = stdout_has(&mut a, &sb, &task, "30 100");
-    assert!(out.contains("on-a-tty") && out.contains("key=***") && !out.contains("tok-abcdefgh"), "{out}");
+    assert!(out.contains("on-a-tty") && out.contains("has-term") && out.contains("key=***") && !out.contains("tok-abcdefgh"), "{out}");
     // Typed input is echoed by the terminal, and read by the program.
     send_ok(&mut a, &sb, &task, "tty\n");
     let out = stdout_has(&mut a, &sb, &task, "/dev/pts/");

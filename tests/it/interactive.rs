@@ -263,7 +263,7 @@ while read l; do case $l in size) stty size ;; tty) tty ;; q) exit 4 ;; esac; do
 }
 
 #[test]
-fn ctrl_c_reaches_a_pty_task_and_cancel_ends_it() {
+fn ctrl_c_reaches_a_pty_task_cancel_ends_it_and_its_log_is_capped() {
     let home = Home::new("pty-cancel");
     let mut m = home.stdio();
     let sb = sandbox(&mut m);
@@ -281,6 +281,14 @@ fn ctrl_c_reaches_a_pty_task_and_cancel_ends_it() {
         json!({"sandbox_id": sb, "command": format!("grep -l SANDBOX_MCP_TASK={task} /proc/[0-9]*/environ 2>/dev/null | wc -l")}),
     );
     assert_eq!(r["stdout"].as_str().unwrap().trim(), "0", "{r}");
+    // The log cap and offsets as for any task: 1.5 MB through the terminal keeps 1 MiB.
+    let cmd = "head -c 1500000 /dev/zero | tr '\\0' a";
+    let started = m.ok("start_task", json!({"sandbox_id": sb, "command": cmd, "pty": {}}));
+    let big = started["task_id"].as_str().unwrap().to_string();
+    let s = finish(&mut m, &sb, &big);
+    assert_eq!((s["stdout_bytes"].clone(), s["stdout_truncated"].clone()), (json!(1 << 20), json!(true)), "{}", s["state"]);
+    let page = m.ok("get_task", json!({"sandbox_id": sb, "task_id": big, "stdout_offset": (1 << 20) - 3}));
+    assert_eq!(page["stdout"], "aaa");
     m.close();
 }
 

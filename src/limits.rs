@@ -36,6 +36,17 @@ pub const READ_LIMIT_MAX: i64 = 65_536;
 /// Default `limit`.
 pub const READ_LIMIT_DEFAULT: i64 = 16_384;
 
+/// Bytes of `send_input`'s `data` per call (UTF-8).
+pub const MAX_INPUT_BYTES: usize = 64 * 1024;
+
+/// How long `send_input` waits for room in a task's input buffer before it fails.
+pub const INPUT_WRITE_WAIT: Duration = Duration::from_secs(2);
+
+/// Bounds of a task terminal's `rows` and `cols`.
+pub const PTY_SIZE_MIN: i64 = 1;
+/// Upper bound of a task terminal's `rows` and `cols`.
+pub const PTY_SIZE_MAX: i64 = 1000;
+
 /// Task directories per OS user per sandbox.
 pub const MAX_TASKS: usize = 128;
 

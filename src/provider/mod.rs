@@ -309,6 +309,57 @@ impl fmt::Display for ProviderError {
 
 impl std::error::Error for ProviderError {}
 
+/// The files of a task's input channel in its directory (the `supervisor` module doc, "Input",
+/// says who makes them): the provider writes the first two from outside, never blocking.
+pub mod input_channel {
+    /// The FIFO the task (or its terminal) reads.
+    pub const FIFO: &str = "stdin";
+    /// The FIFO whose writer's close ends the input.
+    pub const EOF: &str = "stdin.eof";
+    /// The marker of an input that has ended.
+    pub const CLOSED: &str = "stdin.closed";
+}
+
+/// What `send_input` asks of a provider.
+#[derive(Debug, Clone, Copy)]
+pub struct Input<'a> {
+    /// The task's directory, relative to the sandbox user's home.
+    pub task_dir: &'a str,
+    /// The bytes to write.
+    pub data: &'a [u8],
+    /// Close the input after them.
+    pub eof: bool,
+}
+
+/// Why input could not be written.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InputError {
+    /// The channel does not exist: no such task, or one started without input.
+    Missing,
+    /// The input has ended (`eof`, or the task's end).
+    Closed,
+    /// Nobody reads the channel any more.
+    NoReader,
+    /// The task left its input full until the deadline; `written` bytes went in first (when
+    /// known).
+    Full {
+        /// Bytes written before the buffer stayed full.
+        written: Option<usize>,
+    },
+    /// Something in the sandbox replaced a file of the channel: what it found there.
+    Tampered(String),
+    /// The call cannot be done as asked (why, and what to do instead).
+    Refused(String),
+    /// The sandbox could not be reached.
+    Provider(ProviderError),
+}
+
+impl From<ProviderError> for InputError {
+    fn from(e: ProviderError) -> InputError {
+        InputError::Provider(e)
+    }
+}
+
 /// A sandbox platform. Implementations map their failures to [`ProviderError`]: a malformed id is
 /// `InvalidId` (checked before any I/O), a missing sandbox `NotFound`, a refusal `Rejected`, a
 /// failure before the request could take effect `Unavailable`, and anything after which the
@@ -407,6 +458,24 @@ pub trait Provider: Send + Sync {
     /// Replaces the network policy of a running sandbox (new connections follow it at once).
     fn set_network(&self, _sandbox_id: &str, _network: &Network, _deadline: Instant) -> Result<SandboxInfo, ProviderError> {
         Err(ProviderError::Rejected(format!("the {} provider cannot change a running sandbox's network", self.name())))
+    }
+
+    /// Why sandbox `sandbox_id` cannot give a task a terminal of its own (`pty`), if it cannot.
+    fn terminal_refusal(&self, _sandbox_id: &str) -> Option<String> {
+        None
+    }
+
+    /// Whether this provider writes a task's input itself, from the server
+    /// ([`Provider::send_input`]); otherwise the supervisor's `input.sh` writes it inside the
+    /// sandbox, through `exec`.
+    fn task_input(&self) -> bool {
+        false
+    }
+
+    /// Writes `input.data` to a task's input channel (`input_channel`) without blocking past
+    /// `deadline`, then closes the input when `input.eof` (only where [`Provider::task_input`]).
+    fn send_input(&self, _sandbox_id: &str, _input: &Input<'_>, _deadline: Instant) -> Result<(), InputError> {
+        Err(InputError::Refused(format!("the {} provider does not write a task's input from the server", self.name())))
     }
 
     /// The connections the sandbox's egress proxy refused since `since_ms` (Unix milliseconds),

@@ -8,8 +8,9 @@
 # Helpers return their results in global variables (ST_*, S_*, E_*, NOW, CS, BOOT, ROOT) that
 # only some snippets read, hence the SC2034 (unused variable) exceptions below.
 
-# proc_stat PID: sets ST_STATE ST_PPID ST_PGID ST_START (fields 3, 4, 5, 22 of /proc/PID/stat).
-# shellcheck disable=SC2034 # ST_PPID is read by supervise.sh only
+# proc_stat PID: sets ST_STATE ST_PPID ST_PGID ST_SID ST_TTY ST_START (fields 3 to 7 and 22 of
+# /proc/PID/stat).
+# shellcheck disable=SC2034 # ST_PPID is read by supervise.sh only, ST_SID and ST_TTY by resize.sh
 proc_stat() {
     _s=''
     read -r _s 2>/dev/null <"/proc/$1/stat" || return 1
@@ -19,7 +20,7 @@ proc_stat() {
     # shellcheck disable=SC2086
     set -- $_s
     set +f
-    ST_STATE=$1 ST_PPID=$2 ST_PGID=$3 ST_START=${20}
+    ST_STATE=$1 ST_PPID=$2 ST_PGID=$3 ST_SID=$4 ST_TTY=$5 ST_START=${20}
     [ -n "$ST_START" ]
 }
 

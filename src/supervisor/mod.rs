@@ -10,19 +10,22 @@
 //!
 //! | Snippet     | `$1`, `$2`, ...                                                          |
 //! |-------------|---------------------------------------------------------------------------|
-//! | `start`     | ID TIMEOUT TASK_SHELL CWD COMMAND SUPERVISE_PROGRAM SH PAGE_LIMIT WAIT     |
+//! | `start`     | ID TIMEOUT TASK_SHELL CWD COMMAND SUPERVISE_PROGRAM SH PAGE_LIMIT WAIT INPUT |
 //! | `start` (adopt) | `adopt` ID TIMEOUT LEFT PGID OUT_PRE ERR_PRE OUT_TRUNC ERR_TRUNC STARTED_AT COMMAND SUPERVISE_PROGRAM SH |
-//! | `supervise` | `supervise` DIR TIMEOUT TASK_SHELL CWD COMMAND WAIT (passed on by `start.sh`) |
+//! | `supervise` | `supervise` DIR TIMEOUT TASK_SHELL CWD COMMAND WAIT INPUT SH (passed on by `start.sh`) |
 //! | `supervise` (adopt) | `adopt` DIR TIMEOUT LEFT PGID OUT_PRE ERR_PRE STARTED_AT (passed on by `start.sh`) |
 //! | `status`    | ID OUT_OFFSET ERR_OFFSET LIMIT                                             |
 //! | `cancel`    | ID OUT_OFFSET ERR_OFFSET LIMIT                                             |
 //! | `list`      | (none)                                                                     |
 //! | `delete`    | ID                                                                         |
+//! | `resize`    | ID ROWS COLS                                                               |
+//! | `input`     | ID EOF DATA (EOF `1` closes the input; DATA in printf `%b` form)          |
 //!
-//! CWD is empty for the sandbox user's home. Constants shared with the Rust side arrive as a
+//! CWD is empty for the sandbox user's home. INPUT is empty (stdin is `/dev/null`), `stdin`, or
+//! `pty ROWS COLS` (see "Input" below). Constants shared with the Rust side arrive as a
 //! generated preamble of `NAME=value` lines ([`Snippet::constants`]): `MAX_TASKS` (start),
 //! `LOG_CAP` and `TERM_GRACE_CS` (supervise), `CANCEL_KILL_CS` and `CANCEL_WAIT_CS` (cancel),
-//! `CLAIM_FRESH_CS` (delete); the masker gets `min_len` from a generated `BEGIN`.
+//! `CLAIM_FRESH_CS` (delete), `INPUT_WAIT_S` (input); the masker gets `min_len` from a generated `BEGIN`.
 //!
 //! # Task directory
 //!
@@ -35,6 +38,18 @@
 //! need no `wc` for it), `.trunc`, `.wfail`, and `.fifo` only where the shell keeps here-documents in files, see
 //! Starting). The tasks directory itself holds the tools each user's first task chose for the pumps
 //! (`.pump-gnu`, `.pump-bytes` or `.pump-slow`; `.awk-mawk` or `.awk-plain`).
+//!
+//! # Input
+//!
+//! A task started with INPUT has, in its directory, `input` (the INPUT word and size), the FIFO
+//! `stdin` (the task's stdin; for a pty, script(1)'s, which types it into the terminal) and the
+//! FIFO `stdin.eof`. A holder subshell of the supervisor keeps `stdin` open read-write, so that
+//! the task sees no end of input between two writers, until a writer opens and closes
+//! `stdin.eof` (send_input's `eof`, or the supervisor once the task has ended); it then writes
+//! `stdin.closed`. The server writes both FIFOs from outside, never through a symbolic link and
+//! never blocking (`provider::InputChannel`). A pty task's wrapper (`PTY_WRAP`) writes `pty`:
+//! its pid (the leader of the terminal's session) and its terminal, which `resize.sh` checks
+//! against `/proc` before it uses them.
 //!
 //! # Starting
 //!
@@ -110,13 +125,13 @@
 //! | `cmd_hex`      | the first 800 bytes of `cmd`, in hex (`list` only)                    |
 
 use crate::limits;
-use crate::provider::{ExecOutput, ExecRequest, Provider, ProviderError, Touch};
+use crate::provider::{ExecOutput, ExecRequest, InputError, Provider, ProviderError, Touch};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 pub mod snippet;
 
-pub use snippet::{mask_awk, Call, Launch, Snippet};
+pub use snippet::{mask_awk, Call, Launch, Snippet, TaskInput};
 
 /// The keys of an `@task` block that [`parse_answer`] and [`parse_list`] read (the table in the
 /// module doc says what each means).
@@ -468,6 +483,84 @@ pub fn delete(target: &Target<'_>, task_id: &str) -> Result<Deleted, ProviderErr
     Err(ProviderError::Unavailable(format!("delete_task got an unreadable answer: {}", excerpt(&out))))
 }
 
+/// `send_input` through a snippet in the sandbox (a provider that cannot write the task's input
+/// itself, [`Provider::task_input`]): the same channel, written by `input.sh` under `timeout`.
+pub fn send_input(target: &Target<'_>, task_id: &str, data: &[u8], eof: bool) -> Result<(), InputError> {
+    let escaped = printf_b(data);
+    let call = Call::Input { task_id, data: &escaped, eof };
+    let argv = call.argv(target.provider);
+    let encoded = serde_json::to_string(&argv).map(|s| s.len()).unwrap_or(usize::MAX);
+    if encoded > limits::MAX_SANDBOX_REQUEST_BYTES {
+        return Err(InputError::Refused(format!(
+            "this input would be {encoded} bytes once encoded for the sandbox, over the {} byte limit (backslashes and NUL bytes count more than once); send it in smaller calls",
+            limits::MAX_SANDBOX_REQUEST_BYTES
+        )));
+    }
+    let out = target.run(argv)?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().next().unwrap_or("");
+    let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
+    match word {
+        "@written" => Ok(()),
+        "@none" | "@missing" => Err(InputError::Missing),
+        "@closed" => Err(InputError::Closed),
+        "@full" => Err(InputError::Full { written: None }),
+        "@tampered" => Err(InputError::Tampered(format!(
+            "the task's input channel \"stdin\" is {}, not the FIFO the supervisor made",
+            rest.chars().take(80).collect::<String>()
+        ))),
+        _ => Err(InputError::Provider(ProviderError::Unavailable(format!("send_input got an unreadable answer: {}", excerpt(&out))))),
+    }
+}
+
+/// `data` as printf's `%b` reads it back: backslashes doubled, NUL as `\0000` (a NUL cannot
+/// travel in an argument); everything else as it is.
+fn printf_b(data: &[u8]) -> String {
+    let mut out = Vec::with_capacity(data.len());
+    for &b in data {
+        match b {
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            0 => out.extend_from_slice(b"\\0000"),
+            b => out.push(b),
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// What `resize` found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resized {
+    /// The terminal has the new size.
+    Yes,
+    /// There is no such task.
+    Missing,
+    /// The task has ended (its recorded status).
+    Over(String),
+    /// The task was started without a terminal.
+    NoTerminal,
+    /// The task's terminal is not recorded yet (it is starting).
+    NotYet,
+    /// The sandbox refused (why, in its words).
+    Refused(String),
+}
+
+/// Sets the size of a pty task's terminal.
+pub fn resize(target: &Target<'_>, task_id: &str, rows: u16, cols: u16) -> Result<Resized, ProviderError> {
+    let out = target.call(Call::Resize { task_id, rows, cols })?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().next().unwrap_or("");
+    let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
+    match word {
+        "@resized" => Ok(Resized::Yes),
+        "@none" => Ok(Resized::Missing),
+        "@over" => Ok(Resized::Over(rest.chars().take(40).collect())),
+        "@nopty" => Ok(Resized::NoTerminal),
+        "@notyet" => Ok(Resized::NotYet),
+        "@error" => Ok(Resized::Refused(rest.chars().take(300).collect())),
+        _ => Err(ProviderError::Unavailable(format!("resize_task got an unreadable answer: {}", excerpt(&out)))),
+    }
+}
+
 fn excerpt(out: &ExecOutput) -> String {
     let mut s = String::from_utf8_lossy(&out.stdout[..out.stdout.len().min(200)]).into_owned();
     if !out.stderr.is_empty() {
@@ -597,6 +690,15 @@ fn cut(mut page: Vec<u8>, size: u64, offset: u64, limit: u64) -> (Vec<u8>, u64) 
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn input_travels_in_printf_b_form() {
+        assert_eq!(super::printf_b(b"a\\b\0c%s\n"), "a\\\\b\\0000c%s\n");
+        // What printf %b makes of it is the input again.
+        let out =
+            std::process::Command::new("sh").args(["-c", "printf '%b' \"$1\"", "sh", &super::printf_b(b"x\\c\x001\n")]).output().unwrap();
+        assert_eq!(out.stdout, b"x\\c\x001\n");
+    }
+
     use super::*;
 
     fn output(stdout: &str, stderr: &str) -> ExecOutput {

@@ -28,6 +28,18 @@ const INSPECT_HERE: &str = "# @inspect\n";
 /// does not carry it.
 const ADOPT_HERE: &str = "# @adopt\n";
 
+/// The line of `supervise.sh` where the program of a start with input (`stdin` or `pty`) gets
+/// `supervise-input.sh`; other programs have nothing there.
+const INPUT_HERE: &str = "# @input\n";
+
+/// Which program of a snippet: the plain one, an adoption's, or a start's with input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    Plain,
+    Adopt,
+    Input,
+}
+
 /// After a task's timeout: how long its group has between TERM and KILL.
 pub const TIMEOUT_KILL_GRACE: Duration = Duration::from_secs(2);
 
@@ -56,11 +68,24 @@ pub enum Snippet {
     List,
     /// `delete.sh`: removes a finished task.
     Delete,
+    /// `resize.sh`: sets the size of a pty task's terminal.
+    Resize,
+    /// `input.sh`: writes a task's input from inside the sandbox.
+    Input,
 }
 
 impl Snippet {
     /// Every snippet, in declaration order.
-    pub const ALL: [Snippet; 6] = [Snippet::Start, Snippet::Supervise, Snippet::Status, Snippet::Cancel, Snippet::List, Snippet::Delete];
+    pub const ALL: [Snippet; 8] = [
+        Snippet::Start,
+        Snippet::Supervise,
+        Snippet::Status,
+        Snippet::Cancel,
+        Snippet::List,
+        Snippet::Delete,
+        Snippet::Resize,
+        Snippet::Input,
+    ];
 
     /// The snippet's own file, without `common.sh`.
     fn file(self) -> &'static str {
@@ -71,6 +96,8 @@ impl Snippet {
             Snippet::Cancel => include_str!("cancel.sh"),
             Snippet::List => include_str!("list.sh"),
             Snippet::Delete => include_str!("delete.sh"),
+            Snippet::Resize => include_str!("resize.sh"),
+            Snippet::Input => include_str!("input.sh"),
         }
     }
 
@@ -81,7 +108,8 @@ impl Snippet {
             Snippet::Supervise => vec![("LOG_CAP", limits::MAX_LOG_BYTES as u128), ("TERM_GRACE_CS", centis(TIMEOUT_KILL_GRACE))],
             Snippet::Cancel => vec![("CANCEL_KILL_CS", centis(CANCEL_KILL_GRACE)), ("CANCEL_WAIT_CS", centis(CANCEL_WAIT))],
             Snippet::Delete => vec![("CLAIM_FRESH_CS", centis(CLAIM_FRESH))],
-            Snippet::Status | Snippet::List => Vec::new(),
+            Snippet::Input => vec![("INPUT_WAIT_S", limits::INPUT_WRITE_WAIT.as_secs() as u128)],
+            Snippet::Status | Snippet::List | Snippet::Resize => Vec::new(),
         }
     }
 
@@ -89,7 +117,7 @@ impl Snippet {
     /// line, `inspect.sh` (after the supervisor's masker), then the rest of the file, each passed
     /// through `shape` (compaction for the wire, nothing for the linter).
     fn assemble(self, shape: fn(&str) -> String) -> String {
-        self.assemble_for(shape, false)
+        self.assemble_for(shape, Variant::Plain)
     }
 
     /// The adopt mode's own file, for `start.sh` and `supervise.sh`.
@@ -101,8 +129,10 @@ impl Snippet {
         }
     }
 
-    /// [`Snippet::assemble`], with the adopt mode's file at the `# @adopt` line when `adopt`.
-    fn assemble_for(self, shape: fn(&str) -> String, adopt: bool) -> String {
+    /// [`Snippet::assemble`], with the adopt mode's file at the `# @adopt` line for
+    /// `Variant::Adopt`, and the input's at the `# @input` line for `Variant::Input`.
+    fn assemble_for(self, shape: fn(&str) -> String, variant: Variant) -> String {
+        let adopt = variant == Variant::Adopt;
         let mut out = String::new();
         for (name, value) in self.constants() {
             out.push_str(&format!("{name}={value}\n"));
@@ -113,7 +143,14 @@ impl Snippet {
             Some(at) => (&file[..at], &file[at + INSPECT_HERE.len()..]),
             None => ("", file),
         };
-        out.push_str(&shape(head));
+        match head.find(INPUT_HERE) {
+            Some(at) if variant == Variant::Input => {
+                out.push_str(&shape(&head[..at]));
+                out.push_str(&shape(include_str!("supervise-input.sh")));
+                out.push_str(&shape(&head[at + INPUT_HERE.len()..]));
+            }
+            _ => out.push_str(&shape(head)),
+        }
         if self == Snippet::Supervise {
             // (A comment: kept for the linter, dropped from what is sent.)
             out.push_str(&shape("# shellcheck disable=SC2016 # an awk program: its $ fields are awk's, not the shell's\n"));
@@ -133,7 +170,7 @@ impl Snippet {
 
     /// The program as sent to the sandbox (comments and indentation dropped).
     pub fn source(self) -> &'static str {
-        static SOURCES: OnceLock<[String; 6]> = OnceLock::new();
+        static SOURCES: OnceLock<[String; 8]> = OnceLock::new();
         let all = SOURCES.get_or_init(|| Snippet::ALL.map(|s| s.assemble(compact)));
         &all[self as usize]
     }
@@ -141,9 +178,16 @@ impl Snippet {
     /// The program of an adoption as sent to the sandbox: [`Snippet::source`] with the adopt
     /// mode (`start.sh` and `supervise.sh`; the others have none).
     pub fn adopt_source(self) -> &'static str {
-        static SOURCES: OnceLock<[String; 6]> = OnceLock::new();
-        let all = SOURCES.get_or_init(|| Snippet::ALL.map(|s| s.assemble_for(compact, true)));
+        static SOURCES: OnceLock<[String; 8]> = OnceLock::new();
+        let all = SOURCES.get_or_init(|| Snippet::ALL.map(|s| s.assemble_for(compact, Variant::Adopt)));
         &all[self as usize]
+    }
+
+    /// The supervisor's program for a start with input (`stdin` or `pty`): its source with
+    /// `supervise-input.sh` at the `# @input` line.
+    pub fn input_source() -> &'static str {
+        static SOURCE: OnceLock<String> = OnceLock::new();
+        SOURCE.get_or_init(|| Snippet::Supervise.assemble_for(compact, Variant::Input))
     }
 }
 
@@ -193,6 +237,33 @@ pub struct Launch<'a> {
     /// Seconds the start waits inside the sandbox for the task's end before it answers (0: it
     /// answers once the task runs; see `start.sh`'s `run`).
     pub wait: u64,
+    /// The task's input: none (`/dev/null`), a stdin channel, or a terminal.
+    pub input: Option<TaskInput>,
+}
+
+/// What a task reads: `send_input` writes to it (docs/contract.md, "Input and terminals").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskInput {
+    /// Its stdin is a FIFO kept open until `eof`.
+    Stdin,
+    /// It runs on a terminal of its own of this size; what is typed reaches the terminal.
+    Pty {
+        /// Rows.
+        rows: u16,
+        /// Columns.
+        cols: u16,
+    },
+}
+
+impl TaskInput {
+    /// The INPUT argument of `start.sh`.
+    fn arg(input: Option<TaskInput>) -> String {
+        match input {
+            None => String::new(),
+            Some(TaskInput::Stdin) => "stdin".into(),
+            Some(TaskInput::Pty { rows, cols }) => format!("pty {rows} {cols}"),
+        }
+    }
 }
 
 /// One call of a snippet with its arguments.
@@ -223,6 +294,24 @@ pub enum Call<'a> {
         /// The task.
         task_id: &'a str,
     },
+    /// Write a task's input (`data` in printf %b form) and close it when `eof`.
+    Input {
+        /// The task.
+        task_id: &'a str,
+        /// The bytes, escaped for printf's %b.
+        data: &'a str,
+        /// Close the input after them.
+        eof: bool,
+    },
+    /// Resize a pty task's terminal.
+    Resize {
+        /// The task.
+        task_id: &'a str,
+        /// Rows.
+        rows: u16,
+        /// Columns.
+        cols: u16,
+    },
 }
 
 impl Call<'_> {
@@ -234,6 +323,8 @@ impl Call<'_> {
             Call::Cancel { .. } => Snippet::Cancel,
             Call::List => Snippet::List,
             Call::Delete { .. } => Snippet::Delete,
+            Call::Resize { .. } => Snippet::Resize,
+            Call::Input { .. } => Snippet::Input,
         }
     }
 
@@ -250,10 +341,11 @@ impl Call<'_> {
                     provider.task_shell(),
                     l.cwd.unwrap_or("").to_string(),
                     l.command.to_string(),
-                    Snippet::Supervise.source().to_string(),
+                    if l.input.is_some() { Snippet::input_source() } else { Snippet::Supervise.source() }.to_string(),
                     sh,
                     l.page_limit.to_string(),
                     l.wait.to_string(),
+                    TaskInput::arg(l.input),
                 ]
             }
             Call::Adopt(a) => {
@@ -280,6 +372,8 @@ impl Call<'_> {
             }
             Call::List => Vec::new(),
             Call::Delete { task_id } => vec![task_id.to_string()],
+            Call::Resize { task_id, rows, cols } => vec![task_id.to_string(), rows.to_string(), cols.to_string()],
+            Call::Input { task_id, data, eof } => vec![task_id.to_string(), u8::from(eof).to_string(), data.to_string()],
         }
     }
 
@@ -324,6 +418,12 @@ mod tests {
         // An adoption's request carries the same with the adopt modes, and the command line.
         let overhead = Snippet::Start.adopt_source().len() + Snippet::Supervise.adopt_source().len();
         assert!(overhead < 28 * 1024, "the adoption's snippets are {overhead} bytes");
+        // A start with input carries its part of the supervisor, and only it.
+        assert_eq!(Snippet::Supervise.file().matches(INPUT_HERE).count(), 1);
+        assert!(!Snippet::Supervise.source().contains("\nopen_input() {"));
+        assert!(Snippet::input_source().contains("\nopen_input() {"));
+        let overhead = Snippet::Start.source().len() + Snippet::input_source().len();
+        assert!(overhead < 28 * 1024, "the input start's snippets are {overhead} bytes");
     }
 
     #[test]
@@ -404,10 +504,14 @@ mod tests {
             "shellcheck is not installed; `make setup` (tests/interop/setup.sh) installs it, or run `apt-get install -y shellcheck`"
         );
         let mut failures = String::new();
-        let programs = Snippet::ALL.into_iter().map(|s| (s, false)).chain([(Snippet::Start, true), (Snippet::Supervise, true)]);
-        for (snippet, adopt) in programs {
-            let text = snippet.assemble_for(str::to_string, adopt);
-            let snippet = if adopt { format!("{snippet:?} (adopt)") } else { format!("{snippet:?}") };
+        let programs = Snippet::ALL.into_iter().map(|s| (s, Variant::Plain)).chain([
+            (Snippet::Start, Variant::Adopt),
+            (Snippet::Supervise, Variant::Adopt),
+            (Snippet::Supervise, Variant::Input),
+        ]);
+        for (snippet, variant) in programs {
+            let text = snippet.assemble_for(str::to_string, variant);
+            let snippet = if variant == Variant::Plain { format!("{snippet:?}") } else { format!("{snippet:?} ({variant:?})") };
             let mut child = Command::new("shellcheck")
                 .args(["-s", "sh", "-f", "gcc", "-"])
                 .stdin(Stdio::piped())

@@ -83,7 +83,7 @@ E
 }
 
 start() {
-    ID=$1 T=$2 TSH=$3 CWD=$4 CMD=$5 SUP=$6 SH=$7 LIMIT=$8 WAIT=${9:-0}
+    ID=$1 T=$2 TSH=$3 CWD=$4 CMD=$5 SUP=$6 SH=$7 LIMIT=$8 WAIT=${9:-0} IN=${10-}
     exec 3>&2 2>/dev/null
     umask 077
     task_root
@@ -124,7 +124,7 @@ E
             : >"$D/stderr.log"
             printf 'go\n'
         }
-    } | setsid "$SH" -c "$SUP" sh supervise "$D" "$T" "$TSH" "$CWD" "$CMD" 3>&- &)
+    } | setsid "$SH" -c "$SUP" sh supervise "$D" "$T" "$TSH" "$CWD" "$CMD" 0 "$IN" "$SH" 3>&- &)
     # The supervisor's word: the snapshot of the running task, a refused claim (passed on), or
     # nothing when the task has already ended or the supervisor died before its word (the state
     # then says what it saw).

@@ -57,6 +57,7 @@ E
 # give_up STATUS [ERROR]: a final state before the task ran.
 give_up() {
     exec 7>&- 8>&-
+    [ -z "$HOLDER" ] || close_input
     ERR=${2-}
     now
     FINISHED=$NOW
@@ -64,13 +65,18 @@ give_up() {
     exit 0
 }
 
-# launch DIR TIMEOUT TASK_SHELL CWD COMMAND WAIT: everything up to start.sh's answer: waits for
+# A start with INPUT has supervise-input.sh at the next line (open_input, close_input and
+# start_input, the task's start with its input); the others have nothing.
+# @input
+
+# launch DIR TIMEOUT TASK_SHELL CWD COMMAND WAIT INPUT SH: everything up to start.sh's answer: waits for
 # the claim, starts the task in its own group, confirms it and answers (RUNNING=1), or finds that
 # the task has already ended (RUNNING empty). With WAIT (seconds, not 0: start.sh's run) the
 # answer is one line instead, written later: `@over` once the final state is saved, or the
 # timer's `@wait` after WAIT seconds, whichever comes first.
 launch() {
-    D=$1 T=$2 TSH=$3 CWD=$4 CMD=$5 WAIT=${6:-0}
+    # shellcheck disable=SC2034 # SH is read by supervise-input.sh only
+    D=$1 T=$2 TSH=$3 CWD=$4 CMD=$5 WAIT=${6:-0} IN=${7-} SH=${8:-/bin/sh}
     ID=${D##*/}
     # fd 9: start.sh's pipe, closed once the task is confirmed (that is start.sh's answer).
     # Only the children that outlive that moment close it, each for itself.
@@ -87,6 +93,7 @@ launch() {
     now
     STARTED=$NOW
     TPID='' TSTART='' RC='' ERR='' FINISHED='' OUT_BYTES='' ESCAPED=0 MASK='' RUNNING='' TMR=
+    HOLDER=''
     ADOPT='' LEFT='' OUT_PRE=0 ERR_PRE=0
     # The task shell (for example /bin/bash -l) falls back to /bin/sh where it does not exist.
     set -f
@@ -122,10 +129,15 @@ launch() {
         OUT_PIPE=out.fifo ERR_PIPE=err.fifo
     fi
     [ -e cancel ] && give_up cancelled
+    [ -z "$IN" ] || open_input
     cd "$CWD" 2>/dev/null || give_up failed_to_start "cwd $CWD no longer exists"
     set -f
-    # shellcheck disable=SC2086 # the task shell and its flags, split as above
-    SANDBOX_MCP_TASK=$ID setsid $TSH -c "$CMD" </dev/null >&7 2>&8 6<&- 7>&- 8>&- 9>&- &
+    if [ -n "$IN" ]; then
+        start_input
+    else
+        # shellcheck disable=SC2086 # the task shell and its flags, split as above
+        SANDBOX_MCP_TASK=$ID setsid $TSH -c "$CMD" </dev/null >&7 2>&8 6<&- 7>&- 8>&- 9>&- &
+    fi
     TPID=$!
     set +f
     cd "$D" || exit 1
@@ -469,6 +481,7 @@ pumps_done() {
 finish() {
     # (The marker file `done` is quoted where shellcheck would take it for the keyword.)
     : >'done'
+    [ -z "$HOLDER" ] || close_input
     # Without a masker's newline to write, the supervisor's ends of the pipes go at once (once
     # the pumps hold theirs, see below): the pumps then end as soon as the last writer has gone,
     # beside the scans that follow instead of after them.

@@ -211,6 +211,11 @@ impl Args {
         Ok(int_fields(self.lookup(p, Access::Fields)?))
     }
 
+    /// The integer fields of an [`Kind::IntFields`] argument, `None` when it was not given.
+    pub fn int_fields_given(&self, p: &Param) -> Result<Option<BTreeMap<String, i64>>, ToolError> {
+        Ok(self.lookup(p, Access::Fields)?.filter(|v| !v.is_null()).map(|v| int_fields(Some(v))))
+    }
+
     /// Whether `name` is declared; a lookup of any other name is a bug in the caller (a panic in
     /// debug builds).
     fn by_name(&self, name: &str) -> Option<&Value> {

@@ -44,9 +44,8 @@ const MAX_OUTPUT: Param = Param {
 
 pub const RUN: Tool = Tool {
     name: "run_command",
-    description: "Run a command and wait (on timeout its process group is killed: exit_code 124). A non-zero exit_code is \
-a result, not an error. Output over max_output is cut to head and tail (*_truncated); get_task on task_id reads it all. \
-Still running after --task-after (25 s): state \"running\" as task task_id; follow it with get_task.",
+    description: "Run a command and wait; a timeout kills its group (exit_code 124). Output over max_output keeps head and \
+tail (*_truncated; get_task on task_id reads all). Still running after 25 s: state \"running\", a task to follow with get_task.",
     params: &[COMMAND, SANDBOX_ID, CWD, ENVS, TIMEOUT, MAX_OUTPUT],
     output_schema: Some(|| {
         object(&[
@@ -489,6 +488,7 @@ pub fn run_command(ctx: &Ctx<'_>, args: &Args) -> Result<CommandOutcome, ToolErr
                 command,
                 page_limit: limits::MAX_LOG_BYTES as u64,
                 wait: after.as_secs(),
+                input: None,
             };
             match supervised(ctx, &id, launch, &req.envs, started)? {
                 Supervised::Ended(out) => out,
@@ -545,7 +545,7 @@ pub fn start_as_task(ctx: &Ctx<'_>, args: &Args) -> Result<RunningCommand, TaskS
     let sandbox_id = super::target_sandbox(ctx, sandbox_id).map_err(TaskStartError::Refused)?;
     let task_id = ids::task_id();
     let timeout = timeout.as_secs().max(1) as i64;
-    let launch = Launch { task_id: &task_id, timeout, cwd, command, page_limit: 1, wait: 0 };
+    let launch = Launch { task_id: &task_id, timeout, cwd, command, page_limit: 1, wait: 0, input: None };
     let started = Instant::now();
     let none = BTreeMap::new();
     let snapshot = match start_task(ctx, &sandbox_id, launch, StartMode::AtOnce(&none)) {

@@ -1,7 +1,8 @@
 //! The tool registry: names, descriptions, schemas, and the dispatch of one `tools/call`.
 //!
 //! One file per tool family: `sandbox` (create, kill, set_timeout; later list), `command` (run_command), `files`
-//! (read, write, list) and `tasks` (start, get, cancel, list, delete). Every handler gets validated
+//! (read, write, list), `tasks` (start, get, cancel, list, delete) and `input` (send_input,
+//! resize_task). Every handler gets validated
 //! arguments, reads them through the `Param` constants of its own table (see [`args`]), and
 //! returns the structured result or a [`ToolError`]; this module turns either into a
 //! `CallToolResult`, masking the server's own secrets on the way out.
@@ -17,6 +18,7 @@ use std::time::{Duration, Instant};
 pub mod args;
 mod command;
 mod files;
+mod input;
 mod sandbox;
 mod tasks;
 
@@ -202,6 +204,8 @@ pub fn all() -> &'static [Tool] {
         tasks::CANCEL,
         tasks::LIST,
         tasks::DELETE,
+        input::SEND,
+        input::RESIZE,
     ];
     TOOLS
 }
@@ -392,6 +396,7 @@ mod tests {
         let typed: Vec<&str> = all().iter().filter(|t| t.output_schema.is_some()).map(|t| t.name).collect();
         assert_eq!(typed, ["run_command", "get_task"]);
         let destructive: Vec<&str> = all().iter().filter(|t| t.destructive).map(|t| t.name).collect();
-        assert_eq!(destructive, ["kill_sandbox", "run_command", "write_file", "start_task", "cancel_task", "delete_task"]);
+        // (send_input types into a task: what it types can do anything the task can.)
+        assert_eq!(destructive, ["kill_sandbox", "run_command", "write_file", "start_task", "cancel_task", "delete_task", "send_input"]);
     }
 }

@@ -2,22 +2,22 @@
 //! `delete_task` (docs/contract.md, "Background tasks"). Task state lives in the sandbox; these
 //! tools never renew its TTL.
 
-use super::args::{Args, Kind, Param};
+use super::args::{Args, IntField, Kind, Param};
 use super::{field, object, Ctx, Pending, Reply, Tool, ToolError, SANDBOX_ID, SANDBOX_ID_REQUIRED};
 use crate::provider::ProviderError;
-use crate::supervisor::{self, Deleted, Launch, Snapshot, Started, Target, TaskState, Window};
+use crate::supervisor::{self, Deleted, Launch, Snapshot, Started, Target, TaskInput, TaskState, Window};
 use crate::{ids, limits};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-const TASK_ID: Param = Param { name: "task_id", kind: Kind::Str { max_chars: 64 }, required: true, description: "" };
+pub(super) const TASK_ID: Param = Param { name: "task_id", kind: Kind::Str { max_chars: 64 }, required: true, description: "" };
 
 const STDOUT_OFFSET: Param = Param {
     name: "stdout_offset",
     kind: Kind::Int { min: 0, max: limits::MAX_READ_OFFSET, default: Some(0) },
     required: false,
-    description: "The previous stdout_next_offset.",
+    description: "Last stdout_next_offset.",
 };
 
 const STDERR_OFFSET: Param = Param {
@@ -47,7 +47,7 @@ const UNTIL: Param = Param {
     name: "until",
     kind: Kind::Enum(&["output", "exit"]),
     required: false,
-    description: "Wait for output past the offsets, or for the task's exit (one call follows a job).",
+    description: "Wait for output past the offsets, or the exit.",
 };
 
 const COMMAND: Param = Param { name: "command", kind: Kind::Str { max_chars: limits::MAX_COMMAND_CHARS }, required: true, description: "" };
@@ -59,6 +59,21 @@ const TIMEOUT: Param = Param {
     kind: Kind::Int { min: limits::TASK_TIMEOUT_MIN_S, max: limits::TASK_TIMEOUT_MAX_S, default: Some(limits::TASK_TIMEOUT_DEFAULT_S) },
     required: false,
     description: "Seconds.",
+};
+
+const STDIN: Param = Param { name: "stdin", kind: Kind::Bool, required: false, description: "For send_input." };
+
+/// A terminal's size when `pty` leaves a field out.
+const PTY_DEFAULT: (u16, u16) = (24, 80);
+
+const PTY: Param = Param {
+    name: "pty",
+    kind: Kind::IntFields(&[
+        IntField { name: "rows", min: limits::PTY_SIZE_MIN, max: limits::PTY_SIZE_MAX },
+        IntField { name: "cols", min: limits::PTY_SIZE_MIN, max: limits::PTY_SIZE_MAX },
+    ]),
+    required: false,
+    description: "Own terminal (default 24x80).",
 };
 
 /// The task snapshot of start_task, get_task and cancel_task.
@@ -88,9 +103,9 @@ fn snapshot_schema() -> Value {
 
 pub const START: Tool = Tool {
     name: "start_task",
-    description: "Run a command in the background. Its handle (sandbox_id + task_id) outlives the session and server \
-restarts, and keeps the sandbox past the session. state \"unknown\": start unconfirmed; read the handle, never rerun blindly.",
-    params: &[COMMAND, SANDBOX_ID, CWD, TIMEOUT, ENVS],
+    description: "Run a command in the background; its handle (sandbox_id, task_id) outlives session and server, and keeps \
+the sandbox. state \"unknown\": unconfirmed, read it, never rerun.",
+    params: &[COMMAND, SANDBOX_ID, CWD, TIMEOUT, ENVS, STDIN, PTY],
     output_schema: None,
     read_only: false,
     destructive: true,
@@ -99,7 +114,7 @@ restarts, and keeps the sandbox past the session. state \"unknown\": start uncon
 
 pub const GET: Tool = Tool {
     name: "get_task",
-    description: "A task's state, exit code and a page of each log (1 MiB per stream kept) by offset. Wait, don't poll.",
+    description: "State, exit code and a log page per stream (1 MiB kept) by offset. Wait, don't poll.",
     params: &[SANDBOX_ID_REQUIRED, TASK_ID, STDOUT_OFFSET, STDERR_OFFSET, LIMIT, WAIT, UNTIL],
     output_schema: Some(snapshot_schema),
     read_only: true,
@@ -109,7 +124,7 @@ pub const GET: Tool = Tool {
 
 pub const CANCEL: Tool = Tool {
     name: "cancel_task",
-    description: "TERM, then KILL a task's process group; waits 3 s for its end, else fails.",
+    description: "TERM then KILL the task's group; fails if not over in 3 s.",
     params: &[SANDBOX_ID_REQUIRED, TASK_ID],
     output_schema: None,
     read_only: false,
@@ -142,7 +157,7 @@ fn handle(args: &Args) -> Result<(&str, &str), ToolError> {
     Ok((args.required_text(&SANDBOX_ID_REQUIRED)?, args.required_text(&TASK_ID)?))
 }
 
-fn checked_task_id(id: &str) -> Result<String, ToolError> {
+pub(super) fn checked_task_id(id: &str) -> Result<String, ToolError> {
     if !ids::is_task_id(id) {
         let shown: String = id.chars().take(40).collect();
         return Err(ToolError::new(format!(
@@ -167,6 +182,7 @@ struct StartRequest<'a> {
     cwd: Option<&'a str>,
     timeout: i64,
     envs: BTreeMap<String, String>,
+    input: Option<TaskInput>,
 }
 
 impl<'a> StartRequest<'a> {
@@ -177,8 +193,23 @@ impl<'a> StartRequest<'a> {
             cwd: args.text(&CWD)?,
             timeout: args.integer(&TIMEOUT)?,
             envs: args.map(&ENVS)?,
+            input: input(args)?,
         })
     }
+}
+
+/// What the task reads: a terminal when `pty` is given (it implies stdin), else stdin with
+/// `stdin: true`, else nothing.
+fn input(args: &Args) -> Result<Option<TaskInput>, ToolError> {
+    let stdin = args.flag(&STDIN)? == Some(true);
+    // (Each field was validated within its bounds already.)
+    let field =
+        |pty: &BTreeMap<String, i64>, name: &str, default: u16| pty.get(name).map_or(default, |&n| u16::try_from(n).unwrap_or(default));
+    Ok(match args.int_fields_given(&PTY)? {
+        Some(pty) => Some(TaskInput::Pty { rows: field(&pty, "rows", PTY_DEFAULT.0), cols: field(&pty, "cols", PTY_DEFAULT.1) }),
+        None if stdin => Some(TaskInput::Stdin),
+        None => None,
+    })
 }
 
 /// The snapshot as a tool result.
@@ -203,17 +234,22 @@ fn render(sandbox_id: &str, s: &Snapshot) -> Value {
     })
 }
 
-fn no_such_task(sandbox_id: &str, task_id: &str) -> ToolError {
+pub(super) fn no_such_task(sandbox_id: &str, task_id: &str) -> ToolError {
     ToolError::new(format!(
         "there is no task {task_id} in sandbox {sandbox_id} (it was deleted, never existed, or the sandbox was replaced); list_tasks shows the tasks it holds"
     ))
 }
 
 fn start(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
-    let StartRequest { sandbox_id, command, cwd, timeout, envs } = StartRequest::read(args)?;
+    let StartRequest { sandbox_id, command, cwd, timeout, envs, input } = StartRequest::read(args)?;
     let sandbox_id = super::target_sandbox(ctx, sandbox_id)?;
+    if matches!(input, Some(TaskInput::Pty { .. })) {
+        if let Some(why) = ctx.app.provider.terminal_refusal(&sandbox_id) {
+            return Err(ToolError::new(why));
+        }
+    }
     let task_id = ids::task_id();
-    let launch = Launch { task_id: &task_id, timeout, cwd, command, page_limit: limits::READ_LIMIT_DEFAULT as u64, wait: 0 };
+    let launch = Launch { task_id: &task_id, timeout, cwd, command, page_limit: limits::READ_LIMIT_DEFAULT as u64, wait: 0, input };
     // Held before the start: if this session ends while the start is in flight, the sandbox
     // must survive. A start that fails puts it back into the destroy set, unless another start is
     // in flight or a task runs in it (StartMode::AtOnce).

@@ -29,6 +29,7 @@ mod emulator;
 mod http;
 mod http_client;
 mod http_server;
+mod interactive;
 mod isolation;
 mod load;
 mod machine;
@@ -97,6 +98,7 @@ fn run() -> Result<ExitCode> {
     b.section("tasks", "output pump throughput", |b| pump::pump_throughput(b, &mut ctl));
     b.section("tasks", "line visibility", |b| tasks::visibility(b, &mut ctl));
     b.section("tasks", "line visibility, waiting read", |b| tasks::visibility_waiting(b, &mut ctl));
+    b.section("tasks", "keystroke to a pty task", |b| interactive::keystroke_echo(b, &mut ctl));
     b.section("tasks", "tasks/get vs get_task", |b| protocol_tasks::tasks_get_vs_get_task(b, &mut ctl));
     b.section("tasks", "run_command promoted to a task", |b| protocol_tasks::promotion_latency(b, &mut ctl));
     b.section("tasks", "plain run_command promoted", |b| protocol_tasks::plain_promotion_latency(b, &mut ctl));

@@ -333,3 +333,35 @@ fn write_file_cannot_be_raced_out_of_the_home() {
         m.close();
     }
 }
+
+/// Tasks with input work in the tier; a terminal of its own only where the sandbox has a uid of
+/// its own (the host's terminals share `/dev/pts`, and only their owner's uid keeps them out of
+/// reach): elsewhere `pty` is refused, saying so.
+#[test]
+fn input_and_terminals_follow_the_sandboxs_uid() {
+    for home in landlock_homes("ll-input") {
+        let who = who(&home);
+        let mut m = home.stdio();
+        let (sb, c) = create(&mut m);
+        let own_uid = c["layers"].as_array().unwrap().contains(&json!("uid"));
+        let t = m.ok("start_task", json!({"sandbox_id": sb, "command": "read x; echo got $x", "stdin": true}));
+        let task = t["task_id"].as_str().unwrap();
+        m.ok("send_input", json!({"sandbox_id": sb, "task_id": task, "data": "hello\n"}));
+        let got = m.ok("get_task", json!({"sandbox_id": sb, "task_id": task, "wait": 10, "until": "exit"}));
+        assert_eq!(got["stdout"], "got hello\n", "{who}: {got}");
+        let pty = json!({"sandbox_id": sb, "command": "stty size; read x; echo got $x", "pty": {"rows": 30, "cols": 100}});
+        if own_uid {
+            let t = m.ok("start_task", pty);
+            let task = t["task_id"].as_str().unwrap();
+            m.ok("send_input", json!({"sandbox_id": sb, "task_id": task, "data": "yo\r"}));
+            let got = m.ok("get_task", json!({"sandbox_id": sb, "task_id": task, "wait": 10, "until": "exit"}));
+            let out = got["stdout"].as_str().unwrap();
+            assert!(out.contains("30 100") && out.contains("got yo"), "{who}: {got}");
+        } else {
+            let refused = m.err("start_task", pty);
+            assert!(refused.contains("cannot give a task a terminal") && refused.contains("stdin: true"), "{who}: {refused}");
+        }
+        m.ok("kill_sandbox", json!({"sandbox_id": sb}));
+        m.close();
+    }
+}

@@ -7,6 +7,7 @@ mod e2b;
 mod faults;
 mod fuzz_corpus;
 mod http;
+mod interactive;
 mod isolation;
 mod landlock;
 mod modern;

@@ -132,7 +132,14 @@ impl LocalProvider {
                     }
                     let (home, tmp) = (self.home(id), self.dir(id).join(TMP_DIR));
                     // No egress yet: no TCP port is allowed (the egress proxy's, later).
-                    let plan = landlock::Plan { home: &home, tmp: &tmp, shell: &self.shell, connect_port: None, cgroups: &cgroups };
+                    let plan = landlock::Plan {
+                        home: &home,
+                        tmp: &tmp,
+                        shell: &self.shell,
+                        connect_port: None,
+                        cgroups: &cgroups,
+                        terminals: meta.own_uid().is_some(),
+                    };
                     let confinement = landlock::prepare(&plan)
                         .map_err(|why| ProviderError::Unavailable(format!("could not confine the command in sandbox {id}: {why}")))?;
                     landlock::confine(&mut cmd, confinement);

@@ -20,10 +20,12 @@
 //! the sweep and the internal subcommands ([`run_internal`]); `launch.rs` how a command starts in
 //! a sandbox and runs; `handover.rs` the hand-over of a running command to the task supervisor;
 //! `scan.rs` the processes of an unisolated sandbox ([`tagged_pids`]); `host_files.rs` the file
-//! tools of an unisolated sandbox; [`isolation`] namespace isolation.
+//! tools of an unisolated sandbox; `input.rs` the writer of a task's input channel;
+//! [`isolation`] namespace isolation.
 
 mod handover;
 mod host_files;
+mod input;
 pub mod isolation;
 mod keeper;
 mod launch;
@@ -41,7 +43,8 @@ use crate::ids;
 use crate::mask::Masker;
 use crate::provider::process::{self, Running};
 use crate::provider::{
-    unix_now, CreateRequest, DirEntry, ExecEnd, ExecOutput, ExecRequest, Limits, LongCommands, Provider, ProviderError, SandboxInfo, Touch,
+    unix_now, CreateRequest, DirEntry, ExecEnd, ExecOutput, ExecRequest, Input, InputError, Limits, LongCommands, Provider, ProviderError,
+    SandboxInfo, Touch,
 };
 use isolation::enter::Init;
 use isolation::files::{self as sandbox_files, SandboxFs};
@@ -761,6 +764,38 @@ leave network out, or run the server where user namespaces work (--isolation nam
             return fs.list(&inside, max_entries);
         }
         self.host_list(sandbox_id, path, max_entries)
+    }
+
+    fn task_input(&self) -> bool {
+        true
+    }
+
+    fn terminal_refusal(&self, sandbox_id: &str) -> Option<String> {
+        let meta = self.load(sandbox_id).ok()?;
+        (meta.isolation == Isolation::Landlock && meta.own_uid().is_none()).then(|| {
+            format!(
+                "sandbox {sandbox_id} cannot give a task a terminal: it is in the landlock tier without a host uid of its own (the server is not root, \
+or its state root lies below a directory other users cannot pass), and there the host's own terminals would be within its reach; \
+start the task with stdin: true instead (the operator can give sandboxes uids of their own: see sandbox-mcp doctor)"
+            )
+        })
+    }
+
+    fn send_input(&self, sandbox_id: &str, req: &Input<'_>, deadline: Instant) -> Result<(), InputError> {
+        let (sandbox, init) = self.reach_with_init(sandbox_id, Touch::Observe)?;
+        if let Some(init) = init {
+            return Self::sandbox_fs(sandbox_id, &sandbox, init)?.input(req, deadline);
+        }
+        if sandbox.isolation == Isolation::Landlock {
+            // As the sandbox's uid (a root server), like its other file tools.
+            let (fs, _) = self.home_fs(sandbox_id, &sandbox, ".")?;
+            return fs.input(req, deadline);
+        }
+        let flags = rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC;
+        let home = rustix::fs::open(self.home(sandbox_id), flags, rustix::fs::Mode::empty())
+            .map_err(|e| ProviderError::Unavailable(format!("cannot open the sandbox home: {e}")))?;
+        let dir = input::open_task_dir(&home, req.task_dir)?;
+        input::write(&dir, req.data, req.eof, deadline)
     }
 
     fn env_masker(&self, sandbox_id: &str, extra: &BTreeMap<String, String>) -> Result<Masker, ProviderError> {

@@ -107,7 +107,10 @@ pub fn uid_pids(uid: u32) -> Vec<u32> {
             .find_map(|l| l.strip_prefix("Uid:"))
             .map(|rest| rest.split_whitespace().filter_map(|n| n.parse().ok()).collect())
             .unwrap_or_default();
-        if ids.iter().take(2).any(|u| *u == uid) {
+        // A zombie has ended already (only its parent's wait is missing): no signal changes it,
+        // and counting it would keep a kill scanning until its budget ran out.
+        let zombie = status.lines().find_map(|l| l.strip_prefix("State:")).is_some_and(|st| st.trim_start().starts_with('Z'));
+        if !zombie && ids.iter().take(2).any(|u| *u == uid) {
             pids.push(pid);
         }
     }

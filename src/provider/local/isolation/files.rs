@@ -153,6 +153,17 @@ impl SandboxFs {
         Ok((entries, truncated))
     }
 
+    /// `send_input`: writes a task's input channel in `task_dir` (relative to the home), with
+    /// the sandbox's identity, never following a link (see [`crate::provider::local`]'s input).
+    pub fn input(&self, input: &crate::provider::Input<'_>, deadline: std::time::Instant) -> Result<(), crate::provider::InputError> {
+        let _as = act_as(self.owner)?;
+        let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        let at = if self.base.is_empty() { "/" } else { self.base };
+        let home = self.open_at(at, flags, Mode::empty()).map_err(|e| errno_error(at, e))?;
+        let dir = super::super::input::open_task_dir(&home, input.task_dir)?;
+        super::super::input::write(&dir, input.data, input.eof, deadline)
+    }
+
     /// Whether `path` is an existing directory inside the sandbox.
     pub fn is_dir(&self, path: &str) -> bool {
         let Ok(_as) = act_as(self.owner) else { return false };

@@ -146,6 +146,10 @@ pub struct Plan<'a> {
     pub connect_port: Option<u16>,
     /// The `cgroup.procs` files every command joins before it is confined.
     pub cgroups: &'a [PathBuf],
+    /// Whether commands may open new pseudo-terminals (`/dev/ptmx`, `/dev/pts`): only for a
+    /// sandbox with a uid of its own, since the host's terminals are on the same `/dev/pts` and
+    /// only their owner's uid keeps the sandbox out of them.
+    pub terminals: bool,
 }
 
 /// A ruleset and the rest of a confinement, ready for [`confine`].
@@ -187,6 +191,11 @@ pub fn prepare(plan: &Plan<'_>) -> Result<Confinement, String> {
     allow_path(&ruleset, plan.shell, FS_EXECUTE | FS_READ_FILE, false)?;
     for dev in DEVICES {
         allow_path(&ruleset, Path::new(dev), FS_READ_FILE | FS_WRITE_FILE | (file_rights & FS_IOCTL_DEV), false)?;
+    }
+    if plan.terminals {
+        let rw = FS_READ_FILE | FS_WRITE_FILE | (file_rights & FS_IOCTL_DEV);
+        allow_path(&ruleset, Path::new("/dev/ptmx"), rw, false)?;
+        allow_path(&ruleset, Path::new("/dev/pts"), rw | FS_READ_DIR, false)?;
     }
     for dir in [plan.home, plan.tmp] {
         allow_path(&ruleset, dir, handled_fs(abi), true)?;

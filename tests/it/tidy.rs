@@ -69,7 +69,7 @@ fn readme_defaults_are_what_the_server_uses() {
     // The defaults worked out from other settings, and the unset ones.
     assert_eq!(defaults.provider, ProviderKind::Local);
     assert_eq!(defaults.home, Path::new("/h/.local/state/sandbox-mcp"));
-    assert_eq!((defaults.http_token, defaults.e2b.api_key, defaults.e2b.api_url, defaults.e2b.sandbox_url), (None, None, None, None));
+    assert_eq!((defaults.http_token, defaults.e2b.api_key, defaults.e2b.api_url), (None, None, None));
 }
 
 /// `65536` as `65,536`.

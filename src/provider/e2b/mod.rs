@@ -14,6 +14,7 @@ pub mod egress;
 mod envd;
 mod loose;
 mod reply;
+pub mod sandbox_url;
 pub mod wire;
 
 use crate::config::E2bConfig;
@@ -46,10 +47,9 @@ impl E2bProvider {
         let agent = connection::agent(agent_config);
         let domain = config.domain.clone();
         let api_url = config.api_url.clone().unwrap_or_else(|| format!("https://api.{domain}")).trim_end_matches('/').to_string();
-        let sandbox_url = config.sandbox_url.as_ref().map(|u| u.trim_end_matches('/').to_string());
         Ok(E2bProvider {
             control: ControlPlane::new(agent.clone(), api_url, api_key, config.request_timeout),
-            envd: Envd::new(agent, sandbox_url, domain, config.request_timeout),
+            envd: Envd::new(agent, config.sandbox_url.clone(), domain, config.request_timeout),
         })
     }
 }

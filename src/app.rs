@@ -32,7 +32,11 @@ impl App {
                 let local = LocalProvider::new(&config.home, &config.local_shell)
                     .and_then(|p| p.with_isolation(isolation))
                     .and_then(|p| p.with_uid_range(UidRange::new(config.uid_range)))
-                    .map(|p| p.with_policy(config.max_sandboxes, defaults).with_egress(config.egress.clone()))
+                    .map(|p| {
+                        p.with_policy(config.max_sandboxes, defaults)
+                            .with_egress(config.egress.clone())
+                            .with_expose_address(config.expose_address)
+                    })
                     .context("starting the local provider")?;
                 let local = Arc::new(local);
                 let sweeper = local.clone();

@@ -107,6 +107,8 @@ pub struct Config {
     pub uid_range: (u32, u32),
     /// What every sandbox's egress proxy does beyond its policy.
     pub egress: crate::egress::Settings,
+    /// The host address exposed ports of local sandboxes listen on.
+    pub expose_address: std::net::IpAddr,
     /// E2B settings.
     pub e2b: E2bConfig,
 }
@@ -320,6 +322,14 @@ options! {
         env: Some("SANDBOX_MCP_EGRESS_ALLOW_HOST_SERVICES"),
         default: Text("false"),
         help: "let sandboxes with network reach loopback, private, link-local and the host's own addresses (off: never)",
+    };
+    /// The host address exposed ports listen on.
+    EXPOSE_ADDRESS = OptionSpec {
+        flag: Some("--expose-address"),
+        takes_value: true,
+        env: Some("SANDBOX_MCP_EXPOSE_ADDRESS"),
+        default: Text("127.0.0.1"),
+        help: "host address that expose_port's URLs listen on (0.0.0.0: every interface)",
     };
     /// E2B API key.
     E2B_API_KEY = OptionSpec {
@@ -582,6 +592,12 @@ impl Config {
                     None => None,
                 },
                 host_services: src.switch(&EGRESS_ALLOW_HOST_SERVICES)?,
+            },
+            expose_address: {
+                let text = src.text(&EXPOSE_ADDRESS)?;
+                text.trim().parse().map_err(|_| {
+                    anyhow!("{} {text:?} is not an IP address; use one such as 127.0.0.1, 0.0.0.0 or ::1", EXPOSE_ADDRESS.name())
+                })?
             },
             e2b: E2bConfig {
                 api_key,

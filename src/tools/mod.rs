@@ -1,6 +1,6 @@
 //! The tool registry: names, descriptions, schemas, and the dispatch of one `tools/call`.
 //!
-//! One file per tool family: `sandbox` (create, kill, set_timeout; later list), `command` (run_command), `files`
+//! One file per tool family: `sandbox` (create, kill, set_timeout; later list), `ports` (expose, unexpose), `command` (run_command), `files`
 //! (read, write, list) and `tasks` (start, get, cancel, list, delete). Every handler gets validated
 //! arguments, reads them through the `Param` constants of its own table (see [`args`]), and
 //! returns the structured result or a [`ToolError`]; this module turns either into a
@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 pub mod args;
 mod command;
 mod files;
+mod ports;
 mod sandbox;
 mod tasks;
 
@@ -193,6 +194,8 @@ pub fn all() -> &'static [Tool] {
         sandbox::SET,
         sandbox::LIST,
         sandbox::SET_NETWORK,
+        ports::EXPOSE,
+        ports::UNEXPOSE,
         command::RUN,
         files::READ,
         files::WRITE,
@@ -392,6 +395,6 @@ mod tests {
         let typed: Vec<&str> = all().iter().filter(|t| t.output_schema.is_some()).map(|t| t.name).collect();
         assert_eq!(typed, ["run_command", "get_task"]);
         let destructive: Vec<&str> = all().iter().filter(|t| t.destructive).map(|t| t.name).collect();
-        assert_eq!(destructive, ["kill_sandbox", "run_command", "write_file", "start_task", "cancel_task", "delete_task"]);
+        assert_eq!(destructive, ["kill_sandbox", "unexpose_port", "run_command", "write_file", "start_task", "cancel_task", "delete_task"]);
     }
 }

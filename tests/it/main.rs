@@ -10,6 +10,7 @@ mod http;
 mod isolation;
 mod modern;
 mod network;
+mod ports;
 mod processes;
 mod promote;
 mod protocol_tasks;

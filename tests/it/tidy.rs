@@ -138,6 +138,9 @@ fn limits_from_the_code() -> Vec<(&'static str, String)> {
         ("egress proxy request head", format!("{} within {} s", size(EGRESS_MAX_HEAD_BYTES), EGRESS_HEAD_BUDGET.as_secs())),
         ("egress proxy idle connection", format!("{} s", EGRESS_IDLE_BUDGET.as_secs())),
         ("network_blocked entries per result", NETWORK_BLOCKED_MAX.to_string()),
+        ("exposed ports per sandbox", EXPOSED_PORTS_MAX.to_string()),
+        ("connections per exposed port", format!("{EXPOSED_PORT_MAX_CONNECTIONS} at once (closed beyond)")),
+        ("exposed port idle connection", format!("{} s (no byte one way)", EXPOSED_PORT_IDLE_BUDGET.as_secs())),
     ]
 }
 

@@ -79,6 +79,11 @@ impl Envd {
         self.sandbox_url.envd(id, known.domain.as_deref().unwrap_or(&self.domain))
     }
 
+    /// The URL of TCP `port` of sandbox `id`, or why it cannot be built.
+    pub fn port_url(&self, id: &str, port: u16, known: &Known) -> Result<String, String> {
+        self.sandbox_url.port(id, port, known.domain.as_deref().unwrap_or(&self.domain))
+    }
+
     fn get(&self, url: &str, id: &str, known: &Known, timeout: Duration) -> ureq::RequestBuilder<ureq::typestate::WithoutBody> {
         headers(self.agent.get(url).config().timeout_global(Some(timeout)).build(), id, known)
     }

@@ -19,7 +19,9 @@ pub mod wire;
 
 use crate::config::E2bConfig;
 use crate::mask::Masker;
-use crate::provider::{CreateRequest, DirEntry, ExecOutput, ExecRequest, LongCommands, Provider, ProviderError, SandboxInfo, Touch};
+use crate::provider::{
+    CreateRequest, DirEntry, ExecOutput, ExecRequest, Exposed, LongCommands, Provider, ProviderError, SandboxInfo, Touch,
+};
 use control::ControlPlane;
 use envd::Envd;
 use std::collections::BTreeMap;
@@ -53,6 +55,10 @@ impl E2bProvider {
         })
     }
 }
+
+/// What E2B's ports are, said with each expose and unexpose.
+const E2B_PORTS: &str =
+    "E2B's edge serves every port a sandbox process listens on (on 0.0.0.0) at this URL while the sandbox runs, whether exposed or not.";
 
 /// Checks the form of an E2B sandbox id.
 pub fn check_e2b_id(id: &str) -> Result<(), ProviderError> {
@@ -97,6 +103,24 @@ impl Provider for E2bProvider {
     fn kill(&self, sandbox_id: &str, deadline: Instant) -> Result<bool, ProviderError> {
         check_e2b_id(sandbox_id)?;
         self.control.kill(sandbox_id, deadline)
+    }
+
+    fn expose_port(&self, sandbox_id: &str, port: u16, deadline: Instant) -> Result<Exposed, ProviderError> {
+        check_e2b_id(sandbox_id)?;
+        let known = self.control.reach(sandbox_id, Touch::Renew, deadline)?;
+        let url = self.envd.port_url(sandbox_id, port, &known).map_err(ProviderError::Rejected)?;
+        Ok(Exposed { url, done: true, note: Some(E2B_PORTS.into()) })
+    }
+
+    fn unexpose_port(&self, sandbox_id: &str, port: u16, deadline: Instant) -> Result<Exposed, ProviderError> {
+        check_e2b_id(sandbox_id)?;
+        let known = self.control.reach(sandbox_id, Touch::Renew, deadline)?;
+        let url = self.envd.port_url(sandbox_id, port, &known).unwrap_or_default();
+        Ok(Exposed {
+            url,
+            done: false,
+            note: Some(format!("{E2B_PORTS} E2B has no switch to close one port: stop the process listening on it, or kill the sandbox")),
+        })
     }
 
     fn info(&self, sandbox_id: &str, touch: Touch, deadline: Instant) -> Result<SandboxInfo, ProviderError> {

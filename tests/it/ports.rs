@@ -119,6 +119,43 @@ fn an_exposed_port_outlives_its_server_until_unexpose_or_kill() {
     wait_closed(&again, "kill_sandbox to close the exposed port");
 }
 
+/// A keeper that dies takes its relays with it; the keeper a sweep starts in its place listens
+/// again on the same host address, read from what the first one recorded.
+#[test]
+fn a_restarted_keeper_listens_again_where_the_last_one_did() {
+    let Some(home) = isolated("ports-keeper") else { return };
+    let mut m = home.stdio();
+    let sb = m.create();
+    start_servers(&mut m, &sb);
+    let addr = address(&m.ok("expose_port", json!({"port": 8000}))["url"]);
+    assert_eq!(echo(&addr, b"one").unwrap(), b"one");
+    let pid_file = home.sandbox_dir(&sb).join("keeper.pid");
+    let keeper: i32 = std::fs::read_to_string(&pid_file).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    assert!(keeper > 1);
+    // The keeper runs in this test's pid namespace (the harness's), started by its server.
+    kill_one(keeper);
+    wait_closed(&addr, "the relays to end with their keeper");
+    // What the sweep runs for a sandbox whose keeper is gone.
+    let mut restarted = std::process::Command::new(bin())
+        .args(["keeper", home.path.to_str().unwrap(), &sb, home.shell.to_str().unwrap()])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(Duration::from_secs(15), "the restarted keeper to serve the port again", || echo(&addr, b"two").ok().filter(|b| b == b"two"));
+    m.ok("kill_sandbox", json!({"sandbox_id": sb}));
+    wait_for(Duration::from_secs(15), "the restarted keeper to exit with its sandbox", || restarted.try_wait().unwrap().map(|_| ()));
+}
+
+/// SIGKILL to one process by its pid, through the shell builtin (never a negative pid).
+fn kill_one(pid: i32) {
+    assert!(pid > 1);
+    let status = std::process::Command::new("sh").args(["-c", &format!("kill -9 {pid}")]).status().unwrap();
+    assert!(status.success());
+}
+
 #[test]
 fn bad_ports_are_refused_with_clear_errors() {
     let home = Home::new("ports-bad").with_isolation("none");

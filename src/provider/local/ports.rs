@@ -323,6 +323,30 @@ fn pump(from: &TcpStream, to: &TcpStream) {
 mod tests {
     use super::*;
 
+    /// The keeper's request socket: malformed requests, an unexposed port, and a sandbox with no
+    /// init to dial are answered with errors; nothing is exposed or recorded.
+    #[test]
+    fn bad_requests_are_answered_with_errors() {
+        let dir = std::env::temp_dir().join(format!("smcp-ports-{}", crate::ids::random_hex(4)));
+        fs::create_dir_all(&dir).unwrap();
+        Relays::serve(&dir);
+        let long = format!("expose {}", "9".repeat(2000));
+        for (line, answer) in [
+            ("bogus", "error unknown request"),
+            ("expose 0 127.0.0.1", "error malformed expose request"),
+            ("expose 70000 127.0.0.1", "error malformed expose request"),
+            ("expose 80 not-an-address", "error malformed expose request"),
+            ("unexpose x", "error malformed unexpose request"),
+            ("unexpose 80", "error port 80 is not exposed; expose_port exposes it"),
+            (long.as_str(), "error unknown request"),
+        ] {
+            assert_eq!(request(&dir, line).unwrap(), answer, "{line}");
+        }
+        assert!(request(&dir, "expose 80 127.0.0.1").unwrap().starts_with("error "));
+        assert!(exposed(&dir).is_empty());
+        let _ = fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn urls_name_a_reachable_address() {
         assert_eq!(url("127.0.0.1:4000".parse().unwrap()), "http://127.0.0.1:4000");

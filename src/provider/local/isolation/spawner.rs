@@ -503,6 +503,69 @@ fn start(request: Request, fds: Stdio3, conn: &UnixStream, children: &Children) 
 mod tests {
     use super::*;
 
+    /// A fake init on a socket in a fresh directory: answers one dial request with `answer`
+    /// and, when given, a descriptor.
+    fn fake_init(answer: &'static [u8], fd: Option<OwnedFd>) -> (std::path::PathBuf, std::thread::JoinHandle<()>) {
+        let dir = std::env::temp_dir().join(format!("smcp-dial-{}", crate::ids::random_hex(4)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(SOCKET_FILE);
+        let listener = UnixListener::bind(&path).unwrap();
+        let t = std::thread::spawn(move || {
+            let (conn, _) = listener.accept().unwrap();
+            let (request, stdio) = receive(&conn).unwrap();
+            assert_eq!((request.dial, stdio.is_none()), (Some(8000), true));
+            match fd {
+                Some(fd) => {
+                    let fds = [fd.as_fd()];
+                    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+                    let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+                    assert!(control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)));
+                    rustix::net::sendmsg(&conn, &[IoSlice::new(answer)], &mut control, rustix::net::SendFlags::empty()).unwrap();
+                }
+                None => (&conn).write_all(answer).unwrap(),
+            }
+        });
+        (dir, t)
+    }
+
+    /// What a taken-over init may answer a dial with: only a stream socket is taken; anything
+    /// else, an error line or no answer, is an error that says what happened.
+    #[test]
+    fn a_dial_takes_only_a_stream_socket() {
+        let (pipe_out, _pipe_in) = rustix::pipe::pipe().unwrap();
+        let (dir, t) = fake_init(b"dialed\n", Some(pipe_out));
+        let err = dial(&dir.join(SOCKET_FILE), 8000).unwrap_err();
+        assert!(err.to_string().contains("not a stream socket"), "{err}");
+        t.join().unwrap();
+        let (dir2, t) = fake_init(b"error nothing listens on port 8000 inside the sandbox\n", None);
+        let err = dial(&dir2.join(SOCKET_FILE), 8000).unwrap_err();
+        assert_eq!(
+            (err.kind(), err.to_string()),
+            (io::ErrorKind::ConnectionRefused, "nothing listens on port 8000 inside the sandbox".to_string())
+        );
+        t.join().unwrap();
+        let (dir3, t) = fake_init(b"dialed\n", None);
+        assert!(dial(&dir3.join(SOCKET_FILE), 8000).unwrap_err().to_string().contains("not one"));
+        t.join().unwrap();
+        let (dir4, t) = fake_init(b"", None);
+        assert_eq!(dial(&dir4.join(SOCKET_FILE), 8000).unwrap_err().kind(), io::ErrorKind::NotFound);
+        t.join().unwrap();
+        // A real connected socket is taken.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let inside = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (dir5, t) = fake_init(b"dialed\n", Some(OwnedFd::from(inside)));
+        let mut got = dial(&dir5.join(SOCKET_FILE), 8000).unwrap();
+        t.join().unwrap();
+        got.write_all(b"hi").unwrap();
+        let (mut peer, _) = listener.accept().unwrap();
+        let mut buf = [0u8; 2];
+        peer.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"hi");
+        for d in [dir, dir2, dir3, dir4, dir5] {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+
     /// The init died while a `kill` of ours was still unread: the connection is reset, and the
     /// command counts as killed with the sandbox (it used to be an error, which a server shutting
     /// down reported as "the sandbox does not exist").

@@ -176,22 +176,37 @@ fn bad_ports_are_refused_with_clear_errors() {
     assert!(out["note"].as_str().unwrap_or("").contains("stop that process"), "{out}");
 }
 
+/// On E2B the URL is the platform's host for the port (here path-style through the emulator's
+/// edge, which forwards it to the sandbox's port), reachable while a process listens on it.
 #[test]
 fn on_e2b_the_url_is_the_platforms_host_for_the_port() {
-    let e = E2bHome { emulator: Emulator::start_routed("host"), home: Home::new("ports-e2b") };
-    let proxy = e.emulator.url();
-    let template = [
-        ("E2B_SANDBOX_URL", "http://{port}-{sandbox_id}.{domain}"),
-        ("E2B_DOMAIN", "sb.test"),
-        ("HTTP_PROXY", proxy.as_str()),
-        ("NO_PROXY", "127.0.0.1"),
-    ];
-    let mut m = e.stdio_with(&template);
+    let e = E2bHome { emulator: Emulator::start_routed("path"), home: Home::new("ports-e2b") };
+    let template = format!("{}/proxy/{{sandbox_id}}/{{port}}", e.emulator.url());
+    let mut m = e.stdio_with(&[("E2B_SANDBOX_URL", template.as_str())]);
     let sb = m.create();
-    let out = m.ok("expose_port", json!({"port": 3000}));
-    assert_eq!(out["url"], format!("http://3000-{sb}.sb.test"));
+    // The emulator's sandboxes are unisolated: a free port of the host's loopback.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let out = m.ok("expose_port", json!({"port": port}));
+    let url = format!("{}/proxy/{sb}/{port}", e.emulator.url());
+    assert_eq!(out["url"], url.as_str());
     assert!(out["note"].as_str().unwrap_or("").contains("every port"), "{out}");
-    let out = m.ok("unexpose_port", json!({"port": 3000}));
+    let get = |path: &str| {
+        let mut s = TcpStream::connect(e.emulator.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        write!(s, "GET /proxy/{sb}/{port}/{path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        answer
+    };
+    assert!(get("hello.txt").contains("port is not open"), "nothing listens yet");
+    m.ok("write_file", json!({"path": "hello.txt", "content": "hello from the sandbox"}));
+    m.ok("start_task", json!({"command": format!("python3 -m http.server {port} --bind 127.0.0.1")}));
+    let answer = wait_for(Duration::from_secs(20), "the sandbox's web server to answer through the URL", || {
+        let a = get("hello.txt");
+        a.starts_with("HTTP/1.1 200").then_some(a)
+    });
+    assert!(answer.ends_with("hello from the sandbox"), "{answer}");
+    let out = m.ok("unexpose_port", json!({"port": port}));
     assert_eq!(out["closed"], false, "E2B cannot close one port: {out}");
     assert!(out["note"].as_str().unwrap_or("").contains("kill the sandbox"), "{out}");
     m.ok("kill_sandbox", json!({"sandbox_id": sb}));

@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -181,7 +181,12 @@ impl Relays {
             return Err(format!("this sandbox already exposes {MAX_PORTS} ports; unexpose_port one first"));
         }
         // Nothing listening is an error now rather than a URL whose connections all fail.
-        spawner::dial(&self.dir.join(spawner::SOCKET_FILE), port).map_err(|e| e.to_string())?;
+        spawner::dial(&self.dir.join(spawner::SOCKET_FILE), port).map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound => {
+                format!("this sandbox's init serves no spawner ({e}), so nothing can reach its ports; recreate the sandbox to expose them")
+            }
+            _ => e.to_string(),
+        })?;
         let host = self.expose(port, SocketAddr::new(ip, 0))?;
         self.save();
         Ok(host)
@@ -224,7 +229,15 @@ impl Relays {
         let state = State { ports: self.lock().iter().map(|(p, e)| (*p, e.host)).collect() };
         let Ok(text) = serde_json::to_vec(&state) else { return };
         let tmp = self.dir.join(format!("{STATE_FILE}.tmp"));
-        if fs::write(&tmp, text).and_then(|()| fs::rename(&tmp, self.dir.join(STATE_FILE))).is_err() {
+        let _ = fs::remove_file(&tmp);
+        let written = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .and_then(|mut f| f.write_all(&text))
+            .and_then(|()| fs::rename(&tmp, self.dir.join(STATE_FILE)));
+        if written.is_err() {
             log::warn!("keeper: could not record the exposed ports in {}", self.dir.display());
         }
     }

@@ -8,7 +8,8 @@
 //! (`tests/interop/test_e2b_sdk.py`). It is a crate of its own, outside the product: sandbox-mcp
 //! contains no emulator code, and this crate uses only the product's public API.
 //!
-//! Modules: [`http`] (requests and raw responses over tiny_http), [`faults`] (injected faults
+//! Modules: [`http`] (requests and raw responses over tiny_http), [`edge`] (routing modes),
+//! [`ports`] (sandbox ports other than envd's), [`faults`] (injected faults
 //! and request counts), [`control`] (the control plane and the sandbox registry), [`envd`] (the
 //! edge proxy and envd), [`connect`] (the Connect envelope and errors), [`process`] (processes
 //! started through envd and their streams), [`files`] (envd's file endpoints), and [`freezer`]
@@ -22,7 +23,8 @@
 //! [`Options::routing`] (`--routing host|path`) makes the edge strict, as [`edge`] says: with
 //! `host`, clients reach envd at `http://{port}-{sandbox_id}.<domain>` through this emulator as
 //! their HTTP proxy (`HTTP_PROXY=http://ADDR`); with `path`, at
-//! `http://ADDR/proxy/{sandbox_id}/{port}`. Requests in absolute form are accepted, and `CONNECT`
+//! `http://ADDR/proxy/{sandbox_id}/{port}`. A port other than envd's 49983 is forwarded to that
+//! port of the local sandbox underneath ([`ports`]). Requests in absolute form are accepted, and `CONNECT`
 //! answers 200 so that the requests that follow on that connection go through as a tunnel's.
 //!
 //! # Test API
@@ -66,6 +68,7 @@ pub mod faults;
 pub mod files;
 pub mod freezer;
 pub mod http;
+pub mod ports;
 pub mod process;
 
 use anyhow::{bail, Context};
@@ -322,6 +325,15 @@ fn route(state: &Arc<State>, req: &HttpRequest) -> envd::Outcome {
             return envd::Outcome::Reply(control::error(401, "Invalid API key: send a valid X-API-KEY header"));
         }
         return envd::Outcome::Reply(control::handle(state, req));
+    }
+    // A sandbox port other than envd's: forwarded to the local sandbox's port.
+    if let (Some(id), Some(port)) = envd::target(req) {
+        if port != envd::ENVD_PORT {
+            return envd::Outcome::Reply(match state.lookup(&id) {
+                Found::Running(sb, _) => ports::forward(state, &id, &sb.local_id, port, req),
+                _ => HttpReply::json(502, &json!({ "sandboxId": id, "message": "The sandbox was not found", "code": 502 })),
+            });
+        }
     }
     if envd::is_envd_path(&req.path) {
         return envd::handle(state, req);

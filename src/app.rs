@@ -37,7 +37,11 @@ impl App {
                 let local = LocalProvider::new(&config.home, &config.local_shell)
                     .and_then(|p| p.with_isolation(isolation))
                     .and_then(|p| p.with_uid_range(UidRange::new(config.uid_range)))
-                    .map(|p| p.with_policy(config.max_sandboxes, defaults).with_egress(config.egress.clone()))
+                    .map(|p| {
+                        p.with_policy(config.max_sandboxes, defaults)
+                            .with_egress(config.egress.clone())
+                            .with_expose_address(config.expose_address)
+                    })
                     .map(|p| match refusal {
                         Some(why) => p.refusing(why),
                         None => p,

@@ -5,7 +5,8 @@
 //! `tests/it/tidy.rs` checks that the README's configuration table matches it row for row.
 //! Limits that are not configurable live in `limits.rs`.
 
-use anyhow::{bail, Context, Result};
+use crate::provider::e2b::sandbox_url::SandboxUrl;
+use anyhow::{anyhow, bail, Context, Result};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -68,8 +69,8 @@ pub struct E2bConfig {
     pub domain: String,
     /// `E2B_API_URL`: control-plane base URL override.
     pub api_url: Option<String>,
-    /// `E2B_SANDBOX_URL`: envd base URL override (self-hosting, tests).
-    pub sandbox_url: Option<String>,
+    /// `E2B_SANDBOX_URL`: how sandbox URLs are built (E2B's own form when unset).
+    pub sandbox_url: SandboxUrl,
     /// Connect timeout of every HTTP request.
     pub connect_timeout: Duration,
     /// Overall timeout of a control-plane request.
@@ -110,6 +111,8 @@ pub struct Config {
     pub uid_range: (u32, u32),
     /// What every sandbox's egress proxy does beyond its policy.
     pub egress: crate::egress::Settings,
+    /// The host address exposed ports of local sandboxes listen on.
+    pub expose_address: std::net::IpAddr,
     /// E2B settings.
     pub e2b: E2bConfig,
 }
@@ -324,6 +327,14 @@ options! {
         default: Text("false"),
         help: "let sandboxes with network reach loopback, private, link-local and the host's own addresses (off: never)",
     };
+    /// The host address exposed ports listen on.
+    EXPOSE_ADDRESS = OptionSpec {
+        flag: Some("--expose-address"),
+        takes_value: true,
+        env: Some("SANDBOX_MCP_EXPOSE_ADDRESS"),
+        default: Text("127.0.0.1"),
+        help: "host address that expose_port's URLs listen on (0.0.0.0: every interface)",
+    };
     /// E2B API key.
     E2B_API_KEY = OptionSpec {
         flag: None,
@@ -353,8 +364,8 @@ options! {
         flag: None,
         takes_value: true,
         env: Some("E2B_SANDBOX_URL"),
-        default: Derived("https://<port>-<sandbox>.$E2B_DOMAIN"),
-        help: "envd URL override (self-hosting, tests)",
+        default: Derived("https://{port}-{sandbox_id}.$E2B_DOMAIN"),
+        help: "sandbox URL: fixed (envd only), or a template with {sandbox_id}, {port}, optional {domain}: http://10.0.0.5:3000/proxy/{sandbox_id}/{port}",
     };
     /// Time allowed for one E2B control-plane request, in seconds.
     E2B_TIMEOUT = OptionSpec {
@@ -586,11 +597,20 @@ impl Config {
                 },
                 host_services: src.switch(&EGRESS_ALLOW_HOST_SERVICES)?,
             },
+            expose_address: {
+                let text = src.text(&EXPOSE_ADDRESS)?;
+                text.trim().parse().map_err(|_| {
+                    anyhow!("{} {text:?} is not an IP address; use one such as 127.0.0.1, 0.0.0.0 or ::1", EXPOSE_ADDRESS.name())
+                })?
+            },
             e2b: E2bConfig {
                 api_key,
                 domain: src.text(&E2B_DOMAIN)?,
                 api_url: src.given(&E2B_API_URL),
-                sandbox_url: src.given(&E2B_SANDBOX_URL),
+                sandbox_url: match src.given(&E2B_SANDBOX_URL) {
+                    None => SandboxUrl::Platform,
+                    Some(text) => SandboxUrl::parse(&text).map_err(|e| anyhow!("{} {text:?} is not valid: {e}", E2B_SANDBOX_URL.name()))?,
+                },
                 connect_timeout: Duration::from_secs(10),
                 request_timeout: src.seconds(&E2B_TIMEOUT, 1, 3600)?,
             },

@@ -141,3 +141,10 @@ pub const EGRESS_HEAD_BUDGET: Duration = Duration::from_secs(10);
 pub const EGRESS_IDLE_BUDGET: Duration = Duration::from_secs(300);
 /// Distinct blocked connections listed in one `network_blocked`.
 pub const NETWORK_BLOCKED_MAX: usize = 16;
+
+/// Ports one sandbox exposes at once (`expose_port`).
+pub const EXPOSED_PORTS_MAX: usize = 16;
+/// Connections one exposed port relays at once; more are closed at once.
+pub const EXPOSED_PORT_MAX_CONNECTIONS: usize = 32;
+/// A relayed connection of an exposed port with no byte in one direction for this long ends.
+pub const EXPOSED_PORT_IDLE_BUDGET: Duration = Duration::from_secs(300);

@@ -752,15 +752,13 @@ mod tests {
         }
     }
 
-    /// Every conversation carries tools/list: at most 9,800 characters, compact, in both eras, and
-    /// no sentence said twice (docs/benchmarks.md has the figures). (The budget was 9,000 before
-    /// send_input, resize_task and start_task's stdin and pty, whose schemas alone take about
-    /// 1,000 characters beyond what compacting the task tools' descriptions gave back.)
+    /// Every conversation carries tools/list: at most 9,000 characters, compact, in both eras, and
+    /// no sentence said twice (docs/benchmarks.md has the figures).
     #[test]
     fn the_tool_list_fits_its_budget_and_says_each_thing_once() {
         for (era, text) in [("2025", cached::tools_list()), ("2026-07-28", cached::tools_list_modern())] {
             let chars = text.chars().count();
-            assert!(chars <= 9_800, "{era}: tools/list is {chars} characters");
+            assert!(chars <= 9_000, "{era}: tools/list is {chars} characters");
         }
         let list = tools::list();
         let mut texts = Vec::new();

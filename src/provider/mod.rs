@@ -478,11 +478,32 @@ pub trait Provider: Send + Sync {
         Err(InputError::Refused(format!("the {} provider does not write a task's input from the server", self.name())))
     }
 
+    /// Makes TCP `port` of the sandbox reachable from the host; its URL, and what to know about it.
+    fn expose_port(&self, _sandbox_id: &str, _port: u16, _deadline: Instant) -> Result<Exposed, ProviderError> {
+        Err(ProviderError::Rejected(format!("the {} provider cannot expose ports", self.name())))
+    }
+
+    /// Stops [`Provider::expose_port`]'s relay of `port`: whether it closed, and what to know.
+    fn unexpose_port(&self, _sandbox_id: &str, _port: u16, _deadline: Instant) -> Result<Exposed, ProviderError> {
+        Err(ProviderError::Rejected(format!("the {} provider cannot expose ports", self.name())))
+    }
+
     /// The connections the sandbox's egress proxy refused since `since_ms` (Unix milliseconds),
     /// distinct and bounded; empty where the provider has no such record.
     fn network_blocked(&self, _sandbox_id: &str, _since_ms: u64) -> Vec<crate::egress::blocks::Block> {
         Vec::new()
     }
+}
+
+/// What [`Provider::expose_port`] and [`Provider::unexpose_port`] answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exposed {
+    /// The port's URL.
+    pub url: String,
+    /// Whether the URL now reaches the port (expose) or no longer does (unexpose).
+    pub done: bool,
+    /// What the caller should know (how the URL is reached, what unexposing does here).
+    pub note: Option<String>,
 }
 
 /// The current time in Unix seconds.

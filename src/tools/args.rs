@@ -76,21 +76,24 @@ pub fn input_schema(params: &[Param]) -> Value {
             Kind::Str { max_chars } if max_chars <= 4096 => json!({"type": "string"}),
             Kind::Str { max_chars } => json!({"type": "string", "maxLength": max_chars}),
             Kind::Enum(values) => json!({"type": "string", "enum": values}),
+            // A floor of 0 or 1 goes without saying (tools/list stays small); the error of a value
+            // out of range names the range.
             Kind::Int { min, max, default } => {
-                let mut s = json!({"type": "integer", "minimum": min, "maximum": max});
-                if let Some(d) = default {
+                let mut s = int_field(min, max);
+                // (A default of 0 goes without saying too.)
+                if let Some(d) = default.filter(|d| *d != 0) {
                     s["default"] = json!(d);
                 }
                 s
             }
             Kind::StrMap => json!({"type": "object", "additionalProperties": {"type": "string"}}),
             Kind::Bool => json!({"type": "boolean"}),
-            // Lists of domain names; the tools' descriptions say so (tools/list stays small).
-            Kind::Network => json!({"type": ["boolean", "object"], "properties": {"allow": {"type": "array"}, "deny": {"type": "array"}}}),
+            // A switch or a policy of domain lists; create_sandbox's description of `network` says
+            // its form (tools/list stays small).
+            Kind::Network => json!({"type": ["boolean", "object"]}),
             Kind::IntFields(fields) => {
-                let props: Map<String, Value> =
-                    fields.iter().map(|f| (f.name.to_string(), json!({"type": "integer", "minimum": f.min, "maximum": f.max}))).collect();
-                json!({"type": "object", "properties": props, "additionalProperties": false})
+                let props: Map<String, Value> = fields.iter().map(|f| (f.name.to_string(), int_field(f.min, f.max))).collect();
+                json!({"type": "object", "properties": props})
             }
         };
         if !p.description.is_empty() {
@@ -104,6 +107,15 @@ pub fn input_schema(params: &[Param]) -> Value {
         schema["required"] = json!(required);
     }
     schema
+}
+
+/// An integer field's schema: its maximum, and its minimum unless it is 0 or 1.
+fn int_field(min: i64, max: i64) -> Value {
+    let mut s = json!({"type": "integer", "maximum": max});
+    if min > 1 {
+        s["minimum"] = json!(min);
+    }
+    s
 }
 
 /// Validated arguments with typed getters. Defaults are already applied.

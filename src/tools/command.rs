@@ -44,9 +44,11 @@ const MAX_OUTPUT: Param = Param {
 
 pub const RUN: Tool = Tool {
     name: "run_command",
-    description: "Run a command and wait; a timeout kills its group (exit_code 124). Output over max_output keeps head and \
-tail (*_truncated; get_task on task_id reads all). Still running after 25 s: state \"running\", a task to follow with get_task.",
+    description: "Run a command and wait; timeout kills its group (exit_code 124). Over max_output, head and tail are kept \
+(*_truncated; get_task on task_id reads all). Running after 25 s: state \"running\", follow with get_task.",
     params: &[COMMAND, SANDBOX_ID, CWD, ENVS, TIMEOUT, MAX_OUTPUT],
+    // The types of a completed result's fields and of what a program follows a running one by;
+    // the rest (offsets, expires_at, warning, message, network_blocked) is the contract's to say.
     output_schema: Some(|| {
         object(&[
             ("state", json!({"type": "string", "enum": ["completed", "running"]})),
@@ -57,16 +59,10 @@ tail (*_truncated; get_task on task_id reads all). Still running after 25 s: sta
             ("stderr_truncated", field("boolean")),
             ("stdout_bytes", field("integer")),
             ("stderr_bytes", field("integer")),
-            ("stdout_next_offset", field("integer")),
-            ("stderr_next_offset", field("integer")),
             ("timed_out", field("boolean")),
             ("duration_ms", field("integer")),
             ("task_id", field("string")),
-            ("expires_at", field("integer")),
-            ("warning", field("string")),
             ("sandbox_id", field("string")),
-            ("message", field("string")),
-            ("network_blocked", field("array")),
         ])
     }),
     read_only: false,

@@ -17,7 +17,7 @@ const ENCODING: Param = Param { name: "encoding", kind: Kind::Enum(&["utf8", "ba
 
 pub const READ: Tool = Tool {
     name: "read_file",
-    description: "Read a file (≤ 4 MiB): UTF-8 as content, else content_base64; PNG, JPEG, GIF, WebP ≤ 1 MiB also as an image.",
+    description: "Read a file (≤ 4 MiB) as UTF-8 content or content_base64; images ≤ 1 MiB also as image.",
     params: &[PATH, SANDBOX_ID],
     output_schema: None,
     read_only: true,
@@ -27,7 +27,7 @@ pub const READ: Tool = Tool {
 
 pub const WRITE: Tool = Tool {
     name: "write_file",
-    description: "Create or replace a file (and parent directories). Bigger than content allows: write parts, join with run_command.",
+    description: "Create or replace a file (and parents); join bigger ones from parts with run_command.",
     params: &[PATH, CONTENT, SANDBOX_ID, ENCODING],
     output_schema: None,
     read_only: false,
@@ -37,7 +37,7 @@ pub const WRITE: Tool = Tool {
 
 pub const LIST: Tool = Tool {
     name: "list_files",
-    description: "List a directory (not recursive, sorted, at most 10000 entries).",
+    description: "List a directory (sorted, ≤ 10000 entries).",
     params: &[PATH, SANDBOX_ID],
     output_schema: None,
     read_only: true,

@@ -1,8 +1,8 @@
 //! The tool registry: names, descriptions, schemas, and the dispatch of one `tools/call`.
 //!
-//! One file per tool family: `sandbox` (create, kill, set_timeout; later list), `command` (run_command), `files`
-//! (read, write, list), `tasks` (start, get, cancel, list, delete) and `input` (send_input,
-//! resize_task). Every handler gets validated
+//! One file per tool family: `sandbox` (create, kill, set_timeout; later list), `ports` (expose,
+//! unexpose), `command` (run_command), `files` (read, write, list), `tasks` (start, get, cancel,
+//! list, delete) and `input` (send_input, resize_task). Every handler gets validated
 //! arguments, reads them through the `Param` constants of its own table (see [`args`]), and
 //! returns the structured result or a [`ToolError`]; this module turns either into a
 //! `CallToolResult`, masking the server's own secrets on the way out.
@@ -19,6 +19,7 @@ pub mod args;
 mod command;
 mod files;
 mod input;
+mod ports;
 mod sandbox;
 mod tasks;
 
@@ -195,6 +196,8 @@ pub fn all() -> &'static [Tool] {
         sandbox::SET,
         sandbox::LIST,
         sandbox::SET_NETWORK,
+        ports::EXPOSE,
+        ports::UNEXPOSE,
         command::RUN,
         files::READ,
         files::WRITE,
@@ -397,6 +400,9 @@ mod tests {
         assert_eq!(typed, ["run_command", "get_task"]);
         let destructive: Vec<&str> = all().iter().filter(|t| t.destructive).map(|t| t.name).collect();
         // (send_input types into a task: what it types can do anything the task can.)
-        assert_eq!(destructive, ["kill_sandbox", "run_command", "write_file", "start_task", "cancel_task", "delete_task", "send_input"]);
+        assert_eq!(
+            destructive,
+            ["kill_sandbox", "unexpose_port", "run_command", "write_file", "start_task", "cancel_task", "delete_task", "send_input"]
+        );
     }
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 /// How long creating or killing a sandbox may take.
 const SANDBOX_CALL_BUDGET: Duration = Duration::from_secs(60);
 
-const TEMPLATE: Param = Param { name: "template", kind: Kind::Str { max_chars: 128 }, required: false, description: "Default \"base\"." };
+const TEMPLATE: Param = Param { name: "template", kind: Kind::Str { max_chars: 128 }, required: false, description: "" };
 
 const TIMEOUT: Param = Param {
     name: "timeout",
@@ -21,15 +21,11 @@ const TIMEOUT: Param = Param {
         default: Some(limits::SANDBOX_TIMEOUT_DEFAULT_S),
     },
     required: false,
-    description: "Idle seconds to expiry; run_command and file tools renew it, task tools don't.",
+    description: "Idle seconds to expiry; run_command and file tools renew.",
 };
 
-const ENVS: Param = Param {
-    name: "envs",
-    kind: Kind::StrMap,
-    required: false,
-    description: "Values of names with KEY, TOKEN, SECRET or PASSWORD are masked in output.",
-};
+const ENVS: Param =
+    Param { name: "envs", kind: Kind::StrMap, required: false, description: "Masked if the name has KEY, TOKEN, SECRET or PASSWORD." };
 
 const METADATA: Param = Param { name: "metadata", kind: Kind::StrMap, required: false, description: "" };
 
@@ -37,8 +33,7 @@ const NETWORK: Param = Param {
     name: "network",
     kind: Kind::Network,
     required: false,
-    description: "false (default; E2B: true), true (public hosts) or {\"allow\": [...], \"deny\": [...]} domains, *.x wildcards; \
-through a proxy, never the host.",
+    description: "false (default; E2B: true), true, or {\"allow\":[],\"deny\":[]} domains (*.x); never the host.",
 };
 
 const LIMITS: Param = Param {
@@ -48,14 +43,12 @@ const LIMITS: Param = Param {
         IntField { name: "processes", min: limits::SANDBOX_PROCESSES_MIN, max: limits::SANDBOX_PROCESSES_MAX },
     ]),
     required: false,
-    description: "Local cgroup limits; fails if not enforceable.",
+    description: "",
 };
 
 pub const CREATE: Tool = Tool {
     name: "create_sandbox",
-    description: "Create a Linux sandbox (the session's default sandbox_id). Commands run with bash (else sh) in its home, where \
-relative paths start; the result says what is inside. It ends with kill_sandbox, its timeout, or the session unless start_task \
-ran in it. Sessionless (2026-07-28 HTTP) calls pass sandbox_id.",
+    description: "New Linux sandbox, the session's default; bash (else sh) runs in its home. Ends at kill_sandbox, timeout, or session end unless a task ran in it.",
     params: &[TEMPLATE, TIMEOUT, ENVS, METADATA, NETWORK, LIMITS],
     output_schema: None,
     read_only: false,
@@ -65,7 +58,7 @@ ran in it. Sessionless (2026-07-28 HTTP) calls pass sandbox_id.",
 
 pub const KILL: Tool = Tool {
     name: "kill_sandbox",
-    description: "Kill a sandbox and everything in it, tasks included.",
+    description: "Kill a sandbox, tasks included.",
     params: &[SANDBOX_ID_REQUIRED],
     output_schema: None,
     read_only: false,
@@ -82,7 +75,7 @@ const SET_TIMEOUT: Param = Param {
 
 pub const SET: Tool = Tool {
     name: "set_timeout",
-    description: "Expire a sandbox timeout seconds from now; before a long task, make it outlive the task.",
+    description: "Expire a sandbox timeout seconds from now.",
     params: &[SANDBOX_ID_REQUIRED, SET_TIMEOUT],
     output_schema: None,
     read_only: false,
@@ -92,7 +85,7 @@ pub const SET: Tool = Tool {
 
 pub const LIST: Tool = Tool {
     name: "list_sandboxes",
-    description: "Sandboxes you can use (stdio: this server's; HTTP: the session's), after reconnecting too.",
+    description: "Sandboxes you can use.",
     params: &[],
     output_schema: None,
     read_only: true,
@@ -104,7 +97,7 @@ const POLICY: Param = Param { name: "network", kind: Kind::Network, required: tr
 
 pub const SET_NETWORK: Tool = Tool {
     name: "set_network",
-    description: "Replace a sandbox's network policy; new connections follow it.",
+    description: "Replace a sandbox's network policy.",
     params: &[SANDBOX_ID_REQUIRED, POLICY],
     output_schema: None,
     read_only: false,

@@ -43,12 +43,8 @@ const WAIT: Param = Param {
 
 const ENVS: Param = Param { name: "envs", kind: Kind::StrMap, required: false, description: "" };
 
-const UNTIL: Param = Param {
-    name: "until",
-    kind: Kind::Enum(&["output", "exit"]),
-    required: false,
-    description: "Wait for output past the offsets, or the exit.",
-};
+const UNTIL: Param =
+    Param { name: "until", kind: Kind::Enum(&["output", "exit"]), required: false, description: "Wait for new output, or the exit." };
 
 const COMMAND: Param = Param { name: "command", kind: Kind::Str { max_chars: limits::MAX_COMMAND_CHARS }, required: true, description: "" };
 
@@ -77,34 +73,28 @@ const PTY: Param = Param {
 };
 
 /// The task snapshot of start_task, get_task and cancel_task.
+/// get_task's outputSchema: the types of the fields programs branch on and page with (the result
+/// has more: started_at, finished_at, timeout, the byte counts, error, expires_at, warning,
+/// network_blocked; tools/list stays small).
 fn snapshot_schema() -> Value {
     object(&[
         ("sandbox_id", field("string")),
         ("task_id", field("string")),
         ("state", json!({"type": "string", "enum": ["running", "succeeded", "failed", "cancelled", "timed_out", "unknown"]})),
         ("exit_code", field("integer|null")),
-        ("started_at", field("integer|null")),
-        ("finished_at", field("integer|null")),
-        ("timeout", field("integer")),
         ("stdout", field("string")),
         ("stderr", field("string")),
         ("stdout_next_offset", field("integer")),
         ("stderr_next_offset", field("integer")),
-        ("stdout_bytes", field("integer")),
-        ("stderr_bytes", field("integer")),
         ("stdout_truncated", field("boolean")),
         ("stderr_truncated", field("boolean")),
-        ("error", field("string|null")),
-        ("expires_at", field("integer")),
-        ("warning", field("string")),
-        ("network_blocked", field("array")),
     ])
 }
 
 pub const START: Tool = Tool {
     name: "start_task",
-    description: "Run a command in the background; its handle (sandbox_id, task_id) outlives session and server, and keeps \
-the sandbox. state \"unknown\": unconfirmed, read it, never rerun.",
+    description: "Run in the background; the handle (sandbox_id, task_id) outlives session and server and keeps the \
+sandbox. state \"unknown\": read it, never rerun.",
     params: &[COMMAND, SANDBOX_ID, CWD, TIMEOUT, ENVS, STDIN, PTY],
     output_schema: None,
     read_only: false,
@@ -134,7 +124,7 @@ pub const CANCEL: Tool = Tool {
 
 pub const LIST: Tool = Tool {
     name: "list_tasks",
-    description: "Tasks kept in a sandbox (at most 128; delete_task removes finished ones).",
+    description: "A sandbox's tasks (128 kept at most; delete_task removes finished ones).",
     params: &[SANDBOX_ID],
     output_schema: None,
     read_only: true,

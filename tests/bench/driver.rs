@@ -35,6 +35,7 @@ mod load;
 mod machine;
 mod model;
 mod options;
+mod ports;
 mod probes;
 mod process;
 mod processes;
@@ -90,6 +91,7 @@ fn run() -> Result<ExitCode> {
     b.section("server core", "run_command vs sh -c true", |b| tools::run_command_vs_floor(b, &mut ctl));
     b.section("isolation", "isolated vs unisolated sandboxes", |b| isolation::isolation_rows(b, &mut ctl));
     b.section("egress", "the egress proxy", egress::egress_rows);
+    b.section("ports", "an exposed port", ports::port_rows);
     b.section("peers", "Python SDK MCPServer (FastMCP)", |b| stdio::peer(b, Peer::Python));
     b.section("peers", "Node server-everything", |b| stdio::peer(b, Peer::Node));
     b.section("tasks", "get_task vs floors", |b| tasks::get_task_vs_floors(b, &mut ctl));

@@ -4,7 +4,7 @@ use anyhow::{anyhow, bail, Result};
 use std::path::PathBuf;
 
 const USAGE: &str = "usage: bench-driver --bin SANDBOX_MCP --work DIR --json FILE --md FILE \
-[--python PYTHON --peer-py FILE] [--node NODE --everything FILE] [--pueue-dir DIR] [--e2b-emulator E2B_EMULATOR] [--quick] [--only core,peers,tasks,processes,pueue,http,protocol,concurrency,e2b]";
+[--python PYTHON --peer-py FILE] [--node NODE --everything FILE] [--pueue-dir DIR] [--e2b-emulator E2B_EMULATOR] [--quick] [--only core,peers,tasks,processes,pueue,http,protocol,concurrency,e2b,egress,ports]";
 
 /// The parsed command line.
 pub struct Opts {

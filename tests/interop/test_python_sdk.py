@@ -21,7 +21,7 @@ BIN = os.environ["SANDBOX_MCP_BIN"]
 EXPECTED_TOOLS = {
     "create_sandbox", "kill_sandbox", "run_command", "read_file", "write_file", "list_files",
     "start_task", "get_task", "cancel_task", "list_tasks", "delete_task", "list_sandboxes", "set_timeout",
-    "set_network",
+    "set_network", "expose_port", "unexpose_port", "send_input", "resize_task",
 }
 
 

@@ -289,3 +289,67 @@ fn a_second_server_process_reaches_the_sandbox_with_every_tool() {
     assert_eq!(b.ok("cancel_task", json!({"sandbox_id": sb, "task_id": s["task_id"]}))["state"], "cancelled");
     assert_eq!(b.ok("kill_sandbox", json!({"sandbox_id": sb}))["killed"], true);
 }
+
+/// The tools that reach envd, through a server configured by `extra` against `e`.
+fn envd_round_trip(e: &E2bHome, extra: &[(&str, &str)]) {
+    let mut m = e.stdio_with(extra);
+    let sb = m.ok("create_sandbox", json!({"timeout": 120}))["sandbox_id"].as_str().unwrap().to_string();
+    assert_eq!(m.ok("run_command", json!({"command": "echo routed"}))["stdout"], "routed\n");
+    assert_eq!(m.ok("write_file", json!({"path": "r.txt", "content": "r"}))["bytes_written"], 1);
+    assert_eq!(m.ok("read_file", json!({"path": "r.txt"}))["content"], "r");
+    let task = m.ok("start_task", json!({"command": "echo task"}))["task_id"].as_str().unwrap().to_string();
+    assert_eq!(finish(&mut m, &sb, &task)["state"], "succeeded");
+    let c = e.emulator.take_counts();
+    assert!(route_count(&c, "POST /process.Process/Start") >= 1 && route_count(&c, "GET /files") >= 1, "{c}");
+    assert_eq!(m.ok("kill_sandbox", json!({"sandbox_id": sb}))["killed"], true);
+}
+
+/// Self-hosted, host-style: a custom domain, plain http, envd at `{port}-{sandbox_id}.{domain}`.
+/// The emulator's edge routes by the Host alone (no wildcard DNS here: the server reaches it as
+/// its HTTP proxy, which keeps the Host the server built).
+#[test]
+fn a_custom_domain_over_plain_http_routes_by_host() {
+    let e = E2bHome { emulator: Emulator::start_routed("host"), home: Home::new("e2b-host-style") };
+    let proxy = e.emulator.url();
+    envd_round_trip(
+        &e,
+        &[
+            ("E2B_DOMAIN", "sandboxes.test"),
+            ("E2B_SANDBOX_URL", "http://{port}-{sandbox_id}.{domain}"),
+            ("HTTP_PROXY", proxy.as_str()),
+            ("NO_PROXY", "127.0.0.1"),
+        ],
+    );
+    // The header-routed fixed URL no longer reaches envd on this edge: routing really is by Host.
+    let mut m = e.stdio_with(&[("E2B_DOMAIN", "sandboxes.test")]);
+    m.ok("create_sandbox", json!({"timeout": 60}));
+    assert!(!m.err("run_command", json!({"command": "true"})).is_empty());
+}
+
+/// Path-style routing for deployments without wildcard DNS: envd at `/proxy/{sandbox_id}/{port}`.
+#[test]
+fn path_style_templates_route_by_path() {
+    let e = E2bHome { emulator: Emulator::start_routed("path"), home: Home::new("e2b-path-style") };
+    let template = format!("{}/proxy/{{sandbox_id}}/{{port}}", e.emulator.url());
+    envd_round_trip(&e, &[("E2B_SANDBOX_URL", template.as_str())]);
+}
+
+/// A template that cannot be used stops the server at start (exit 2), naming the option and
+/// showing valid forms.
+#[test]
+fn bad_sandbox_url_templates_stop_the_server_at_start() {
+    let home = Home::new("e2b-bad-template");
+    for bad in ["10.0.0.5:3000/{sandbox_id}/{port}", "http://h/{sandbox}/{port}", "http://h/{sandbox_id}", "http://h/{port"] {
+        let out = std::process::Command::new(bin())
+            .args(["call", "list_sandboxes", "{}"])
+            .envs(home.env())
+            .env("SANDBOX_MCP_PROVIDER", "e2b")
+            .env("E2B_API_KEY", E2B_TEST_KEY)
+            .env("E2B_SANDBOX_URL", bad)
+            .output()
+            .unwrap();
+        let why = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {why}");
+        assert!(why.contains("E2B_SANDBOX_URL") && why.contains("https://{port}-{sandbox_id}.example.com"), "{bad}: {why}");
+    }
+}

@@ -361,6 +361,8 @@ fn input_and_terminals_follow_the_sandboxs_uid() {
             let refused = m.err("start_task", pty);
             assert!(refused.contains("cannot give a task a terminal") && refused.contains("stdin: true"), "{who}: {refused}");
         }
+        let refused = m.err("expose_port", json!({"sandbox_id": sb, "port": 8000}));
+        assert!(refused.contains("refuses every TCP bind"), "{who}: {refused}");
         m.ok("kill_sandbox", json!({"sandbox_id": sb}));
         m.close();
     }

@@ -12,6 +12,7 @@ mod isolation;
 mod landlock;
 mod modern;
 mod network;
+mod ports;
 mod processes;
 mod promote;
 mod protocol_tasks;

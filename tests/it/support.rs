@@ -542,9 +542,20 @@ impl Emulator {
 
     /// [`Emulator::start_with_isolation`], with `extra` environment variables.
     pub fn start_with(isolation: &str, extra: &[(&str, &str)]) -> Emulator {
+        Emulator::spawn(&["--isolation", isolation], extra)
+    }
+
+    /// An emulator whose edge routes envd requests as `routing` says (`--routing`: header, host
+    /// or path).
+    pub fn start_routed(routing: &str) -> Emulator {
+        Emulator::spawn(&["--routing", routing], &[])
+    }
+
+    fn spawn(args: &[&str], extra: &[(&str, &str)]) -> Emulator {
         let home = std::env::temp_dir().join(format!("smcp-emulator-{}", sandbox_mcp::ids::random_hex(4)));
         let mut child = Command::new(emulator_bin())
-            .args(["--listen", "127.0.0.1:0", "--home", home.to_str().unwrap(), "--isolation", isolation])
+            .args(["--listen", "127.0.0.1:0", "--home", home.to_str().unwrap()])
+            .args(args)
             .env("RUST_LOG", "warn")
             .envs(extra.iter().copied())
             .stdin(Stdio::null())

@@ -69,7 +69,7 @@ fn readme_defaults_are_what_the_server_uses() {
     // The defaults worked out from other settings, and the unset ones.
     assert_eq!(defaults.provider, ProviderKind::Local);
     assert_eq!(defaults.home, Path::new("/h/.local/state/sandbox-mcp"));
-    assert_eq!((defaults.http_token, defaults.e2b.api_key, defaults.e2b.api_url, defaults.e2b.sandbox_url), (None, None, None, None));
+    assert_eq!((defaults.http_token, defaults.e2b.api_key, defaults.e2b.api_url), (None, None, None));
 }
 
 /// `65536` as `65,536`.
@@ -141,6 +141,9 @@ fn limits_from_the_code() -> Vec<(&'static str, String)> {
         ("egress proxy request head", format!("{} within {} s", size(EGRESS_MAX_HEAD_BYTES), EGRESS_HEAD_BUDGET.as_secs())),
         ("egress proxy idle connection", format!("{} s", EGRESS_IDLE_BUDGET.as_secs())),
         ("network_blocked entries per result", NETWORK_BLOCKED_MAX.to_string()),
+        ("exposed ports per sandbox", EXPOSED_PORTS_MAX.to_string()),
+        ("connections per exposed port", format!("{EXPOSED_PORT_MAX_CONNECTIONS} at once (closed beyond)")),
+        ("exposed port idle connection", format!("{} s (no byte one way)", EXPOSED_PORT_IDLE_BUDGET.as_secs())),
     ]
 }
 

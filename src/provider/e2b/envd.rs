@@ -15,12 +15,7 @@ use serde_json::{json, Value};
 use std::io::Read;
 use std::time::{Duration, Instant};
 
-/// envd's port.
-const ENVD_PORT: &str = "49983";
-
-/// Domains whose envd is reached through the shared `sandbox.<domain>` host.
-const SHARED_HOST_DOMAINS: &[&str] =
-    &["e2b.app", "e2b.dev", "e2b.pro", "e2b-staging.dev", "e2b-tango.dev", "e2b-juliett.dev", "foxtrot-2.e2b.dev"];
+use super::sandbox_url::{SandboxUrl, ENVD_PORT};
 
 /// The answer of `filesystem.Filesystem/ListDir`.
 #[derive(Debug, Default, PartialEq, Deserialize)]
@@ -68,28 +63,25 @@ struct EndOfStream {
 /// The envd client.
 pub(super) struct Envd {
     agent: ureq::Agent,
-    /// Fixed envd address (E2B_SANDBOX_URL), else derived from the sandbox id and domain.
-    sandbox_url: Option<String>,
+    /// How envd's address is built from the sandbox id and domain (E2B_SANDBOX_URL).
+    sandbox_url: SandboxUrl,
     domain: String,
     request_timeout: Duration,
 }
 
 impl Envd {
     /// A client sharing `agent`'s connections.
-    pub fn new(agent: ureq::Agent, sandbox_url: Option<String>, domain: String, request_timeout: Duration) -> Envd {
+    pub fn new(agent: ureq::Agent, sandbox_url: SandboxUrl, domain: String, request_timeout: Duration) -> Envd {
         Envd { agent, sandbox_url, domain, request_timeout }
     }
 
     fn url(&self, id: &str, known: &Known) -> String {
-        if let Some(u) = &self.sandbox_url {
-            return u.clone();
-        }
-        let domain = known.domain.as_deref().unwrap_or(&self.domain);
-        if SHARED_HOST_DOMAINS.contains(&domain) {
-            format!("https://sandbox.{domain}")
-        } else {
-            format!("https://{ENVD_PORT}-{id}.{domain}")
-        }
+        self.sandbox_url.envd(id, known.domain.as_deref().unwrap_or(&self.domain))
+    }
+
+    /// The URL of TCP `port` of sandbox `id`, or why it cannot be built.
+    pub fn port_url(&self, id: &str, port: u16, known: &Known) -> Result<String, String> {
+        self.sandbox_url.port(id, port, known.domain.as_deref().unwrap_or(&self.domain))
     }
 
     fn get(&self, url: &str, id: &str, known: &Known, timeout: Duration) -> ureq::RequestBuilder<ureq::typestate::WithoutBody> {
@@ -349,7 +341,7 @@ fn path_query(path: &str) -> String {
 
 /// The headers E2B's SDK sends on every envd request: edge routing, and the access token.
 fn headers<B>(rb: ureq::RequestBuilder<B>, id: &str, known: &Known) -> ureq::RequestBuilder<B> {
-    let rb = rb.header("E2b-Sandbox-Id", id).header("E2b-Sandbox-Port", ENVD_PORT);
+    let rb = rb.header("E2b-Sandbox-Id", id).header("E2b-Sandbox-Port", ENVD_PORT.to_string());
     match &known.token {
         Some(t) => rb.header("X-Access-Token", t),
         None => rb,

@@ -14,11 +14,14 @@ pub mod egress;
 mod envd;
 mod loose;
 mod reply;
+pub mod sandbox_url;
 pub mod wire;
 
 use crate::config::E2bConfig;
 use crate::mask::Masker;
-use crate::provider::{CreateRequest, DirEntry, ExecOutput, ExecRequest, LongCommands, Provider, ProviderError, SandboxInfo, Touch};
+use crate::provider::{
+    CreateRequest, DirEntry, ExecOutput, ExecRequest, Exposed, LongCommands, Provider, ProviderError, SandboxInfo, Touch,
+};
 use control::ControlPlane;
 use envd::Envd;
 use std::collections::BTreeMap;
@@ -46,13 +49,16 @@ impl E2bProvider {
         let agent = connection::agent(agent_config);
         let domain = config.domain.clone();
         let api_url = config.api_url.clone().unwrap_or_else(|| format!("https://api.{domain}")).trim_end_matches('/').to_string();
-        let sandbox_url = config.sandbox_url.as_ref().map(|u| u.trim_end_matches('/').to_string());
         Ok(E2bProvider {
             control: ControlPlane::new(agent.clone(), api_url, api_key, config.request_timeout),
-            envd: Envd::new(agent, sandbox_url, domain, config.request_timeout),
+            envd: Envd::new(agent, config.sandbox_url.clone(), domain, config.request_timeout),
         })
     }
 }
+
+/// What E2B's ports are, said with each expose and unexpose.
+const E2B_PORTS: &str =
+    "E2B's edge serves every port a sandbox process listens on (on 0.0.0.0) at this URL while the sandbox runs, whether exposed or not.";
 
 /// Checks the form of an E2B sandbox id.
 pub fn check_e2b_id(id: &str) -> Result<(), ProviderError> {
@@ -97,6 +103,24 @@ impl Provider for E2bProvider {
     fn kill(&self, sandbox_id: &str, deadline: Instant) -> Result<bool, ProviderError> {
         check_e2b_id(sandbox_id)?;
         self.control.kill(sandbox_id, deadline)
+    }
+
+    fn expose_port(&self, sandbox_id: &str, port: u16, deadline: Instant) -> Result<Exposed, ProviderError> {
+        check_e2b_id(sandbox_id)?;
+        let known = self.control.reach(sandbox_id, Touch::Renew, deadline)?;
+        let url = self.envd.port_url(sandbox_id, port, &known).map_err(ProviderError::Rejected)?;
+        Ok(Exposed { url, done: true, note: Some(E2B_PORTS.into()) })
+    }
+
+    fn unexpose_port(&self, sandbox_id: &str, port: u16, deadline: Instant) -> Result<Exposed, ProviderError> {
+        check_e2b_id(sandbox_id)?;
+        let known = self.control.reach(sandbox_id, Touch::Renew, deadline)?;
+        let url = self.envd.port_url(sandbox_id, port, &known).unwrap_or_default();
+        Ok(Exposed {
+            url,
+            done: false,
+            note: Some(format!("{E2B_PORTS} E2B has no switch to close one port: stop the process listening on it, or kill the sandbox")),
+        })
     }
 
     fn info(&self, sandbox_id: &str, touch: Touch, deadline: Instant) -> Result<SandboxInfo, ProviderError> {

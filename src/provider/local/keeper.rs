@@ -207,6 +207,11 @@ fn run_keeper(root: &Path, id: &str, shell: &Path, start_init: bool) -> anyhow::
     };
     pid_file.write_all(format!("{me} {start}\n").as_bytes())?;
     drop(pid_file);
+    // Exposed ports live in the keeper, which outlives the servers (ready before the sandbox is
+    // reported created); a restarted keeper listens again on what the one before it exposed.
+    if provider.load(id).is_ok_and(|m| m.isolation == Isolation::Namespaces && !m.host_network) {
+        super::ports::Relays::serve(&dir);
+    }
     // An isolated sandbox's init is started once, by its first keeper; a later keeper (restarted by
     // a sweep) never starts another: a sandbox whose init died stays gone.
     let mut holder = None;

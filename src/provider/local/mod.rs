@@ -30,6 +30,7 @@ pub mod isolation;
 mod keeper;
 mod launch;
 mod metadata;
+pub mod ports;
 mod scan;
 mod uid_claim;
 
@@ -43,8 +44,8 @@ use crate::ids;
 use crate::mask::Masker;
 use crate::provider::process::{self, Running};
 use crate::provider::{
-    unix_now, CreateRequest, DirEntry, ExecEnd, ExecOutput, ExecRequest, Input, InputError, Limits, LongCommands, Provider, ProviderError,
-    SandboxInfo, Touch,
+    unix_now, CreateRequest, DirEntry, ExecEnd, ExecOutput, ExecRequest, Exposed, Input, InputError, Limits, LongCommands, Provider,
+    ProviderError, SandboxInfo, Touch,
 };
 use isolation::enter::Init;
 use isolation::files::{self as sandbox_files, SandboxFs};
@@ -112,6 +113,8 @@ pub struct LocalProvider {
     egress: crate::egress::Settings,
     /// Why sandboxes cannot be created (`--isolation auto` on a host with no isolation).
     refusal: Option<String>,
+    /// The host address exposed ports listen on.
+    expose_address: std::net::IpAddr,
 }
 
 impl LocalProvider {
@@ -158,6 +161,7 @@ impl LocalProvider {
             uid_range: None,
             egress: crate::egress::Settings::default(),
             refusal: None,
+            expose_address: std::net::IpAddr::from([127, 0, 0, 1]),
         };
         Ok(provider)
     }
@@ -282,6 +286,12 @@ impl LocalProvider {
         self
     }
 
+    /// Makes exposed ports listen on `address` of the host (loopback by default).
+    pub fn with_expose_address(mut self, address: std::net::IpAddr) -> LocalProvider {
+        self.expose_address = address;
+        self
+    }
+
     /// Makes new sandboxes isolated as `isolation` says (existing ones keep their own way).
     pub fn with_isolation(mut self, isolation: Isolation) -> Result<LocalProvider, ProviderError> {
         if isolation == Isolation::Namespaces {
@@ -390,6 +400,29 @@ impl LocalProvider {
             log::warn!("could not run {} to kill the init of sandbox {id}: {err}", self.shell.display());
         }
         1
+    }
+}
+
+impl LocalProvider {
+    /// One request to the keeper's port relays of isolated sandbox `id`.
+    fn ports_request(&self, id: &str, line: &str) -> Result<String, ProviderError> {
+        ports::request(&self.dir(id), line).map_err(|err| {
+            ProviderError::Unavailable(format!(
+                "could not reach the port relay of sandbox {id} ({err}); its keeper may be restarting: retry in a few seconds, \
+or recreate the sandbox if it was made by an older version"
+            ))
+        })
+    }
+}
+
+/// A keeper's `error ...` answer (or an answer that is not one) as a tool error.
+fn ports_error(id: &str, answer: &str) -> ProviderError {
+    match answer.strip_prefix("error ") {
+        Some(why) if why.contains("nothing listens") => ProviderError::Rejected(format!(
+            "{why}; start the server first (listening on 127.0.0.1 or 0.0.0.0 inside {id}), then call expose_port again"
+        )),
+        Some(why) => ProviderError::Rejected(why.chars().take(300).collect()),
+        None => ProviderError::Unavailable(format!("the port relay of sandbox {id} gave no answer; retry")),
     }
 }
 
@@ -644,6 +677,44 @@ leave network out, or run the server where user namespaces work (--isolation nam
         let tier = self.isolation.name();
         let about = about(tier, &Network::Off, self.uid_range.is_some());
         format!("Local sandboxes (isolation: {tier}). Commands run with {}. {about}", self.command_shell.display())
+    }
+
+    fn expose_port(&self, sandbox_id: &str, port: u16, _deadline: Instant) -> Result<Exposed, ProviderError> {
+        let meta = self.reach(sandbox_id, Touch::Renew)?;
+        if meta.isolation == Isolation::None || meta.host_network {
+            return Ok(Exposed {
+                url: format!("http://127.0.0.1:{port}"),
+                done: true,
+                note: Some("this sandbox shares the host's network: the port is already on the host's loopback, and no relay runs".into()),
+            });
+        }
+        if meta.isolation == Isolation::Landlock {
+            return Err(ProviderError::Rejected(format!(
+                "sandbox {sandbox_id} is in the landlock isolation tier, where Landlock refuses every TCP bind, so no port of it can listen or be exposed; \
+run the server where user namespaces work (--isolation namespaces) to serve ports"
+            )));
+        }
+        let answer = self.ports_request(sandbox_id, &format!("expose {port} {}", self.expose_address))?;
+        let host = answer.strip_prefix("exposed ").and_then(|a| a.parse().ok()).ok_or_else(|| ports_error(sandbox_id, &answer))?;
+        Ok(Exposed { url: ports::url(host), done: true, note: None })
+    }
+
+    fn unexpose_port(&self, sandbox_id: &str, port: u16, _deadline: Instant) -> Result<Exposed, ProviderError> {
+        let meta = self.reach(sandbox_id, Touch::Renew)?;
+        if meta.isolation == Isolation::None || meta.host_network {
+            return Ok(Exposed {
+                url: format!("http://127.0.0.1:{port}"),
+                done: false,
+                note: Some("this sandbox shares the host's network: its port is on the host's loopback while a process listens on it; stop that process to close it".into()),
+            });
+        }
+        let url = ports::exposed(&self.dir(sandbox_id)).get(&port).map(|a| ports::url(*a));
+        let answer = self.ports_request(sandbox_id, &format!("unexpose {port}"))?;
+        match (answer.as_str(), url) {
+            ("unexposed", Some(url)) => Ok(Exposed { url, done: true, note: None }),
+            ("unexposed", None) => Ok(Exposed { url: String::new(), done: true, note: None }),
+            _ => Err(ports_error(sandbox_id, &answer)),
+        }
     }
 
     fn set_network(&self, sandbox_id: &str, network: &Network, _deadline: Instant) -> Result<SandboxInfo, ProviderError> {

@@ -77,7 +77,7 @@ pub enum ReadOutcome {
 
 /// Reads a tiny_http request's line, headers and body.
 pub fn read_request(req: &mut tiny_http::Request) -> ReadOutcome {
-    let url = req.url().to_string();
+    let url = origin_form(req.url()).to_string();
     let (path, query) = match url.split_once('?') {
         Some((p, q)) => (p.to_string(), parse_query(q)),
         None => (url.clone(), Vec::new()),
@@ -96,6 +96,16 @@ pub fn read_request(req: &mut tiny_http::Request) -> ReadOutcome {
         return ReadOutcome::TooLarge;
     }
     ReadOutcome::Ok(HttpRequest { method, path, query, headers, body })
+}
+
+/// The path and query of a request target: an absolute-form target (`http://host/path`, what a
+/// client sends to an HTTP proxy) loses its scheme and authority; the `Host` header names the
+/// host.
+pub fn origin_form(target: &str) -> &str {
+    match target.strip_prefix("http://").or_else(|| target.strip_prefix("https://")) {
+        Some(rest) => rest.find('/').map_or("/", |i| &rest[i..]),
+        None => target,
+    }
 }
 
 /// Decodes an `application/x-www-form-urlencoded` query string (`+` is a space).
@@ -302,6 +312,13 @@ impl<'a> ChunkedWriter<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn absolute_targets_become_paths() {
+        assert_eq!(origin_form("http://49983-i1.sb.test/files?path=a"), "/files?path=a");
+        assert_eq!(origin_form("http://h.test"), "/");
+        assert_eq!(origin_form("/health"), "/health");
+    }
 
     #[test]
     fn queries_decode() {

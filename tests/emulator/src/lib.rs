@@ -8,7 +8,8 @@
 //! (`tests/interop/test_e2b_sdk.py`). It is a crate of its own, outside the product: sandbox-mcp
 //! contains no emulator code, and this crate uses only the product's public API.
 //!
-//! Modules: [`http`] (requests and raw responses over tiny_http), [`faults`] (injected faults
+//! Modules: [`http`] (requests and raw responses over tiny_http), [`edge`] (routing modes),
+//! [`ports`] (sandbox ports other than envd's), [`faults`] (injected faults
 //! and request counts), [`control`] (the control plane and the sandbox registry), [`envd`] (the
 //! edge proxy and envd), [`connect`] (the Connect envelope and errors), [`process`] (processes
 //! started through envd and their streams), [`files`] (envd's file endpoints), and [`freezer`]
@@ -19,6 +20,12 @@
 //! dispatched by the `E2b-Sandbox-Id` header (or a `49983-<id>.<domain>` Host) and, except
 //! `/health`, guarded by the sandbox's `X-Access-Token`; `/_emulator/…` is the test API below.
 //! Point the SDK at it with `E2B_API_URL=http://ADDR` and `E2B_SANDBOX_URL=http://ADDR`.
+//! [`Options::routing`] (`--routing host|path`) makes the edge strict, as [`edge`] says: with
+//! `host`, clients reach envd at `http://{port}-{sandbox_id}.<domain>` through this emulator as
+//! their HTTP proxy (`HTTP_PROXY=http://ADDR`); with `path`, at
+//! `http://ADDR/proxy/{sandbox_id}/{port}`. A port other than envd's 49983 is forwarded to that
+//! port of the local sandbox underneath ([`ports`]). Requests in absolute form are accepted, and `CONNECT`
+//! answers 200 so that the requests that follow on that connection go through as a tunnel's.
 //!
 //! # Test API
 //!
@@ -55,11 +62,13 @@
 
 pub mod connect;
 pub mod control;
+pub mod edge;
 pub mod envd;
 pub mod faults;
 pub mod files;
 pub mod freezer;
 pub mod http;
+pub mod ports;
 pub mod process;
 
 use anyhow::{bail, Context};
@@ -99,6 +108,8 @@ pub struct Options {
     /// `Isolation::Namespaces` envd's file and process services act inside each sandbox's
     /// namespaces, and the host must allow them: see `isolation::probe`).
     pub isolation: Isolation,
+    /// How envd requests find their sandbox.
+    pub routing: edge::Routing,
 }
 
 /// Everything the handlers share.
@@ -120,6 +131,8 @@ pub struct State {
     /// `USER`/`LOGNAME` of commands: the user they run as (the OS user the emulator runs as
     /// without isolation; `root` of the sandbox's user namespace with it).
     pub user: String,
+    /// How envd requests find their sandbox.
+    pub routing: edge::Routing,
 }
 
 impl State {
@@ -182,6 +195,7 @@ impl Emulator {
             counts: RequestCounts::default(),
             api_key: opts.api_key.clone(),
             user,
+            routing: opts.routing,
         });
         let socket = http::bind_nodelay(opts.listen).with_context(|| format!("binding {}", opts.listen))?;
         let server = tiny_http::Server::from_listener(socket, None).map_err(|e| anyhow::anyhow!("serving on {}: {e}", opts.listen))?;
@@ -242,7 +256,7 @@ fn kill_leftovers(provider: &LocalProvider, home: &Path) {
 }
 
 fn serve(state: &Arc<State>, mut req: tiny_http::Request) {
-    let incoming = match http::read_request(&mut req) {
+    let mut incoming = match http::read_request(&mut req) {
         ReadOutcome::Ok(i) => i,
         ReadOutcome::TooLarge => {
             let mut w = req.into_writer();
@@ -251,6 +265,16 @@ fn serve(state: &Arc<State>, mut req: tiny_http::Request) {
         }
     };
     let close = incoming.wants_close();
+    if incoming.method == "CONNECT" {
+        // A client using the emulator as its HTTP proxy opens a tunnel: the requests that follow
+        // on this connection are ordinary ones, routed by their Host.
+        let _ = http::write_reply(&mut *req.into_writer(), &HttpReply::empty(200), false, None);
+        return;
+    }
+    if let Err(reply) = edge::route(state.routing, &mut incoming) {
+        let _ = http::write_reply(&mut *req.into_writer(), &reply, close, None);
+        return;
+    }
     if let Some(rest) = incoming.path.strip_prefix("/_emulator/") {
         let reply = test_api(state, rest, &incoming);
         let _ = http::write_reply(&mut *req.into_writer(), &reply, close, None);
@@ -301,6 +325,15 @@ fn route(state: &Arc<State>, req: &HttpRequest) -> envd::Outcome {
             return envd::Outcome::Reply(control::error(401, "Invalid API key: send a valid X-API-KEY header"));
         }
         return envd::Outcome::Reply(control::handle(state, req));
+    }
+    // A sandbox port other than envd's: forwarded to the local sandbox's port.
+    if let (Some(id), Some(port)) = envd::target(req) {
+        if port != envd::ENVD_PORT {
+            return envd::Outcome::Reply(match state.lookup(&id) {
+                Found::Running(sb, _) => ports::forward(state, &id, &sb.local_id, port, req),
+                _ => HttpReply::json(502, &json!({ "sandboxId": id, "message": "The sandbox was not found", "code": 502 })),
+            });
+        }
     }
     if envd::is_envd_path(&req.path) {
         return envd::handle(state, req);

@@ -5,6 +5,7 @@
 
 #![forbid(unsafe_code)]
 
+use e2b_emulator::edge::Routing;
 use e2b_emulator::{Emulator, Options};
 use sandbox_mcp::provider::local::isolation::Isolation;
 use std::net::SocketAddr;
@@ -12,7 +13,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: e2b-emulator [--listen ADDR] [--home DIR] [--shell PATH] [--api-key KEY] [--threads N]
-                    [--isolation none|namespaces]
+                    [--isolation none|namespaces] [--routing header|host|path]
 
 An E2B-compatible control plane and envd on one loopback port, for tests. Prints
 `listening on http://ADDR` on stderr once bound; stops on SIGTERM or SIGINT and kills its
@@ -25,6 +26,9 @@ sandboxes. Point the E2B SDK at it with E2B_API_URL=http://ADDR and E2B_SANDBOX_
   --threads N      request threads (default 16; streams get their own)
   --isolation MODE how the local sandboxes underneath are isolated: none (default) or
                    namespaces (the local provider's; fails when the host does not allow them)
+  --routing MODE   how envd requests find their sandbox: header (default: E2b-Sandbox-Id, else
+                   the Host), host (a <port>-<id>.<domain> Host only; use the emulator as an
+                   HTTP proxy), or path (http://ADDR/proxy/<id>/<port>/… only)
 ";
 
 struct Cli {
@@ -34,6 +38,7 @@ struct Cli {
     api_key: Option<String>,
     threads: usize,
     isolation: Isolation,
+    routing: Routing,
 }
 
 fn parse(args: &[String]) -> Result<Cli, String> {
@@ -44,6 +49,7 @@ fn parse(args: &[String]) -> Result<Cli, String> {
         api_key: None,
         threads: 16,
         isolation: Isolation::None,
+        routing: Routing::Header,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -65,6 +71,7 @@ fn parse(args: &[String]) -> Result<Cli, String> {
                     other => return Err(format!("--isolation: {other:?} is not none or namespaces")),
                 }
             }
+            "--routing" => cli.routing = Routing::parse(&value()?)?,
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
@@ -119,6 +126,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         api_key: cli.api_key,
         threads: cli.threads,
         isolation: cli.isolation,
+        routing: cli.routing,
     }) {
         Ok(e) => e,
         Err(err) => {

@@ -20,6 +20,11 @@
 //!    `signal <number> <members>`, `<members>` being 1 when processes of the command's group
 //!    remain (they may hold its pipes), else 0.
 //!
+//! A request `{"dial": <port>}`, without descriptors, asks instead for a TCP connection to the
+//! port on the sandbox's own loopback interface (127.0.0.1, else ::1, within [`DIAL_BUDGET`]):
+//! the init answers `dialed` with the connected socket attached, or `error <what failed>`. This
+//! is how an exposed port's relay, outside the sandbox's network namespace, reaches inside it.
+//!
 //! A connection that closes before the end line means the init is gone: the sandbox was killed,
 //! and so was the command. A server that goes away leaves its commands running, as a server that
 //! started them directly would.
@@ -54,12 +59,57 @@ const ANSWER_BUDGET: Duration = Duration::from_secs(10);
 /// gone, and is never logged.
 const MAX_LINE: usize = 256;
 
-/// What the server asks the init to start.
+/// How long the init tries to connect to a port of the sandbox (a listener whose backlog is full
+/// would otherwise hold the dial for minutes).
+pub const DIAL_BUDGET: Duration = Duration::from_secs(2);
+
+/// What the server asks the init to start (or, with `dial`, to connect to).
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Request {
+    #[serde(default)]
     argv: Vec<String>,
+    #[serde(default)]
     env: Vec<(String, String)>,
+    #[serde(default)]
     cwd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    dial: Option<u16>,
+}
+
+/// Asks the spawner listening on `socket` for a TCP connection to `port` on the sandbox's own
+/// loopback interface. The error says what failed (nothing listens, the sandbox is gone...).
+pub fn dial(socket: &Path, port: u16) -> io::Result<std::net::TcpStream> {
+    let conn = UnixStream::connect(socket)?;
+    let body = serde_json::to_vec(&Request { argv: Vec::new(), env: Vec::new(), cwd: None, dial: Some(port) }).map_err(io::Error::other)?;
+    let mut message = (body.len() as u32).to_le_bytes().to_vec();
+    message.extend_from_slice(&body);
+    (&conn).write_all(&message)?;
+    conn.set_read_timeout(Some(DIAL_BUDGET + ANSWER_BUDGET))?;
+    let mut line = [0u8; MAX_LINE];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
+    let got = rustix::net::recvmsg(&conn, &mut [IoSliceMut::new(&mut line)], &mut control, rustix::net::RecvFlags::CMSG_CLOEXEC)?;
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    for message in control.drain() {
+        if let rustix::net::RecvAncillaryMessage::ScmRights(received) = message {
+            fds.extend(received);
+        }
+    }
+    let text = String::from_utf8_lossy(&line[..got.bytes]);
+    let text = text.trim_end();
+    match (text, fds.pop(), fds.is_empty()) {
+        ("dialed", Some(fd), true) => {
+            // Whatever the init sent, only a connected stream socket is relayed.
+            let is_stream = rustix::net::sockopt::socket_type(&fd).is_ok_and(|t| t == rustix::net::SocketType::STREAM);
+            if !is_stream {
+                return Err(io::Error::other("the sandbox's init answered with something that is not a stream socket"));
+            }
+            Ok(std::net::TcpStream::from(fd))
+        }
+        (t, _, _) if t.starts_with("error ") => Err(io::Error::new(io::ErrorKind::ConnectionRefused, t["error ".len()..].to_string())),
+        ("", _, _) => Err(io::Error::new(io::ErrorKind::NotFound, "the sandbox's init is gone")),
+        _ => Err(io::Error::other("the sandbox's init gave an answer that is not one")),
+    }
 }
 
 /// How a command ended, as the init saw it.
@@ -97,7 +147,8 @@ impl Remote {
         stdin: Option<std::os::fd::BorrowedFd<'_>>,
     ) -> io::Result<Remote> {
         let conn = UnixStream::connect(socket)?;
-        let body = serde_json::to_vec(&Request { argv: argv.to_vec(), env, cwd: cwd.map(str::to_string) }).map_err(io::Error::other)?;
+        let body = serde_json::to_vec(&Request { argv: argv.to_vec(), env, cwd: cwd.map(str::to_string), dial: None })
+            .map_err(io::Error::other)?;
         let len = u32::try_from(body.len()).ok().filter(|n| (*n as usize) <= MAX_REQUEST).ok_or_else(|| {
             io::Error::new(io::ErrorKind::InvalidInput, format!("the command and its environment are too large ({} bytes)", body.len()))
         })?;
@@ -311,7 +362,15 @@ fn reap(children: &Children) -> ! {
 /// Serves one connection: reads the request, starts the command, then obeys `kill` until the
 /// server closes the connection.
 fn answer(conn: UnixStream, children: &Children) {
-    let started = receive(&conn).and_then(|(request, fds)| start(request, fds, &conn, children));
+    let received = receive(&conn);
+    if let Ok((Request { dial: Some(port), .. }, _)) = &received {
+        answer_dial(&conn, *port);
+        return;
+    }
+    let started = received.and_then(|(request, fds)| match fds {
+        Some(fds) => start(request, fds, &conn, children),
+        None => Err(io::Error::new(io::ErrorKind::InvalidData, "malformed spawn request: it must carry two or three descriptors")),
+    });
     let pid = match started {
         Ok(pid) => pid,
         Err(err) => {
@@ -342,8 +401,36 @@ struct Stdio3 {
     stdin: Option<OwnedFd>,
 }
 
-/// Reads one request and the two or three descriptors attached to it.
-fn receive(conn: &UnixStream) -> io::Result<(Request, Stdio3)> {
+/// Connects to `port` on this network namespace's loopback interface and sends the socket on
+/// `conn`, or says why not.
+fn answer_dial(conn: &UnixStream, port: u16) {
+    let mut refused = None;
+    for ip in [std::net::IpAddr::from([127, 0, 0, 1]), std::net::IpAddr::from(std::net::Ipv6Addr::LOCALHOST)] {
+        match std::net::TcpStream::connect_timeout(&std::net::SocketAddr::new(ip, port), DIAL_BUDGET) {
+            Ok(stream) => {
+                let fds = [stream.as_fd()];
+                let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+                let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+                if control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)) {
+                    let _ = rustix::net::sendmsg(conn, &[IoSlice::new(b"dialed\n")], &mut control, rustix::net::SendFlags::empty());
+                }
+                return;
+            }
+            Err(err) => {
+                refused.get_or_insert(err);
+            }
+        }
+    }
+    let why = match refused {
+        Some(err) if err.kind() == io::ErrorKind::ConnectionRefused => format!("nothing listens on port {port} inside the sandbox"),
+        Some(err) => format!("connecting to port {port} inside the sandbox failed: {err}"),
+        None => format!("connecting to port {port} inside the sandbox failed"),
+    };
+    let _ = (conn as &UnixStream).write_all(format!("error {why}\n").as_bytes());
+}
+
+/// Reads one request and the two or three descriptors attached to it (none for a dial).
+fn receive(conn: &UnixStream) -> io::Result<(Request, Option<Stdio3>)> {
     let mut buf = vec![0u8; 64 * 1024];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(3))];
     let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
@@ -356,8 +443,10 @@ fn receive(conn: &UnixStream) -> io::Result<(Request, Stdio3)> {
     }
     let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, format!("malformed spawn request: {what}"));
     let stdin = if fds.len() == 3 { fds.pop() } else { None };
-    let (Some(stderr), Some(stdout), true) = (fds.pop(), fds.pop(), fds.is_empty()) else {
-        return Err(bad("it must carry two or three descriptors"));
+    let stdio = match (fds.pop(), fds.pop(), fds.is_empty()) {
+        (Some(stderr), Some(stdout), true) => Some(Stdio3 { stdout, stderr, stdin }),
+        (None, None, true) => None,
+        _ => return Err(bad("it must carry two or three descriptors")),
     };
     let mut data = buf[..got.bytes].to_vec();
     let mut prefix = [0u8; 4];
@@ -377,7 +466,7 @@ fn receive(conn: &UnixStream) -> io::Result<(Request, Stdio3)> {
     (conn as &UnixStream).read_exact(&mut rest)?;
     data.extend_from_slice(&rest);
     let request: Request = serde_json::from_slice(&data).map_err(|e| bad(&e.to_string()))?;
-    Ok((request, Stdio3 { stdout, stderr, stdin }))
+    Ok((request, stdio))
 }
 
 /// Starts the command of `request` and records it (answering `started <pid>` under the same lock,
@@ -413,6 +502,69 @@ fn start(request: Request, fds: Stdio3, conn: &UnixStream, children: &Children) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fake init on a socket in a fresh directory: answers one dial request with `answer`
+    /// and, when given, a descriptor.
+    fn fake_init(answer: &'static [u8], fd: Option<OwnedFd>) -> (std::path::PathBuf, std::thread::JoinHandle<()>) {
+        let dir = std::env::temp_dir().join(format!("smcp-dial-{}", crate::ids::random_hex(4)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(SOCKET_FILE);
+        let listener = UnixListener::bind(&path).unwrap();
+        let t = std::thread::spawn(move || {
+            let (conn, _) = listener.accept().unwrap();
+            let (request, stdio) = receive(&conn).unwrap();
+            assert_eq!((request.dial, stdio.is_none()), (Some(8000), true));
+            match fd {
+                Some(fd) => {
+                    let fds = [fd.as_fd()];
+                    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+                    let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+                    assert!(control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)));
+                    rustix::net::sendmsg(&conn, &[IoSlice::new(answer)], &mut control, rustix::net::SendFlags::empty()).unwrap();
+                }
+                None => (&conn).write_all(answer).unwrap(),
+            }
+        });
+        (dir, t)
+    }
+
+    /// What a taken-over init may answer a dial with: only a stream socket is taken; anything
+    /// else, an error line or no answer, is an error that says what happened.
+    #[test]
+    fn a_dial_takes_only_a_stream_socket() {
+        let (pipe_out, _pipe_in) = rustix::pipe::pipe().unwrap();
+        let (dir, t) = fake_init(b"dialed\n", Some(pipe_out));
+        let err = dial(&dir.join(SOCKET_FILE), 8000).unwrap_err();
+        assert!(err.to_string().contains("not a stream socket"), "{err}");
+        t.join().unwrap();
+        let (dir2, t) = fake_init(b"error nothing listens on port 8000 inside the sandbox\n", None);
+        let err = dial(&dir2.join(SOCKET_FILE), 8000).unwrap_err();
+        assert_eq!(
+            (err.kind(), err.to_string()),
+            (io::ErrorKind::ConnectionRefused, "nothing listens on port 8000 inside the sandbox".to_string())
+        );
+        t.join().unwrap();
+        let (dir3, t) = fake_init(b"dialed\n", None);
+        assert!(dial(&dir3.join(SOCKET_FILE), 8000).unwrap_err().to_string().contains("not one"));
+        t.join().unwrap();
+        let (dir4, t) = fake_init(b"", None);
+        assert_eq!(dial(&dir4.join(SOCKET_FILE), 8000).unwrap_err().kind(), io::ErrorKind::NotFound);
+        t.join().unwrap();
+        // A real connected socket is taken.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let inside = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (dir5, t) = fake_init(b"dialed\n", Some(OwnedFd::from(inside)));
+        let mut got = dial(&dir5.join(SOCKET_FILE), 8000).unwrap();
+        t.join().unwrap();
+        got.write_all(b"hi").unwrap();
+        let (mut peer, _) = listener.accept().unwrap();
+        let mut buf = [0u8; 2];
+        peer.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"hi");
+        for d in [dir, dir2, dir3, dir4, dir5] {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
 
     /// The init died while a `kill` of ours was still unread: the connection is reset, and the
     /// command counts as killed with the sandbox (it used to be an error, which a server shutting

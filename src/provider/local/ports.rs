@@ -1,0 +1,370 @@
+//! Exposed ports of an isolated sandbox: a TCP port a sandbox process listens on, on the
+//! sandbox's own loopback interface, made reachable from the host through a relay that its
+//! keeper runs (so it outlives the server that asked for it and stops with the sandbox).
+//!
+//! The keeper listens on a unix socket, [`SOCKET_FILE`] in the sandbox's directory (0600, out of
+//! the sandbox's sight), one request line per connection: `expose <port> <address>` binds a
+//! host listener on `<address>` (an ephemeral port) and answers `exposed <address:port>`;
+//! `unexpose <port>` closes the listener and the port's open connections and answers
+//! `unexposed`; failures answer `error <what failed>`. The keeper records what it exposes in
+//! [`STATE_FILE`], which a keeper restarted by a sweep reads to listen again on the same host
+//! addresses.
+//!
+//! Each connection accepted on a host listener is relayed to a socket that the sandbox's init
+//! connects inside the sandbox's network namespace and hands over (`spawner::dial`). The sandbox
+//! is hostile: the relay's buffers are fixed ([`RELAY_BUFFER`] per direction), every read and
+//! write has the idle budget, a port serves at most [`MAX_CONNECTIONS`] connections at once
+//! (more are closed at once), and each connection has its own threads, so one that stalls or
+//! floods costs only itself.
+
+use super::isolation::spawner;
+use crate::limits;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+/// The keeper's socket for expose and unexpose requests, in a sandbox's directory.
+pub const SOCKET_FILE: &str = "ports.sock";
+
+/// What the keeper exposes (`{"<port>": "<host address:port>"}`), in a sandbox's directory.
+pub const STATE_FILE: &str = "ports.json";
+
+/// Ports exposed per sandbox at once.
+pub const MAX_PORTS: usize = limits::EXPOSED_PORTS_MAX;
+
+/// Connections one exposed port relays at once.
+pub const MAX_CONNECTIONS: usize = limits::EXPOSED_PORT_MAX_CONNECTIONS;
+
+/// A relayed connection with no byte moving in one direction for this long ends.
+const IDLE_BUDGET: Duration = limits::EXPOSED_PORT_IDLE_BUDGET;
+
+/// Bytes buffered per direction of a relayed connection.
+const RELAY_BUFFER: usize = 128 * 1024;
+
+/// The longest request line the keeper reads, and answer line the server reads.
+const MAX_LINE: usize = 512;
+
+/// How long one request to the keeper may take (the keeper's dial has its own, shorter budget).
+pub const REQUEST_BUDGET: Duration = Duration::from_secs(10);
+
+// ---------------------------------------------------------------------------------------------
+// Server side
+
+/// Sends one request line to the keeper of the sandbox in `dir`; its answer line, or why none.
+pub fn request(dir: &Path, line: &str) -> io::Result<String> {
+    let conn = UnixStream::connect(dir.join(SOCKET_FILE))?;
+    conn.set_read_timeout(Some(REQUEST_BUDGET))?;
+    conn.set_write_timeout(Some(REQUEST_BUDGET))?;
+    (&conn).write_all(format!("{line}\n").as_bytes())?;
+    let mut answer = String::new();
+    BufReader::new((&conn).take(MAX_LINE as u64)).read_line(&mut answer)?;
+    Ok(answer.trim_end().to_string())
+}
+
+/// What the keeper of the sandbox in `dir` exposes now: sandbox port → host address.
+pub fn exposed(dir: &Path) -> BTreeMap<u16, SocketAddr> {
+    fs::read(dir.join(STATE_FILE)).ok().and_then(|text| serde_json::from_slice::<State>(&text).ok()).map(|s| s.ports).unwrap_or_default()
+}
+
+/// The URL of a host address.
+pub fn url(addr: SocketAddr) -> String {
+    let ip = match addr.ip() {
+        IpAddr::V4(v4) if v4.is_unspecified() => IpAddr::from([127, 0, 0, 1]),
+        IpAddr::V6(v6) if v6.is_unspecified() => IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    format!("http://{}", SocketAddr::new(ip, addr.port()))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Keeper side
+
+/// The file [`STATE_FILE`].
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct State {
+    ports: BTreeMap<u16, SocketAddr>,
+}
+
+/// One exposed port.
+struct Exposure {
+    host: SocketAddr,
+    listener: Arc<TcpListener>,
+    closed: Arc<AtomicBool>,
+    /// Its open connections (host side), to close with it.
+    conns: Arc<Mutex<BTreeMap<u64, TcpStream>>>,
+}
+
+/// The keeper's exposed ports.
+pub struct Relays {
+    dir: PathBuf,
+    by_port: Mutex<BTreeMap<u16, Exposure>>,
+    next_conn: AtomicU64,
+}
+
+impl Relays {
+    /// Serves the expose and unexpose requests of the sandbox in `dir` from this keeper (a thread
+    /// of its own) after listening again on what [`STATE_FILE`] records. Returns without serving
+    /// when the socket cannot be bound (exposing then fails with a clear error).
+    pub fn serve(dir: &Path) {
+        let relays = Arc::new(Relays { dir: dir.to_path_buf(), by_port: Mutex::new(BTreeMap::new()), next_conn: AtomicU64::new(0) });
+        let path = dir.join(SOCKET_FILE);
+        let _ = fs::remove_file(&path);
+        let listener =
+            match UnixListener::bind(&path).and_then(|l| fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).map(|()| l)) {
+                Ok(l) => l,
+                Err(err) => {
+                    log::warn!("keeper: could not bind {}: {err}; this sandbox's ports cannot be exposed", path.display());
+                    return;
+                }
+            };
+        for (port, host) in exposed(dir) {
+            if let Err(why) = relays.expose(port, host) {
+                log::warn!("keeper: could not expose port {port} again on {host}: {why}");
+            }
+        }
+        relays.save();
+        let spawned = std::thread::Builder::new().name("ports".into()).stack_size(128 * 1024).spawn(move || {
+            for conn in listener.incoming().flatten() {
+                relays.answer(conn);
+            }
+        });
+        if let Err(err) = spawned {
+            log::warn!("keeper: could not start the ports thread: {err}");
+        }
+    }
+
+    fn answer(&self, conn: UnixStream) {
+        let _ = conn.set_read_timeout(Some(REQUEST_BUDGET));
+        let _ = conn.set_write_timeout(Some(REQUEST_BUDGET));
+        let mut line = String::new();
+        if BufReader::new((&conn).take(MAX_LINE as u64)).read_line(&mut line).is_err() {
+            return;
+        }
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let reply = match words.as_slice() {
+            ["expose", port, ip] => match (port.parse::<u16>(), ip.parse::<IpAddr>()) {
+                (Ok(port), Ok(ip)) if port > 0 => self.expose_checked(port, ip).map(|host| format!("exposed {host}")),
+                _ => Err("malformed expose request".to_string()),
+            },
+            ["unexpose", port] => match port.parse::<u16>() {
+                Ok(port) => self.unexpose(port).map(|()| "unexposed".to_string()),
+                Err(_) => Err("malformed unexpose request".to_string()),
+            },
+            _ => Err("unknown request".to_string()),
+        };
+        let line = match reply {
+            Ok(text) => format!("{text}\n"),
+            Err(why) => format!("error {}\n", why.replace('\n', " ")),
+        };
+        let _ = (&conn).write_all(line.as_bytes());
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u16, Exposure>> {
+        self.by_port.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Exposes `port` on `ip` (an ephemeral port) once something listens on it inside; an
+    /// already exposed port answers its address.
+    fn expose_checked(self: &Relays, port: u16, ip: IpAddr) -> Result<SocketAddr, String> {
+        if let Some(e) = self.lock().get(&port) {
+            return Ok(e.host);
+        }
+        if self.lock().len() >= MAX_PORTS {
+            return Err(format!("this sandbox already exposes {MAX_PORTS} ports; unexpose_port one first"));
+        }
+        // Nothing listening is an error now rather than a URL whose connections all fail.
+        spawner::dial(&self.dir.join(spawner::SOCKET_FILE), port).map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound => {
+                format!("this sandbox's init serves no spawner ({e}), so nothing can reach its ports; recreate the sandbox to expose them")
+            }
+            _ => e.to_string(),
+        })?;
+        let host = self.expose(port, SocketAddr::new(ip, 0))?;
+        self.save();
+        Ok(host)
+    }
+
+    /// Listens on `host` and relays its connections to `port` inside.
+    fn expose(&self, port: u16, host: SocketAddr) -> Result<SocketAddr, String> {
+        let listener = TcpListener::bind(host).map_err(|e| format!("could not listen on {host}: {e}"))?;
+        let bound = listener.local_addr().map_err(|e| e.to_string())?;
+        let listener = Arc::new(listener);
+        let closed = Arc::new(AtomicBool::new(false));
+        let conns = Arc::new(Mutex::new(BTreeMap::new()));
+        let spawn_socket = self.dir.join(spawner::SOCKET_FILE);
+        let (l, c, cs) = (listener.clone(), closed.clone(), conns.clone());
+        let ids = Arc::new(AtomicU64::new(self.next_conn.fetch_add(1 << 32, Ordering::Relaxed)));
+        std::thread::Builder::new()
+            .name(format!("port-{port}"))
+            .stack_size(128 * 1024)
+            .spawn(move || accept(&l, &c, &cs, &ids, &spawn_socket, port))
+            .map_err(|e| format!("could not start the relay: {e}"))?;
+        self.lock().insert(port, Exposure { host: bound, listener, closed, conns });
+        Ok(bound)
+    }
+
+    fn unexpose(&self, port: u16) -> Result<(), String> {
+        let Some(e) = self.lock().remove(&port) else {
+            return Err(format!("port {port} is not exposed; expose_port exposes it"));
+        };
+        e.closed.store(true, Ordering::SeqCst);
+        // Wakes the accept (Linux ends a blocked accept on a shut-down listener).
+        let _ = rustix::net::shutdown(&*e.listener, rustix::net::Shutdown::Both);
+        for conn in e.conns.lock().unwrap_or_else(PoisonError::into_inner).values() {
+            let _ = conn.shutdown(Shutdown::Both);
+        }
+        self.save();
+        Ok(())
+    }
+
+    fn save(&self) {
+        let state = State { ports: self.lock().iter().map(|(p, e)| (*p, e.host)).collect() };
+        let Ok(text) = serde_json::to_vec(&state) else { return };
+        let tmp = self.dir.join(format!("{STATE_FILE}.tmp"));
+        let _ = fs::remove_file(&tmp);
+        let written = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .and_then(|mut f| f.write_all(&text))
+            .and_then(|()| fs::rename(&tmp, self.dir.join(STATE_FILE)));
+        if written.is_err() {
+            log::warn!("keeper: could not record the exposed ports in {}", self.dir.display());
+        }
+    }
+}
+
+/// Accepts the connections of one exposed port until it is closed.
+fn accept(
+    listener: &TcpListener,
+    closed: &AtomicBool,
+    conns: &Arc<Mutex<BTreeMap<u64, TcpStream>>>,
+    ids: &AtomicU64,
+    spawn_socket: &Path,
+    port: u16,
+) {
+    loop {
+        let accepted = listener.accept();
+        if closed.load(Ordering::SeqCst) {
+            return;
+        }
+        let client = match accepted {
+            Ok((client, _)) => client,
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => {
+                // Out of descriptors, say: wait rather than spin.
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
+        let id = ids.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut open = conns.lock().unwrap_or_else(PoisonError::into_inner);
+            if open.len() >= MAX_CONNECTIONS {
+                // Full: this connection is closed at once; the ones open go on.
+                continue;
+            }
+            match client.try_clone() {
+                Ok(copy) => open.insert(id, copy),
+                Err(_) => continue,
+            };
+        }
+        let (open, spawn_socket) = (conns.clone(), spawn_socket.to_path_buf());
+        let spawned = std::thread::Builder::new().name(format!("port-{port}-conn")).stack_size(128 * 1024).spawn(move || {
+            match spawner::dial(&spawn_socket, port) {
+                Ok(inside) => relay(client, inside),
+                Err(err) => log::debug!("port {port}: could not reach it inside the sandbox: {err}"),
+            }
+            open.lock().unwrap_or_else(PoisonError::into_inner).remove(&id);
+        });
+        if spawned.is_err() {
+            conns.lock().unwrap_or_else(PoisonError::into_inner).remove(&id);
+        }
+    }
+}
+
+/// Copies both ways between the host's connection and the sandbox's until both ends are done,
+/// one fails, or nothing moves one way for [`IDLE_BUDGET`].
+pub fn relay(client: TcpStream, inside: TcpStream) {
+    for s in [&client, &inside] {
+        let _ = s.set_nodelay(true);
+        let _ = s.set_read_timeout(Some(IDLE_BUDGET));
+        let _ = s.set_write_timeout(Some(IDLE_BUDGET));
+    }
+    let (Ok(client2), Ok(inside2)) = (client.try_clone(), inside.try_clone()) else { return };
+    let back = std::thread::Builder::new().name("port-relay".into()).stack_size(128 * 1024).spawn(move || pump(&inside2, &client2));
+    pump(&client, &inside);
+    if let Ok(back) = back {
+        let _ = back.join();
+    }
+}
+
+/// Copies `from` into `to` until the end (then closes `to` for writing) or a failure or the idle
+/// budget (then ends both directions of both). A copy through a buffer: `splice` through a pipe
+/// measured no faster here (docs/benchmarks.md).
+fn pump(from: &TcpStream, to: &TcpStream) {
+    let mut buf = vec![0u8; RELAY_BUFFER];
+    loop {
+        match (&*from).read(&mut buf) {
+            Ok(0) => {
+                let _ = to.shutdown(Shutdown::Write);
+                return;
+            }
+            Ok(n) => {
+                if (&*to).write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    let _ = from.shutdown(Shutdown::Both);
+    let _ = to.shutdown(Shutdown::Both);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The keeper's request socket: malformed requests, an unexposed port, and a sandbox with no
+    /// init to dial are answered with errors; nothing is exposed or recorded.
+    #[test]
+    fn bad_requests_are_answered_with_errors() {
+        let dir = std::env::temp_dir().join(format!("smcp-ports-{}", crate::ids::random_hex(4)));
+        fs::create_dir_all(&dir).unwrap();
+        Relays::serve(&dir);
+        let long = format!("expose {}", "9".repeat(2000));
+        for (line, answer) in [
+            ("bogus", "error unknown request"),
+            ("expose 0 127.0.0.1", "error malformed expose request"),
+            ("expose 70000 127.0.0.1", "error malformed expose request"),
+            ("expose 80 not-an-address", "error malformed expose request"),
+            ("unexpose x", "error malformed unexpose request"),
+            ("unexpose 80", "error port 80 is not exposed; expose_port exposes it"),
+            (long.as_str(), "error unknown request"),
+        ] {
+            assert_eq!(request(&dir, line).unwrap(), answer, "{line}");
+        }
+        assert!(request(&dir, "expose 80 127.0.0.1").unwrap().starts_with("error "));
+        assert!(exposed(&dir).is_empty());
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn urls_name_a_reachable_address() {
+        assert_eq!(url("127.0.0.1:4000".parse().unwrap()), "http://127.0.0.1:4000");
+        assert_eq!(url("0.0.0.0:4000".parse().unwrap()), "http://127.0.0.1:4000");
+        assert_eq!(url("[::]:4000".parse().unwrap()), "http://[::1]:4000");
+        assert_eq!(url("192.0.2.7:80".parse().unwrap()), "http://192.0.2.7:80");
+    }
+}

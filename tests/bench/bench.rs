@@ -68,6 +68,34 @@ impl Bench {
         self.rows.push(r);
     }
 
+    /// The row of a transfer of `bytes` through a relay (samples `via`, kept as `{key}.{via_name}`)
+    /// against the same transfer direct (`direct`, kept as `{key}.direct`): the share of the
+    /// direct rate the relay reaches, with its target of 80%.
+    #[allow(clippy::too_many_arguments)]
+    pub fn transfer_row(
+        &mut self,
+        group: &'static str,
+        label: &str,
+        vs: &str,
+        key: &str,
+        via_name: &str,
+        bytes: usize,
+        via: &[f64],
+        direct: &[f64],
+    ) {
+        let relayed = self.keep(&format!("{key}.{via_name}"), via);
+        let direct = self.keep(&format!("{key}.direct"), direct);
+        let share = direct.median / relayed.median;
+        self.row(
+            Row::new(group, label)
+                .lat(&relayed)
+                .rate(crate::units::per_s(bytes as f64 / relayed.median / 1e6, "MB"))
+                .vs(format!("{vs}{}", crate::units::dur(direct.median)))
+                .ratio(format!("{:.0}% of direct", share * 100.0))
+                .target("≥ 80% of direct", share >= 0.8),
+        );
+    }
+
     /// The sandbox-mcp binary with an isolated state root and the local provider.
     pub fn ours(&self, args: &[&str]) -> Command {
         let mut c = Command::new(&self.o.bin);

@@ -8,7 +8,7 @@ use crate::bench::Bench;
 use crate::probes::interleave;
 use crate::session::{self, Tools};
 use crate::table::Row;
-use crate::units::{dur, mib, per_s, times};
+use crate::units::{dur, mib, times};
 use anyhow::{anyhow, Context, Result};
 use sandbox_mcp::egress::{self, blocks::BlockLog, proxy::Proxy, Network, Settings};
 use serde_json::json;
@@ -129,16 +129,15 @@ pub fn egress_rows(b: &mut Bench) -> Result<()> {
         block,
         &mut [Box::new(|| transfer(origin, Some(via), BYTES)), Box::new(|| transfer(origin, None, BYTES))],
     )?;
-    let proxied = b.keep("egress.transfer_100mb.proxy", &xs[0]);
-    let direct = b.keep("egress.transfer_100mb.direct", &xs[1]);
-    let share = direct.median / proxied.median;
-    b.row(
-        Row::new("egress", "100 MB from a loopback origin through the egress proxy (CONNECT tunnel)")
-            .lat(&proxied)
-            .rate(per_s(BYTES as f64 / proxied.median / 1e6, "MB"))
-            .vs(format!("direct {}", dur(direct.median)))
-            .ratio(format!("{:.0}% of direct", share * 100.0))
-            .target("≥ 80% of direct", share >= 0.8),
+    b.transfer_row(
+        "egress",
+        "100 MB from a loopback origin through the egress proxy (CONNECT tunnel)",
+        "direct ",
+        "egress.transfer_100mb",
+        "proxy",
+        BYTES,
+        &xs[0],
+        &xs[1],
     );
     let (warm, rounds, block) = (b.n(20), b.n(10), b.n(20));
     let xs = interleave(warm, rounds, block, &mut [Box::new(|| transfer(origin, Some(via), 1)), Box::new(|| transfer(origin, None, 1))])?;

@@ -6,7 +6,6 @@ use crate::bench::Bench;
 use crate::probes::interleave;
 use crate::session::{self, Tools};
 use crate::table::Row;
-use crate::units::{dur, per_s};
 use anyhow::{anyhow, Context, Result};
 use serde_json::json;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -97,16 +96,15 @@ pub fn port_rows(b: &mut Bench) -> Result<()> {
     let _ = host.kill();
     let _ = host.wait();
     let xs = xs?;
-    let exposed = b.keep("ports.transfer_100mb.exposed", &xs[0]);
-    let direct = b.keep("ports.transfer_100mb.direct", &xs[1]);
-    let share = direct.median / exposed.median;
-    b.row(
-        Row::new("ports", "100 MB from a sandbox's server through expose_port's relay (keeper, init-dialed socket)")
-            .lat(&exposed)
-            .rate(per_s(BYTES as f64 / exposed.median / 1e6, "MB"))
-            .vs(format!("same server on host loopback, direct {}", dur(direct.median)))
-            .ratio(format!("{:.0}% of direct", share * 100.0))
-            .target("≥ 80% of direct", share >= 0.8),
+    b.transfer_row(
+        "ports",
+        "100 MB from a sandbox's server through expose_port's relay (keeper, init-dialed socket)",
+        "same server on host loopback, direct ",
+        "ports.transfer_100mb",
+        "exposed",
+        BYTES,
+        &xs[0],
+        &xs[1],
     );
     Ok(())
 }

@@ -584,18 +584,7 @@ fn namespaces_refuses_where_user_namespaces_are_blocked() {
         return;
     }
     let home = Home::new("iso-blocked");
-    let run = |mode: &str| {
-        let script = format!(
-            "echo 0 > /proc/sys/user/max_user_namespaces && exec \"$0\" --isolation {mode} call create_sandbox '{{\"timeout\": 30}}'"
-        );
-        std::process::Command::new("unshare")
-            .args(["--user", "--map-root-user", "--", "/bin/sh", "-c", &script])
-            .arg(bin())
-            .envs(home.env())
-            .env_remove("SANDBOX_MCP_ISOLATION")
-            .output()
-            .unwrap()
-    };
+    let run = |mode: &str| call_where_user_namespaces_are_blocked(&home, mode, "create_sandbox '{\"timeout\": 30}'");
     let out = run("namespaces");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");

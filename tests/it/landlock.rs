@@ -222,16 +222,7 @@ fn auto_picks_landlock_where_user_namespaces_are_blocked() {
         return;
     }
     let home = Home::new("ll-blocked");
-    let run = |args: &str| {
-        let script = format!("echo 0 > /proc/sys/user/max_user_namespaces && exec \"$0\" --isolation auto call {args}");
-        std::process::Command::new("unshare")
-            .args(["--user", "--map-root-user", "--", "/bin/sh", "-c", &script])
-            .arg(bin())
-            .envs(home.env())
-            .env_remove("SANDBOX_MCP_ISOLATION")
-            .output()
-            .unwrap()
-    };
+    let run = |args: &str| call_where_user_namespaces_are_blocked(&home, "auto", args);
     let out = run("create_sandbox '{\"timeout\": 60}'");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");

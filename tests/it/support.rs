@@ -703,3 +703,17 @@ pub fn seed(var: &str) -> u64 {
         Err(_) => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1),
     }
 }
+
+/// Runs `sandbox-mcp --isolation MODE call ARGS` (ARGS as a shell would split them) on a
+/// simulated host that blocks user namespaces: inside a user namespace of this test's own whose
+/// `user.max_user_namespaces` is 0.
+pub fn call_where_user_namespaces_are_blocked(home: &Home, mode: &str, args: &str) -> std::process::Output {
+    let script = format!("echo 0 > /proc/sys/user/max_user_namespaces && exec \"$0\" --isolation {mode} call {args}");
+    std::process::Command::new("unshare")
+        .args(["--user", "--map-root-user", "--", "/bin/sh", "-c", &script])
+        .arg(bin())
+        .envs(home.env())
+        .env_remove("SANDBOX_MCP_ISOLATION")
+        .output()
+        .unwrap()
+}

@@ -14,6 +14,19 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+/// Reads `size` bytes from `from` (a transfer's receiving end), or fails on an early end.
+pub fn receive(from: &mut impl std::io::Read, size: usize) -> Result<()> {
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut got = 0;
+    while got < size {
+        match from.read(&mut buf)? {
+            0 => return Err(anyhow::anyhow!("the transfer ended after {got} bytes")),
+            n => got += n,
+        }
+    }
+    Ok(())
+}
+
 /// Upper bound of any one request loop.
 pub const MAX_ITERATIONS: u64 = 2_000_000;
 

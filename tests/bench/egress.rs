@@ -82,14 +82,7 @@ fn open(origin: SocketAddr, via: Option<SocketAddr>, size: usize) -> Result<TcpS
 fn transfer(origin: SocketAddr, via: Option<SocketAddr>, size: usize) -> Result<f64> {
     let t = Instant::now();
     let mut conn = open(origin, via, size)?;
-    let mut buf = vec![0u8; 256 * 1024];
-    let mut got = 0;
-    while got < size {
-        match conn.read(&mut buf)? {
-            0 => return Err(anyhow!("the transfer ended after {got} bytes")),
-            n => got += n,
-        }
-    }
+    crate::bench::receive(&mut conn, size)?;
     Ok(t.elapsed().as_secs_f64())
 }
 

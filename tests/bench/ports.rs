@@ -8,7 +8,7 @@ use crate::session::{self, Tools};
 use crate::table::Row;
 use anyhow::{anyhow, Context, Result};
 use serde_json::json;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -44,14 +44,7 @@ fn transfer(addr: &str, size: usize) -> Result<f64> {
     let mut conn = TcpStream::connect(addr)?;
     conn.set_nodelay(true)?;
     conn.write_all(format!("{size}\n").as_bytes())?;
-    let mut buf = vec![0u8; 256 * 1024];
-    let mut got = 0;
-    while got < size {
-        match conn.read(&mut buf)? {
-            0 => return Err(anyhow!("the transfer ended after {got} bytes")),
-            n => got += n,
-        }
-    }
+    crate::bench::receive(&mut conn, size)?;
     Ok(t.elapsed().as_secs_f64())
 }
 

@@ -20,15 +20,17 @@ fn final_state(m: &mut Mcp, sb: &str, task: &str) -> Value {
     })
 }
 
-/// `v` has every field of a completed run_command, each of a type its outputSchema allows.
+/// `v` has every field of a completed run_command, each typed in its outputSchema, and every field
+/// the schema types has a type it allows (the others, such as expires_at, are the contract's).
 fn conforms(m: &mut Mcp, v: &Value) {
     let tools = m.request("tools/list", json!({}));
     let tool = tools["result"]["tools"].as_array().unwrap().iter().find(|t| t["name"] == "run_command").unwrap().clone();
     let schema = &tool["outputSchema"];
     for key in sandbox_mcp::tools::COMPLETED_FIELDS {
         assert!(v.get(key).is_some(), "{key} is missing from {v}");
+        assert!(schema["properties"].get(key).is_some(), "{key} is not typed in run_command's outputSchema");
     }
-    for (key, value) in v.as_object().unwrap() {
+    for (key, value) in v.as_object().unwrap().iter().filter(|(key, _)| schema["properties"].get(key.as_str()).is_some()) {
         let spec = &schema["properties"][key];
         let types: Vec<&str> = match &spec["type"] {
             Value::String(t) => vec![t.as_str()],

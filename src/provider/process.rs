@@ -31,6 +31,8 @@ const LATE_READER_WAIT: Duration = Duration::from_secs(5);
 pub struct ProcStat {
     /// State letter (`R`, `S`, `Z`, ...).
     pub state: char,
+    /// Parent process.
+    pub ppid: u32,
     /// Process group.
     pub pgrp: u32,
     /// Start time in clock ticks since boot.
@@ -56,6 +58,7 @@ pub fn stat_at(file: &Path) -> Option<ProcStat> {
     let fields: Vec<&str> = rest.split(' ').collect();
     Some(ProcStat {
         state: fields.first()?.chars().next()?,
+        ppid: fields.get(1)?.parse().ok()?,
         pgrp: fields.get(2)?.parse().ok()?,
         start: fields.get(19)?.parse().ok()?,
         kernel_thread: fields.get(6)?.parse::<u64>().ok()? & PF_KTHREAD != 0,

@@ -3,14 +3,14 @@
 //! the sweep that ends expired sandboxes and restarts missing keepers at server start.
 
 use super::isolation::enter::Init;
-use super::isolation::{cgroup, init, spawner, Isolation};
+use super::isolation::{cgroup, init, landlock_spawner, spawner, Isolation};
 use super::{check_local_id, LocalProvider, CREATING_PREFIX, KILL_SCAN_BUDGET};
 use crate::egress;
 use crate::provider::process;
 use crate::provider::{unix_now, Provider, ProviderError};
 use std::fs;
 use std::io::{self, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -22,6 +22,10 @@ const KEEPER_COMMAND: &str = "keeper";
 /// The keeper's flag that makes it start the init of a new isolated sandbox (only `create` passes
 /// it: a keeper restarted by a sweep never starts an init).
 const START_INIT_FLAG: &str = "--start-init";
+
+/// The keeper's flag that says its stdout is the listening socket of a new Landlock-tier
+/// sandbox's spawner.
+const SPAWNER_FLAG: &str = "--spawner-on-stdout";
 
 /// A sweep leaves sandboxes younger than this to the server creating them.
 const SWEEP_GRACE_S: i64 = 60;
@@ -67,31 +71,51 @@ impl LocalProvider {
     }
 
     pub(super) fn spawn_keeper(&self, id: &str) {
-        if let Err(err) = self.keeper_command(id, false).status() {
+        if let Err(err) = self.keeper_command(id, KeeperOut::Nothing).status() {
             log::warn!("could not start the keeper of sandbox {id}: {err}; it ends at the next server start after expiry");
+        }
+    }
+
+    /// Starts the keeper of Landlock-tier sandbox `id`, handing it the spawner's `listener`.
+    pub(super) fn start_keeper_with(&self, id: &str, listener: std::os::unix::net::UnixListener) -> Result<(), ProviderError> {
+        let mut cmd = self.keeper_command(id, KeeperOut::Spawner(listener));
+        let started = cmd.status();
+        // The command holds our copy of the socket until dropped (the keeper has its own).
+        drop(cmd);
+        match started {
+            Ok(status) if status.success() => Ok(()),
+            Ok(status) => Err(ProviderError::Unavailable(format!("could not start the keeper of sandbox {id}: its shell {status}"))),
+            Err(err) => Err(ProviderError::Unavailable(format!("could not start the keeper of sandbox {id}: {err}"))),
         }
     }
 
     /// The command that starts the keeper of `id` detached. The intermediate shell exits at once,
     /// so the keeper is re-parented to init (no zombie under a long-running server) and sits in
     /// its own process group, out of reach of group signals aimed at the server (the Python SDK
-    /// signals the server's whole group). With `answer`, the keeper's stdout is a pipe to the
-    /// caller, on which it says whether the sandbox's init started (`ready` or `error ...`).
-    pub(super) fn keeper_command(&self, id: &str, answer: bool) -> Command {
-        let script = if answer { r#""$@" </dev/null 2>/dev/null &"# } else { r#""$@" </dev/null >/dev/null 2>&1 &"# };
+    /// signals the server's whole group). `out` is what the keeper's stdout is.
+    fn keeper_command(&self, id: &str, out: KeeperOut) -> Command {
+        let script = match out {
+            KeeperOut::Nothing => r#""$@" </dev/null >/dev/null 2>&1 &"#,
+            KeeperOut::Answer | KeeperOut::Spawner(_) => r#""$@" </dev/null 2>/dev/null &"#,
+        };
         let mut cmd = Command::new(&self.shell);
-        cmd.args(["-c", script, "sh"])
-            .arg(&self.exe)
-            .arg(KEEPER_COMMAND)
-            .arg(&self.root)
-            .arg(id)
-            .arg(&self.shell)
-            .args(answer.then_some(START_INIT_FLAG))
-            .env_clear()
+        cmd.args(["-c", script, "sh"]).arg(&self.exe).arg(KEEPER_COMMAND).arg(&self.root).arg(id).arg(&self.shell);
+        let stdout = match out {
+            KeeperOut::Nothing => Stdio::null(),
+            KeeperOut::Answer => {
+                cmd.arg(START_INIT_FLAG);
+                Stdio::piped()
+            }
+            KeeperOut::Spawner(listener) => {
+                cmd.arg(SPAWNER_FLAG);
+                Stdio::from(std::os::fd::OwnedFd::from(listener))
+            }
+        };
+        cmd.env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into()))
             .envs(self.egress.to_env())
             .stdin(Stdio::null())
-            .stdout(if answer { Stdio::piped() } else { Stdio::null() })
+            .stdout(stdout)
             .stderr(Stdio::null())
             .process_group(0);
         cmd
@@ -100,7 +124,8 @@ impl LocalProvider {
     /// Starts the keeper of isolated sandbox `id` and waits for its init to be ready.
     pub(super) fn start_isolated(&self, id: &str) -> Result<Init, ProviderError> {
         let unavailable = |why: String| ProviderError::Unavailable(format!("could not start the isolated sandbox: {why}"));
-        let mut child = self.keeper_command(id, true).spawn().map_err(|e| unavailable(format!("could not start its keeper: {e}")))?;
+        let mut child =
+            self.keeper_command(id, KeeperOut::Answer).spawn().map_err(|e| unavailable(format!("could not start its keeper: {e}")))?;
         let budget = init::START_BUDGET + Duration::from_secs(1);
         let answer = match child.stdout.take() {
             Some(out) => init::read_line_within(out, budget),
@@ -119,21 +144,15 @@ impl LocalProvider {
     }
 }
 
-/// Binds the spawner's socket in sandbox directory `dir` for a new init; `None` (commands then
-/// enter with nsenter) when it cannot be bound, for instance when the path is too long for a
-/// socket address.
-fn bind_spawner(dir: &Path) -> Option<std::os::unix::net::UnixListener> {
-    let path = dir.join(spawner::SOCKET_FILE);
-    let _ = fs::remove_file(&path);
-    let bound = std::os::unix::net::UnixListener::bind(&path)
-        .and_then(|listener| fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).map(|()| listener));
-    match bound {
-        Ok(listener) => Some(listener),
-        Err(err) => {
-            log::warn!("could not bind {}: {err}; commands in this sandbox enter it with nsenter", path.display());
-            None
-        }
-    }
+/// What a new keeper's stdout is.
+enum KeeperOut {
+    /// Nothing (`/dev/null`).
+    Nothing,
+    /// A pipe to the server, on which it says whether the sandbox's init started (`ready` or
+    /// `error ...`).
+    Answer,
+    /// The listening socket of a Landlock-tier sandbox's spawner.
+    Spawner(std::os::unix::net::UnixListener),
 }
 
 /// Serves the egress proxy of sandbox `id` on `listener` (bound on the sandbox's loopback
@@ -159,6 +178,13 @@ fn keeper_alive(dir: &Path) -> bool {
     Init::read(&dir.join("keeper.pid")).is_some_and(|keeper| keeper.alive())
 }
 
+impl LocalProvider {
+    /// Whether sandbox `id` has a running keeper.
+    pub(super) fn keeper_alive(&self, id: &str) -> bool {
+        keeper_alive(&self.dir(id))
+    }
+}
+
 /// Runs the local provider's internal subcommand that `args` (the program's arguments, without
 /// the program name) names, if any: today `keeper ROOT ID SHELL`, which the provider starts
 /// detached from its own executable (`std::env::current_exe()`). Every program that runs a
@@ -167,20 +193,46 @@ fn keeper_alive(dir: &Path) -> bool {
 /// subcommand. Internal subcommands need no configuration: they start with an empty environment.
 pub fn run_internal(args: &[String]) -> Option<anyhow::Result<()>> {
     match args {
-        [command, root, id, shell] if command == KEEPER_COMMAND => Some(run_keeper(Path::new(root), id, Path::new(shell), false)),
+        [command, root, id, shell] if command == KEEPER_COMMAND => Some(run_keeper(Path::new(root), id, Path::new(shell), Start::Nothing)),
         [command, root, id, shell, flag] if command == KEEPER_COMMAND && flag == START_INIT_FLAG => {
-            Some(run_keeper(Path::new(root), id, Path::new(shell), true))
+            Some(run_keeper(Path::new(root), id, Path::new(shell), Start::Init))
+        }
+        [command, root, id, shell, flag] if command == KEEPER_COMMAND && flag == SPAWNER_FLAG => {
+            Some(run_keeper(Path::new(root), id, Path::new(shell), Start::Spawner))
         }
         [command, rest @ ..] if command == init::SUBCOMMAND => Some(init::run(rest)),
+        [command] if command == landlock_spawner::SUBCOMMAND => Some(landlock_spawner::run()),
         [command, rest @ ..] if command == init::STAGE_SUBCOMMAND => Some(init::run_stage(rest)),
         _ => None,
     }
 }
 
-/// The body of `sandbox-mcp keeper ROOT ID SHELL [--start-init]`: starts the init of a new
-/// isolated sandbox when asked, then waits for the sandbox's expiry (honouring renewals) and
-/// kills it; exits early when the sandbox is gone or another keeper owns it.
-fn run_keeper(root: &Path, id: &str, shell: &Path, start_init: bool) -> anyhow::Result<()> {
+/// What a keeper starts besides keeping its sandbox.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// Nothing new (a keeper restarted by a sweep, or of an unisolated sandbox).
+    Nothing,
+    /// The init of a new isolated sandbox, answering on stdout.
+    Init,
+    /// The spawner of a new Landlock-tier sandbox, whose listening socket is stdout.
+    Spawner,
+}
+
+/// The body of `sandbox-mcp keeper ROOT ID SHELL [--start-init | --spawner-on-stdout]`: starts
+/// the init of a new isolated sandbox when asked, keeps a Landlock-tier sandbox's spawner
+/// running, and waits for the sandbox's expiry (honouring renewals) and kills it; exits early
+/// when the sandbox is gone or another keeper owns it.
+fn run_keeper(root: &Path, id: &str, shell: &Path, start: Start) -> anyhow::Result<()> {
+    let start_init = start == Start::Init;
+    // The spawner's socket, taken off stdout before anything could write there.
+    let handed = match start {
+        Start::Spawner => {
+            let listener = std::os::fd::AsFd::as_fd(&io::stdout()).try_clone_to_owned().map(std::os::unix::net::UnixListener::from)?;
+            rustix::stdio::dup2_stdout(fs::File::options().write(true).open("/dev/null")?)?;
+            Some(listener)
+        }
+        Start::Nothing | Start::Init => None,
+    };
     // A session of its own, without the controlling terminal of whoever started the server: the
     // init and every sandbox process descend from here, and none may reach an operator's
     // terminal. (The keeper is never a group leader here: its starting shell leads the group.)
@@ -223,7 +275,7 @@ fn run_keeper(root: &Path, id: &str, shell: &Path, start_init: bool) -> anyhow::
                 let cgroups = if meta.limits.any() { cgroup::procs_files(id) } else { Vec::new() };
                 let owner = meta.owner.unwrap_or_else(super::isolation::sandbox_owner);
                 let site = init::Site { home: &home, host_network: meta.host_network, shell, cgroups: &cgroups, owner };
-                init::start(tools, &provider.exe, &site, bind_spawner(&dir)).map_err(|e| e.0)
+                init::start(tools, &provider.exe, &site, spawner::bind(&dir)).map_err(|e| e.0)
             });
             match started {
                 Ok(started) => {
@@ -247,8 +299,17 @@ fn run_keeper(root: &Path, id: &str, shell: &Path, start_init: bool) -> anyhow::
     let _ = answer.flush();
     // What the keeper knows without its files: the init, and the last expiry it read.
     let init = Init::load(&dir);
-    let owned_by = provider.load(id).ok().and_then(|m| m.own_uid());
-    let mut expires_at = provider.load(id).map(|m| m.expires_at).ok();
+    let meta = provider.load(id).ok();
+    let owned_by = meta.as_ref().and_then(|m| m.own_uid());
+    let mut expires_at = meta.as_ref().map(|m| m.expires_at);
+    let (home, tmp) = (provider.home(id), dir.join(super::TMP_DIR));
+    let spawned = meta.as_ref().filter(|m| m.isolation == Isolation::Landlock && m.spawner);
+    let cgroups = match spawned {
+        Some(m) if m.limits.any() => cgroup::procs_files(id),
+        _ => Vec::new(),
+    };
+    let site = landlock_spawner::Site { id, home: &home, tmp: &tmp, shell, exe: &provider.exe, cgroups: &cgroups, uid: owned_by };
+    let mut keeping = spawned.map(|_| landlock_spawner::Keeping::new(&dir, handed));
     loop {
         if let Some(h) = holder.as_mut() {
             // The `unshare` that forked the init exits with it; reap it.
@@ -284,6 +345,11 @@ fn run_keeper(root: &Path, id: &str, shell: &Path, start_init: bool) -> anyhow::
                 end_without_state(&provider, id, init, owned_by);
             }
             return Ok(());
+        }
+        if let Some(keeping) = keeping.as_mut() {
+            if let Err(why) = keeping.tend(&site) {
+                log::warn!("keeper: sandbox {id}: {why}");
+            }
         }
         std::thread::sleep(Duration::from_secs(1));
     }

@@ -124,6 +124,17 @@ impl LocalProvider {
                     Some(c) if home.join(c).is_dir() => home.join(c),
                     Some(c) => return Err(not_a_dir(c)),
                 };
+                if meta.isolation == Isolation::Landlock && spawner && meta.spawner {
+                    // Its spawner, confined already, starts it in the sandbox's one domain.
+                    let cwd = dir.to_str().ok_or_else(|| not_a_dir(&dir))?.to_string();
+                    let env = self.env_for(id, &meta, envs);
+                    return Ok(Launch::Spawner {
+                        socket: self.dir(id).join(spawner::SOCKET_FILE),
+                        argv: argv.to_vec(),
+                        env,
+                        cwd: Some(cwd),
+                    });
+                }
                 if meta.isolation == Isolation::Landlock {
                     let mut cmd = Command::new(program);
                     cmd.args(args).current_dir(dir).process_group(0);
@@ -136,6 +147,10 @@ impl LocalProvider {
                         home: &home,
                         tmp: &tmp,
                         shell: &self.shell,
+                        program: None,
+                        // In a domain of its own: where the sandbox's other commands share their
+                        // spawner's, this one may signal neither them nor anything else.
+                        scope_signals: meta.spawner,
                         connect_port: None,
                         cgroups: &cgroups,
                         terminals: meta.own_uid().is_some(),
@@ -175,6 +190,14 @@ impl LocalProvider {
             if !self.dir(id).exists() {
                 // Killed or expired between the check above and the start.
                 return ProviderError::NotFound { id: id.to_string() };
+            }
+            if matches!(err.kind(), io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound) && !self.keeper_alive(id) {
+                // No keeper holds the spawner's socket (a Landlock-tier sandbox's): a new one binds it again.
+                self.spawn_keeper(id);
+                return ProviderError::Unavailable(format!(
+                    "could not start {:?} in sandbox {id}: its spawner is not running ({err}); its keeper was restarted and starts it: retry in a second",
+                    req.argv.first()
+                ));
             }
             ProviderError::Unavailable(format!("could not start {:?} in sandbox {id}: {err}", req.argv.first()))
         };
@@ -253,6 +276,7 @@ mod tests {
             host_network: false,
             policy: Default::default(),
             proxy: false,
+            spawner: false,
             limits: Limits::default(),
             owner: None,
         };

@@ -45,6 +45,10 @@ pub struct Meta {
     /// Whether it has an egress proxy (its commands get the proxy variables).
     #[serde(default)]
     pub proxy: bool,
+    /// Whether a Landlock-tier sandbox's commands are started by its spawner, all in one
+    /// Landlock domain (sandboxes made before it had one confine each command on its own).
+    #[serde(default)]
+    pub spawner: bool,
     /// Limits enforced with cgroups.
     #[serde(default)]
     pub limits: Limits,
@@ -68,7 +72,9 @@ impl Meta {
     pub fn layers(&self) -> Vec<&'static str> {
         match self.isolation {
             Isolation::Namespaces => super::isolation::namespace_layers(self.host_network),
-            Isolation::Landlock => super::isolation::landlock::layers(super::isolation::landlock::abi(), self.owner.is_some()),
+            Isolation::Landlock => {
+                super::isolation::landlock::layers(super::isolation::landlock::abi(), self.owner.is_some(), self.spawner)
+            }
             Isolation::None => Vec::new(),
         }
     }

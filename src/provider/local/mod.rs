@@ -582,6 +582,7 @@ leave network out, or run the server where user namespaces work (--isolation nam
             host_network,
             policy,
             proxy: isolation == Isolation::Namespaces,
+            spawner: isolation == Isolation::Landlock,
             limits,
             owner,
         };
@@ -607,7 +608,18 @@ leave network out, or run the server where user namespaces work (--isolation nam
                 .map_err(|why| fail(ProviderError::Rejected(format!("cannot enforce {}: {why}", describe_limits(&limits)))))?;
         }
         match isolation {
-            Isolation::None | Isolation::Landlock => self.spawn_keeper(&id),
+            Isolation::None => self.spawn_keeper(&id),
+            // Bound here, so that the first command can connect at once: it waits in the
+            // socket's backlog until the keeper's spawner takes it.
+            Isolation::Landlock => {
+                let listener = isolation::spawner::bind(&self.dir(&id)).ok_or_else(|| {
+                    fail(ProviderError::Unavailable(format!(
+                        "could not bind the spawner's socket in {}; see the server log",
+                        self.dir(&id).display()
+                    )))
+                })?;
+                self.start_keeper_with(&id, listener).map_err(fail)?;
+            }
             // The init joins the sandbox's cgroups itself, before its cgroup namespace exists.
             Isolation::Namespaces => {
                 self.start_isolated(&id).map_err(fail)?;

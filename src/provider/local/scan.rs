@@ -1,6 +1,9 @@
-//! The process scan of an unisolated sandbox: its processes are those whose environment carries
-//! its tag ([`TAG_VAR`]), found in `/proc` and killed by pid.
+//! The process scan of a sandbox without a pid namespace: its processes are those whose
+//! environment carries its tag ([`TAG_VAR`]), those of its own uid (a Landlock-tier sandbox of a
+//! root server), and those beneath its spawner (a Landlock-tier sandbox's), found in `/proc` and
+//! killed by pid.
 
+use super::isolation::{enter::Init, landlock_spawner};
 use super::{LocalProvider, TAG_VAR};
 use crate::provider::process;
 use std::fs;
@@ -13,10 +16,16 @@ impl LocalProvider {
     pub(super) fn kill_tagged(&self, id: &str, owner: Option<u32>, deadline: Instant) -> usize {
         let mut killed = 0;
         let mut confirmed = false;
+        // A Landlock-tier sandbox's spawner is a subreaper: whatever its commands left behind is
+        // beneath it, tagged or not (an `env -i` drops the tag).
+        let spawner = Init::read(&self.dir(id).join(landlock_spawner::RECORD)).filter(|s| s.alive());
         loop {
             let mut pids = tagged_pids(id);
             if let Some(uid) = owner {
                 pids.extend(uid_pids(uid).into_iter().filter(|p| !pids.contains(p)).collect::<Vec<_>>());
+            }
+            if let Some(spawner) = spawner.filter(|s| s.alive()) {
+                pids.extend(descendants(spawner.pid).into_iter().chain([spawner.pid]).filter(|p| !pids.contains(p)).collect::<Vec<_>>());
             }
             if pids.is_empty() {
                 if confirmed || Instant::now() >= deadline {
@@ -115,6 +124,29 @@ pub fn uid_pids(uid: u32) -> Vec<u32> {
         }
     }
     pids
+}
+
+/// Pids of the live (non-zombie) processes beneath `root`, its children and theirs, down to
+/// the last generation; `root` itself is not listed, nor are this process and pids 0 and 1.
+pub fn descendants(root: u32) -> Vec<u32> {
+    let me = std::process::id();
+    let Ok(proc_dir) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let parents: Vec<(u32, u32)> = proc_dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()))
+        .filter_map(|pid| process::proc_stat(pid).filter(|st| st.state != 'Z').map(|st| (pid, st.ppid)))
+        .collect();
+    let mut found = vec![root];
+    let mut next = 0;
+    while next < found.len() {
+        let parent = found[next];
+        next += 1;
+        found.extend(parents.iter().filter(|(pid, ppid)| *ppid == parent && !found.contains(pid)).map(|(pid, _)| *pid).collect::<Vec<_>>());
+    }
+    found.retain(|p| *p != root && *p != me && *p > 1);
+    found
 }
 
 /// How long [`tagged_pids`] reads again a live process that shows no environment and no command

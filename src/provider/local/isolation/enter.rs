@@ -51,11 +51,16 @@ impl Init {
 
     /// Writes the record into `dir` (mode 0600, temp file + rename).
     pub fn store(&self, dir: &Path) -> io::Result<()> {
-        let tmp = dir.join(format!("{INIT_FILE}.{}.tmp", crate::ids::random_hex(4)));
+        self.store_as(dir, INIT_FILE)
+    }
+
+    /// Writes the record into `dir` as `name` (another process's record of the same form).
+    pub fn store_as(&self, dir: &Path, name: &str) -> io::Result<()> {
+        let tmp = dir.join(format!("{name}.{}.tmp", crate::ids::random_hex(4)));
         let mut f = fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
         f.write_all(format!("{} {}\n", self.pid, self.start).as_bytes())?;
         drop(f);
-        fs::rename(&tmp, dir.join(INIT_FILE))
+        fs::rename(&tmp, dir.join(name))
     }
 
     /// Whether this exact process still runs (same pid, same start time, not a zombie).

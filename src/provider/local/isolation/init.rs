@@ -66,7 +66,7 @@ pub fn has_cgroup_namespace() -> bool {
 }
 
 /// The program path the init is executed by: this binary, open as the holder's stdin.
-const EXE_FROM_STDIN: &str = "/proc/self/fd/0";
+pub(super) const EXE_FROM_STDIN: &str = "/proc/self/fd/0";
 
 /// At most this much of what `unshare` or the init wrote to stderr goes into a start error.
 const STDERR_KEPT: u64 = 2048;
@@ -454,7 +454,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     rustix::stdio::dup2_stdout(&null)?;
     rustix::stdio::dup2_stderr(&null)?;
     match listener {
-        Some(listener) => spawner::serve(listener),
+        Some(listener) => spawner::serve(listener, PathBuf::from(rootfs::HOME)),
         None => reap_forever(),
     }
 }

@@ -12,15 +12,17 @@
 //! - nothing else of the host's file system (ABI 1; moving files between directories from ABI 2,
 //!   truncation from ABI 3, device ioctls from ABI 5 are handled, so refused, elsewhere);
 //! - TCP: no bind, and connect only to the port given (none today), from ABI 4;
-//! - abstract unix sockets: only to the command's own domain, from ABI 6.
+//! - abstract unix sockets and signals: only within the sandbox's own domain, from ABI 6.
 //!
-//! Signals are not scoped: each command gets a domain of its own, and a scope would keep a later
-//! command (`cancel_task`'s snippet, a `kill` in run_command) from signalling a task of the same
-//! sandbox. Under the root server the sandbox's own uid keeps its signals off every other
-//! process; without it, commands can signal the server user's processes ([`Layers`] never claims
-//! a scope it does not apply).
+//! A sandbox made by this version has one domain: its spawner
+//! ([`landlock_spawner`](super::landlock_spawner)) is confined once, and every command is its
+//! child, so a task, `cancel_task`'s snippet and a `kill` in run_command signal each other, and
+//! nothing outside (the server, the host user's processes, other sandboxes). A sandbox made
+//! before the spawner existed confines each command on its own, in a domain of its own, without
+//! the signal scope (which would keep a later command from signalling a task of the same
+//! sandbox); its layers never claim it.
 //!
-//! The ruleset is built in the server, before the fork; the child only applies it. That part
+//! The ruleset is built before the fork; the child only applies it. That part
 //! runs between fork and exec, where only async-signal-safe calls are allowed: it makes plain
 //! system calls on descriptors and memory prepared beforehand.
 //!
@@ -59,6 +61,7 @@ const FS_IOCTL_DEV: u64 = 1 << 15;
 const NET_BIND_TCP: u64 = 1 << 0;
 const NET_CONNECT_TCP: u64 = 1 << 1;
 const SCOPE_ABSTRACT_UNIX_SOCKET: u64 = 1 << 0;
+const SCOPE_SIGNAL: u64 = 1 << 1;
 
 /// Device nodes a sandbox reads and writes.
 const DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty"];
@@ -103,14 +106,18 @@ pub fn available() -> Result<u32, String> {
 
 /// The layers a sandbox of this tier gets on a kernel with Landlock ABI `abi`, as
 /// `create_sandbox` names them: `landlock-fs`, `landlock-net` (ABI 4), `landlock-scope-unix`
-/// (ABI 6), `seccomp`, `no_new_privs`, and `uid` when `own_uid`.
-pub fn layers(abi: u32, own_uid: bool) -> Vec<&'static str> {
+/// (ABI 6), `landlock-scope-signal` (ABI 6, with one domain: `one_domain`), `seccomp`,
+/// `no_new_privs`, and `uid` when `own_uid`.
+pub fn layers(abi: u32, own_uid: bool, one_domain: bool) -> Vec<&'static str> {
     let mut all = vec!["landlock-fs"];
     if abi >= 4 {
         all.push("landlock-net");
     }
     if abi >= 6 {
         all.push("landlock-scope-unix");
+        if one_domain {
+            all.push("landlock-scope-signal");
+        }
     }
     all.extend(["seccomp", "no_new_privs"]);
     if own_uid {
@@ -142,6 +149,11 @@ pub struct Plan<'a> {
     pub tmp: &'a Path,
     /// The server's shell, readable and executable wherever it lives.
     pub shell: &'a Path,
+    /// This program, executable (the sandbox's spawner runs it), when it is the one confined.
+    pub program: Option<&'a Path>,
+    /// Whether signals are scoped to the domain: only where every command of the sandbox shares
+    /// it (started by its spawner).
+    pub scope_signals: bool,
     /// The one TCP port commands may connect to (the sandbox's egress proxy), if any.
     pub connect_port: Option<u16>,
     /// The `cgroup.procs` files every command joins before it is confined.
@@ -165,7 +177,11 @@ pub fn prepare(plan: &Plan<'_>) -> Result<Confinement, String> {
     let attr = RulesetAttr {
         handled_access_fs: handled_fs(abi),
         handled_access_net: if abi >= 4 { NET_BIND_TCP | NET_CONNECT_TCP } else { 0 },
-        scoped: if abi >= 6 { SCOPE_ABSTRACT_UNIX_SOCKET } else { 0 },
+        scoped: match (abi >= 6, plan.scope_signals) {
+            (false, _) => 0,
+            (true, false) => SCOPE_ABSTRACT_UNIX_SOCKET,
+            (true, true) => SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL,
+        },
     };
     let size = match abi {
         1..=3 => 8,
@@ -189,6 +205,9 @@ pub fn prepare(plan: &Plan<'_>) -> Result<Confinement, String> {
     }
     allow_path(&ruleset, Path::new("/proc"), FS_READ_FILE | FS_READ_DIR, false)?;
     allow_path(&ruleset, plan.shell, FS_EXECUTE | FS_READ_FILE, false)?;
+    if let Some(program) = plan.program {
+        allow_path(&ruleset, program, FS_EXECUTE | FS_READ_FILE, true)?;
+    }
     for dev in DEVICES {
         allow_path(&ruleset, Path::new(dev), FS_READ_FILE | FS_WRITE_FILE | (file_rights & FS_IOCTL_DEV), false)?;
     }
@@ -278,9 +297,13 @@ mod tests {
 
     #[test]
     fn layers_follow_the_abi_and_never_claim_a_missing_uid() {
-        assert_eq!(layers(1, false), ["landlock-fs", "seccomp", "no_new_privs"]);
-        assert_eq!(layers(4, true), ["landlock-fs", "landlock-net", "seccomp", "no_new_privs", "uid"]);
-        assert_eq!(layers(7, false), ["landlock-fs", "landlock-net", "landlock-scope-unix", "seccomp", "no_new_privs"]);
+        assert_eq!(layers(1, false, true), ["landlock-fs", "seccomp", "no_new_privs"]);
+        assert_eq!(layers(4, true, true), ["landlock-fs", "landlock-net", "seccomp", "no_new_privs", "uid"]);
+        assert_eq!(layers(7, false, false), ["landlock-fs", "landlock-net", "landlock-scope-unix", "seccomp", "no_new_privs"]);
+        assert_eq!(
+            layers(6, false, true),
+            ["landlock-fs", "landlock-net", "landlock-scope-unix", "landlock-scope-signal", "seccomp", "no_new_privs"]
+        );
         assert_eq!(handled_fs(1), FS_ABI1);
         assert_eq!(handled_fs(5), FS_ABI1 | FS_REFER | FS_TRUNCATE | FS_IOCTL_DEV);
         assert_eq!(std::mem::size_of::<PathBeneathAttr>(), 12);

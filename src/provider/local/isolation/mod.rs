@@ -22,6 +22,7 @@ pub mod enter;
 pub mod files;
 pub mod init;
 pub mod landlock;
+pub mod landlock_spawner;
 pub mod rootfs;
 pub mod seccomp;
 pub mod spawner;

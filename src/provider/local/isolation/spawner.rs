@@ -36,7 +36,7 @@ use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -297,18 +297,37 @@ fn parse_end(line: Option<&str>) -> Ended {
 // ---------------------------------------------------------------------------------------------
 // Init side
 
+/// Binds the spawner's socket in sandbox directory `dir` (only its owner may connect). `None`
+/// (logged) when it cannot be bound, for instance when the path is too long for a socket address.
+pub fn bind(dir: &Path) -> Option<UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(SOCKET_FILE);
+    let _ = std::fs::remove_file(&path);
+    let bound = UnixListener::bind(&path)
+        .and_then(|listener| std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map(|()| listener));
+    match bound {
+        Ok(listener) => Some(listener),
+        Err(err) => {
+            log::warn!("could not bind {}: {err}", path.display());
+            None
+        }
+    }
+}
+
 /// The commands the init started and has not reaped, with the connection each one's end goes to.
-#[derive(Default)]
 struct Children {
     by_pid: Mutex<HashMap<i32, UnixStream>>,
     /// Signalled when a command starts, so a reaper with nothing to wait for looks again at once.
     started: Condvar,
+    /// The working directory of a command whose request names none.
+    home: PathBuf,
 }
 
 /// Serves spawn requests on `listener` and reaps every child and orphan, forever (the body of a
-/// sandbox's init once it is ready).
-pub fn serve(listener: UnixListener) -> ! {
-    let children = Arc::new(Children::default());
+/// sandbox's init once it is ready, and of a Landlock-tier sandbox's spawner). A request without
+/// a working directory runs in `home`.
+pub fn serve(listener: UnixListener, home: PathBuf) -> ! {
+    let children = Arc::new(Children { by_pid: Mutex::new(HashMap::new()), started: Condvar::new(), home });
     let reaper = children.clone();
     if std::thread::Builder::new().name("reaper".into()).stack_size(64 * 1024).spawn(move || reap(&reaper)).is_err() {
         // Without a reaper thread, reap here and serve nothing: commands fall back to nsenter.
@@ -479,7 +498,7 @@ fn start(request: Request, fds: Stdio3, conn: &UnixStream, children: &Children) 
     cmd.args(args)
         .env_clear()
         .envs(request.env)
-        .current_dir(request.cwd.as_deref().unwrap_or(super::rootfs::HOME))
+        .current_dir(request.cwd.as_deref().map_or(children.home.as_path(), Path::new))
         .stdin(match fds.stdin {
             Some(fd) => Stdio::from(fd),
             None => Stdio::from(File::open("/dev/null")?),

@@ -104,9 +104,21 @@ fn out(v: &Value) -> (i64, String) {
 
 const CURL: &str = "curl -sS --max-time 20";
 
+/// The namespace tier, and the Landlock tier under a root server (its sandboxes get a network
+/// namespace of their own there, egress through the same proxy).
 #[test]
 fn policies_allow_deny_and_never_reach_the_host() {
-    let Some(home) = isolated("net-policy") else { return };
+    let mut homes: Vec<Home> = isolated("net-policy").into_iter().collect();
+    let root = rustix_is_root();
+    if root && sandbox_mcp::provider::local::isolation::landlock::available().is_ok() {
+        homes.push(Home::new("net-policy-ll").with_isolation("landlock"));
+    }
+    for home in homes {
+        policies_hold(&home);
+    }
+}
+
+fn policies_hold(home: &Home) {
     let up = Upstream::start();
     let mut m = home.stdio_with(&[("SANDBOX_MCP_EGRESS_PROXY", &up.url())]);
     let policy = json!({"allow": ["pkgs.test", "*.mirror.test"], "deny": ["bad.mirror.test"]});
@@ -162,7 +174,7 @@ fn policies_allow_deny_and_never_reach_the_host() {
     // A tool that ignores the proxy variables gets no connection at all (fail closed).
     let r = sh(&mut m, &id, &format!("{CURL} --noproxy '*' http://127.0.0.1:{}/ || echo refused", up.port));
     assert!(out(&r).1.contains("refused"), "{r}");
-    let r = sh(&mut m, &id, "ip route 2>/dev/null; cat /proc/net/route | wc -l; ls /sys/class/net");
+    let r = sh(&mut m, &id, "ip route 2>/dev/null; cat /proc/net/route | wc -l; ls /sys/class/net; cat /proc/net/dev");
     assert!(!out(&r).1.contains("eth"), "{r}");
     assert!(!up.asked().iter().any(|h| h.contains("evil.test") || h == "bad.mirror.test" || h == "127.0.0.1"), "{:?}", up.asked());
 

@@ -264,7 +264,7 @@ pub fn shared_bin() -> PathBuf {
     .clone()
 }
 
-fn rustix_is_root() -> bool {
+pub fn rustix_is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Uid:").map(|r| r.split_whitespace().next() == Some("0"))))

@@ -201,7 +201,7 @@ pub fn run_internal(args: &[String]) -> Option<anyhow::Result<()>> {
             Some(run_keeper(Path::new(root), id, Path::new(shell), Start::Spawner))
         }
         [command, rest @ ..] if command == init::SUBCOMMAND => Some(init::run(rest)),
-        [command] if command == landlock_spawner::SUBCOMMAND => Some(landlock_spawner::run()),
+        [command, rest @ ..] if command == landlock_spawner::SUBCOMMAND => Some(landlock_spawner::run(rest)),
         [command, rest @ ..] if command == init::STAGE_SUBCOMMAND => Some(init::run_stage(rest)),
         _ => None,
     }
@@ -308,7 +308,12 @@ fn run_keeper(root: &Path, id: &str, shell: &Path, start: Start) -> anyhow::Resu
         Some(m) if m.limits.any() => cgroup::procs_files(id),
         _ => Vec::new(),
     };
-    let site = landlock_spawner::Site { id, home: &home, tmp: &tmp, shell, exe: &provider.exe, cgroups: &cgroups, uid: owned_by };
+    // A root server's sandbox has a network namespace of its own, egress through its proxy.
+    let net = match spawned {
+        Some(m) if m.proxy => Some(provider.tools().map_err(|e| anyhow::anyhow!("sandbox {id}: {e}"))?),
+        _ => None,
+    };
+    let site = landlock_spawner::Site { id, home: &home, tmp: &tmp, shell, exe: &provider.exe, cgroups: &cgroups, uid: owned_by, net };
     let mut keeping = spawned.map(|_| landlock_spawner::Keeping::new(&dir, handed));
     loop {
         if let Some(h) = holder.as_mut() {
@@ -347,8 +352,10 @@ fn run_keeper(root: &Path, id: &str, shell: &Path, start: Start) -> anyhow::Resu
             return Ok(());
         }
         if let Some(keeping) = keeping.as_mut() {
-            if let Err(why) = keeping.tend(&site) {
-                log::warn!("keeper: sandbox {id}: {why}");
+            match keeping.tend(&site) {
+                Ok(Some(egress)) => serve_egress(&provider, id, egress),
+                Ok(None) => {}
+                Err(why) => log::warn!("keeper: sandbox {id}: {why}"),
             }
         }
         std::thread::sleep(Duration::from_secs(1));

@@ -147,7 +147,6 @@ impl LocalProvider {
                         home: &home,
                         tmp: &tmp,
                         shell: &self.shell,
-                        program: None,
                         // In a domain of its own: where the sandbox's other commands share their
                         // spawner's, this one may signal neither them nor anything else.
                         scope_signals: meta.spawner,

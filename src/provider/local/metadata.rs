@@ -73,7 +73,7 @@ impl Meta {
         match self.isolation {
             Isolation::Namespaces => super::isolation::namespace_layers(self.host_network),
             Isolation::Landlock => {
-                super::isolation::landlock::layers(super::isolation::landlock::abi(), self.owner.is_some(), self.spawner)
+                super::isolation::landlock::layers(super::isolation::landlock::abi(), self.owner.is_some(), self.spawner, self.proxy)
             }
             Isolation::None => Vec::new(),
         }

@@ -115,6 +115,8 @@ pub struct LocalProvider {
     refusal: Option<String>,
     /// The host address exposed ports listen on.
     expose_address: std::net::IpAddr,
+    /// Whether Landlock-tier sandboxes get a network namespace of their own (found once).
+    landlock_network: std::sync::OnceLock<Result<(), String>>,
 }
 
 impl LocalProvider {
@@ -162,6 +164,7 @@ impl LocalProvider {
             egress: crate::egress::Settings::default(),
             refusal: None,
             expose_address: std::net::IpAddr::from([127, 0, 0, 1]),
+            landlock_network: std::sync::OnceLock::new(),
         };
         Ok(provider)
     }
@@ -173,6 +176,39 @@ impl LocalProvider {
         self.max_sandboxes = Some(max);
         self.default_limits = defaults;
         self
+    }
+
+    /// Whether this server's isolated sandboxes have an egress proxy (a network they can change).
+    fn has_proxies(&self) -> bool {
+        match self.isolation {
+            Isolation::Namespaces => true,
+            Isolation::Landlock => self.landlock_network().is_ok(),
+            Isolation::None => false,
+        }
+    }
+
+    /// Whether this server can give a Landlock-tier sandbox a network namespace of its own (the
+    /// egress proxy's only way out), or why not: it must be root (of its user namespace) and
+    /// `unshare --net` must work. Found once.
+    fn landlock_network(&self) -> Result<(), String> {
+        self.landlock_network
+            .get_or_init(|| {
+                if !rustix::process::getuid().is_root() {
+                    return Err("the server does not run as root, and only root makes a network namespace without a user namespace".into());
+                }
+                let tools = self.tools().map_err(|e| e.to_string())?;
+                let made = std::process::Command::new(&tools.unshare)
+                    .args(["--net", "true"])
+                    .stdin(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .status();
+                match made {
+                    Ok(status) if status.success() => Ok(()),
+                    Ok(status) => Err(format!("`unshare --net true` failed here ({status})")),
+                    Err(err) => Err(format!("`unshare --net` could not run: {err}")),
+                }
+            })
+            .clone()
     }
 
     /// Gives each new isolated sandbox a host uid of its own from `range` when the server runs
@@ -444,7 +480,7 @@ fn command_shell(posix: &Path) -> PathBuf {
 
 /// What the model should know about a local sandbox of isolation `tier`; `own_uid`: whether it
 /// has a host uid of its own.
-fn about(tier: &str, network: &Network, own_uid: bool) -> String {
+fn about(tier: &str, network: &Network, own_uid: bool, proxy: bool) -> String {
     let identity = if own_uid {
         "It has a host uid of its own."
     } else {
@@ -452,6 +488,7 @@ fn about(tier: &str, network: &Network, own_uid: bool) -> String {
     };
     let network = match (network, tier) {
         (_, "none") => "It reaches the outside network.",
+        (_, _) if !proxy => "It has no network: TCP connect and bind and UDP are refused.",
         (Network::Off, _) => "It has no outside network (set_network with true or an allow list of domains enables downloads).",
         (Network::Any, _) => {
             "Its network reaches public destinations through its egress proxy (HTTP_PROXY, HTTPS_PROXY and ALL_PROXY are set; \
@@ -472,7 +509,7 @@ packages into a virtual environment (python3 -m venv ~/venv && ~/venv/bin/pip in
         "landlock" => format!(
             "A Linux sandbox confined by Landlock: commands see the host's file system but may read only its system directories \
 (/usr, /bin, /lib, /opt, parts of /etc) and read and write only the home directory (the default working directory, $HOME) and \
-$TMPDIR (use it instead of /tmp). It has no network: TCP connect and bind and UDP are refused. System packages cannot be installed; \
+$TMPDIR (use it instead of /tmp). {network} System packages cannot be installed; \
 install Python packages into a virtual environment (python3 -m venv ~/venv) and others under the home directory. {identity}"
         ),
         _ => format!(
@@ -520,15 +557,16 @@ impl Provider for LocalProvider {
             return Err(ProviderError::Unavailable(why.clone()));
         }
         let isolation = self.isolation;
+        let landlock_network = isolation == Isolation::Landlock && self.landlock_network().is_ok();
         let (host_network, policy) = match (isolation, &req.network) {
-            (Isolation::Landlock, Some(Network::Any | Network::Rules(_))) => {
-                return Err(ProviderError::Rejected(
-                    "a network (true or a policy) is not available in the landlock isolation tier: its sandboxes have no egress (TCP connect and bind are refused); \
-leave network out, or run the server where user namespaces work (--isolation namespaces)"
-                        .into(),
-                ))
+            (Isolation::Landlock, Some(Network::Any | Network::Rules(_))) if !landlock_network => {
+                let why = self.landlock_network().err().unwrap_or_default();
+                return Err(ProviderError::Rejected(format!(
+                    "a network (true or a policy) is not available here in the landlock isolation tier: its sandboxes have no egress (TCP connect and bind are refused), \
+since {why}; leave network out, or run the server as root or where user namespaces work (--isolation namespaces)"
+                )));
             }
-            (Isolation::Landlock, _) => (false, Network::Off),
+            (Isolation::Landlock, network) => (false, network.clone().unwrap_or_default()),
             (Isolation::None, Some(Network::Off | Network::Rules(_))) => {
                 return Err(ProviderError::Rejected(
                     "network: false or a network policy needs namespace isolation, and this server creates local sandboxes without it \
@@ -581,7 +619,7 @@ leave network out, or run the server where user namespaces work (--isolation nam
             isolation,
             host_network,
             policy,
-            proxy: isolation == Isolation::Namespaces,
+            proxy: isolation == Isolation::Namespaces || landlock_network,
             spawner: isolation == Isolation::Landlock,
             limits,
             owner,
@@ -687,7 +725,7 @@ leave network out, or run the server where user namespaces work (--isolation nam
 
     fn overview(&self) -> String {
         let tier = self.isolation.name();
-        let about = about(tier, &Network::Off, self.uid_range.is_some());
+        let about = about(tier, &Network::Off, self.uid_range.is_some(), self.has_proxies());
         format!("Local sandboxes (isolation: {tier}). Commands run with {}. {about}", self.command_shell.display())
     }
 
@@ -733,7 +771,7 @@ run the server where user namespaces work (--isolation namespaces) to serve port
         let mut meta = self.reach(sandbox_id, Touch::Observe)?;
         if !meta.proxy {
             return Err(ProviderError::Rejected(format!(
-                "sandbox {sandbox_id} has no egress proxy (it is not isolated with namespaces, or was created by an older version); its network cannot change"
+                "sandbox {sandbox_id} has no egress proxy (it is not isolated with namespaces, nor with landlock under a root server, or was created by an older version); its network cannot change"
             )));
         }
         meta.policy = network.clone();
@@ -749,7 +787,7 @@ run the server where user namespaces work (--isolation namespaces) to serve port
     }
 
     fn describe(&self, info: &SandboxInfo) -> String {
-        about(info.isolation, &info.network, self.uid_range.is_some())
+        about(info.isolation, &info.network, self.uid_range.is_some(), self.has_proxies())
     }
 
     fn list_sandboxes(&self) -> Option<Vec<crate::provider::Listed>> {

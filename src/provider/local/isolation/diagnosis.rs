@@ -176,7 +176,7 @@ pub fn diagnose() -> Diagnosis {
     };
     let layers = match auto_tier {
         "namespaces" => super::namespace_layers(false),
-        "landlock" => landlock::layers(abi, root, true),
+        "landlock" => landlock::layers(abi, root, true, root),
         _ => Vec::new(),
     };
     Diagnosis { kernel, auto_tier, layers, checks }

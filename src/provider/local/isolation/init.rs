@@ -250,7 +250,7 @@ pub(crate) fn read_line_within(pipe: impl io::Read + Send + 'static, budget: Dur
 
 /// Reads the init's answer line from `conn`, at most [`ANSWER_MAX`] bytes within `budget`, with
 /// the descriptor attached to it (the egress proxy's listening socket), if any.
-fn read_answer(conn: &UnixStream, budget: Duration) -> (Answer, Option<OwnedFd>) {
+pub(super) fn read_answer(conn: &UnixStream, budget: Duration) -> (Answer, Option<OwnedFd>) {
     let deadline = Instant::now() + budget;
     let mut line = Vec::new();
     let mut got = None;
@@ -313,7 +313,7 @@ fn send_fd(conn: &UnixStream, fd: impl std::os::fd::AsFd) -> io::Result<()> {
 }
 
 /// Sends `data` on `conn` with descriptor `fd` attached, and the rest of `data` after it.
-fn send_with_fd(conn: impl std::os::fd::AsFd, data: &[u8], fd: impl std::os::fd::AsFd) -> io::Result<()> {
+pub(super) fn send_with_fd(conn: impl std::os::fd::AsFd, data: &[u8], fd: impl std::os::fd::AsFd) -> io::Result<()> {
     let fds = [fd.as_fd()];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
     let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
@@ -516,7 +516,7 @@ fn reap_forever() -> ! {
 
 /// Sets `lo` up in the sandbox's network namespace through one rtnetlink request (ifindex 1 is
 /// the loopback interface of every new network namespace).
-fn loopback_up() -> io::Result<()> {
+pub(super) fn loopback_up() -> io::Result<()> {
     use rustix::net::{recv, send, socket, AddressFamily, RecvFlags, SendFlags, SocketType};
     const RTM_NEWLINK: u16 = 16;
     const NLM_F_REQUEST: u16 = 1;

@@ -107,8 +107,8 @@ pub fn available() -> Result<u32, String> {
 /// The layers a sandbox of this tier gets on a kernel with Landlock ABI `abi`, as
 /// `create_sandbox` names them: `landlock-fs`, `landlock-net` (ABI 4), `landlock-scope-unix`
 /// (ABI 6), `landlock-scope-signal` (ABI 6, with one domain: `one_domain`), `seccomp`,
-/// `no_new_privs`, and `uid` when `own_uid`.
-pub fn layers(abi: u32, own_uid: bool, one_domain: bool) -> Vec<&'static str> {
+/// `no_new_privs`, `uid` when `own_uid`, and `net` with a network namespace of its own (`net`).
+pub fn layers(abi: u32, own_uid: bool, one_domain: bool, net: bool) -> Vec<&'static str> {
     let mut all = vec!["landlock-fs"];
     if abi >= 4 {
         all.push("landlock-net");
@@ -122,6 +122,9 @@ pub fn layers(abi: u32, own_uid: bool, one_domain: bool) -> Vec<&'static str> {
     all.extend(["seccomp", "no_new_privs"]);
     if own_uid {
         all.push("uid");
+    }
+    if net {
+        all.push("net");
     }
     all
 }
@@ -149,8 +152,6 @@ pub struct Plan<'a> {
     pub tmp: &'a Path,
     /// The server's shell, readable and executable wherever it lives.
     pub shell: &'a Path,
-    /// This program, executable (the sandbox's spawner runs it), when it is the one confined.
-    pub program: Option<&'a Path>,
     /// Whether signals are scoped to the domain: only where every command of the sandbox shares
     /// it (started by its spawner).
     pub scope_signals: bool,
@@ -205,9 +206,6 @@ pub fn prepare(plan: &Plan<'_>) -> Result<Confinement, String> {
     }
     allow_path(&ruleset, Path::new("/proc"), FS_READ_FILE | FS_READ_DIR, false)?;
     allow_path(&ruleset, plan.shell, FS_EXECUTE | FS_READ_FILE, false)?;
-    if let Some(program) = plan.program {
-        allow_path(&ruleset, program, FS_EXECUTE | FS_READ_FILE, true)?;
-    }
     for dev in DEVICES {
         allow_path(&ruleset, Path::new(dev), FS_READ_FILE | FS_WRITE_FILE | (file_rights & FS_IOCTL_DEV), false)?;
     }
@@ -262,33 +260,41 @@ fn allow_path(ruleset: &OwnedFd, path: &Path, access: u64, required: bool) -> Re
 /// `no_new_privs`, enforce the ruleset, install the seccomp filter. (A uid of its own, when
 /// asked, is set by `Command` itself, before this.)
 pub fn confine(cmd: &mut Command, confinement: Confinement) {
-    let apply = move || -> io::Result<()> {
-        let c = &confinement;
-        for fd in &c.cgroups {
-            // SAFETY: a write of two static bytes to an open descriptor (async-signal-safe).
-            if unsafe { libc::write(fd.as_raw_fd(), b"0\n".as_ptr().cast(), 2) } < 0 {
-                return Err(io::Error::last_os_error());
-            }
-        }
-        // SAFETY: plain system calls on values prepared before the fork.
-        unsafe {
-            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if libc::syscall(SYS_RESTRICT_SELF, c.ruleset.as_raw_fd(), 0u32) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let prog = libc::sock_fprog { len: c.filter.len() as libc::c_ushort, filter: c.filter.as_ptr() as *mut libc::sock_filter };
-            if libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &prog as *const libc::sock_fprog) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-        }
-        Ok(())
-    };
-    // SAFETY: the closure makes only async-signal-safe system calls and allocates nothing.
+    // SAFETY: `apply` makes only async-signal-safe system calls and allocates nothing.
     unsafe {
-        cmd.pre_exec(apply);
+        cmd.pre_exec(move || apply(&confinement));
     }
+}
+
+/// Confines this process, as [`confine`] confines a child (a sandbox's spawner, once its setup
+/// is done; it must have one thread, so that the filter and the ruleset hold for all of it).
+pub fn confine_self(confinement: &Confinement) -> io::Result<()> {
+    apply(confinement)
+}
+
+/// Joins the cgroups, sets `no_new_privs`, enforces the ruleset and installs the seccomp filter:
+/// plain system calls on values prepared beforehand (async-signal-safe, no allocation).
+fn apply(c: &Confinement) -> io::Result<()> {
+    for fd in &c.cgroups {
+        // SAFETY: a write of two static bytes to an open descriptor.
+        if unsafe { libc::write(fd.as_raw_fd(), b"0\n".as_ptr().cast(), 2) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    // SAFETY: plain system calls on values prepared before.
+    unsafe {
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if libc::syscall(SYS_RESTRICT_SELF, c.ruleset.as_raw_fd(), 0u32) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let prog = libc::sock_fprog { len: c.filter.len() as libc::c_ushort, filter: c.filter.as_ptr() as *mut libc::sock_filter };
+        if libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &prog as *const libc::sock_fprog) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -297,12 +303,12 @@ mod tests {
 
     #[test]
     fn layers_follow_the_abi_and_never_claim_a_missing_uid() {
-        assert_eq!(layers(1, false, true), ["landlock-fs", "seccomp", "no_new_privs"]);
-        assert_eq!(layers(4, true, true), ["landlock-fs", "landlock-net", "seccomp", "no_new_privs", "uid"]);
-        assert_eq!(layers(7, false, false), ["landlock-fs", "landlock-net", "landlock-scope-unix", "seccomp", "no_new_privs"]);
+        assert_eq!(layers(1, false, true, false), ["landlock-fs", "seccomp", "no_new_privs"]);
+        assert_eq!(layers(4, true, true, false), ["landlock-fs", "landlock-net", "seccomp", "no_new_privs", "uid"]);
+        assert_eq!(layers(7, false, false, false), ["landlock-fs", "landlock-net", "landlock-scope-unix", "seccomp", "no_new_privs"]);
         assert_eq!(
-            layers(6, false, true),
-            ["landlock-fs", "landlock-net", "landlock-scope-unix", "landlock-scope-signal", "seccomp", "no_new_privs"]
+            layers(6, false, true, true),
+            ["landlock-fs", "landlock-net", "landlock-scope-unix", "landlock-scope-signal", "seccomp", "no_new_privs", "net"]
         );
         assert_eq!(handled_fs(1), FS_ABI1);
         assert_eq!(handled_fs(5), FS_ABI1 | FS_REFER | FS_TRUNCATE | FS_IOCTL_DEV);

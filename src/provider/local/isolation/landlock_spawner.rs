@@ -1,14 +1,21 @@
-//! The spawner of a Landlock-tier sandbox: one process per sandbox, confined once and kept by
-//! its keeper, that starts every command of the sandbox on the server's request (the protocol
-//! of [`spawner`], which the init of an isolated sandbox serves too).
+//! The spawner of a Landlock-tier sandbox: one process per sandbox, kept by its keeper, that
+//! starts every command of the sandbox on the server's request (the protocol of [`spawner`],
+//! which the init of an isolated sandbox serves too).
 //!
-//! Confined once, as a command would be (the sandbox's uid when it has one, its cgroups,
-//! `no_new_privs`, the Landlock ruleset, seccomp), its children are all in one Landlock domain:
-//! the ruleset can then scope signals to the sandbox (ABI 6), since a task, `cancel_task`'s
-//! snippet and a `kill` in run_command all share that domain, while the server, the host user's
-//! processes and other sandboxes are outside it. It also spares each command a fork of the
-//! server. It is a child subreaper, so whatever a command leaves behind stays beneath it and is
-//! reaped there, and not dumpable: nothing of the sandbox may trace it.
+//! It confines itself once its setup is done (the sandbox's cgroups, its own uid when it has
+//! one, `no_new_privs`, the Landlock ruleset, seccomp), so its children are all in one Landlock
+//! domain: the ruleset can then scope signals to the sandbox (ABI 6), since a task,
+//! `cancel_task`'s snippet and a `kill` in run_command all share that domain, while the server,
+//! the host user's processes and other sandboxes are outside it. It also spares each command a
+//! fork of the server. It is a child subreaper, so whatever a command leaves behind stays
+//! beneath it and is reaped there, and not dumpable: nothing of the sandbox may trace it.
+//!
+//! Under a root server it starts in a network namespace of its own (`unshare --net`), where it
+//! brings up the loopback interface and binds the egress proxy's port, whose listening socket it
+//! sends to the keeper (which serves the proxy, as for the namespace tier) before it confines
+//! itself. Its commands then have no route anywhere but that proxy, and the ruleset lets them
+//! connect to its port only. The keeper keeps the namespace (a descriptor of it), so that a
+//! spawner started again joins it (`nsenter --net`).
 //!
 //! The server binds the socket ([`spawner::SOCKET_FILE`] in the sandbox's directory) when it
 //! creates the sandbox and hands the listening socket to the keeper as its stdout; a connection
@@ -16,16 +23,14 @@
 //! spawner's stdout, records the spawner (`spawner.pid`), and starts another one when it ends
 //! (sandbox code can kill it: it runs as the sandbox). A keeper restarted by a sweep binds the
 //! socket again once the spawner it did not start has ended. The spawner is executed through a
-//! descriptor of this binary opened by the keeper, as the init is, and the ruleset lets it (and
-//! so the sandbox) execute this one file.
+//! descriptor of this binary opened by the keeper, as the init is.
 
 use super::enter::Init;
-use super::{init, landlock, spawner};
+use super::{init, landlock, spawner, Tools};
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::net::UnixListener;
-use std::os::unix::process::CommandExt;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -39,7 +44,7 @@ pub const RECORD: &str = "spawner.pid";
 /// The least time between two starts of a sandbox's spawner.
 const RESTART_EVERY: Duration = Duration::from_secs(1);
 
-/// What a Landlock-tier sandbox's spawner is confined to.
+/// Where a sandbox's spawner runs and what it is confined to.
 pub struct Site<'a> {
     /// The sandbox's id (its processes carry it in their environment, as every command does).
     pub id: &'a str,
@@ -55,6 +60,10 @@ pub struct Site<'a> {
     pub cgroups: &'a [PathBuf],
     /// The sandbox's own uid, if it has one.
     pub uid: Option<u32>,
+    /// The programs that make and enter a network namespace of its own (a root server's
+    /// sandbox, whose egress goes through its proxy); `None` keeps the host's network stack,
+    /// where the ruleset allows no TCP at all.
+    pub net: Option<&'a Tools>,
 }
 
 /// A keeper's hold on its sandbox's spawner.
@@ -63,6 +72,8 @@ pub struct Keeping {
     listener: Option<UnixListener>,
     child: Option<Child>,
     last_start: Option<Instant>,
+    /// The sandbox's network namespace, once a spawner made it.
+    netns: Option<File>,
 }
 
 impl Keeping {
@@ -70,83 +81,191 @@ impl Keeping {
     /// bound), or, without it (a keeper restarted by a sweep), a socket bound again once no
     /// spawner runs.
     pub fn new(dir: &Path, listener: Option<UnixListener>) -> Keeping {
-        Keeping { dir: dir.to_path_buf(), listener, child: None, last_start: None }
+        Keeping { dir: dir.to_path_buf(), listener, child: None, last_start: None, netns: None }
     }
 
     /// Starts the spawner when none runs (at most once per [`RESTART_EVERY`]); reaps one that
-    /// ended. Says why when it could not.
-    pub fn tend(&mut self, site: &Site<'_>) -> Result<(), String> {
+    /// ended. Returns the egress proxy's listening socket when a spawner made the sandbox's
+    /// network namespace (the keeper serves the proxy on it), and says why when it could not
+    /// start one.
+    pub fn tend(&mut self, site: &Site<'_>) -> Result<Option<std::net::TcpListener>, String> {
         if let Some(child) = self.child.as_mut() {
             match child.try_wait() {
-                Ok(None) => return Ok(()),
+                Ok(None) => return Ok(None),
                 Ok(Some(_)) | Err(_) => self.child = None,
             }
         } else if Init::read(&self.dir.join(RECORD)).is_some_and(|spawner| spawner.alive()) {
             // Started by a keeper before this one: it serves the socket as long as it lives.
-            return Ok(());
+            return Ok(None);
         }
         if self.last_start.is_some_and(|at| at.elapsed() < RESTART_EVERY) {
-            return Ok(());
+            return Ok(None);
         }
         self.last_start = Some(Instant::now());
         if self.listener.is_none() {
             self.listener = spawner::bind(&self.dir);
         }
         let listener = self.listener.as_ref().ok_or("could not bind the spawner's socket")?;
-        let child = start(listener, site)?;
-        let start = crate::provider::process::proc_stat(child.id()).map(|st| st.start).unwrap_or(0);
-        let record = Init { pid: child.id(), start };
+        let (child, egress) = start(listener, site, self.netns.as_ref())?;
+        let pid = child.id();
+        let record = Init { pid, start: crate::provider::process::proc_stat(pid).map(|st| st.start).unwrap_or(0) };
         self.child = Some(child);
-        record.store_as(&self.dir, RECORD).map_err(|e| format!("could not record the spawner: {e}"))
+        if egress.is_some() {
+            // Opened while the spawner lives in it (it answered, so it has not ended yet).
+            self.netns = Some(File::open(format!("/proc/{pid}/ns/net")).map_err(|e| format!("could not hold the sandbox's network: {e}"))?);
+        }
+        record.store_as(&self.dir, RECORD).map_err(|e| format!("could not record the spawner: {e}"))?;
+        Ok(egress)
     }
 }
 
-/// Starts the spawner of `site` on `listener`, confined.
-fn start(listener: &UnixListener, site: &Site<'_>) -> Result<Child, String> {
+/// Starts the spawner of `site` on `listener`, in network namespace `netns` when given, else
+/// in a new one when the site has a network of its own; returns the new namespace's egress
+/// listening socket too.
+fn start(listener: &UnixListener, site: &Site<'_>, netns: Option<&File>) -> Result<(Child, Option<std::net::TcpListener>), String> {
     // Opened with the keeper's rights: the sandbox's uid needs no path to this binary.
     let exe = rustix::fs::open(site.exe, rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
         .map_err(|e| format!("could not open this program ({}) to start the sandbox's spawner: {e}", site.exe.display()))?;
-    let plan = landlock::Plan {
-        home: site.home,
-        tmp: site.tmp,
-        shell: site.shell,
-        program: Some(site.exe),
-        scope_signals: true,
-        connect_port: None,
-        cgroups: site.cgroups,
-        terminals: site.uid.is_some(),
+    let null = || File::options().read(true).write(true).open("/dev/null").map_err(|e| format!("could not open /dev/null: {e}"));
+    let mut answer = None;
+    let (mut cmd, stderr) = match (site.net, netns) {
+        (None, _) => (Command::new(init::EXE_FROM_STDIN), Stdio::from(null()?)),
+        (Some(tools), Some(netns)) => {
+            // The namespace comes as stderr, which the spawner then lets go.
+            let mut c = Command::new(&tools.nsenter);
+            c.args(["--net=/proc/self/fd/2", "--", init::EXE_FROM_STDIN]);
+            (c, Stdio::from(netns.try_clone().map_err(|e| format!("could not pass the sandbox's network: {e}"))?))
+        }
+        (Some(tools), None) => {
+            let mut c = Command::new(&tools.unshare);
+            c.args(["--net", "--", init::EXE_FROM_STDIN]);
+            let (ours, theirs) = UnixStream::pair().map_err(|e| format!("could not make the spawner's answer socket: {e}"))?;
+            answer = Some(ours);
+            (c, Stdio::from(OwnedFd::from(theirs)))
+        }
     };
-    let confinement = landlock::prepare(&plan)?;
+    cmd.arg(SUBCOMMAND).arg(site.home).arg(site.tmp).arg(site.shell);
+    if let Some(uid) = site.uid {
+        cmd.arg(format!("--uid={uid}"));
+    }
+    for file in site.cgroups {
+        cmd.arg("--cgroup").arg(file);
+    }
+    if answer.is_some() {
+        cmd.arg(EGRESS_FLAG);
+    } else if site.net.is_some() {
+        cmd.arg(PROXY_FLAG);
+    }
     let socket = listener.try_clone().map_err(|e| format!("could not pass the spawner's socket: {e}"))?;
-    let null = File::options().read(true).write(true).open("/dev/null").map_err(|e| format!("could not open /dev/null: {e}"))?;
-    let mut cmd = Command::new(init::EXE_FROM_STDIN);
-    cmd.arg(SUBCOMMAND)
-        .current_dir(site.home)
+    cmd.current_dir(site.home)
         .env_clear()
         .env(super::super::TAG_VAR, site.id)
+        .env("LC_ALL", "C")
         .stdin(Stdio::from(exe))
         .stdout(Stdio::from(OwnedFd::from(socket)))
-        .stderr(Stdio::from(null));
-    if let Some(uid) = site.uid {
-        cmd.uid(uid).gid(uid);
+        .stderr(stderr);
+    let mut child = cmd.spawn().map_err(|e| format!("could not start the sandbox's spawner: {e}"))?;
+    // The command holds our copy of the answer socket's other end until dropped.
+    drop(cmd);
+    let Some(answer) = answer else { return Ok((child, None)) };
+    match init::read_answer(&answer, init::START_BUDGET) {
+        (init::Answer::Line(line), Some(fd)) if line == "ready" => Ok((child, Some(std::net::TcpListener::from(fd)))),
+        (said, _) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(match said {
+                init::Answer::Line(line) => line.strip_prefix("error ").unwrap_or(&line).to_string(),
+                _ => "the sandbox's spawner ended before its network was ready".to_string(),
+            })
+        }
     }
-    landlock::confine(&mut cmd, confinement);
-    cmd.spawn().map_err(|e| format!("could not start the sandbox's spawner: {e}"))
 }
 
-/// The body of `sandbox-mcp sandbox-landlock-spawner`, already confined: its stdout is the
-/// listening socket, its working directory the sandbox's home. Returns only on a setup failure.
-pub fn run() -> anyhow::Result<()> {
+/// The spawner's flag: make the network namespace's loopback and egress socket (it was just
+/// made: its stderr is the answer socket).
+const EGRESS_FLAG: &str = "--egress";
+
+/// The spawner's flag: its commands may connect to the egress proxy's port (it joined its
+/// sandbox's network namespace).
+const PROXY_FLAG: &str = "--proxy";
+
+/// The body of `sandbox-mcp sandbox-landlock-spawner HOME TMP SHELL [--uid=N] [--cgroup FILE]...
+/// [--egress | --proxy]`: its stdout is the listening socket, its working directory the
+/// sandbox's home. Returns only on a setup failure.
+pub fn run(args: &[String]) -> anyhow::Result<()> {
     // A session of its own: no controlling terminal for it or anything it starts.
     rustix::process::setsid()?;
     let listener = UnixListener::from(io::stdout().as_fd().try_clone_to_owned()?);
-    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)?;
-    rustix::process::set_child_subreaper(Some(rustix::process::getpid()))?;
-    let home = std::env::current_dir()?;
-    // Let go of this binary (stdin) and of the keeper's copy of the socket (stdout).
+    let answer = io::stderr().as_fd().try_clone_to_owned()?;
+    let ready = setup(args);
+    let egress_answer = args.iter().any(|a| a == EGRESS_FLAG);
+    match ready {
+        Ok(Some(egress)) => init::send_with_fd(&answer, b"ready\n", egress)?,
+        Ok(None) => {}
+        Err(err) => {
+            if egress_answer {
+                let _ = rustix::io::write(&answer, format!("error {}\n", err.replace('\n', " ")).as_bytes());
+            }
+            anyhow::bail!("{err}");
+        }
+    }
+    drop(answer);
+    // Let go of this binary (stdin), the keeper's copy of the socket (stdout) and its answer
+    // socket or network namespace (stderr).
     let null = File::options().read(true).write(true).open("/dev/null")?;
     rustix::stdio::dup2_stdin(&null)?;
     rustix::stdio::dup2_stdout(&null)?;
     rustix::stdio::dup2_stderr(&null)?;
+    let home = std::env::current_dir()?;
     spawner::serve(listener, home)
+}
+
+/// The spawner's setup, up to its confinement: the egress socket when it makes the network.
+fn setup(args: &[String]) -> Result<Option<OwnedFd>, String> {
+    let [home, tmp, shell, flags @ ..] = args else {
+        return Err(format!("usage: {SUBCOMMAND} HOME TMP SHELL [--uid=N] [--cgroup FILE]... [{EGRESS_FLAG} | {PROXY_FLAG}]"));
+    };
+    let (mut uid, mut cgroups, mut egress, mut proxy) = (None, Vec::new(), false, false);
+    let mut it = flags.iter();
+    while let Some(flag) = it.next() {
+        match flag.as_str() {
+            "--cgroup" => cgroups.push(PathBuf::from(it.next().ok_or("--cgroup needs a file")?)),
+            EGRESS_FLAG => egress = true,
+            PROXY_FLAG => proxy = true,
+            other => match other.strip_prefix("--uid=").and_then(|n| n.parse::<u32>().ok()) {
+                Some(n) => uid = Some(n),
+                None => return Err(format!("unknown argument {other:?}")),
+            },
+        }
+    }
+    let egress = if egress {
+        init::loopback_up().map_err(|e| format!("bring up the loopback interface: {e}"))?;
+        let port = crate::egress::PROXY_PORT;
+        let socket = std::net::TcpListener::bind(("127.0.0.1", port)).map_err(|e| format!("bind the egress proxy's port {port}: {e}"))?;
+        Some(OwnedFd::from(socket))
+    } else {
+        None
+    };
+    let plan = landlock::Plan {
+        home: Path::new(home),
+        tmp: Path::new(tmp),
+        shell: Path::new(shell),
+        scope_signals: true,
+        connect_port: (egress.is_some() || proxy).then_some(crate::egress::PROXY_PORT),
+        cgroups: &cgroups,
+        terminals: uid.is_some(),
+    };
+    // Built with the keeper's rights, before they are dropped.
+    let confinement = landlock::prepare(&plan)?;
+    if let Some(uid) = uid {
+        let (u, g) = (rustix::process::Uid::from_raw(uid), rustix::process::Gid::from_raw(uid));
+        rustix::thread::set_thread_groups(&[]).map_err(|e| format!("drop supplementary groups: {e}"))?;
+        rustix::thread::set_thread_res_gid(g, g, g).map_err(|e| format!("take gid {uid}: {e}"))?;
+        rustix::thread::set_thread_res_uid(u, u, u).map_err(|e| format!("take uid {uid}: {e}"))?;
+    }
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable).map_err(|e| format!("be not dumpable: {e}"))?;
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid())).map_err(|e| format!("be a subreaper: {e}"))?;
+    // This process has one thread: the ruleset and the filter hold for all of it.
+    landlock::confine_self(&confinement).map_err(|e| format!("confine the spawner: {e}"))?;
+    Ok(egress)
 }

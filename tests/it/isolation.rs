@@ -892,20 +892,29 @@ fn the_init_and_its_channels_are_out_of_reach() {
     for home in homes("iso-init-reach") {
         let who = who(&home);
         let mut m = home.stdio();
-        m.create();
+        let sb = m.create();
         assert_own_pid_namespace(&mut m);
-        let probe = r#"for f in /proc/1/fd/* /proc/1/mem /proc/1/environ; do if (exec 3<"$f") 2>/dev/null; then echo "opened $f"; fi; done
+        // Commands the init started, then commands entered with nsenter (a sandbox made before
+        // the spawner existed, simulated without its socket: those ran without the filter and
+        // with CAP_SYS_PTRACE, so they could read the init's environment).
+        for path in ["spawner", "nsenter"] {
+            if path == "nsenter" {
+                std::fs::remove_file(home.sandbox_dir(&sb).join("spawn.sock")).unwrap();
+            }
+            let probe = r#"for f in /proc/1/fd/* /proc/1/mem /proc/1/environ; do if (exec 3<"$f") 2>/dev/null; then echo "opened $f"; fi; done
 if command -v strace >/dev/null; then timeout 5 strace -p 1 -o /dev/null 2>/dev/null && echo traced; fi
 python3 -c 'import ctypes; l = ctypes.CDLL(None, use_errno=True); p = l.syscall(434, 1, 0); print("getfd", l.syscall(438, p, 0, 0), ctypes.get_errno())'
-awk '/^CapBnd/ { print "bnd", $2 }' /proc/self/status"#;
-        let (code, out, err) = sh(&mut m, probe);
-        assert_eq!(code, 0, "{who}: {err}");
-        assert!(!out.contains("opened") && !out.contains("traced"), "{who}: the init is in reach: {out}");
-        assert!(out.contains("getfd -1 1\n"), "{who}: pidfd_getfd on the init must fail with EPERM: {out}");
-        let bnd = out.lines().find_map(|l| l.strip_prefix("bnd ")).and_then(|h| u64::from_str_radix(h, 16).ok()).unwrap();
-        assert_eq!(bnd & (1 << 19), 0, "{who}: CAP_SYS_PTRACE is still in the bounding set: {out}");
-        let (code, _, err) = sh(&mut m, "command -v strace >/dev/null || exit 0; strace -f -o /dev/null sh -c true");
-        assert_eq!(code, 0, "{who}: tracing the sandbox's own processes must work: {err}");
+awk '/^CapBnd/ { print "bnd", $2 } /^Seccomp:/ { print "seccomp", $2 } /^NoNewPrivs/ { print "nnp", $2 }' /proc/self/status"#;
+            let (code, out, err) = sh(&mut m, probe);
+            assert_eq!(code, 0, "{who}, {path}: {err}");
+            assert!(!out.contains("opened") && !out.contains("traced"), "{who}, {path}: the init is in reach: {out}");
+            assert!(out.contains("getfd -1 1\n"), "{who}, {path}: pidfd_getfd on the init must fail with EPERM: {out}");
+            let bnd = out.lines().find_map(|l| l.strip_prefix("bnd ")).and_then(|h| u64::from_str_radix(h, 16).ok()).unwrap();
+            assert_eq!(bnd & (1 << 19), 0, "{who}, {path}: CAP_SYS_PTRACE is still in the bounding set: {out}");
+            assert!(out.contains("seccomp 2\n") && out.contains("nnp 1\n"), "{who}, {path}: no seccomp filter: {out}");
+            let (code, _, err) = sh(&mut m, "command -v strace >/dev/null || exit 0; strace -f -o /dev/null sh -c true");
+            assert_eq!(code, 0, "{who}, {path}: tracing the sandbox's own processes must work: {err}");
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 //! the sweep that ends expired sandboxes and restarts missing keepers at server start.
 
 use super::isolation::enter::Init;
-use super::isolation::{cgroup, init, landlock_spawner, spawner, Isolation};
+use super::isolation::{cgroup, init, landlock_spawner, seccomp, spawner, Isolation};
 use super::{check_local_id, LocalProvider, CREATING_PREFIX, KILL_SCAN_BUDGET};
 use crate::egress;
 use crate::provider::process;
@@ -202,6 +202,7 @@ pub fn run_internal(args: &[String]) -> Option<anyhow::Result<()>> {
         }
         [command, rest @ ..] if command == init::SUBCOMMAND => Some(init::run(rest)),
         [command, rest @ ..] if command == landlock_spawner::SUBCOMMAND => Some(landlock_spawner::run(rest)),
+        [command, rest @ ..] if command == seccomp::FILTER_SUBCOMMAND => Some(seccomp::run_filtered(rest)),
         [command, rest @ ..] if command == init::STAGE_SUBCOMMAND => Some(init::run_stage(rest)),
         _ => None,
     }

@@ -115,7 +115,7 @@ impl LocalProvider {
                     let env = self.env_for(id, &meta, envs);
                     return Ok(Launch::Spawner { socket, argv: argv.to_vec(), env, cwd: cwd.map(str::to_string) });
                 }
-                (enter::command(self.tools()?, init, !meta.host_network, argv, cwd, &cgroups), false)
+                (enter::command(self.tools()?, &self.exe, init, !meta.host_network, argv, cwd, &cgroups), false)
             }
             None => {
                 let home = self.home(id);

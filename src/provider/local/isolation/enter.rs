@@ -13,7 +13,7 @@
 //! then becomes `nsenter`, so the program and everything it starts are counted there.
 
 use super::init::has_cgroup_namespace;
-use super::Tools;
+use super::{seccomp, Tools};
 use crate::provider::process;
 use std::fs;
 use std::io::{self, Write};
@@ -104,15 +104,30 @@ pub fn joined(cgroups: &[PathBuf], program: &Path) -> Command {
 /// inside it (the home when `None`; the caller has checked that it exists), after joining the
 /// cgroups whose `cgroup.procs` files are `cgroups`.
 ///
+/// It gets what the init's children get: the seccomp filter with `no_new_privs`, installed on
+/// the host side by this program (`exe`, [`seccomp::FILTER_SUBCOMMAND`]) before `nsenter`, and,
+/// inside, `CAP_SYS_PTRACE` dropped from its bounding set (`setpriv`, where the host has it:
+/// entering the user namespace gives back a full bounding set), so that it can no more trace the
+/// init than a command the init started.
+///
 /// It starts with `setsid`: a session of its own, with no controlling terminal (the server's may
 /// be an operator's, which `/dev/tty` inside would otherwise open), and a process group of its
 /// own whose id is its pid. The caller must not also ask for a new process group: `setsid` run as
 /// a group leader forks, and the group would no longer be the child's.
-pub fn command(tools: &Tools, init: Init, own_network: bool, argv: &[String], cwd: Option<&str>, cgroups: &[PathBuf]) -> Command {
+pub fn command(
+    tools: &Tools,
+    exe: &Path,
+    init: Init,
+    own_network: bool,
+    argv: &[String],
+    cwd: Option<&str>,
+    cgroups: &[PathBuf],
+) -> Command {
     let mut cmd = Command::new(&tools.setsid);
     if !cgroups.is_empty() {
         cmd.args(["/bin/sh", "-c", JOIN_CGROUPS, "sh"]).args(cgroups).arg("--");
     }
+    cmd.arg(exe).arg(seccomp::FILTER_SUBCOMMAND);
     cmd.arg(&tools.nsenter).arg("--target").arg(init.pid.to_string()).args(["--user", "--mount", "--pid", "--ipc", "--uts"]);
     if own_network {
         cmd.arg("--net");
@@ -126,6 +141,9 @@ pub fn command(tools: &Tools, init: Init, own_network: bool, argv: &[String], cw
         cmd.arg("--preserve-credentials");
     }
     cmd.args(["--root", "--wd", "--"]);
+    if let Some(setpriv) = &tools.setpriv {
+        cmd.arg(setpriv).args(["--bounding-set=-sys_ptrace", "--"]);
+    }
     if let Some(dir) = cwd {
         cmd.args(["/bin/sh", "-c", r#"cd -- "$0" && exec "$@""#, dir]);
     }
@@ -154,15 +172,16 @@ mod tests {
     fn the_command_enters_then_changes_directory() {
         let tools = Tools { unshare: "/u".into(), nsenter: "/n".into(), setpriv: None, setsid: "/s".into() };
         let argv = vec!["sh".to_string(), "-c".into(), "true".into()];
-        let cmd = command(&tools, Init { pid: 9, start: 1 }, true, &argv, Some("sub dir"), &[]);
+        let cmd = command(&tools, Path::new("/x"), Init { pid: 9, start: 1 }, true, &argv, Some("sub dir"), &[]);
         let args: Vec<String> = cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
         assert_eq!(cmd.get_program(), "/s", "a session of its own first");
-        assert_eq!(&args[..3], ["/n", "--target", "9"]);
+        assert_eq!(&args[..2], ["/x", seccomp::FILTER_SUBCOMMAND], "then the filter");
+        assert_eq!(&args[2..5], ["/n", "--target", "9"]);
         assert!(args.contains(&"--net".to_string()));
         let tail = &args[args.iter().position(|a| a == "--").unwrap() + 1..];
         assert_eq!(tail[..4], ["/bin/sh", "-c", r#"cd -- "$0" && exec "$@""#, "sub dir"]);
         assert_eq!(tail[4..], argv[..]);
-        let joined = command(&tools, Init { pid: 9, start: 1 }, false, &argv, None, &[PathBuf::from("/cg/procs")]);
+        let joined = command(&tools, Path::new("/x"), Init { pid: 9, start: 1 }, false, &argv, None, &[PathBuf::from("/cg/procs")]);
         let args: Vec<String> = joined.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
         assert_eq!((joined.get_program(), args[0].as_str()), ("/s".as_ref(), "/bin/sh"));
     }

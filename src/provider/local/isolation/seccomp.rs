@@ -118,6 +118,20 @@ pub(super) fn install() -> Result<(), String> {
     seccompiler::apply_filter(&program).map_err(|e| format!("install the seccomp filter: {e}"))
 }
 
+/// The internal subcommand that installs the filter, then becomes the program named after it: how
+/// a command entered with `nsenter`, which does not descend from the init, gets the filter too
+/// (it holds through `nsenter`'s `setns` and every exec after).
+pub const FILTER_SUBCOMMAND: &str = "sandbox-filter";
+
+/// The body of `sandbox-mcp sandbox-filter PROGRAM ARGS...`; returns only when it fails.
+pub fn run_filtered(args: &[String]) -> anyhow::Result<()> {
+    use std::os::unix::process::CommandExt;
+    let [program, rest @ ..] = args else { anyhow::bail!("usage: {FILTER_SUBCOMMAND} PROGRAM ARGS...") };
+    install().map_err(anyhow::Error::msg)?;
+    let err = std::process::Command::new(program).args(rest).exec();
+    anyhow::bail!("could not run {program}: {err}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

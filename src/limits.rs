@@ -103,6 +103,10 @@ pub const SANDBOX_PROCESSES_MAX: i64 = 65_536;
 /// `subscriptions/listen` streams open at once over HTTP (each holds a listener thread).
 pub const MAX_HTTP_SUBSCRIPTIONS: usize = 16;
 
+/// Of those, the most one client (its address and declared clientInfo) may hold, so that one
+/// client holding its streams leaves the others room to open theirs.
+pub const MAX_HTTP_SUBSCRIPTIONS_PER_CLIENT: usize = 4;
+
 /// Task ids one `subscriptions/listen` may name (`notifications.taskIds`); -32602 beyond. Each
 /// task still working costs one state read per check of the subscription.
 pub const MAX_SUBSCRIBED_TASKS: usize = 16;

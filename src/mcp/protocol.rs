@@ -182,6 +182,8 @@ pub struct Listen {
     pub ack: String,
     /// The tasks named in `notifications.taskIds` (the tasks extension).
     pub tasks: Vec<tasks::Handle>,
+    /// The `io.modelcontextprotocol/clientInfo` the request declares (HTTP shares streams by it).
+    pub client_info: Option<Value>,
 }
 
 /// Checks a transport adds to a 2026-07-28 request once its `_meta` is read and before its
@@ -292,7 +294,7 @@ fn listen(app: &App, id: &Value, params: Option<&Value>, meta: &RequestMeta) -> 
         return Err(missing_tasks_extension("subscriptions/listen with notifications.taskIds"));
     }
     let tasks = named.iter().map(|text| tasks::parse_handle(app, text)).collect::<Result<Vec<_>, _>>()?;
-    Ok(Listen { id: id.clone(), ack: filter.acknowledgement(id).to_string(), tasks })
+    Ok(Listen { id: id.clone(), ack: filter.acknowledgement(id).to_string(), tasks, client_info: meta.client_info.clone() })
 }
 
 /// The message for a method a 2026-07-28 request cannot use.

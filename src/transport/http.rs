@@ -10,7 +10,7 @@ use super::body_budget::{self, Body, BodyBudget};
 use crate::app::App;
 use crate::ids;
 use crate::jsonrpc::{self, code, Incoming, RpcError};
-use crate::limits::{MAX_BODY_BYTES, MAX_HTTP_SUBSCRIPTIONS};
+use crate::limits::MAX_BODY_BYTES;
 use crate::mcp::envelope::{self, RequestMeta};
 use crate::mcp::protocol::{self, Listen, Refusal, Route, Work, WorkQueue, SUPPORTED_VERSIONS};
 use crate::mcp::session::{Session, Sessions};
@@ -18,12 +18,13 @@ use crate::mcp::subscription;
 use crate::memory;
 use crate::queue::Outcome;
 use crate::transport::headers;
+use crate::transport::stream_shares::{self, Slot, StreamShares};
 use crate::waiter::Waiter;
 use crossbeam_channel::TrySendError;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::io::Write;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
@@ -69,8 +70,9 @@ pub struct Listener {
     connections: Mutex<HashMap<SocketAddr, (Instant, Instant)>>,
     /// Requests being handled right now (shutdown waits for their answers to be written).
     busy: AtomicUsize,
-    /// `subscriptions/listen` streams open right now (each holds a listener thread).
-    subscriptions: AtomicUsize,
+    /// `subscriptions/listen` streams open right now (each holds a listener thread), in all and
+    /// per client.
+    streams: StreamShares,
     /// Follows the tasks a subscription names.
     waiter: Waiter,
     /// Memory for request bodies, shared by every connection.
@@ -95,7 +97,7 @@ impl Listener {
             loopback,
             connections: Mutex::new(HashMap::new()),
             busy: AtomicUsize::new(0),
-            subscriptions: AtomicUsize::new(0),
+            streams: StreamShares::new(),
             waiter,
             budget,
         }
@@ -181,6 +183,11 @@ fn header(name: &str, value: &str) -> Header {
         .unwrap_or_else(|()| Header::from_bytes(&b"X-Invalid"[..], &b"1"[..]).expect("a constant header is valid"))
 }
 
+/// The peer's address without its port: each stream is a connection of its own.
+fn peer_ip(req: &Request) -> Option<IpAddr> {
+    req.remote_addr().map(SocketAddr::ip)
+}
+
 fn get<'a>(req: &'a Request, name: &str) -> Option<&'a str> {
     req.headers().iter().find(|h| h.field.as_str().as_str().eq_ignore_ascii_case(name)).map(|h| h.value.as_str())
 }
@@ -192,8 +199,8 @@ struct Answer {
     headers: Vec<(&'static str, String)>,
     /// Ask the client to close the connection after this answer.
     close: bool,
-    /// Instead of a body: hold a `subscriptions/listen` stream open.
-    listen: Option<Listen>,
+    /// Instead of a body: hold a `subscriptions/listen` stream open, in the place it took.
+    listen: Option<(Listen, Slot)>,
 }
 
 impl Answer {
@@ -287,8 +294,9 @@ impl Listener {
         }
         let too_large = matches!(body, Body::TooLarge(_));
         let mut answer = self.answer(&req, body);
-        if let Some(listen) = answer.listen.take() {
+        if let Some((listen, slot)) = answer.listen.take() {
             self.hold(req, listen);
+            drop(slot);
             return;
         }
         answer.close |= too_large || self.should_close(req.remote_addr());
@@ -483,7 +491,7 @@ impl Listener {
                 );
             }
         }
-        self.routed(protocol::route(&self.app, &session, msg))
+        self.routed(protocol::route(&self.app, &session, msg), peer_ip(req))
     }
 
     /// A 2026-07-28 request: no session (one carrying a 2025 session id is refused, so nothing
@@ -504,31 +512,29 @@ drop the Mcp-Session-Id header, or send the request without that _meta inside th
         let peer = req.remote_addr().map_or_else(|| "unknown".to_string(), ToString::to_string);
         let session = Arc::new(Session::stateless(format!("http-2026 {peer}")).seeing_state_root(self.app.config.http_token.is_some()));
         let check = |method: &str, params: Option<&Value>, meta: &RequestMeta| headers::check(|name| get(req, name), method, params, meta);
-        self.routed(protocol::route_checked(&self.app, &session, msg, &check))
+        self.routed(protocol::route_checked(&self.app, &session, msg, &check), peer_ip(req))
     }
 
-    /// The answer to a routed message.
-    fn routed(&self, route: Route) -> Answer {
+    /// The answer to a routed message (`peer`: the address a stream is counted under).
+    fn routed(&self, route: Route, peer: Option<IpAddr>) -> Answer {
         match route {
             Route::Silent => Answer::empty(202),
             Route::Reply(reply) => Answer::text(200, reply),
             Route::Refused(reply, Refusal::Envelope) => Answer::text(400, reply),
             Route::Refused(reply, Refusal::UnknownMethod) => Answer::text(404, reply),
             Route::Call(work) => self.dispatch(work),
-            Route::Listen(listen) => {
-                let open = self.subscriptions.fetch_add(1, Ordering::SeqCst);
-                if open >= MAX_HTTP_SUBSCRIPTIONS {
-                    self.subscriptions.fetch_sub(1, Ordering::SeqCst);
-                    let err = RpcError::new(
-                        code::SERVER_BUSY,
-                        format!("server busy: {MAX_HTTP_SUBSCRIPTIONS} subscriptions/listen streams are open; close one or retry later"),
-                    );
-                    return Answer::json(503, jsonrpc::error(&listen.id, &err)).with("Retry-After", "5");
+            Route::Listen(listen) => match self.streams.take(stream_shares::client_key(peer, listen.client_info.as_ref())) {
+                Ok(slot) => {
+                    let mut answer = Answer::empty(200);
+                    answer.listen = Some((listen, slot));
+                    answer
                 }
-                let mut answer = Answer::empty(200);
-                answer.listen = Some(listen);
-                answer
-            }
+                Err(refused) => {
+                    log::debug!("refusing a subscriptions/listen stream: {}", refused.message());
+                    let err = RpcError::new(code::SERVER_BUSY, refused.message());
+                    Answer::json(503, jsonrpc::error(&listen.id, &err)).with("Retry-After", "5")
+                }
+            },
         }
     }
 
@@ -576,7 +582,6 @@ drop the Mcp-Session-Id header, or send the request without that _meta inside th
         if let Err(err) = sent {
             log::debug!("subscription {} ended: {err}", listen.id);
         }
-        self.subscriptions.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Queues a tool call and waits for its answer; a full queue is answered 503 at once.

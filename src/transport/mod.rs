@@ -4,3 +4,4 @@ pub mod body_budget;
 pub mod headers;
 pub mod http;
 pub mod stdio;
+pub mod stream_shares;

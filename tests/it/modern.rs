@@ -3,7 +3,7 @@
 //! `subscriptions/listen`, and sandbox lifetime without sessions, over stdio and HTTP.
 
 use crate::support::*;
-use sandbox_mcp::limits::MAX_HTTP_SUBSCRIPTIONS;
+use sandbox_mcp::limits::{MAX_HTTP_SUBSCRIPTIONS, MAX_HTTP_SUBSCRIPTIONS_PER_CLIENT};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
@@ -258,7 +258,21 @@ fn next_event(reader: &mut BufReader<TcpStream>) -> Value {
 }
 
 fn open_listen(h: &Http, id: i64) -> BufReader<TcpStream> {
-    let b = body(json!(id), "subscriptions/listen", json!({"notifications": {"toolsListChanged": true}}));
+    open_listen_as(h, id, "it")
+}
+
+/// A `subscriptions/listen` request of the client that declares clientInfo `client`.
+fn listen_body(id: i64, client: &str) -> String {
+    let mut b =
+        json!({"jsonrpc": "2.0", "id": id, "method": "subscriptions/listen", "params": {"notifications": {"toolsListChanged": true}}});
+    b["params"]["_meta"] = envelope();
+    b["params"]["_meta"]["io.modelcontextprotocol/clientInfo"]["name"] = json!(client);
+    b.to_string()
+}
+
+/// Opens a stream as the client that declares clientInfo `client`; its status line is not read.
+fn open_listen_as(h: &Http, id: i64, client: &str) -> BufReader<TcpStream> {
+    let b = listen_body(id, client);
     let mut s = TcpStream::connect(h.addr).unwrap();
     s.set_read_timeout(Some(TIMEOUT)).unwrap();
     let head = format!(
@@ -289,17 +303,22 @@ fn http_subscriptions_are_acknowledged_bounded_and_closed_at_shutdown() {
     let ack = next_event(&mut first);
     assert_eq!(ack["method"], "notifications/subscriptions/acknowledged");
     assert_eq!(ack["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], 1);
-    // Each stream holds a listener thread: beyond the limit, 503.
+    // Each stream holds a listener thread: beyond the limit, 503 (each client holds at most
+    // its share, so the streams are opened by several).
     // (One after another: connections opened in a burst can wait behind tiny_http's pool race,
     // see ARCHITECTURE.md, and these never end on their own.)
     let mut held = Vec::new();
     for i in 2..=MAX_HTTP_SUBSCRIPTIONS as i64 {
-        let mut reader = open_listen(&h, i);
+        let client = format!("client-{}", i as usize / MAX_HTTP_SUBSCRIPTIONS_PER_CLIENT);
+        let mut reader = open_listen_as(&h, i, &client);
         assert_eq!(next_event(&mut reader)["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], i);
         held.push(reader);
     }
-    let over = h.post(&headers("subscriptions/listen", None), &body(json!(99), "subscriptions/listen", json!({"notifications": {}})));
-    assert_eq!(over.status, 503, "{}", over.body);
+    let over = h.post(&headers("subscriptions/listen", None), &listen_body(99, "newcomer"));
+    assert_eq!((over.status, error_code(&over.json())), (503, -32000), "{}", over.body);
+    let message = over.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(message.contains(&format!("all {MAX_HTTP_SUBSCRIPTIONS} subscriptions/listen streams")), "{message}");
+    assert_eq!(over.header("retry-after"), Some("5"));
     // Other requests are still served.
     let r = h.post(&headers("tools/list", None), &body(json!(100), "tools/list", json!({})));
     assert_eq!(r.status, 200);
@@ -316,4 +335,41 @@ fn http_subscriptions_are_acknowledged_bounded_and_closed_at_shutdown() {
     assert!(began.elapsed() < std::time::Duration::from_secs(5));
     let exit = wait_for(TIMEOUT, "the server to exit", || h.child.try_wait().unwrap());
     assert_eq!(exit.code(), Some(0));
+}
+
+/// Streams are shared between clients: one that holds its share is refused one more (saying
+/// so), while another client, declaring another clientInfo from the same address, still opens
+/// one and its tool calls are answered at once.
+#[test]
+fn http_subscriptions_are_shared_between_clients() {
+    let home = Home::new("modern-listen-share");
+    let h = Http::start(&home, &[], &[]);
+    let created = h.post(&headers("tools/call", Some("create_sandbox")), &call_body(1, "create_sandbox", json!({"timeout": 120})));
+    let sandbox = created.json()["result"]["structuredContent"]["sandbox_id"].as_str().unwrap().to_string();
+    let mut greedy = Vec::new();
+    for i in 0..MAX_HTTP_SUBSCRIPTIONS_PER_CLIENT as i64 {
+        let mut reader = open_listen_as(&h, 10 + i, "greedy");
+        assert_eq!(next_event(&mut reader)["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], 10 + i);
+        greedy.push(reader);
+    }
+    let over = h.post(&headers("subscriptions/listen", None), &listen_body(20, "greedy"));
+    assert_eq!((over.status, error_code(&over.json()), over.json()["id"].as_i64()), (503, -32000, Some(20)), "{}", over.body);
+    let message = over.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(message.contains(&format!("already holds {MAX_HTTP_SUBSCRIPTIONS_PER_CLIENT} subscriptions/listen streams")), "{message}");
+    assert!(message.contains("close one"), "{message}");
+    assert_eq!(over.header("retry-after"), Some("5"));
+    // Another client still opens a stream, and its calls are served at once.
+    let mut other = open_listen_as(&h, 30, "other");
+    assert_eq!(next_event(&mut other)["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], 30);
+    let began = Instant::now();
+    let ran = h.post(
+        &headers("tools/call", Some("run_command")),
+        &call_body(31, "run_command", json!({"sandbox_id": sandbox, "command": "true"})),
+    );
+    let took = began.elapsed();
+    assert_eq!(ran.status, 200, "{}", ran.body);
+    assert_eq!(ran.json()["result"]["structuredContent"]["exit_code"], 0, "{}", ran.body);
+    assert!(took < std::time::Duration::from_secs(5), "run_command took {took:?} beside the held streams");
+    drop((greedy, other));
+    assert_eq!(h.stop().code(), Some(0));
 }

@@ -132,6 +132,7 @@ fn limits_from_the_code() -> Vec<(&'static str, String)> {
         ("list_files entries", thousands(i(MAX_DIR_ENTRIES))),
         ("shortest masked secret", format!("{MIN_SECRET_BYTES} bytes")),
         ("open subscriptions/listen streams (HTTP)", format!("{MAX_HTTP_SUBSCRIPTIONS} (503 beyond)")),
+        ("open subscriptions/listen streams of one client (HTTP)", format!("{MAX_HTTP_SUBSCRIPTIONS_PER_CLIENT} (503 beyond)")),
         ("task ids per subscriptions/listen", format!("{MAX_SUBSCRIBED_TASKS} (-32602 beyond)")),
         ("get_task wait", format!("0–{MAX_WAIT_S} s")),
         ("calls waiting at once", format!("{MAX_WAITING_CALLS} (one more is answered at once)")),

@@ -304,7 +304,7 @@ options! {
         takes_value: true,
         env: Some("SANDBOX_MCP_DEFAULT_LIMITS"),
         default: Text("memory_mb=2048,processes=1024"),
-        help: "limits of a local sandbox whose request sets none, where the host can enforce them (none: no limits)",
+        help: "limits of a local sandbox whose request sets none, where the host can enforce them (none: no limits; disk_mb=N may be added)",
     };
     /// Host uids of isolated sandboxes of a root server.
     UID_RANGE = OptionSpec {
@@ -689,7 +689,9 @@ mod tests {
         assert_eq!((c.max_sandboxes, c.default_limits), (3, DefaultLimits::default()));
         let c = load(&[], &[("HOME", "/h"), ("SANDBOX_MCP_DEFAULT_LIMITS", "processes=100")]).unwrap();
         assert_eq!(c.default_limits, DefaultLimits { memory_mb: None, processes: Some(100), disk_mb: None });
-        for bad in ["cpu=1", "memory_mb=1", "processes=x", "memory_mb"] {
+        let c = load(&["--default-limits", "memory_mb=512,disk_mb=256"], &[("HOME", "/h")]).unwrap();
+        assert_eq!(c.default_limits, DefaultLimits { memory_mb: Some(512), processes: None, disk_mb: Some(256) });
+        for bad in ["cpu=1", "memory_mb=1", "processes=x", "memory_mb", "disk_mb=1"] {
             let err = load(&["--default-limits", bad], &[("HOME", "/h")]).unwrap_err().to_string();
             assert!(err.contains("--default-limits"), "{bad}: {err}");
         }

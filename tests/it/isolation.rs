@@ -1056,6 +1056,14 @@ fn expiry_and_an_interrupted_kill_release_the_disk() {
     let expiring = home.create_detached(json!({"timeout": 2, "limits": {"disk_mb": 16}}));
     let interrupted = home.create_detached(json!({"limits": {"disk_mb": 16}}));
     std::fs::remove_file(home.sandbox_dir(&interrupted).join("meta.json")).unwrap();
+    // A default disk (--default-limits may carry disk_mb) goes with the default cgroup limits,
+    // and stays when a request sets only cgroup limits.
+    let mut m = home.stdio_with(&[("SANDBOX_MCP_DEFAULT_LIMITS", "memory_mb=512,disk_mb=16")]);
+    let c = m.ok("create_sandbox", json!({}));
+    assert_eq!(c["limits"], json!({"memory_mb": 512, "processes": null, "disk_mb": 16}), "{c}");
+    let c = m.ok("create_sandbox", json!({"limits": {"processes": 64}}));
+    assert_eq!(c["limits"], json!({"memory_mb": null, "processes": 64, "disk_mb": 16}), "{c}");
+    m.close();
     for sb in [&expiring, &interrupted] {
         wait_for(Duration::from_secs(20), "the keeper to end the sandbox and release its disk", || {
             let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();

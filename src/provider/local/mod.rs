@@ -12,7 +12,8 @@
 //!
 //! Layout: `<root>/sandboxes/<id>/meta.json` (0600, written by temp file + rename),
 //! `<root>/sandboxes/<id>/home/` (the sandbox's home: `HOME` and default cwd), `keeper.pid` and,
-//! with namespaces, `init.pid` and `spawn.sock` (the init's spawner). A detached keeper process (`sandbox-mcp keeper`) starts the init
+//! with namespaces, `init.pid` and `spawn.sock` (the init's spawner); with `limits.disk_mb`,
+//! `disk.img`, the file system mounted at the home ([`isolation::disk`]). A detached keeper process (`sandbox-mcp keeper`) starts the init
 //! of an isolated sandbox and ends the sandbox at expiry even when no server runs.
 //!
 //! One file per part: this one is the [`Provider`] impl and what the parts share;

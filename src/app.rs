@@ -33,7 +33,8 @@ impl App {
                     Err(why) if config.isolation == IsolationMode::Auto => (isolation::Isolation::None, Some(why.0)),
                     Err(why) => return Err(anyhow::Error::msg(why)).context("starting the local provider"),
                 };
-                let defaults = Limits { memory_mb: config.default_limits.memory_mb, processes: config.default_limits.processes };
+                let d = config.default_limits;
+                let defaults = Limits { memory_mb: d.memory_mb, processes: d.processes, disk_mb: d.disk_mb };
                 let local = LocalProvider::new(&config.home, &config.local_shell)
                     .and_then(|p| p.with_isolation(isolation))
                     .and_then(|p| p.with_uid_range(UidRange::new(config.uid_range)))

@@ -99,6 +99,11 @@ pub const SANDBOX_MEMORY_MB_MAX: i64 = 1_048_576;
 pub const SANDBOX_PROCESSES_MIN: i64 = 8;
 /// See [`SANDBOX_PROCESSES_MIN`].
 pub const SANDBOX_PROCESSES_MAX: i64 = 65_536;
+/// `create_sandbox` `limits.disk_mb`, in MiB (a sparse image: the host's disk holds what the
+/// sandbox writes, up to this).
+pub const SANDBOX_DISK_MB_MIN: i64 = 16;
+/// See [`SANDBOX_DISK_MB_MIN`].
+pub const SANDBOX_DISK_MB_MAX: i64 = 1_048_576;
 
 /// `subscriptions/listen` streams open at once over HTTP (each holds a listener thread).
 pub const MAX_HTTP_SUBSCRIPTIONS: usize = 16;

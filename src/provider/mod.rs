@@ -54,12 +54,21 @@ pub struct Limits {
     pub memory_mb: Option<u64>,
     /// Processes and threads at once.
     pub processes: Option<u64>,
+    /// The sandbox's own disk in MiB: its home and temporary space (local provider: an ext4
+    /// image of this size mounted at its home).
+    #[serde(default)]
+    pub disk_mb: Option<u64>,
 }
 
 impl Limits {
+    /// Whether a limit enforced with cgroups (`memory_mb`, `processes`) is set.
+    pub fn cgroups(&self) -> bool {
+        self.memory_mb.is_some() || self.processes.is_some()
+    }
+
     /// Whether any limit is set.
     pub fn any(&self) -> bool {
-        self.memory_mb.is_some() || self.processes.is_some()
+        self.cgroups() || self.disk_mb.is_some()
     }
 }
 

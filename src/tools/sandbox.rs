@@ -41,6 +41,7 @@ const LIMITS: Param = Param {
     kind: Kind::IntFields(&[
         IntField { name: "memory_mb", min: limits::SANDBOX_MEMORY_MB_MIN, max: limits::SANDBOX_MEMORY_MB_MAX },
         IntField { name: "processes", min: limits::SANDBOX_PROCESSES_MIN, max: limits::SANDBOX_PROCESSES_MAX },
+        IntField { name: "disk_mb", min: limits::SANDBOX_DISK_MB_MIN, max: limits::SANDBOX_DISK_MB_MAX },
     ]),
     required: false,
     description: "",
@@ -169,7 +170,7 @@ fn create_request(args: &Args) -> Result<CreateRequest, ToolError> {
         limits: {
             let given = args.int_fields(&LIMITS)?;
             let field = |name: &str| given.get(name).map(|v| (*v).max(0) as u64);
-            Limits { memory_mb: field("memory_mb"), processes: field("processes") }
+            Limits { memory_mb: field("memory_mb"), processes: field("processes"), disk_mb: field("disk_mb") }
         },
     })
 }
@@ -192,7 +193,7 @@ fn create(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
         "isolation": info.isolation,
         "layers": info.layers,
         "network": info.network.to_json(),
-        "limits": {"memory_mb": info.limits.memory_mb, "processes": info.limits.processes},
+        "limits": {"memory_mb": info.limits.memory_mb, "processes": info.limits.processes, "disk_mb": info.limits.disk_mb},
         "shell": provider.command_shell(),
         "found": found,
         "about": provider.describe(&info),

@@ -63,10 +63,15 @@ fn create_reports_isolation_network_and_limits() {
         let c = m.ok("create_sandbox", json!({}));
         assert_eq!((c["isolation"].as_str(), c["network"].as_bool()), (Some("namespaces"), Some(false)), "{c}");
         // The default limits where this user can write a cgroup (root here), none elsewhere.
-        let defaults = if home.run_as.is_none() && is_root() { json!({"memory_mb": 2048, "processes": 1024}) } else { c["limits"].clone() };
+        let defaults = if home.run_as.is_none() && is_root() {
+            json!({"memory_mb": 2048, "processes": 1024, "disk_mb": null})
+        } else {
+            c["limits"].clone()
+        };
         assert_eq!(c["limits"], defaults, "{c}");
         assert!(
-            c["limits"] == json!({"memory_mb": null, "processes": null}) || c["limits"] == json!({"memory_mb": 2048, "processes": 1024}),
+            c["limits"] == json!({"memory_mb": null, "processes": null, "disk_mb": null})
+                || c["limits"] == json!({"memory_mb": 2048, "processes": 1024, "disk_mb": null}),
             "{c}"
         );
         let c = m.ok("create_sandbox", json!({"network": true}));
@@ -311,7 +316,7 @@ fn limits_are_enforced_or_refused_with_the_reason() {
             continue;
         }
         let c = &r["structuredContent"];
-        assert_eq!(c["limits"], json!({"memory_mb": 256, "processes": 64}), "{c}");
+        assert_eq!(c["limits"], json!({"memory_mb": 256, "processes": 64, "disk_mb": null}), "{c}");
         assert_own_pid_namespace(&mut m);
         // 300 processes under a limit of 64: most forks fail. They are counted on the host (a full
         // cgroup leaves no room for a command that counts), and end by themselves.
@@ -345,6 +350,7 @@ fn bad_network_and_limits_arguments_create_nothing() {
         (json!({"network": 1}), "must be true, false, or an object"),
         (json!({"limits": {"memory_mb": 8}}), "from 16 to 1048576"),
         (json!({"limits": {"processes": 100000}}), "from 8 to 65536"),
+        (json!({"limits": {"disk_mb": 1}}), "from 16 to 1048576"),
         (json!({"limits": {"memory_mb": "256"}}), "must be an integer"),
         (json!({"limits": {"cpus": 2}}), "unknown field \"cpus\""),
         (json!({"limits": 256}), "must be an object"),
@@ -825,11 +831,11 @@ fn default_limits_bound_a_fork_bomb_and_a_memory_hog() {
         let who = who(&home);
         let mut m = home.stdio_with(&[("SANDBOX_MCP_DEFAULT_LIMITS", "memory_mb=256,processes=64")]);
         let sb = m.ok("create_sandbox", json!({}));
-        let limited = sb["limits"] == json!({"memory_mb": 256, "processes": 64});
+        let limited = sb["limits"] == json!({"memory_mb": 256, "processes": 64, "disk_mb": null});
         if !limited {
             // Only where no cgroup can be written: then nothing is claimed.
             assert!(home.run_as.is_some() || !is_root(), "{who}: root must get the default limits: {sb}");
-            assert_eq!(sb["limits"], json!({"memory_mb": null, "processes": null}), "{who}: {sb}");
+            assert_eq!(sb["limits"], json!({"memory_mb": null, "processes": null, "disk_mb": null}), "{who}: {sb}");
             continue;
         }
         let sb = sb["sandbox_id"].as_str().unwrap().to_string();
@@ -951,4 +957,126 @@ fn limited_sandboxes_get_a_cpu_cgroup_of_their_own() {
     }
     m.ok("kill_sandbox", json!({"sandbox_id": sb}));
     assert!(!std::path::Path::new(&leaf).exists(), "the cpu cgroup {leaf} outlived its sandbox");
+}
+
+/// Whether a root server here can give sandboxes disks of their own; says why not when it cannot.
+fn disks_work() -> bool {
+    use sandbox_mcp::provider::local::isolation::{disk, Isolation};
+    match disk::check(Isolation::Namespaces) {
+        Ok(()) => true,
+        Err(why) => {
+            eprintln!("disk tests need a root server with loop devices: {why}");
+            false
+        }
+    }
+}
+
+/// The loop devices whose backing file lies in sandbox `sb`'s directory.
+fn loop_devices_of(sb: &str) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir("/sys/block") else { return Vec::new() };
+    dir.flatten()
+        .filter(|e| std::fs::read_to_string(e.path().join("loop/backing_file")).is_ok_and(|f| f.contains(sb)))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// `limits.disk_mb` bounds what a sandbox writes into its home, `/tmp` and `/dev/shm` (ENOSPC,
+/// never the host's disk); its home is a file system of its own, so mountinfo inside names no
+/// host path; other sandboxes go on; kill_sandbox leaves no mount, loop device or image.
+#[test]
+fn a_disk_of_its_own_bounds_home_and_tmp_and_goes_with_the_sandbox() {
+    let Some(home) = isolated_home("iso-disk") else { return };
+    if !is_root() || !disks_work() {
+        return;
+    }
+    let mut m = home.stdio();
+    let c = m.ok("create_sandbox", json!({"limits": {"disk_mb": 64}}));
+    let a = c["sandbox_id"].as_str().unwrap().to_string();
+    assert_eq!(c["limits"]["disk_mb"], 64, "{c}");
+    assert!(c["about"].as_str().unwrap().contains("64 MiB"), "{c}");
+    let b = m.create();
+    let uid = sandbox_host_uid(&home, &a);
+    let home_dir = home.sandbox_dir(&a).join("home");
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&home_dir).unwrap()), uid, "the disk's root is the sandbox's");
+    let image = home.sandbox_dir(&a).join("disk.img");
+    let host_mounts = || std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(host_mounts().contains(&format!("{} ", home_dir.display())), "the disk is not mounted at the home on the host");
+
+    // 200 MB into a disk of 64 MiB, in each place the sandbox can write.
+    for dir in ["$HOME", "/tmp", "/dev/shm"] {
+        let (code, _, err) = sh_in(&mut m, &a, &format!("head -c 209715200 /dev/zero > {dir}/big"));
+        assert_ne!(code, 0, "{dir}: 200 MB fit in a disk of 64 MiB");
+        assert!(err.contains("No space left on device"), "{dir}: {err}");
+        let used = std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(&image).unwrap()) * 512;
+        assert!(used <= 64 << 20, "{dir}: the image takes {used} bytes of the host's disk");
+        assert_eq!(sh_in(&mut m, &a, &format!("rm {dir}/big && echo freed")).1, "freed\n", "{dir}");
+    }
+    let (code, _, _) = sh_in(&mut m, &a, "echo x > /dev/x");
+    assert_ne!(code, 0, "/dev is writable: it would be space outside the disk");
+    // The other sandbox, without a disk, goes on.
+    assert_eq!(sh_in(&mut m, &b, "head -c 1048576 /dev/zero > ~/f && head -c 1048576 /dev/zero > /tmp/f && echo ok").1, "ok\n");
+
+    // Inside, the home is the root of its own file system: no host path of the state root.
+    let (_, mounts, _) = sh_in(&mut m, &a, "cat /proc/self/mountinfo");
+    let state_root = home.path.display().to_string();
+    assert!(!mounts.contains(&state_root), "mountinfo inside names the state root {state_root}:\n{mounts}");
+    let root_of = |point: &str| {
+        mounts.lines().find_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.get(4) == Some(&point)).then(|| f[3].to_string())
+        })
+    };
+    assert_eq!(root_of("/home/user").as_deref(), Some("/"), "{mounts}");
+    assert_eq!(root_of("/tmp").as_deref(), Some("/.sandbox-mcp/tmp"), "{mounts}");
+
+    m.ok("kill_sandbox", json!({"sandbox_id": a}));
+    assert!(!host_mounts().contains(&a), "a mount of {a} outlived kill_sandbox:\n{}", host_mounts());
+    assert!(!image.exists() && !home.sandbox_dir(&a).exists(), "the image of {a} outlived kill_sandbox");
+    wait_for(Duration::from_secs(10), "the loop device to be released", || loop_devices_of(&a).is_empty().then_some(()));
+    assert_eq!(sh_in(&mut m, &b, "echo alive").1, "alive\n");
+}
+
+/// Where a disk cannot be made, `disk_mb` is refused with the reason and creates nothing: an
+/// unprivileged server cannot mount, and a sandbox without isolation could write anywhere.
+#[test]
+fn disk_mb_is_refused_with_the_reason_where_it_cannot_be_enforced() {
+    let mut homes: Vec<(Home, &str)> = vec![(Home::unisolated("iso-disk-none"), "without isolation")];
+    if let (Some(uid), Some(home)) = (unprivileged_uid(), isolated_home("iso-disk-user")) {
+        homes.push((home.run_as(uid), "not root"));
+    }
+    for (home, why) in homes {
+        let mut m = home.stdio();
+        let err = m.err("create_sandbox", json!({"limits": {"disk_mb": 64}}));
+        assert!(err.contains("disk_mb") && err.contains(why) && err.contains("leave disk_mb out"), "{err}");
+        let dirs = std::fs::read_dir(home.path.join("sandboxes")).map(|d| d.count()).unwrap_or(0);
+        assert_eq!(dirs, 0, "a refused create left a sandbox behind");
+    }
+}
+
+/// A sandbox with a disk that expires, or whose kill was interrupted (its metadata gone, its
+/// directory left), is ended by its keeper with no server running: no mount, loop device or
+/// image stays.
+#[test]
+fn expiry_and_an_interrupted_kill_release_the_disk() {
+    let Some(home) = isolated_home("iso-disk-expiry") else { return };
+    if !is_root() || !disks_work() {
+        return;
+    }
+    let expiring = home.create_detached(json!({"timeout": 2, "limits": {"disk_mb": 16}}));
+    let interrupted = home.create_detached(json!({"limits": {"disk_mb": 16}}));
+    std::fs::remove_file(home.sandbox_dir(&interrupted).join("meta.json")).unwrap();
+    // A default disk (--default-limits may carry disk_mb) goes with the default cgroup limits,
+    // and stays when a request sets only cgroup limits.
+    let mut m = home.stdio_with(&[("SANDBOX_MCP_DEFAULT_LIMITS", "memory_mb=512,disk_mb=16")]);
+    let c = m.ok("create_sandbox", json!({}));
+    assert_eq!(c["limits"], json!({"memory_mb": 512, "processes": null, "disk_mb": 16}), "{c}");
+    let c = m.ok("create_sandbox", json!({"limits": {"processes": 64}}));
+    assert_eq!(c["limits"], json!({"memory_mb": null, "processes": 64, "disk_mb": 16}), "{c}");
+    m.close();
+    for sb in [&expiring, &interrupted] {
+        wait_for(Duration::from_secs(20), "the keeper to end the sandbox and release its disk", || {
+            let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+            (!mounts.contains(sb.as_str()) && !home.sandbox_dir(sb).exists() && loop_devices_of(sb).is_empty()).then_some(())
+        });
+    }
 }

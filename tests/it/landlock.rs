@@ -409,3 +409,36 @@ fn input_and_terminals_follow_the_sandboxs_uid() {
         m.close();
     }
 }
+
+/// In the Landlock tier too, `limits.disk_mb` bounds the home and `TMPDIR` (both on the
+/// sandbox's disk: ENOSPC, never the host's), and kill_sandbox leaves no mount behind; an
+/// unprivileged server refuses it with the reason.
+#[test]
+fn a_disk_of_its_own_bounds_home_and_tmpdir() {
+    use sandbox_mcp::provider::local::isolation::{disk, Isolation};
+    for home in landlock_homes("ll-disk") {
+        let who = who(&home);
+        let mut m = home.stdio();
+        if home.run_as.is_some() {
+            let err = m.err("create_sandbox", json!({"limits": {"disk_mb": 32}}));
+            assert!(err.contains("not root") && err.contains("leave disk_mb out"), "{who}: {err}");
+            continue;
+        }
+        if let Err(why) = disk::check(Isolation::Landlock) {
+            eprintln!("{who}: disk tests need a root server with loop devices: {why}");
+            continue;
+        }
+        let c = m.ok("create_sandbox", json!({"limits": {"disk_mb": 32}}));
+        let sb = c["sandbox_id"].as_str().unwrap().to_string();
+        assert_eq!(c["limits"]["disk_mb"], 32, "{c}");
+        for dir in ["$HOME", "$TMPDIR"] {
+            let (code, _, err) = sh(&mut m, &sb, &format!("head -c 104857600 /dev/zero > {dir}/big"));
+            assert!(code != 0 && err.contains("No space left on device"), "{who}: {dir}: 100 MB fit in 32 MiB: {err}");
+            assert_eq!(sh(&mut m, &sb, &format!("rm {dir}/big && echo freed")).1, "freed\n", "{who}: {dir}");
+        }
+        m.ok("kill_sandbox", json!({"sandbox_id": sb}));
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(!mounts.contains(&sb), "{who}: a mount of {sb} outlived kill_sandbox:\n{mounts}");
+        assert!(!home.sandbox_dir(&sb).exists(), "{who}: the directory of {sb} outlived kill_sandbox");
+    }
+}

@@ -104,6 +104,7 @@ fn limits_from_the_code() -> Vec<(&'static str, String)> {
         ("create_sandbox timeout", format!("{SANDBOX_TIMEOUT_MIN_S}–{SANDBOX_TIMEOUT_MAX_S} s, default {SANDBOX_TIMEOUT_DEFAULT_S}")),
         ("create_sandbox limits.memory_mb", format!("{SANDBOX_MEMORY_MB_MIN}–{SANDBOX_MEMORY_MB_MAX}")),
         ("create_sandbox limits.processes", format!("{SANDBOX_PROCESSES_MIN}–{SANDBOX_PROCESSES_MAX}")),
+        ("create_sandbox limits.disk_mb", format!("{SANDBOX_DISK_MB_MIN}–{SANDBOX_DISK_MB_MAX}")),
         ("run_command timeout", format!("{COMMAND_TIMEOUT_MIN_S}–{COMMAND_TIMEOUT_MAX_S} s, default {COMMAND_TIMEOUT_DEFAULT_S}")),
         ("task timeout", format!("{TASK_TIMEOUT_MIN_S}–{TASK_TIMEOUT_MAX_S} s, default {TASK_TIMEOUT_DEFAULT_S}")),
         ("log saved per stream", size(MAX_LOG_BYTES)),

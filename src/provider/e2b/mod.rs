@@ -87,6 +87,12 @@ impl Provider for E2bProvider {
     }
 
     fn create(&self, req: &CreateRequest, deadline: Instant) -> Result<SandboxInfo, ProviderError> {
+        if req.limits.disk_mb.is_some() {
+            return Err(ProviderError::Rejected(
+                "limits.disk_mb cannot be enforced on E2B: E2B has no per-sandbox disk argument (an E2B sandbox's disk comes from its template); leave disk_mb out"
+                    .into(),
+            ));
+        }
         if req.limits.any() {
             return Err(ProviderError::Rejected(
                 "limits are enforced by the local provider only; an E2B sandbox's resources come from its template".into(),
@@ -260,5 +266,26 @@ mod tests {
         for bad in ["", "../x", "a/b", "local-0123456789abcdef01234567", "x y"] {
             assert!(check_e2b_id(bad).is_err(), "{bad}");
         }
+    }
+
+    /// E2B has no per-sandbox disk argument: disk_mb is refused, with that reason, before any
+    /// request is sent (the control plane here is an address nothing listens on).
+    #[test]
+    fn disk_mb_is_refused_with_the_reason() {
+        let config = crate::config::E2bConfig {
+            api_key: Some("e2b_test".into()),
+            domain: "e2b.invalid".into(),
+            api_url: Some("http://127.0.0.1:9".into()),
+            sandbox_url: crate::provider::e2b::sandbox_url::SandboxUrl::Platform,
+            connect_timeout: Duration::from_secs(1),
+            request_timeout: Duration::from_secs(1),
+        };
+        let provider = E2bProvider::new(&config).unwrap();
+        let req = CreateRequest {
+            limits: crate::provider::Limits { disk_mb: Some(64), ..crate::provider::Limits::default() },
+            ..CreateRequest::default()
+        };
+        let err = provider.create(&req, Instant::now() + Duration::from_secs(1)).unwrap_err().to_string();
+        assert!(err.contains("no per-sandbox disk argument") && err.contains("leave disk_mb out"), "{err}");
     }
 }

@@ -43,6 +43,7 @@ impl LocalProvider {
                 let stale =
                     entry.metadata().and_then(|m| m.modified()).is_ok_and(|t| t.elapsed().unwrap_or_default() > Duration::from_secs(600));
                 if stale {
+                    super::isolation::disk::release(&entry.path());
                     let _ = fs::remove_dir_all(entry.path());
                 }
                 continue;
@@ -273,9 +274,10 @@ fn run_keeper(root: &Path, id: &str, shell: &Path, start: Start) -> anyhow::Resu
         Ok(meta) if start_init && meta.isolation == Isolation::Namespaces && Init::load(&dir).is_none() => {
             let started = provider.tools().map_err(|e| e.to_string()).and_then(|tools| {
                 let home = provider.home(id);
-                let cgroups = if meta.limits.any() { cgroup::procs_files(id) } else { Vec::new() };
+                let cgroups = if meta.limits.cgroups() { cgroup::procs_files(id) } else { Vec::new() };
                 let owner = meta.owner.unwrap_or_else(super::isolation::sandbox_owner);
-                let site = init::Site { home: &home, host_network: meta.host_network, shell, cgroups: &cgroups, owner };
+                let scratch = meta.limits.disk_mb.is_some();
+                let site = init::Site { home: &home, host_network: meta.host_network, shell, cgroups: &cgroups, owner, scratch };
                 init::start(tools, &provider.exe, &site, spawner::bind(&dir)).map_err(|e| e.0)
             });
             match started {
@@ -306,7 +308,7 @@ fn run_keeper(root: &Path, id: &str, shell: &Path, start: Start) -> anyhow::Resu
     let (home, tmp) = (provider.home(id), dir.join(super::TMP_DIR));
     let spawned = meta.as_ref().filter(|m| m.isolation == Isolation::Landlock && m.spawner);
     let cgroups = match spawned {
-        Some(m) if m.limits.any() => cgroup::procs_files(id),
+        Some(m) if m.limits.cgroups() => cgroup::procs_files(id),
         _ => Vec::new(),
     };
     // A root server's sandbox has a network namespace of its own, egress through its proxy.

@@ -96,7 +96,7 @@ impl LocalProvider {
         let (program, args) =
             argv.split_first().ok_or_else(|| ProviderError::Rejected("the command is empty; give at least the program to run".into()))?;
         let not_a_dir = |c: &Path| ProviderError::Rejected(format!("cwd {c:?} is not an existing directory in the sandbox"));
-        let cgroups = if meta.limits.any() { cgroup::procs_files(id) } else { Vec::new() };
+        let cgroups = if meta.limits.cgroups() { cgroup::procs_files(id) } else { Vec::new() };
         let (mut cmd, adoptable) = match init {
             Some(init) => {
                 let cwd = match cwd {

@@ -12,7 +12,8 @@
 //!
 //! Layout: `<root>/sandboxes/<id>/meta.json` (0600, written by temp file + rename),
 //! `<root>/sandboxes/<id>/home/` (the sandbox's home: `HOME` and default cwd), `keeper.pid` and,
-//! with namespaces, `init.pid` and `spawn.sock` (the init's spawner). A detached keeper process (`sandbox-mcp keeper`) starts the init
+//! with namespaces, `init.pid` and `spawn.sock` (the init's spawner); with `limits.disk_mb`,
+//! `disk.img`, the file system mounted at the home ([`isolation::disk`]). A detached keeper process (`sandbox-mcp keeper`) starts the init
 //! of an isolated sandbox and ends the sandbox at expiry even when no server runs.
 //!
 //! One file per part: this one is the [`Provider`] impl and what the parts share;
@@ -50,7 +51,7 @@ use crate::provider::{
 use isolation::enter::Init;
 use isolation::files::{self as sandbox_files, SandboxFs};
 use isolation::uids::UidRange;
-use isolation::{cgroup, rootfs, Isolation, Tools};
+use isolation::{cgroup, disk, rootfs, Isolation, Tools};
 use std::collections::BTreeMap;
 use std::fs;
 use std::io;
@@ -277,17 +278,21 @@ impl LocalProvider {
         )))
     }
 
-    /// The limits a new sandbox gets for a request asking `asked`.
+    /// The limits a new sandbox gets for a request asking `asked`: the default cgroup limits
+    /// when it asks for neither `memory_mb` nor `processes` (where cgroups work), and the default
+    /// `disk_mb` when it asks for none (where a disk can be made).
     fn limits_for(&self, asked: Limits) -> Limits {
         static ENFORCEABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        if asked.any() || !self.default_limits.any() {
-            return asked;
+        let mut limits = asked;
+        let defaults = self.default_limits;
+        if !asked.cgroups() && defaults.cgroups() && *ENFORCEABLE.get_or_init(|| cgroup::check().is_ok()) {
+            limits.memory_mb = defaults.memory_mb;
+            limits.processes = defaults.processes;
         }
-        if *ENFORCEABLE.get_or_init(|| cgroup::check().is_ok()) {
-            self.default_limits
-        } else {
-            asked
+        if asked.disk_mb.is_none() && defaults.disk_mb.is_some() && disk::check(self.isolation).is_ok() {
+            limits.disk_mb = defaults.disk_mb;
         }
+        limits
     }
 
     /// Holds the state root's creation lock and checks the cap on live sandboxes; the slot is
@@ -464,7 +469,7 @@ fn ports_error(id: &str, answer: &str) -> ProviderError {
 
 /// The limits of a create request, as a tool error names them.
 fn describe_limits(limits: &Limits) -> String {
-    let parts: Vec<String> = [("memory_mb", limits.memory_mb), ("processes", limits.processes)]
+    let parts: Vec<String> = [("memory_mb", limits.memory_mb), ("processes", limits.processes), ("disk_mb", limits.disk_mb)]
         .iter()
         .filter_map(|(name, v)| v.map(|v| format!("{name}: {v}")))
         .collect();
@@ -578,6 +583,9 @@ since {why}; leave network out, or run the server as root or where user namespac
             // Every isolated sandbox keeps a private network namespace: egress only through its proxy.
             (Isolation::Namespaces, network) => (false, network.clone().unwrap_or_default()),
         };
+        if req.limits.disk_mb.is_some() {
+            disk::check(isolation).map_err(|why| ProviderError::Rejected(format!("cannot enforce limits.disk_mb: {why}")))?;
+        }
         let limits = self.limits_for(req.limits);
         let slot = self.reserve_slot()?;
         let id = format!("{ID_PREFIX}{}", ids::random_hex(12));
@@ -641,7 +649,13 @@ since {why}; leave network out, or run the server as root or where user namespac
             let _ = self.kill(&id, Instant::now() + KILL_SCAN_BUDGET);
             err
         };
-        if limits.any() {
+        if let Some(mb) = limits.disk_mb {
+            let server = (rustix::process::getuid().as_raw(), rustix::process::getgid().as_raw());
+            let tmpdir = on_host_tmp.then(|| self.dir(&id).join(TMP_DIR));
+            disk::create(&self.dir(&id), mb, owner.unwrap_or(server), tmpdir.as_deref())
+                .map_err(|why| fail(ProviderError::Rejected(format!("cannot enforce {}: {why}", describe_limits(&limits)))))?;
+        }
+        if limits.cgroups() {
             cgroup::create(&id, &limits)
                 .map_err(|why| fail(ProviderError::Rejected(format!("cannot enforce {}: {why}", describe_limits(&limits)))))?;
         }
@@ -690,6 +704,8 @@ since {why}; leave network out, or run the server as root or where user namespac
         if n > 0 {
             log::debug!("sandbox {sandbox_id}: killed {n} processes");
         }
+        // A disk's mounts go first: removing the directory must not descend into them.
+        disk::release(&dir);
         // A keeper starting at this moment may still write its pid file into the directory
         // (make bench saw "Directory not empty"): retry a few times.
         let mut attempt = 0;
@@ -787,7 +803,13 @@ run the server where user namespaces work (--isolation namespaces) to serve port
     }
 
     fn describe(&self, info: &SandboxInfo) -> String {
-        about(info.isolation, &info.network, self.uid_range.is_some(), self.has_proxies())
+        let about = about(info.isolation, &info.network, self.uid_range.is_some(), self.has_proxies());
+        match info.limits.disk_mb {
+            Some(mb) => format!(
+                "{about} Its home and temporary space share a disk of {mb} MiB: writes beyond it fail with \"No space left on device\"."
+            ),
+            None => about,
+        }
     }
 
     fn list_sandboxes(&self) -> Option<Vec<crate::provider::Listed>> {

@@ -79,7 +79,7 @@ fn layout() -> Result<Layout, String> {
 /// Why limits cannot be enforced on this host, or `Ok` (checks that a cgroup can be created).
 pub fn check() -> Result<(), IsolationError> {
     let probe = format!("probe-{}", crate::ids::random_hex(4));
-    let made = create(&probe, &Limits { memory_mb: Some(1024), processes: Some(1024) });
+    let made = create(&probe, &Limits { memory_mb: Some(1024), processes: Some(1024), disk_mb: None });
     remove(&probe, Instant::now() + Duration::from_secs(1));
     made.map(|_| ())
 }

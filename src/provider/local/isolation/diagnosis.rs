@@ -2,7 +2,7 @@
 //! sandboxes, the tier `--isolation auto` picks here, and for each missing piece the command or
 //! setting that would give a stronger tier.
 
-use super::{cgroup, landlock, probe, tools};
+use super::{cgroup, disk, landlock, probe, tools, Isolation};
 use serde::Serialize;
 use std::path::Path;
 
@@ -141,6 +141,16 @@ pub fn diagnose() -> Diagnosis {
         },
         remedy: limits.is_err().then(|| "run the server as root, or in a systemd user session with a delegated cgroup v2 subtree (systemd-run --user --scope -p Delegate=yes sandbox-mcp ...)".into()),
     });
+    let disks = disk::check(Isolation::Namespaces);
+    checks.push(Check {
+        name: "disk",
+        ok: disks.is_ok(),
+        detail: match &disks {
+            Ok(()) => "limits.disk_mb can be enforced: the server is root, with loop devices, mkfs.ext4 and mount".into(),
+            Err(why) => format!("limits.disk_mb is refused here: {}", why.split("; ").next().unwrap_or(why)),
+        },
+        remedy: disks.as_ref().err().map(|why| why.split("; ").last().unwrap_or(why).to_string()),
+    });
     let user = std::env::var("USER").unwrap_or_default();
     let uid = rustix::process::getuid().as_raw().to_string();
     let subids = read("/etc/subuid").unwrap_or_default();
@@ -190,7 +200,7 @@ mod tests {
     fn the_diagnosis_names_every_piece_and_a_tier() {
         let d = diagnose();
         let names: Vec<&str> = d.checks.iter().map(|c| c.name).collect();
-        for want in ["util_linux", "user_namespaces", "landlock", "seccomp", "cgroup", "subordinate_ids"] {
+        for want in ["util_linux", "user_namespaces", "landlock", "seccomp", "cgroup", "disk", "subordinate_ids"] {
             assert!(names.contains(&want), "{want} missing: {names:?}");
         }
         assert!(d.checks.iter().all(|c| c.ok || c.remedy.is_some() || c.name == "sandbox_uid"), "{d:?}");

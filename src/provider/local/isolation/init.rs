@@ -85,6 +85,9 @@ pub struct Site<'a> {
     pub cgroups: &'a [PathBuf],
     /// The host uid and gid of the sandbox's root.
     pub owner: (u32, u32),
+    /// Whether the home is a disk of the sandbox's own whose directories are bound at `/tmp`
+    /// and `/dev/shm` (see [`super::disk`]).
+    pub scratch: bool,
 }
 
 /// Starts the init of a sandbox at `site` and waits for its answer. With `spawner`, the init
@@ -95,7 +98,7 @@ pub fn start(tools: &Tools, exe: &Path, site: &Site<'_>, spawner: Option<UnixLis
 
 /// [`start`], its error as a sentence.
 fn start_init(tools: &Tools, exe: &Path, site: &Site<'_>, spawner: Option<UnixListener>) -> Result<Started, String> {
-    let Site { home, host_network, shell, cgroups, .. } = *site;
+    let Site { home, host_network, shell, cgroups, scratch, .. } = *site;
     // Opened here, with the keeper's rights, and inherited as stdin through every exec up to the
     // init's own (a duplicate without close-on-exec; the original closes at the first exec): the
     // sandbox's uid needs no path to this binary.
@@ -130,6 +133,9 @@ fn start_init(tools: &Tools, exe: &Path, site: &Site<'_>, spawner: Option<UnixLi
     }
     if spawner.is_some() {
         cmd.arg(SPAWNER_FLAG);
+    }
+    if scratch {
+        cmd.arg(SCRATCH_FLAG);
     }
     if !cgroups.is_empty() {
         // The first process joins the cgroup leaves before anything makes a namespace: the
@@ -373,12 +379,15 @@ const HOME_VAR: &str = "SANDBOX_MCP_INIT_HOME";
 /// The flag that tells the init its stdin is the spawner's listening socket.
 const SPAWNER_FLAG: &str = "--spawner";
 
+/// The flag that tells the init to take `/tmp` and `/dev/shm` from the home's disk.
+const SCRATCH_FLAG: &str = "--scratch-in-home";
+
 /// The flag that tells the init to bind the egress proxy's port on its loopback interface and
 /// pass the listening socket to the keeper with its answer.
 const EGRESS_FLAG: &str = "--egress";
 
 /// The body of `sandbox-mcp sandbox-init [--home PATH] [--bind-file PATH] [--loopback]
-/// [--egress] [--spawner]` (the home from [`HOME_VAR`] without `--home`), pid 1 of a new pid
+/// [--egress] [--spawner] [--scratch-in-home]` (the home from [`HOME_VAR`] without `--home`), pid 1 of a new pid
 /// namespace. Returns only on a setup failure (after answering `error ...`).
 pub fn run(args: &[String]) -> anyhow::Result<()> {
     let mut extra_file = None;
@@ -386,6 +395,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     let mut loopback = false;
     let mut serve = false;
     let mut egress = false;
+    let mut scratch = false;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
@@ -394,6 +404,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
             "--loopback" => loopback = true,
             SPAWNER_FLAG => serve = true,
             EGRESS_FLAG => egress = true,
+            SCRATCH_FLAG => scratch = true,
             other => anyhow::bail!("unknown argument {other:?}"),
         }
     }
@@ -411,7 +422,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         Ok(None)
     };
     let identity = session.and_then(|()| host_identity());
-    let plan = Plan { home, extra_file };
+    let plan = Plan { home, extra_file, scratch };
     let setup = identity.and_then(|id| {
         rootfs::assemble(&plan)?;
         if loopback {
@@ -564,8 +575,14 @@ mod tests {
         std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
         let tools = Tools { unshare: fake.clone(), nsenter: fake.clone(), setpriv: Some(fake.clone()), setsid: fake };
         let begun = Instant::now();
-        let site =
-            Site { home: &dir, host_network: false, shell: Path::new("/bin/sh"), cgroups: &[], owner: super::super::sandbox_owner() };
+        let site = Site {
+            home: &dir,
+            host_network: false,
+            shell: Path::new("/bin/sh"),
+            cgroups: &[],
+            owner: super::super::sandbox_owner(),
+            scratch: false,
+        };
         let err = start(&tools, Path::new("/bin/true"), &site, None).err().unwrap().0;
         assert!(err.contains("exited before it was ready") && err.contains("No space left on device"), "{err}");
         assert!(begun.elapsed() < START_BUDGET / 2, "it waited {:?}", begun.elapsed());

@@ -9,7 +9,7 @@
 //! exec is started by the init on the server's request ([`spawner`]), or enters the namespaces with
 //! `nsenter` ([`enter`]) where the spawner cannot serve; file tools reach the sandbox's root
 //! through `/proc/<init>/root` without ever leaving it ([`files`]); limits are cgroups
-//! ([`cgroup`]). Ending the init makes the kernel end every process of the sandbox.
+//! ([`cgroup`]) and a file system of the sandbox's own ([`disk`]). Ending the init makes the kernel end every process of the sandbox.
 //!
 //! Identity: sandbox code runs as root of its user namespace. That root is the server's own uid
 //! on the host, except when the server runs as root: then it is an unprivileged uid of the
@@ -18,6 +18,7 @@
 
 pub mod cgroup;
 pub mod diagnosis;
+pub mod disk;
 pub mod enter;
 pub mod files;
 pub mod init;

@@ -6,9 +6,10 @@
 //!   ([`ETC_ENTRIES`]), bound read-only, plus a generated `/etc/passwd`, `/etc/group` and
 //!   `/etc/hostname`;
 //! - its home at [`HOME`], read-write: the host directory the keeper handed over as stdin;
-//! - a private `/tmp`, its own `/proc`, and a `/dev` holding only `null`, `zero`, `full`,
-//!   `random`, `urandom` and `tty` (bound from the host), `/dev/shm`, and `/dev/pts` where the
-//!   kernel allows a private instance;
+//! - a private `/tmp`, its own `/proc`, and a read-only `/dev` holding only `null`, `zero`,
+//!   `full`, `random`, `urandom` and `tty` (bound from the host), `/dev/shm`, and `/dev/pts`
+//!   where the kernel allows a private instance; `/tmp` and `/dev/shm` are tmpfs, or with a disk
+//!   of the sandbox's own ([`super::disk`]) its directories, so that they share its space;
 //! - when the server's shell lives elsewhere (tests use shells of their own), that one file,
 //!   read-only, at the same path.
 //!
@@ -74,6 +75,9 @@ pub struct Plan {
     /// An extra host file made visible read-only at the same path (the server's shell when it is
     /// outside [`SYSTEM_DIRS`]).
     pub extra_file: Option<PathBuf>,
+    /// Whether `/tmp` and `/dev/shm` are the home's [`super::disk::TMP`] and
+    /// [`super::disk::SHM`] rather than tmpfs.
+    pub scratch: bool,
 }
 
 /// A path naming an open file descriptor of this process (usable as a bind source once the
@@ -92,6 +96,16 @@ pub fn assemble(plan: &Plan) -> Result<(), String> {
     let step = |what: &str, res: io::Result<()>| res.map_err(|e| format!("{what}: {e}"));
     // Held open before the staging mount can cover their paths (the home may lie under /tmp).
     let home_fd = open_path(&plan.home).map_err(|e| format!("open the sandbox home {}: {e}", plan.home.display()))?;
+    let scratch = match plan.scratch {
+        true => {
+            let open = |sub: &str| {
+                rustix::fs::openat(&home_fd, sub, OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())
+                    .map_err(|e| format!("open {sub} in the sandbox home: {e}"))
+            };
+            Some((open(super::disk::TMP)?, open(super::disk::SHM)?))
+        }
+        false => None,
+    };
     let extra = match &plan.extra_file {
         Some(f) => Some((f, open_path(f).map_err(|e| format!("open {}: {e}", f.display()))?)),
         None => None,
@@ -115,13 +129,17 @@ pub fn assemble(plan: &Plan) -> Result<(), String> {
     step("bind the sandbox home", mount::mount_bind(fd_path(&home_fd), &home).map_err(io::Error::from))?;
     let tmp = stage.join("tmp");
     step("create /tmp", fs::create_dir(&tmp))?;
-    step("mount /tmp", mount_tmpfs(&tmp, nosuid_nodev, "mode=1777"))?;
+    match &scratch {
+        Some((tmp_fd, _)) => step("bind /tmp from the sandbox's disk", mount::mount_bind(fd_path(tmp_fd), &tmp).map_err(io::Error::from))?,
+        None => step("mount /tmp", mount_tmpfs(&tmp, nosuid_nodev, "mode=1777"))?,
+    }
     // After /tmp: the file may live under it (tests keep their shells there).
     if let Some((file, fd)) = &extra {
         step(&format!("bind {} read-only", file.display()), bind_file_ro(&fd_path(fd), &stage.join(strip_root(file))))?;
     }
-    drop((home_fd, extra));
-    step("assemble /dev", populate_dev(&stage.join("dev")))?;
+    let shm = scratch.as_ref().map(|(_, shm)| fd_path(shm));
+    step("assemble /dev", populate_dev(&stage.join("dev"), shm.as_deref()))?;
+    drop((home_fd, extra, scratch));
     let proc = stage.join("proc");
     step("create /proc", fs::create_dir(&proc))?;
     let proc_flags = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
@@ -202,8 +220,9 @@ fn remount_ro(target: &Path) -> io::Result<()> {
 }
 
 /// A tmpfs `/dev` with the allowed device nodes bound from the host, the usual links,
-/// `/dev/shm` and, where the kernel allows one here, a private `/dev/pts`.
-fn populate_dev(dev: &Path) -> io::Result<()> {
+/// `/dev/shm` (a tmpfs, or a bind of `shm`) and, where the kernel allows one here, a private
+/// `/dev/pts`; read-only once made, so that nothing but `/dev/shm` can be written there.
+fn populate_dev(dev: &Path, shm_from: Option<&Path>) -> io::Result<()> {
     fs::create_dir(dev)?;
     mount_tmpfs(dev, MountFlags::NOSUID, "mode=0755")?;
     for name in DEVICES {
@@ -220,7 +239,10 @@ fn populate_dev(dev: &Path) -> io::Result<()> {
     }
     let shm = dev.join("shm");
     fs::create_dir(&shm)?;
-    mount_tmpfs(&shm, MountFlags::NOSUID | MountFlags::NODEV, "mode=1777")?;
+    match shm_from {
+        Some(from) => mount::mount_bind(from, &shm)?,
+        None => mount_tmpfs(&shm, MountFlags::NOSUID | MountFlags::NODEV, "mode=1777")?,
+    }
     let pts = dev.join("pts");
     fs::create_dir(&pts)?;
     let data = c"newinstance,ptmxmode=0666,mode=0620";
@@ -228,6 +250,7 @@ fn populate_dev(dev: &Path) -> io::Result<()> {
         symlink("pts/ptmx", dev.join("ptmx"))?;
     }
     rustix::fs::chmod(dev, Mode::from_raw_mode(0o755))?;
+    mount::mount_remount(dev, MountFlags::RDONLY | MountFlags::NOSUID, "")?;
     Ok(())
 }
 

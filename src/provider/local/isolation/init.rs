@@ -106,10 +106,15 @@ fn start_init(tools: &Tools, exe: &Path, site: &Site<'_>, spawner: Option<UnixLi
         .map_err(|e| format!("could not open this program ({}) to start the sandbox's init: {e}", exe.display()))?;
     let as_root = rustix::process::getuid().is_root();
     let mut cmd = if as_root {
+        // The stage joins the cgroups, hands the home over and drops to the sandbox's uid itself
+        // (each program less on the way is an exec less: about 2 ms for setpriv, 1 for a shell).
         let mut c = Command::new(&tools.unshare);
-        c.args(["--mount", "--propagation", "private", "--", EXE_FROM_STDIN, STAGE_SUBCOMMAND]).arg(home).arg("--");
-        let dropped = super::sandbox_command(tools, &tools.unshare, site.owner);
-        c.arg(dropped.get_program()).args(dropped.get_args());
+        c.args(["--mount", "--propagation", "private", "--", EXE_FROM_STDIN, STAGE_SUBCOMMAND]);
+        c.arg(format!("--owner={}:{}", site.owner.0, site.owner.1));
+        for file in cgroups {
+            c.arg("--cgroup").arg(file);
+        }
+        c.arg(home).arg("--").arg(&tools.unshare);
         c
     } else {
         super::sandbox_command(tools, &tools.unshare, site.owner)
@@ -137,9 +142,9 @@ fn start_init(tools: &Tools, exe: &Path, site: &Site<'_>, spawner: Option<UnixLi
     if scratch {
         cmd.arg(SCRATCH_FLAG);
     }
-    if !cgroups.is_empty() {
+    if !cgroups.is_empty() && !as_root {
         // The first process joins the cgroup leaves before anything makes a namespace: the
-        // init's cgroup namespace is rooted there.
+        // init's cgroup namespace is rooted there (as root, the stage is that process).
         let mut joined = super::enter::joined(cgroups, Path::new(cmd.get_program()));
         joined.args(cmd.get_args());
         cmd = joined;
@@ -356,21 +361,54 @@ fn child_of(pid: u32) -> Option<u32> {
     text.split_whitespace().next()?.parse().ok()
 }
 
-/// The body of `sandbox-mcp sandbox-stage HOME -- PROGRAM ARGS...` (root only): binds HOME onto
-/// [`HANDOFF`] in this process's private mount namespace, then becomes PROGRAM.
+/// The body of `sandbox-mcp sandbox-stage --owner=UID:GID [--cgroup FILE]... HOME -- PROGRAM
+/// ARGS...` (root only): joins the sandbox's cgroups (writing each `cgroup.procs` FILE), binds HOME
+/// onto [`HANDOFF`] in this process's private mount namespace, drops to UID and GID without
+/// supplementary groups or capabilities, then becomes PROGRAM.
 pub fn run_stage(args: &[String]) -> anyhow::Result<()> {
-    let [home, dash, program, rest @ ..] = args else {
-        anyhow::bail!("usage: sandbox-stage HOME -- PROGRAM ARGS...");
-    };
-    anyhow::ensure!(dash == "--", "usage: sandbox-stage HOME -- PROGRAM ARGS...");
-    rustix::mount::mount_bind(home.as_str(), HANDOFF).map_err(|e| {
-        let msg = format!("error cannot hand over the sandbox home {home}: {e}");
-        println!("{msg}");
+    const USAGE: &str = "usage: sandbox-stage --owner=UID:GID [--cgroup FILE]... HOME -- PROGRAM ARGS...";
+    let fail = |msg: String| {
+        println!("error {msg}");
         anyhow::anyhow!(msg)
-    })?;
+    };
+    let mut owner = None;
+    let mut cgroups = Vec::new();
+    let mut rest = args;
+    loop {
+        match rest {
+            [flag, file, more @ ..] if flag == "--cgroup" => {
+                cgroups.push(file);
+                rest = more;
+            }
+            [flag, more @ ..] if flag.starts_with("--owner=") => {
+                let ids =
+                    flag["--owner=".len()..].split_once(':').and_then(|(u, g)| Some((u.parse::<u32>().ok()?, g.parse::<u32>().ok()?)));
+                owner = Some(ids.ok_or_else(|| anyhow::anyhow!(USAGE))?);
+                rest = more;
+            }
+            _ => break,
+        }
+    }
+    let ([home, dash, program, rest @ ..], Some((uid, gid))) = (rest, owner) else {
+        anyhow::bail!(USAGE);
+    };
+    anyhow::ensure!(dash == "--", USAGE);
+    // The first process of the sandbox: its cgroups before any namespace but this mount one.
+    for file in cgroups {
+        std::fs::write(file, "0\n").map_err(|e| fail(format!("cannot join the sandbox's cgroup {file}: {e}")))?;
+    }
+    rustix::mount::mount_bind(home.as_str(), HANDOFF).map_err(|e| fail(format!("cannot hand over the sandbox home {home}: {e}")))?;
+    // One thread: these per-thread calls are the whole process's. From root to another uid the
+    // kernel clears the permitted and effective capabilities; the inheritable ones go too.
+    let (u, g) = (rustix::process::Uid::from_raw(uid), rustix::process::Gid::from_raw(gid));
+    rustix::thread::set_thread_groups(&[]).map_err(|e| fail(format!("cannot drop the supplementary groups: {e}")))?;
+    rustix::thread::set_thread_res_gid(g, g, g).map_err(|e| fail(format!("cannot take gid {gid}: {e}")))?;
+    rustix::thread::set_thread_res_uid(u, u, u).map_err(|e| fail(format!("cannot take uid {uid}: {e}")))?;
+    let none = rustix::thread::CapabilitySet::empty();
+    rustix::thread::set_capabilities(None, rustix::thread::CapabilitySets { effective: none, permitted: none, inheritable: none })
+        .map_err(|e| fail(format!("cannot drop the capabilities: {e}")))?;
     let err = std::os::unix::process::CommandExt::exec(Command::new(program).args(rest));
-    println!("error cannot run {program}: {err}");
-    Err(err.into())
+    Err(fail(format!("cannot run {program}: {err}")))
 }
 
 /// The variable that gives the init its home's host path when it is not given as `--home`.

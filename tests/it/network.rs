@@ -108,14 +108,19 @@ const CURL: &str = "curl -sS --max-time 20";
 /// namespace of their own there, egress through the same proxy).
 #[test]
 fn policies_allow_deny_and_never_reach_the_host() {
-    let mut homes: Vec<Home> = isolated("net-policy").into_iter().collect();
-    let root = rustix_is_root();
-    if root && sandbox_mcp::provider::local::isolation::landlock::available().is_ok() {
-        homes.push(Home::new("net-policy-ll").with_isolation("landlock"));
-    }
-    for home in homes {
+    for home in policy_homes("net-policy") {
         policies_hold(&home);
     }
+}
+
+/// The namespace tier's home, and the Landlock tier's where its sandboxes have a network (a root
+/// server).
+fn policy_homes(name: &str) -> Vec<Home> {
+    let mut homes: Vec<Home> = isolated(name).into_iter().collect();
+    if rustix_is_root() && sandbox_mcp::provider::local::isolation::landlock::available().is_ok() {
+        homes.push(Home::new(&format!("{name}-ll")).with_isolation("landlock"));
+    }
+    homes
 }
 
 fn policies_hold(home: &Home) {
@@ -218,7 +223,12 @@ fn bad_policies_are_refused_naming_the_entry() {
 /// holds; kill_sandbox ends the keeper that served it.
 #[test]
 fn the_proxy_outlives_the_server_and_ends_with_the_sandbox() {
-    let Some(home) = isolated("net-durable") else { return };
+    for home in policy_homes("net-durable") {
+        proxy_outlives_its_server(&home);
+    }
+}
+
+fn proxy_outlives_its_server(home: &Home) {
     let up = Upstream::start();
     let env = [("SANDBOX_MCP_EGRESS_PROXY", up.url())];
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
@@ -242,7 +252,12 @@ fn the_proxy_outlives_the_server_and_ends_with_the_sandbox() {
 /// A sandbox that opens many connections and sends endless headers costs only itself.
 #[test]
 fn a_flood_of_connections_and_headers_costs_only_its_sandbox() {
-    let Some(home) = isolated("net-flood") else { return };
+    for home in policy_homes("net-flood") {
+        flood_costs_only_its_sandbox(&home);
+    }
+}
+
+fn flood_costs_only_its_sandbox(home: &Home) {
     let up = Upstream::start();
     let mut m = home.stdio_with(&[("SANDBOX_MCP_EGRESS_PROXY", &up.url())]);
     let id = m.ok("create_sandbox", json!({"network": {"allow": ["pkgs.test"]}}))["sandbox_id"].as_str().unwrap().to_string();

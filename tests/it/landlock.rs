@@ -216,6 +216,22 @@ fn a_spawner_killed_from_inside_is_started_again() {
         assert_ne!(killed["exit_code"], 0, "{who}: {killed}");
         let out = m.ok("run_command", json!({"sandbox_id": sb, "command": "echo again", "timeout": 30}));
         assert_eq!((out["exit_code"].as_i64(), out["stdout"].as_str()), (Some(0), Some("again\n")), "{who}: {out}");
+        // Its keeper gone too (an operator's kill): the next call starts a keeper, which binds
+        // the socket again and starts a spawner, and says to retry.
+        let record = |name: &str| -> u32 {
+            let text = std::fs::read_to_string(home.sandbox_dir(&sb).join(name)).unwrap();
+            text.split(' ').next().unwrap().parse().unwrap()
+        };
+        for pid in [record("keeper.pid"), record("spawner.pid")] {
+            let _ = std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+            wait_for(Duration::from_secs(5), &format!("{who}: pid {pid} to end"), || (!pid_alive(pid)).then_some(()));
+        }
+        let refused = m.err("run_command", json!({"sandbox_id": sb, "command": "true"}));
+        assert!(refused.contains("retry"), "{who}: {refused}");
+        wait_for(Duration::from_secs(10), &format!("{who}: commands to run again"), || {
+            let out = m.call("run_command", json!({"sandbox_id": sb, "command": "echo back"}));
+            out.to_string().contains("back\\n").then_some(())
+        });
         m.close();
     }
 }

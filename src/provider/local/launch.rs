@@ -190,7 +190,8 @@ impl LocalProvider {
                 // Killed or expired between the check above and the start.
                 return ProviderError::NotFound { id: id.to_string() };
             }
-            if matches!(err.kind(), io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound) && !self.keeper_alive(id) {
+            let landlock = || self.load(id).is_ok_and(|m| m.isolation == Isolation::Landlock);
+            if matches!(err.kind(), io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound) && landlock() && !self.keeper_alive(id) {
                 // No keeper holds the spawner's socket (a Landlock-tier sandbox's): a new one binds it again.
                 self.spawn_keeper(id);
                 return ProviderError::Unavailable(format!(

@@ -57,6 +57,11 @@ sig_task() {
     group_tagged "$2" "$4" && sig_group "$1" "$2"
 }
 
+# regular FILE: a regular file, not a link (sandbox code may put a FIFO there).
+regular() {
+    [ -f "$1" ] && [ ! -h "$1" ]
+}
+
 # read_state DIR: loads DIR/state into S_* variables. Never sourced. The file is a series of
 # blocks of key=value lines, each ending with a `.` line; writers append whole blocks and the
 # last complete block holds the state (a block being appended is ignored until its `.`). A file
@@ -64,7 +69,7 @@ sig_task() {
 # shellcheck disable=SC2034 # each snippet reads the keys it needs
 read_state() {
     state_clear
-    [ -r "$1/state" ] || return 1
+    regular "$1/state" && [ -r "$1/state" ] || return 1
     _blocks=0 _open=0
     while IFS= read -r _l || [ -n "$_l" ]; do
         case $_l in
@@ -158,6 +163,7 @@ emit_state() {
 
 # page FILE SIZE OFFSET LIMIT: bytes [OFFSET, min(SIZE, OFFSET+LIMIT)) of FILE on stdout.
 page() {
+    regular "$1" || return 0
     [ "$2" -gt "$3" ] 2>/dev/null || return 0
     _n=$(($2 - $3))
     [ "$_n" -gt "$4" ] && _n=$4
@@ -175,12 +181,12 @@ log_sizes() {
     E_os='' E_es=''
     [ -s stdout.log ] || E_os=0
     [ -s stderr.log ] || E_es=0
-    [ -z "$E_os" ] && [ -e out.full ] && read -r E_os <out.full
-    [ -z "$E_es" ] && [ -e err.full ] && read -r E_es <err.full
+    [ -z "$E_os" ] && regular out.full && read -r E_os <out.full
+    [ -z "$E_es" ] && regular err.full && read -r E_es <err.full
     case $E_os in *[!0-9]*) E_os='' ;; esac
     case $E_es in *[!0-9]*) E_es='' ;; esac
     [ -n "$E_os" ] && [ -n "$E_es" ] && return 0
-    if [ -e stdout.log ] && [ -e stderr.log ]; then
+    if regular stdout.log && regular stderr.log; then
         set -f
         # wc's counts and names, split into fields on purpose (globbing is off).
         # shellcheck disable=SC2046

@@ -141,6 +141,12 @@ fn a_fifo_in_place_of_a_state_file_stalls_only_its_own_sandbox() {
     let r = m.ok("get_task", json!({"sandbox_id": other, "task_id": other_task, "wait": 20}));
     assert!(r["stdout"].as_str().unwrap_or_default().contains("news"), "{r}");
     assert!(t0.elapsed() < Duration::from_secs(6), "the other sandbox's wait took {:?}", t0.elapsed());
+    // The hostile sandbox's own read no longer opens the FIFO (only regular files are read): its
+    // answer comes at once, honest about what it could not read, where it took the snippet's
+    // whole budget before.
+    let t0 = Instant::now();
+    let r = m.call("get_task", json!({"sandbox_id": hostile, "task_id": hostile_task}));
+    assert!(t0.elapsed() < Duration::from_secs(5), "the hostile sandbox's own read took {:?}: {r}", t0.elapsed());
 }
 
 /// The figure: following a 40-line, 40-second job takes at most 3 calls (here 2: the

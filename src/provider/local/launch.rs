@@ -124,8 +124,14 @@ impl LocalProvider {
                     Some(c) if home.join(c).is_dir() => home.join(c),
                     Some(c) => return Err(not_a_dir(c)),
                 };
-                if meta.isolation == Isolation::Landlock && spawner && meta.spawner {
-                    // Its spawner, confined already, starts it in the sandbox's one domain.
+                if meta.isolation == Isolation::Landlock && meta.spawner {
+                    // Its spawner, confined already, starts it in the sandbox's one domain; the
+                    // server never starts one itself.
+                    if !spawner {
+                        return Err(ProviderError::Unavailable(format!(
+                            "sandbox {id} is in the landlock tier, whose commands start from its spawner only; run it through exec"
+                        )));
+                    }
                     let cwd = dir.to_str().ok_or_else(|| not_a_dir(&dir))?.to_string();
                     let env = self.env_for(id, &meta, envs);
                     return Ok(Launch::Spawner {
@@ -147,9 +153,9 @@ impl LocalProvider {
                         home: &home,
                         tmp: &tmp,
                         shell: &self.shell,
-                        // In a domain of its own: where the sandbox's other commands share their
-                        // spawner's, this one may signal neither them nor anything else.
-                        scope_signals: meta.spawner,
+                        // A sandbox made before the spawner: each command a domain of its own,
+                        // where a signal scope would keep cancel_task from its tasks.
+                        scope_signals: false,
                         connect_port: None,
                         cgroups: &cgroups,
                         terminals: meta.own_uid().is_some(),

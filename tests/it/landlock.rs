@@ -232,8 +232,74 @@ fn a_spawner_killed_from_inside_is_started_again() {
             let out = m.call("run_command", json!({"sandbox_id": sb, "command": "echo back"}));
             out.to_string().contains("back\\n").then_some(())
         });
+        // A process that dropped the tag, orphaned by killing the spawner above it, lands with
+        // the keeper (a subreaper too), where kill_sandbox finds it. (Before, it went to the
+        // host's init and outlived the sandbox under an unprivileged server.)
+        let nap = unique_sleep();
+        m.ok("run_command", json!({"sandbox_id": sb, "command": format!("setsid env -i sleep {nap} >/dev/null 2>&1 & kill -9 $PPID")}));
+        let pid = pid_of_argv(&["sleep", &nap]);
+        m.ok("kill_sandbox", json!({"sandbox_id": sb}));
+        wait_for(Duration::from_secs(10), &format!("{who}: the orphan to end with its sandbox"), || (!pid_alive(pid)).then_some(()));
         m.close();
     }
+}
+
+/// A sandbox cannot have another sandbox's spawner start a command: under an unprivileged server
+/// both run as the server's uid, so it can connect to the other's socket (Landlock does not
+/// cover a connect to a named socket on this kernel), but its request lacks the key, which sits
+/// outside every home. (Before the key, the command ran in the other sandbox.) Under a root
+/// server each sandbox has a uid of its own and the socket is root's: the connect fails.
+#[test]
+fn a_sandbox_cannot_use_another_sandboxs_spawner() {
+    for home in landlock_homes("ll-cross") {
+        let who = who(&home);
+        let mut m = home.stdio();
+        let (attacker, _) = create(&mut m);
+        let (victim, _) = create(&mut m);
+        sh(&mut m, &victim, "true");
+        let socket = home.sandbox_dir(&victim).join("spawn.sock");
+        let py = r#"import socket, json, os, struct, sys
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect(sys.argv[1])
+except OSError as e:
+    print("connect refused", e.errno); sys.exit(0)
+r, w = os.pipe()
+body = json.dumps({"argv": ["/bin/sh", "-c", "echo pwned > pwned"], "env": [["PATH", "/usr/bin:/bin"]], "cwd": None}).encode()
+socket.send_fds(s, [struct.pack("<I", len(body)) + body], [w, w])
+print(s.recv(200).decode().strip())"#;
+        let (code, out, err) = sh(&mut m, &attacker, &format!("python3 -c '{py}' {}", socket.display()));
+        assert_eq!(code, 0, "{who}: {err}");
+        assert!(out.starts_with("connect refused") || out.starts_with("error refused"), "{who}: {out}");
+        assert!(!home.sandbox_dir(&victim).join("home/pwned").exists(), "{who}: the attacker ran a command in another sandbox");
+        m.close();
+    }
+}
+
+/// A root server whose state root lies under a directory other uids cannot pass gives its
+/// sandboxes no uid of their own: they keep uid 0, with no capability at all (none effective,
+/// permitted or in the bounding set, and the secure bits keep an exec from giving any back).
+/// (Before, they ran as root with every capability, under Landlock and seccomp only.)
+#[test]
+fn uid_0_without_a_uid_of_its_own_has_no_capabilities() {
+    if !is_root() || sandbox_mcp::provider::local::isolation::landlock::available().is_err() {
+        return;
+    }
+    let home = Home::new("ll-nocaps").with_isolation("landlock");
+    std::fs::set_permissions(&home.path, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let mut m = home.stdio();
+    let (sb, c) = create(&mut m);
+    assert!(!c["layers"].as_array().unwrap().contains(&json!("uid")), "{c}");
+    let (code, out, err) = sh(&mut m, &sb, "id -u; grep -E '^Cap(Prm|Eff|Bnd|Amb)' /proc/self/status");
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("0\n"), "{out}");
+    for line in out.lines().skip(1) {
+        assert!(line.ends_with("0000000000000000"), "a capability is left: {out}");
+    }
+    // What agents run keeps working.
+    let (code, out, err) = sh(&mut m, &sb, "echo ok > f && cat f && python3 -c 'print(1+1)'");
+    assert_eq!((code, out.as_str()), (0, "ok\n2\n"), "{err}");
+    m.close();
 }
 
 #[test]

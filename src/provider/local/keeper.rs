@@ -318,6 +318,13 @@ fn run_keeper(root: &Path, id: &str, shell: &Path, start: Start) -> anyhow::Resu
     };
     let site = landlock_spawner::Site { id, home: &home, tmp: &tmp, shell, exe: &provider.exe, cgroups: &cgroups, uid: owned_by, net };
     let mut keeping = spawned.map(|_| landlock_spawner::Keeping::new(&dir, handed));
+    if keeping.is_some() {
+        // What a command leaves behind when sandbox code killed the spawner above it comes here
+        // (not to the host's init), where kill_sandbox finds it, and is reaped at each tick.
+        if let Err(err) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
+            log::warn!("keeper: sandbox {id}: could not become a subreaper: {err}");
+        }
+    }
     loop {
         if let Some(h) = holder.as_mut() {
             // The `unshare` that forked the init exits with it; reap it.
@@ -355,6 +362,7 @@ fn run_keeper(root: &Path, id: &str, shell: &Path, start: Start) -> anyhow::Resu
             return Ok(());
         }
         if let Some(keeping) = keeping.as_mut() {
+            while let Ok(Some(_)) = rustix::process::wait(rustix::process::WaitOptions::NOHANG) {}
             match keeping.tend(&site) {
                 Ok(Some(egress)) => serve_egress(&provider, id, egress),
                 Ok(None) => {}

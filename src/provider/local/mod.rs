@@ -664,6 +664,10 @@ since {why}; leave network out, or run the server as root or where user namespac
             // Bound here, so that the first command can connect at once: it waits in the
             // socket's backlog until the keeper's spawner takes it.
             Isolation::Landlock => {
+                // Other sandboxes of the same uid can connect to the socket, but not read the key.
+                isolation::spawner::make_key(&self.dir(&id)).map_err(|e| {
+                    fail(ProviderError::Unavailable(format!("could not write the spawner's key in {}: {e}", self.dir(&id).display())))
+                })?;
                 let listener = isolation::spawner::bind(&self.dir(&id)).ok_or_else(|| {
                     fail(ProviderError::Unavailable(format!(
                         "could not bind the spawner's socket in {}; see the server log",

@@ -16,17 +16,25 @@ impl LocalProvider {
     pub(super) fn kill_tagged(&self, id: &str, owner: Option<u32>, deadline: Instant) -> usize {
         let mut killed = 0;
         let mut confirmed = false;
-        // A Landlock-tier sandbox's spawner is a subreaper: whatever its commands left behind is
-        // beneath it, tagged or not (an `env -i` drops the tag).
-        let spawner = Init::read(&self.dir(id).join(landlock_spawner::RECORD)).filter(|s| s.alive());
+        // A Landlock-tier sandbox's spawner is a subreaper, and so is its keeper: whatever its
+        // commands left behind is beneath one of them, tagged or not (an `env -i` drops the tag;
+        // killing the spawner moves its orphans to the keeper).
+        let record = self.dir(id).join(landlock_spawner::RECORD);
+        let spawner = Init::read(&record).filter(|s| s.alive());
+        let keeper = Init::read(&self.dir(id).join("keeper.pid")).filter(|k| k.alive() && record.exists());
         loop {
-            let mut pids = tagged_pids(id);
+            let mut pids: std::collections::BTreeSet<u32> = tagged_pids(id).into_iter().collect();
             if let Some(uid) = owner {
-                pids.extend(uid_pids(uid).into_iter().filter(|p| !pids.contains(p)).collect::<Vec<_>>());
+                pids.extend(uid_pids(uid));
             }
             if let Some(spawner) = spawner.filter(|s| s.alive()) {
-                pids.extend(descendants(spawner.pid).into_iter().chain([spawner.pid]).filter(|p| !pids.contains(p)).collect::<Vec<_>>());
+                pids.extend(descendants(spawner.pid));
+                pids.insert(spawner.pid);
             }
+            if let Some(keeper) = keeper.filter(|k| k.alive()) {
+                pids.extend(descendants(keeper.pid));
+            }
+            let pids: Vec<u32> = pids.into_iter().collect();
             if pids.is_empty() {
                 if confirmed || Instant::now() >= deadline {
                     return killed;
@@ -133,17 +141,23 @@ pub fn descendants(root: u32) -> Vec<u32> {
     let Ok(proc_dir) = fs::read_dir("/proc") else {
         return Vec::new();
     };
-    let parents: Vec<(u32, u32)> = proc_dir
-        .flatten()
-        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()))
-        .filter_map(|pid| process::proc_stat(pid).filter(|st| st.state != 'Z').map(|st| (pid, st.ppid)))
-        .collect();
+    let mut children: std::collections::HashMap<u32, Vec<u32>> = std::collections::HashMap::new();
+    for pid in proc_dir.flatten().filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<u32>().ok())) {
+        if let Some(st) = process::proc_stat(pid).filter(|st| st.state != 'Z') {
+            children.entry(st.ppid).or_default().push(pid);
+        }
+    }
     let mut found = vec![root];
+    let mut seen = std::collections::HashSet::from([root]);
     let mut next = 0;
     while next < found.len() {
         let parent = found[next];
         next += 1;
-        found.extend(parents.iter().filter(|(pid, ppid)| *ppid == parent && !found.contains(pid)).map(|(pid, _)| *pid).collect::<Vec<_>>());
+        for child in children.get(&parent).into_iter().flatten() {
+            if seen.insert(*child) {
+                found.push(*child);
+            }
+        }
     }
     found.retain(|p| *p != root && *p != me && *p > 1);
     found

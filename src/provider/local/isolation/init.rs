@@ -503,7 +503,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     rustix::stdio::dup2_stdout(&null)?;
     rustix::stdio::dup2_stderr(&null)?;
     match listener {
-        Some(listener) => spawner::serve(listener, PathBuf::from(rootfs::HOME)),
+        Some(listener) => spawner::serve(listener, PathBuf::from(rootfs::HOME), None),
         None => reap_forever(),
     }
 }

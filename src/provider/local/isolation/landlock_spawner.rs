@@ -89,6 +89,10 @@ impl Keeping {
     /// network namespace (the keeper serves the proxy on it), and says why when it could not
     /// start one.
     pub fn tend(&mut self, site: &Site<'_>) -> Result<Option<std::net::TcpListener>, String> {
+        if !self.dir.join("meta.json").exists() {
+            // Being killed: nothing starts again.
+            return Ok(None);
+        }
         if let Some(child) = self.child.as_mut() {
             match child.try_wait() {
                 Ok(None) => return Ok(None),
@@ -199,16 +203,19 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     let answer = io::stderr().as_fd().try_clone_to_owned()?;
     let ready = setup(args);
     let egress_answer = args.iter().any(|a| a == EGRESS_FLAG);
-    match ready {
-        Ok(Some(egress)) => init::send_with_fd(&answer, b"ready\n", egress)?,
-        Ok(None) => {}
+    let key = match ready {
+        Ok((Some(egress), key)) => {
+            init::send_with_fd(&answer, b"ready\n", egress)?;
+            key
+        }
+        Ok((None, key)) => key,
         Err(err) => {
             if egress_answer {
                 let _ = rustix::io::write(&answer, format!("error {}\n", err.replace('\n', " ")).as_bytes());
             }
             anyhow::bail!("{err}");
         }
-    }
+    };
     drop(answer);
     // Let go of this binary (stdin), the keeper's copy of the socket (stdout) and its answer
     // socket or network namespace (stderr).
@@ -217,11 +224,40 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     rustix::stdio::dup2_stdout(&null)?;
     rustix::stdio::dup2_stderr(&null)?;
     let home = std::env::current_dir()?;
-    spawner::serve(listener, home)
+    spawner::serve(listener, home, key)
 }
 
-/// The spawner's setup, up to its confinement: the egress socket when it makes the network.
-fn setup(args: &[String]) -> Result<Option<OwnedFd>, String> {
+/// Gives up every capability of uid 0 for good, for this process and everything it starts: a
+/// root server's sandbox that cannot have a uid of its own (its state root lies under a
+/// directory other uids cannot pass) keeps uid 0, which must not mean rebooting the host,
+/// setting its clock or driving I/O ports. Secure bits first (so that no exec as uid 0 gives
+/// capabilities back), then the bounding set, then the sets themselves.
+fn give_up_root() -> Result<(), String> {
+    use rustix::thread::{CapabilitiesSecureBits as Bits, CapabilitySet, CapabilitySets};
+    let bits = Bits::NO_ROOT
+        | Bits::NO_ROOT_LOCKED
+        | Bits::NO_SETUID_FIXUP
+        | Bits::NO_SETUID_FIXUP_LOCKED
+        | Bits::NO_CAP_AMBIENT_RAISE
+        | Bits::NO_CAP_AMBIENT_RAISE_LOCKED;
+    rustix::thread::set_capabilities_secure_bits(bits).map_err(|e| format!("lock the secure bits: {e}"))?;
+    // CAP_SETPCAP, which the removal needs, goes last.
+    let all = CapabilitySet::all().iter().filter(|c| *c != CapabilitySet::SETPCAP).chain([CapabilitySet::SETPCAP]);
+    for cap in all {
+        match rustix::thread::remove_capability_from_bounding_set(cap) {
+            // A capability this kernel does not know.
+            Ok(()) | Err(rustix::io::Errno::INVAL) => {}
+            Err(e) => return Err(format!("drop {cap:?} from the bounding set: {e}")),
+        }
+    }
+    let none = CapabilitySet::empty();
+    rustix::thread::set_capabilities(None, CapabilitySets { effective: none, permitted: none, inheritable: none })
+        .map_err(|e| format!("drop the capabilities: {e}"))
+}
+
+/// The spawner's setup, up to its confinement: the egress socket when it makes the network, and
+/// the key its requests must carry (read beside the sandbox's home, before the ruleset hides it).
+fn setup(args: &[String]) -> Result<(Option<OwnedFd>, Option<String>), String> {
     let [home, tmp, shell, flags @ ..] = args else {
         return Err(format!("usage: {SUBCOMMAND} HOME TMP SHELL [--uid=N] [--cgroup FILE]... [{EGRESS_FLAG} | {PROXY_FLAG}]"));
     };
@@ -257,15 +293,19 @@ fn setup(args: &[String]) -> Result<Option<OwnedFd>, String> {
     };
     // Built with the keeper's rights, before they are dropped.
     let confinement = landlock::prepare(&plan)?;
+    let key = Path::new(home).parent().and_then(spawner::read_key);
     if let Some(uid) = uid {
         let (u, g) = (rustix::process::Uid::from_raw(uid), rustix::process::Gid::from_raw(uid));
         rustix::thread::set_thread_groups(&[]).map_err(|e| format!("drop supplementary groups: {e}"))?;
         rustix::thread::set_thread_res_gid(g, g, g).map_err(|e| format!("take gid {uid}: {e}"))?;
         rustix::thread::set_thread_res_uid(u, u, u).map_err(|e| format!("take uid {uid}: {e}"))?;
     }
+    if uid.is_none() && rustix::process::geteuid().is_root() {
+        give_up_root()?;
+    }
     rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable).map_err(|e| format!("be not dumpable: {e}"))?;
     rustix::process::set_child_subreaper(Some(rustix::process::getpid())).map_err(|e| format!("be a subreaper: {e}"))?;
     // This process has one thread: the ruleset and the filter hold for all of it.
     landlock::confine_self(&confinement).map_err(|e| format!("confine the spawner: {e}"))?;
-    Ok(egress)
+    Ok((egress, key))
 }

@@ -7,7 +7,8 @@
 //! per command:
 //!
 //! 1. The server sends a request — a little-endian `u32` length, then JSON `{"argv": [...],
-//!    "env": [[name, value], ...], "cwd": "/path" | null}` — with the command's stdout and stderr
+//!    "env": [[name, value], ...], "cwd": "/path" | null}`, plus `"key"` where the sandbox has
+//!    one ([`KEY_FILE`]; a request without it is then refused) — with the command's stdout and stderr
 //!    (the write ends of its pipes) attached (`SCM_RIGHTS`, on the first bytes), and optionally a
 //!    third descriptor, its stdin.
 //! 2. The init starts the command (stdin the third descriptor, else `/dev/null`; a process group
@@ -74,13 +75,63 @@ struct Request {
     cwd: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     dial: Option<u16>,
+    /// The sandbox's spawner key ([`KEY_FILE`] beside the socket), where it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    key: Option<String>,
+}
+
+/// The file beside a spawner's socket that holds the key every request must carry (a
+/// Landlock-tier sandbox's: other sandboxes of the same uid can connect to its socket, since
+/// Landlock does not cover a connect to a named socket on every kernel, but cannot read this
+/// file outside their home). An isolated sandbox's init needs none: nothing inside reaches the
+/// host's file system.
+pub const KEY_FILE: &str = "spawner.key";
+
+/// The longest key read.
+const MAX_KEY: u64 = 128;
+
+/// Makes a new key in sandbox directory `dir` (mode 0600); returns it.
+pub fn make_key(dir: &Path) -> io::Result<String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let key = crate::ids::random_hex(16);
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(dir.join(KEY_FILE))?;
+    f.write_all(key.as_bytes())?;
+    Ok(key)
+}
+
+/// The key in sandbox directory `dir`, if it has one: a regular file (no link followed) of at
+/// most [`MAX_KEY`] bytes.
+pub fn read_key(dir: &Path) -> Option<String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(dir.join(KEY_FILE))
+        .ok()
+        .filter(|f| f.metadata().is_ok_and(|m| m.is_file()))?;
+    let mut text = String::new();
+    f.take(MAX_KEY).read_to_string(&mut text).ok()?;
+    let key = text.trim().to_string();
+    (!key.is_empty()).then_some(key)
+}
+
+/// Whether `given` is `key`, compared in time independent of where they differ.
+fn same_key(given: Option<&str>, key: &str) -> bool {
+    let Some(given) = given else { return false };
+    given.len() == key.len() && given.bytes().zip(key.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+}
+
+/// The key to send to the spawner listening on `socket`: the one beside it, if any.
+fn key_for(socket: &Path) -> Option<String> {
+    socket.parent().and_then(read_key)
 }
 
 /// Asks the spawner listening on `socket` for a TCP connection to `port` on the sandbox's own
 /// loopback interface. The error says what failed (nothing listens, the sandbox is gone...).
 pub fn dial(socket: &Path, port: u16) -> io::Result<std::net::TcpStream> {
     let conn = UnixStream::connect(socket)?;
-    let body = serde_json::to_vec(&Request { argv: Vec::new(), env: Vec::new(), cwd: None, dial: Some(port) }).map_err(io::Error::other)?;
+    let request = Request { argv: Vec::new(), env: Vec::new(), cwd: None, dial: Some(port), key: key_for(socket) };
+    let body = serde_json::to_vec(&request).map_err(io::Error::other)?;
     let mut message = (body.len() as u32).to_le_bytes().to_vec();
     message.extend_from_slice(&body);
     (&conn).write_all(&message)?;
@@ -147,7 +198,8 @@ impl Remote {
         stdin: Option<std::os::fd::BorrowedFd<'_>>,
     ) -> io::Result<Remote> {
         let conn = UnixStream::connect(socket)?;
-        let body = serde_json::to_vec(&Request { argv: argv.to_vec(), env, cwd: cwd.map(str::to_string), dial: None })
+        let key = key_for(socket);
+        let body = serde_json::to_vec(&Request { argv: argv.to_vec(), env, cwd: cwd.map(str::to_string), dial: None, key })
             .map_err(io::Error::other)?;
         let len = u32::try_from(body.len()).ok().filter(|n| (*n as usize) <= MAX_REQUEST).ok_or_else(|| {
             io::Error::new(io::ErrorKind::InvalidInput, format!("the command and its environment are too large ({} bytes)", body.len()))
@@ -321,13 +373,15 @@ struct Children {
     started: Condvar,
     /// The working directory of a command whose request names none.
     home: PathBuf,
+    /// The key every request must carry, if any.
+    key: Option<String>,
 }
 
 /// Serves spawn requests on `listener` and reaps every child and orphan, forever (the body of a
 /// sandbox's init once it is ready, and of a Landlock-tier sandbox's spawner). A request without
-/// a working directory runs in `home`.
-pub fn serve(listener: UnixListener, home: PathBuf) -> ! {
-    let children = Arc::new(Children { by_pid: Mutex::new(HashMap::new()), started: Condvar::new(), home });
+/// a working directory runs in `home`; with `key`, a request that does not carry it is refused.
+pub fn serve(listener: UnixListener, home: PathBuf, key: Option<String>) -> ! {
+    let children = Arc::new(Children { by_pid: Mutex::new(HashMap::new()), started: Condvar::new(), home, key });
     let reaper = children.clone();
     if std::thread::Builder::new().name("reaper".into()).stack_size(64 * 1024).spawn(move || reap(&reaper)).is_err() {
         // Without a reaper thread, reap here and serve nothing: commands fall back to nsenter.
@@ -382,6 +436,12 @@ fn reap(children: &Children) -> ! {
 /// server closes the connection.
 fn answer(conn: UnixStream, children: &Children) {
     let received = receive(&conn);
+    if let (Some(key), Ok((request, _))) = (&children.key, &received) {
+        if !same_key(request.key.as_deref(), key) {
+            let _ = (&conn).write_all(b"error refused: the request does not carry this sandbox's spawner key\n");
+            return;
+        }
+    }
     if let Ok((Request { dial: Some(port), .. }, _)) = &received {
         answer_dial(&conn, *port);
         return;

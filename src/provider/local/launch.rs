@@ -205,7 +205,14 @@ impl LocalProvider {
                     req.argv.first()
                 ));
             }
-            ProviderError::Unavailable(format!("could not start {:?} in sandbox {id}: {err}", req.argv.first()))
+            let failed = if landlock() { super::isolation::landlock_spawner::last_failure(&self.dir(id)) } else { None };
+            match failed {
+                Some(why) => ProviderError::Unavailable(format!(
+                    "could not start {:?} in sandbox {id}: its spawner could not start ({why}); its keeper tries again every second: kill_sandbox and create another if it keeps failing",
+                    req.argv.first()
+                )),
+                None => ProviderError::Unavailable(format!("could not start {:?} in sandbox {id}: {err}", req.argv.first())),
+            }
         };
         let ran = match launch {
             Launch::Host(cmd, inside) => process::run(cmd, &spawn, &self.shell, &self.running, inside),

@@ -312,7 +312,7 @@ fn read_within(pipe: impl io::Read + Send + 'static, max: u64, budget: Duration)
 }
 
 /// Sends one descriptor over `conn` (one byte of data carries it).
-fn send_fd(conn: &UnixStream, fd: impl std::os::fd::AsFd) -> io::Result<()> {
+pub(super) fn send_fd(conn: &UnixStream, fd: impl std::os::fd::AsFd) -> io::Result<()> {
     let fds = [fd.as_fd()];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
     let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
@@ -341,7 +341,7 @@ pub(super) fn send_with_fd(conn: impl std::os::fd::AsFd, data: &[u8], fd: impl s
 }
 
 /// Receives the one descriptor [`send_fd`] sent on `conn` (close-on-exec).
-fn receive_fd(conn: impl std::os::fd::AsFd) -> io::Result<OwnedFd> {
+pub(super) fn receive_fd(conn: impl std::os::fd::AsFd) -> io::Result<OwnedFd> {
     let mut byte = [0u8; 1];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
     let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);

@@ -15,7 +15,10 @@
 //! sends to the keeper (which serves the proxy, as for the namespace tier) before it confines
 //! itself. Its commands then have no route anywhere but that proxy, and the ruleset lets them
 //! connect to its port only. The keeper keeps the namespace (a descriptor of it), so that a
-//! spawner started again joins it (`nsenter --net`).
+//! spawner started again joins it (`setns`, the descriptor sent on its answer socket).
+//!
+//! Every spawner answers the keeper on its stderr, a socket: `ready`, or `error <what failed>`,
+//! which the keeper records (`spawner.error`) for the server to pass on to the call that waited.
 //!
 //! The server binds the socket ([`spawner::SOCKET_FILE`] in the sandbox's directory) when it
 //! creates the sandbox and hands the listening socket to the keeper as its stdout; a connection
@@ -60,9 +63,9 @@ pub struct Site<'a> {
     pub cgroups: &'a [PathBuf],
     /// The sandbox's own uid, if it has one.
     pub uid: Option<u32>,
-    /// The programs that make and enter a network namespace of its own (a root server's
-    /// sandbox, whose egress goes through its proxy); `None` keeps the host's network stack,
-    /// where the ruleset allows no TCP at all.
+    /// The programs that make a network namespace of its own (a root server's sandbox, whose
+    /// egress goes through its proxy); `None` keeps the host's network stack, where the
+    /// ruleset allows no TCP at all.
     pub net: Option<&'a Tools>,
 }
 
@@ -110,7 +113,18 @@ impl Keeping {
             self.listener = spawner::bind(&self.dir);
         }
         let listener = self.listener.as_ref().ok_or("could not bind the spawner's socket")?;
-        let (child, egress) = start(listener, site, self.netns.as_ref())?;
+        let (child, egress) = match start(listener, site, self.netns.as_ref()) {
+            Ok(started) => {
+                let _ = std::fs::remove_file(self.dir.join(FAILURE));
+                started
+            }
+            Err(why) => {
+                // For the server to tell a caller whose command waits for a spawner that failed.
+                let why: String = why.chars().take(MAX_FAILURE / 2).collect();
+                let _ = std::fs::write(self.dir.join(FAILURE), &why);
+                return Err(why);
+            }
+        };
         let pid = child.id();
         let record = Init { pid, start: crate::provider::process::proc_stat(pid).map(|st| st.start).unwrap_or(0) };
         self.child = Some(child);
@@ -130,22 +144,19 @@ fn start(listener: &UnixListener, site: &Site<'_>, netns: Option<&File>) -> Resu
     // Opened with the keeper's rights: the sandbox's uid needs no path to this binary.
     let exe = rustix::fs::open(site.exe, rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
         .map_err(|e| format!("could not open this program ({}) to start the sandbox's spawner: {e}", site.exe.display()))?;
-    let null = || File::options().read(true).write(true).open("/dev/null").map_err(|e| format!("could not open /dev/null: {e}"));
     let mut answer = None;
+    let mut answer_socket = || -> Result<Stdio, String> {
+        let (ours, theirs) = UnixStream::pair().map_err(|e| format!("could not make the spawner's answer socket: {e}"))?;
+        answer = Some(ours);
+        Ok(Stdio::from(OwnedFd::from(theirs)))
+    };
     let (mut cmd, stderr) = match (site.net, netns) {
-        (None, _) => (Command::new(init::EXE_FROM_STDIN), Stdio::from(null()?)),
-        (Some(tools), Some(netns)) => {
-            // The namespace comes as stderr, which the spawner then lets go.
-            let mut c = Command::new(&tools.nsenter);
-            c.args(["--net=/proc/self/fd/2", "--", init::EXE_FROM_STDIN]);
-            (c, Stdio::from(netns.try_clone().map_err(|e| format!("could not pass the sandbox's network: {e}"))?))
-        }
+        // The namespace to join, if any, comes over the answer socket.
+        (None, _) | (Some(_), Some(_)) => (Command::new(init::EXE_FROM_STDIN), answer_socket()?),
         (Some(tools), None) => {
             let mut c = Command::new(&tools.unshare);
             c.args(["--net", "--", init::EXE_FROM_STDIN]);
-            let (ours, theirs) = UnixStream::pair().map_err(|e| format!("could not make the spawner's answer socket: {e}"))?;
-            answer = Some(ours);
-            (c, Stdio::from(OwnedFd::from(theirs)))
+            (c, answer_socket()?)
         }
     };
     cmd.arg(SUBCOMMAND).arg(site.home).arg(site.tmp).arg(site.shell);
@@ -155,11 +166,11 @@ fn start(listener: &UnixListener, site: &Site<'_>, netns: Option<&File>) -> Resu
     for file in site.cgroups {
         cmd.arg("--cgroup").arg(file);
     }
-    if answer.is_some() {
-        cmd.arg(EGRESS_FLAG);
-    } else if site.net.is_some() {
-        cmd.arg(PROXY_FLAG);
-    }
+    match (site.net.is_some(), netns.is_some()) {
+        (true, false) => cmd.arg(EGRESS_FLAG),
+        (true, true) => cmd.arg(JOIN_FLAG),
+        (false, _) => cmd.arg(ANSWER_FLAG),
+    };
     let socket = listener.try_clone().map_err(|e| format!("could not pass the spawner's socket: {e}"))?;
     cmd.current_dir(site.home)
         .env_clear()
@@ -172,26 +183,55 @@ fn start(listener: &UnixListener, site: &Site<'_>, netns: Option<&File>) -> Resu
     // The command holds our copy of the answer socket's other end until dropped.
     drop(cmd);
     let Some(answer) = answer else { return Ok((child, None)) };
+    let sent = match (site.net, netns) {
+        (Some(_), Some(netns)) => init::send_fd(&answer, netns).map_err(|e| format!("could not pass the sandbox's network: {e}")),
+        _ => Ok(()),
+    };
+    if let Err(why) = sent {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(why);
+    }
+    let fresh_network = site.net.is_some() && netns.is_none();
     match init::read_answer(&answer, init::START_BUDGET) {
-        (init::Answer::Line(line), Some(fd)) if line == "ready" => Ok((child, Some(std::net::TcpListener::from(fd)))),
+        (init::Answer::Line(line), Some(fd)) if line == "ready" && fresh_network => Ok((child, Some(std::net::TcpListener::from(fd)))),
+        (init::Answer::Line(line), None) if line == "ready" && !fresh_network => Ok((child, None)),
         (said, _) => {
             let _ = child.kill();
             let _ = child.wait();
             Err(match said {
                 init::Answer::Line(line) => line.strip_prefix("error ").unwrap_or(&line).to_string(),
-                _ => "the sandbox's spawner ended before its network was ready".to_string(),
+                _ => "the sandbox's spawner ended before it was ready".to_string(),
             })
         }
     }
 }
 
+/// Why the last start of the spawner of the sandbox in `dir` failed, if it did (a few hundred
+/// characters at most, as the keeper recorded it).
+pub fn last_failure(dir: &Path) -> Option<String> {
+    let text = std::fs::read(dir.join(FAILURE)).ok()?;
+    let text = String::from_utf8_lossy(&text[..text.len().min(MAX_FAILURE)]).trim().to_string();
+    (!text.is_empty()).then_some(text)
+}
+
+/// The file in a sandbox's directory where its keeper records why the spawner could not start.
+const FAILURE: &str = "spawner.error";
+
+/// The longest failure recorded.
+const MAX_FAILURE: usize = 600;
+
 /// The spawner's flag: make the network namespace's loopback and egress socket (it was just
 /// made: its stderr is the answer socket).
 const EGRESS_FLAG: &str = "--egress";
 
-/// The spawner's flag: its commands may connect to the egress proxy's port (it joined its
-/// sandbox's network namespace).
-const PROXY_FLAG: &str = "--proxy";
+/// The spawner's flag: join the sandbox's network namespace, whose descriptor comes first on the
+/// answer socket (a spawner started again); its commands may connect to the egress proxy's port.
+const JOIN_FLAG: &str = "--join-net";
+
+/// The spawner's flag: its stderr is the answer socket (`ready` or `error ...`), without a
+/// network of its own.
+const ANSWER_FLAG: &str = "--answer";
 
 /// The body of `sandbox-mcp sandbox-landlock-spawner HOME TMP SHELL [--uid=N] [--cgroup FILE]...
 /// [--egress | --proxy]`: its stdout is the listening socket, its working directory the
@@ -201,16 +241,21 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     rustix::process::setsid()?;
     let listener = UnixListener::from(io::stdout().as_fd().try_clone_to_owned()?);
     let answer = io::stderr().as_fd().try_clone_to_owned()?;
-    let ready = setup(args);
-    let egress_answer = args.iter().any(|a| a == EGRESS_FLAG);
+    let ready = setup(args, &answer);
+    let answers = args.iter().any(|a| a == EGRESS_FLAG || a == ANSWER_FLAG || a == JOIN_FLAG);
     let key = match ready {
         Ok((Some(egress), key)) => {
             init::send_with_fd(&answer, b"ready\n", egress)?;
             key
         }
-        Ok((None, key)) => key,
+        Ok((None, key)) => {
+            if answers {
+                rustix::io::write(&answer, b"ready\n")?;
+            }
+            key
+        }
         Err(err) => {
-            if egress_answer {
+            if answers {
                 let _ = rustix::io::write(&answer, format!("error {}\n", err.replace('\n', " ")).as_bytes());
             }
             anyhow::bail!("{err}");
@@ -257,9 +302,11 @@ fn give_up_root() -> Result<(), String> {
 
 /// The spawner's setup, up to its confinement: the egress socket when it makes the network, and
 /// the key its requests must carry (read beside the sandbox's home, before the ruleset hides it).
-fn setup(args: &[String]) -> Result<(Option<OwnedFd>, Option<String>), String> {
+fn setup(args: &[String], answer: &OwnedFd) -> Result<(Option<OwnedFd>, Option<String>), String> {
     let [home, tmp, shell, flags @ ..] = args else {
-        return Err(format!("usage: {SUBCOMMAND} HOME TMP SHELL [--uid=N] [--cgroup FILE]... [{EGRESS_FLAG} | {PROXY_FLAG}]"));
+        return Err(format!(
+            "usage: {SUBCOMMAND} HOME TMP SHELL [--uid=N] [--cgroup FILE]... [{EGRESS_FLAG} | {JOIN_FLAG} | {ANSWER_FLAG}]"
+        ));
     };
     let (mut uid, mut cgroups, mut egress, mut proxy) = (None, Vec::new(), false, false);
     let mut it = flags.iter();
@@ -267,7 +314,13 @@ fn setup(args: &[String]) -> Result<(Option<OwnedFd>, Option<String>), String> {
         match flag.as_str() {
             "--cgroup" => cgroups.push(PathBuf::from(it.next().ok_or("--cgroup needs a file")?)),
             EGRESS_FLAG => egress = true,
-            PROXY_FLAG => proxy = true,
+            JOIN_FLAG => {
+                let netns = init::receive_fd(answer).map_err(|e| format!("receive the sandbox's network: {e}"))?;
+                rustix::thread::move_into_link_name_space(netns.as_fd(), Some(rustix::thread::LinkNameSpaceType::Network))
+                    .map_err(|e| format!("join the sandbox's network: {e}"))?;
+                proxy = true;
+            }
+            ANSWER_FLAG => {}
             other => match other.strip_prefix("--uid=").and_then(|n| n.parse::<u32>().ok()) {
                 Some(n) => uid = Some(n),
                 None => return Err(format!("unknown argument {other:?}")),

@@ -219,7 +219,7 @@ pub fn run<'a>(mut cmd: Command, spawn: &Spawn<'_>, shell: &'a Path, running: &'
 /// spawner listening on `socket`; otherwise as [`run`] (a command is handed over only when the
 /// spawner told its pid). `Err` only when it could not be started.
 pub fn run_remote<'a>(
-    socket: &Path,
+    to: &spawner::Endpoint,
     argv: &[String],
     env: Vec<(String, String)>,
     cwd: Option<&str>,
@@ -230,7 +230,7 @@ pub fn run_remote<'a>(
     let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map(|(read, write)| (File::from(read), write));
     let (out_read, out_write) = pipe()?;
     let (err_read, err_write) = pipe()?;
-    let remote = Remote::spawn(socket, argv, env, cwd, &out_write, &err_write, None)?;
+    let remote = Remote::spawn(to, argv, env, cwd, &out_write, &err_write, None)?;
     // Only the command holds the write ends now: the pipes end with it (and its group).
     drop((out_write, err_write));
     let key = running.insert_remote(remote.killer()?);

@@ -134,11 +134,11 @@ impl LocalProvider {
         let deadline = Instant::now() + ADOPT_BUDGET;
         let launch = self.launch(id, &argv, &envs, None, Touch::Observe, true).map_err(|e| e.to_string())?;
         let answer = match launch {
-            Launch::Spawner { socket, argv, env, .. } => {
+            Launch::Spawner { to, argv, env, .. } => {
                 let null = fs::File::open("/dev/null").map_err(|e| format!("opening /dev/null: {e}"))?;
                 let out_fd = out_pipe.map_or(null.as_fd(), |f| f.as_fd());
                 let err_fd = err_pipe.map_or(null.as_fd(), |f| f.as_fd());
-                let mut remote = spawner::Remote::spawn(&socket, &argv, env, None, &answer_write, err_fd, Some(out_fd))
+                let mut remote = spawner::Remote::spawn(&to, &argv, env, None, &answer_write, err_fd, Some(out_fd))
                     .map_err(|e| format!("starting the adopter: {e}"))?;
                 drop(answer_write);
                 let answer = process::read_until_end(fs::File::from(answer_read), deadline);

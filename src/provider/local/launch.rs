@@ -10,7 +10,7 @@ use crate::provider::{ExecEnd, ExecOutput, ExecRequest, Promotion, ProviderError
 use std::collections::BTreeMap;
 use std::io;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -109,11 +109,11 @@ impl LocalProvider {
                     }
                     None => None,
                 };
-                let socket = self.dir(id).join(spawner::SOCKET_FILE);
-                if spawner && socket.exists() {
+                let to = spawner::Endpoint::in_dir(&self.dir(id), false);
+                if spawner && to.socket.exists() {
                     // The init's children are in its namespaces and cgroups already.
                     let env = self.env_for(id, &meta, envs);
-                    return Ok(Launch::Spawner { socket, argv: argv.to_vec(), env, cwd: cwd.map(str::to_string) });
+                    return Ok(Launch::Spawner { to, argv: argv.to_vec(), env, cwd: cwd.map(str::to_string) });
                 }
                 (enter::command(self.tools()?, &self.exe, init, !meta.host_network, argv, cwd, &cgroups), false)
             }
@@ -135,7 +135,7 @@ impl LocalProvider {
                     let cwd = dir.to_str().ok_or_else(|| not_a_dir(&dir))?.to_string();
                     let env = self.env_for(id, &meta, envs);
                     return Ok(Launch::Spawner {
-                        socket: self.dir(id).join(spawner::SOCKET_FILE),
+                        to: spawner::Endpoint::in_dir(&self.dir(id), true),
                         argv: argv.to_vec(),
                         env,
                         cwd: Some(cwd),
@@ -216,7 +216,7 @@ impl LocalProvider {
         };
         let ran = match launch {
             Launch::Host(cmd, inside) => process::run(cmd, &spawn, &self.shell, &self.running, inside),
-            Launch::Spawner { socket, argv, env, cwd } => process::run_remote(&socket, &argv, env, cwd.as_deref(), &spawn, &self.running),
+            Launch::Spawner { to, argv, env, cwd } => process::run_remote(&to, &argv, env, cwd.as_deref(), &spawn, &self.running),
         }
         .map_err(start_error)?;
         let handover = match ran {
@@ -257,7 +257,7 @@ pub(super) enum Launch {
     /// (no isolation; with `nsenter` it is not).
     Host(Command, bool),
     /// As a child of the sandbox's init, through its spawner's socket.
-    Spawner { socket: PathBuf, argv: Vec<String>, env: Vec<(String, String)>, cwd: Option<String> },
+    Spawner { to: spawner::Endpoint, argv: Vec<String>, env: Vec<(String, String)>, cwd: Option<String> },
 }
 
 #[cfg(test)]

@@ -105,6 +105,8 @@ struct Exposure {
 /// The keeper's exposed ports.
 pub struct Relays {
     dir: PathBuf,
+    /// The sandbox's spawner, which dials its ports.
+    spawner: spawner::Endpoint,
     by_port: Mutex<BTreeMap<u16, Exposure>>,
     next_conn: AtomicU64,
 }
@@ -114,7 +116,12 @@ impl Relays {
     /// of its own) after listening again on what [`STATE_FILE`] records. Returns without serving
     /// when the socket cannot be bound (exposing then fails with a clear error).
     pub fn serve(dir: &Path) {
-        let relays = Arc::new(Relays { dir: dir.to_path_buf(), by_port: Mutex::new(BTreeMap::new()), next_conn: AtomicU64::new(0) });
+        let relays = Arc::new(Relays {
+            dir: dir.to_path_buf(),
+            spawner: spawner::Endpoint::in_dir(dir, true),
+            by_port: Mutex::new(BTreeMap::new()),
+            next_conn: AtomicU64::new(0),
+        });
         let path = dir.join(SOCKET_FILE);
         let _ = fs::remove_file(&path);
         let listener =
@@ -181,7 +188,7 @@ impl Relays {
             return Err(format!("this sandbox already exposes {MAX_PORTS} ports; unexpose_port one first"));
         }
         // Nothing listening is an error now rather than a URL whose connections all fail.
-        spawner::dial(&self.dir.join(spawner::SOCKET_FILE), port).map_err(|e| match e.kind() {
+        spawner::dial(&self.spawner, port).map_err(|e| match e.kind() {
             io::ErrorKind::NotFound => {
                 format!("this sandbox's init serves no spawner ({e}), so nothing can reach its ports; recreate the sandbox to expose them")
             }
@@ -199,13 +206,13 @@ impl Relays {
         let listener = Arc::new(listener);
         let closed = Arc::new(AtomicBool::new(false));
         let conns = Arc::new(Mutex::new(BTreeMap::new()));
-        let spawn_socket = self.dir.join(spawner::SOCKET_FILE);
+        let to = self.spawner.clone();
         let (l, c, cs) = (listener.clone(), closed.clone(), conns.clone());
         let ids = Arc::new(AtomicU64::new(self.next_conn.fetch_add(1 << 32, Ordering::Relaxed)));
         std::thread::Builder::new()
             .name(format!("port-{port}"))
             .stack_size(128 * 1024)
-            .spawn(move || accept(&l, &c, &cs, &ids, &spawn_socket, port))
+            .spawn(move || accept(&l, &c, &cs, &ids, &to, port))
             .map_err(|e| format!("could not start the relay: {e}"))?;
         self.lock().insert(port, Exposure { host: bound, listener, closed, conns });
         Ok(bound)
@@ -249,7 +256,7 @@ fn accept(
     closed: &AtomicBool,
     conns: &Arc<Mutex<BTreeMap<u64, TcpStream>>>,
     ids: &AtomicU64,
-    spawn_socket: &Path,
+    to: &spawner::Endpoint,
     port: u16,
 ) {
     loop {
@@ -278,9 +285,9 @@ fn accept(
                 Err(_) => continue,
             };
         }
-        let (open, spawn_socket) = (conns.clone(), spawn_socket.to_path_buf());
+        let (open, to) = (conns.clone(), to.clone());
         let spawned = std::thread::Builder::new().name(format!("port-{port}-conn")).stack_size(128 * 1024).spawn(move || {
-            match spawner::dial(&spawn_socket, port) {
+            match spawner::dial(&to, port) {
                 Ok(inside) => relay(client, inside),
                 Err(err) => log::debug!("port {port}: could not reach it inside the sandbox: {err}"),
             }

@@ -144,20 +144,17 @@ fn start(listener: &UnixListener, site: &Site<'_>, netns: Option<&File>) -> Resu
     // Opened with the keeper's rights: the sandbox's uid needs no path to this binary.
     let exe = rustix::fs::open(site.exe, rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
         .map_err(|e| format!("could not open this program ({}) to start the sandbox's spawner: {e}", site.exe.display()))?;
-    let mut answer = None;
-    let mut answer_socket = || -> Result<Stdio, String> {
-        let (ours, theirs) = UnixStream::pair().map_err(|e| format!("could not make the spawner's answer socket: {e}"))?;
-        answer = Some(ours);
-        Ok(Stdio::from(OwnedFd::from(theirs)))
-    };
-    let (mut cmd, stderr) = match (site.net, netns) {
-        // The namespace to join, if any, comes over the answer socket.
-        (None, _) | (Some(_), Some(_)) => (Command::new(init::EXE_FROM_STDIN), answer_socket()?),
-        (Some(tools), None) => {
+    // The spawner answers on its stderr: ready or the error, and its egress socket if it made one;
+    // a spawner started again gets the namespace to join over it first.
+    let (answer, theirs) = UnixStream::pair().map_err(|e| format!("could not make the spawner's answer socket: {e}"))?;
+    let fresh_network = site.net.is_some() && netns.is_none();
+    let mut cmd = match site.net {
+        Some(tools) if fresh_network => {
             let mut c = Command::new(&tools.unshare);
             c.args(["--net", "--", init::EXE_FROM_STDIN]);
-            (c, answer_socket()?)
+            c
         }
+        _ => Command::new(init::EXE_FROM_STDIN),
     };
     cmd.arg(SUBCOMMAND).arg(site.home).arg(site.tmp).arg(site.shell);
     if let Some(uid) = site.uid {
@@ -178,21 +175,17 @@ fn start(listener: &UnixListener, site: &Site<'_>, netns: Option<&File>) -> Resu
         .env("LC_ALL", "C")
         .stdin(Stdio::from(exe))
         .stdout(Stdio::from(OwnedFd::from(socket)))
-        .stderr(stderr);
+        .stderr(Stdio::from(OwnedFd::from(theirs)));
     let mut child = cmd.spawn().map_err(|e| format!("could not start the sandbox's spawner: {e}"))?;
     // The command holds our copy of the answer socket's other end until dropped.
     drop(cmd);
-    let Some(answer) = answer else { return Ok((child, None)) };
-    let sent = match (site.net, netns) {
-        (Some(_), Some(netns)) => init::send_fd(&answer, netns).map_err(|e| format!("could not pass the sandbox's network: {e}")),
-        _ => Ok(()),
-    };
-    if let Err(why) = sent {
-        let _ = child.kill();
-        let _ = child.wait();
-        return Err(why);
+    if let (Some(_), Some(netns)) = (site.net, netns) {
+        if let Err(e) = init::send_fd(&answer, netns) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("could not pass the sandbox's network: {e}"));
+        }
     }
-    let fresh_network = site.net.is_some() && netns.is_none();
     match init::read_answer(&answer, init::START_BUDGET) {
         (init::Answer::Line(line), Some(fd)) if line == "ready" && fresh_network => Ok((child, Some(std::net::TcpListener::from(fd)))),
         (init::Answer::Line(line), None) if line == "ready" && !fresh_network => Ok((child, None)),

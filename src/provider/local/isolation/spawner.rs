@@ -121,16 +121,28 @@ fn same_key(given: Option<&str>, key: &str) -> bool {
     given.len() == key.len() && given.bytes().zip(key.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
 }
 
-/// The key to send to the spawner listening on `socket`: the one beside it, if any.
-fn key_for(socket: &Path) -> Option<String> {
-    socket.parent().and_then(read_key)
+/// Where a sandbox's spawner listens, and the key its requests carry (a Landlock-tier spawner
+/// wants one; the init of a namespace-tier sandbox none).
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    /// The spawner's unix socket.
+    pub socket: PathBuf,
+    /// The key its requests carry, if it wants one.
+    pub key: Option<String>,
 }
 
-/// Asks the spawner listening on `socket` for a TCP connection to `port` on the sandbox's own
-/// loopback interface. The error says what failed (nothing listens, the sandbox is gone...).
-pub fn dial(socket: &Path, port: u16) -> io::Result<std::net::TcpStream> {
-    let conn = UnixStream::connect(socket)?;
-    let request = Request { argv: Vec::new(), env: Vec::new(), cwd: None, dial: Some(port), key: key_for(socket) };
+impl Endpoint {
+    /// The spawner of the sandbox in directory `dir`, with the key kept there when `keyed`.
+    pub fn in_dir(dir: &Path, keyed: bool) -> Endpoint {
+        Endpoint { socket: dir.join(SOCKET_FILE), key: if keyed { read_key(dir) } else { None } }
+    }
+}
+
+/// Asks the spawner at `to` for a TCP connection to `port` on the sandbox's own loopback
+/// interface. The error says what failed (nothing listens, the sandbox is gone...).
+pub fn dial(to: &Endpoint, port: u16) -> io::Result<std::net::TcpStream> {
+    let conn = UnixStream::connect(&to.socket)?;
+    let request = Request { argv: Vec::new(), env: Vec::new(), cwd: None, dial: Some(port), key: to.key.clone() };
     let body = serde_json::to_vec(&request).map_err(io::Error::other)?;
     let mut message = (body.len() as u32).to_le_bytes().to_vec();
     message.extend_from_slice(&body);
@@ -184,12 +196,12 @@ pub struct Remote {
 }
 
 impl Remote {
-    /// Asks the spawner listening on `socket` to run `argv` with exactly `env`, from `cwd` (inside
+    /// Asks the spawner at `to` to run `argv` with exactly `env`, from `cwd` (inside
     /// the sandbox; its home when `None`), with stdout and stderr the given pipe ends (the caller
     /// closes its own copies once this returns), and stdin `stdin` (`/dev/null` when `None`).
     /// Returns once the command runs.
     pub fn spawn(
-        socket: &Path,
+        to: &Endpoint,
         argv: &[String],
         env: Vec<(String, String)>,
         cwd: Option<&str>,
@@ -197,8 +209,8 @@ impl Remote {
         stderr: impl AsFd,
         stdin: Option<std::os::fd::BorrowedFd<'_>>,
     ) -> io::Result<Remote> {
-        let conn = UnixStream::connect(socket)?;
-        let key = key_for(socket);
+        let conn = UnixStream::connect(&to.socket)?;
+        let key = to.key.clone();
         let body = serde_json::to_vec(&Request { argv: argv.to_vec(), env, cwd: cwd.map(str::to_string), dial: None, key })
             .map_err(io::Error::other)?;
         let len = u32::try_from(body.len()).ok().filter(|n| (*n as usize) <= MAX_REQUEST).ok_or_else(|| {
@@ -613,27 +625,27 @@ mod tests {
     fn a_dial_takes_only_a_stream_socket() {
         let (pipe_out, _pipe_in) = rustix::pipe::pipe().unwrap();
         let (dir, t) = fake_init(b"dialed\n", Some(pipe_out));
-        let err = dial(&dir.join(SOCKET_FILE), 8000).unwrap_err();
+        let err = dial(&Endpoint::in_dir(&dir, false), 8000).unwrap_err();
         assert!(err.to_string().contains("not a stream socket"), "{err}");
         t.join().unwrap();
         let (dir2, t) = fake_init(b"error nothing listens on port 8000 inside the sandbox\n", None);
-        let err = dial(&dir2.join(SOCKET_FILE), 8000).unwrap_err();
+        let err = dial(&Endpoint::in_dir(&dir2, false), 8000).unwrap_err();
         assert_eq!(
             (err.kind(), err.to_string()),
             (io::ErrorKind::ConnectionRefused, "nothing listens on port 8000 inside the sandbox".to_string())
         );
         t.join().unwrap();
         let (dir3, t) = fake_init(b"dialed\n", None);
-        assert!(dial(&dir3.join(SOCKET_FILE), 8000).unwrap_err().to_string().contains("not one"));
+        assert!(dial(&Endpoint::in_dir(&dir3, false), 8000).unwrap_err().to_string().contains("not one"));
         t.join().unwrap();
         let (dir4, t) = fake_init(b"", None);
-        assert_eq!(dial(&dir4.join(SOCKET_FILE), 8000).unwrap_err().kind(), io::ErrorKind::NotFound);
+        assert_eq!(dial(&Endpoint::in_dir(&dir4, false), 8000).unwrap_err().kind(), io::ErrorKind::NotFound);
         t.join().unwrap();
         // A real connected socket is taken.
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let inside = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (dir5, t) = fake_init(b"dialed\n", Some(OwnedFd::from(inside)));
-        let mut got = dial(&dir5.join(SOCKET_FILE), 8000).unwrap();
+        let mut got = dial(&Endpoint::in_dir(&dir5, false), 8000).unwrap();
         t.join().unwrap();
         got.write_all(b"hi").unwrap();
         let (mut peer, _) = listener.accept().unwrap();

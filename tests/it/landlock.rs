@@ -481,6 +481,33 @@ fn write_file_cannot_be_raced_out_of_the_home() {
     }
 }
 
+/// A command handed over to its task has its output so far staged in its home, where the sandbox
+/// can plant links first: the server writes there through the sandbox's own file view, so links
+/// to a host file it may write itself (as root, or as the server's user) are refused, not
+/// followed. Before, the staged output landed in the link's target.
+#[test]
+fn a_handover_writes_nothing_through_links_the_sandbox_planted() {
+    for home in landlock_homes("ll-adopt") {
+        let who = who(&home);
+        let victim = home.path.join("victim");
+        std::fs::write(&victim, "untouched").unwrap();
+        if let Some(uid) = home.run_as {
+            std::os::unix::fs::chown(&victim, Some(uid), Some(uid)).unwrap();
+        }
+        let mut m = home.stdio_with(&[("SANDBOX_MCP_TASK_AFTER", "1")]);
+        let (sb, _) = create(&mut m);
+        let plant = format!(
+            "d=$HOME/.sandbox-mcp/tasks; mkdir -p $d; for s in stdout stderr; do ln -s {v} $d/.adopt-$SANDBOX_MCP_TASK.$s.log; done; \
+             echo payload; echo payload >&2; sleep 2",
+            v = victim.display()
+        );
+        let out = m.ok("run_command", json!({"sandbox_id": sb, "command": plant, "timeout": 30}));
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "untouched", "{who}: the handover wrote through a planted link: {out}");
+        m.ok("kill_sandbox", json!({"sandbox_id": sb}));
+        m.close();
+    }
+}
+
 /// Tasks with input work in the tier; a terminal of its own only where the sandbox has a uid of
 /// its own (the host's terminals share `/dev/pts`, and only their owner's uid keeps them out of
 /// reach): elsewhere `pty` is refused, saying so.

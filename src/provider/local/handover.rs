@@ -9,9 +9,7 @@ use crate::limits;
 use crate::provider::process;
 use crate::provider::{unix_now, Adopter, Adoption, ExecEnd, ExecRequest, Promotion, Provider, ProviderError, Touch, TASKS_DIR};
 use std::fs;
-use std::io::Write;
 use std::os::fd::AsFd;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -64,10 +62,13 @@ impl LocalProvider {
         h: &process::Handover<'_>,
     ) -> Result<process::OnEnd, String> {
         let (meta, init) = self.reach_with_init(id, Touch::Observe).map_err(|e| e.to_string())?;
+        // Through the sandbox's own file view (the kernel keeps every lookup inside, with the
+        // sandbox's uid under a root server): the sandbox can plant links in its home.
         let fs = match init {
-            Some(init) => Some(Self::sandbox_fs(id, &meta, init).map_err(|e| e.to_string())?),
-            None => None,
-        };
+            Some(init) => Self::sandbox_fs(id, &meta, init),
+            None => self.home_fs(id, &meta, ".").map(|(fs, _)| fs),
+        }
+        .map_err(|e| e.to_string())?;
         let (stdout, out_cut, stderr, err_cut) = h.captured();
         let mut pre = [0usize; 2];
         let mut cut = [out_cut, err_cut];
@@ -82,27 +83,7 @@ impl LocalProvider {
             }
             pre[i] = masked.len();
             let rel = format!("{TASKS_DIR}/.adopt-{}.{suffix}", p.task_id);
-            match &fs {
-                Some(fs) => fs.write(&rel, &masked).map(drop).map_err(|e| format!("staging the output so far: {e}"))?,
-                None => {
-                    let path = self.home(id).join(&rel);
-                    if let Some(parent) = path.parent() {
-                        fs::DirBuilder::new()
-                            .recursive(true)
-                            .mode(0o700)
-                            .create(parent)
-                            .map_err(|e| format!("creating {parent:?}: {e}"))?;
-                    }
-                    fs::OpenOptions::new()
-                        .write(true)
-                        .create(true)
-                        .truncate(true)
-                        .mode(0o600)
-                        .open(&path)
-                        .and_then(|mut f| f.write_all(&masked))
-                        .map_err(|e| format!("staging the output so far in {path:?}: {e}"))?;
-                }
-            }
+            fs.write(&rel, &masked).map(drop).map_err(|e| format!("staging the output so far: {e}"))?;
         }
         let elapsed = h.elapsed();
         let left = p.timeout.saturating_sub(elapsed).max(Duration::from_millis(10));
@@ -163,26 +144,12 @@ impl LocalProvider {
             return Err(format!("the supervisor did not adopt it: {why}"));
         }
         let task_dir = format!("{TASKS_DIR}/{}", p.task_id);
-        let host_dir = self.home(id).join(&task_dir);
         Ok(Box::new(move |code: Option<i32>| {
             let Some(code) = code else { return };
             let text = format!("{code}\n");
-            match fs {
-                Some(fs) => {
-                    let file = format!("{task_dir}/exit_code");
-                    if fs.is_dir(&task_dir) && fs.read(&file, 64).is_err() {
-                        let _ = fs.write(&file, text.as_bytes());
-                    }
-                }
-                None => {
-                    let file = host_dir.join("exit_code");
-                    if host_dir.is_dir() && !file.exists() {
-                        let tmp = host_dir.join(".exit_code.tmp");
-                        if fs::write(&tmp, text).and_then(|()| fs::rename(&tmp, &file)).is_err() {
-                            log::debug!("could not record the exit code in {host_dir:?}");
-                        }
-                    }
-                }
+            let file = format!("{task_dir}/exit_code");
+            if fs.is_dir(&task_dir) && fs.read(&file, 64).is_err() && fs.write(&file, text.as_bytes()).is_err() {
+                log::debug!("could not record the exit code of task {task_dir}");
             }
         }))
     }

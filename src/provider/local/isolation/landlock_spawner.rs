@@ -339,7 +339,8 @@ fn setup(args: &[String], answer: &OwnedFd) -> Result<(Option<OwnedFd>, Option<S
     };
     // Built with the keeper's rights, before they are dropped.
     let confinement = landlock::prepare(&plan)?;
-    let key = Path::new(home).parent().and_then(spawner::read_key);
+    // Without its key, any process of the same uid could have it start commands: refuse to serve.
+    let key = Path::new(home).parent().and_then(spawner::read_key).ok_or("the sandbox's spawner key is missing or unreadable")?;
     if let Some(uid) = uid {
         let (u, g) = (rustix::process::Uid::from_raw(uid), rustix::process::Gid::from_raw(uid));
         rustix::thread::set_thread_groups(&[]).map_err(|e| format!("drop supplementary groups: {e}"))?;
@@ -353,5 +354,5 @@ fn setup(args: &[String], answer: &OwnedFd) -> Result<(Option<OwnedFd>, Option<S
     rustix::process::set_child_subreaper(Some(rustix::process::getpid())).map_err(|e| format!("be a subreaper: {e}"))?;
     // This process has one thread: the ruleset and the filter hold for all of it.
     landlock::confine_self(&confinement).map_err(|e| format!("confine the spawner: {e}"))?;
-    Ok((egress, key))
+    Ok((egress, Some(key)))
 }

@@ -138,10 +138,21 @@ impl Endpoint {
     }
 }
 
+/// Connects to the spawner at `to`; the connect (a full backlog) and every write (a spawner that
+/// stops reading) give up after `budget`, so a sandbox that stalls its spawner costs the call its
+/// deadline, never a worker for good.
+fn connect(to: &Endpoint, budget: Duration) -> io::Result<UnixStream> {
+    use rustix::net::{sockopt, AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let fd = rustix::net::socket_with(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None)?;
+    sockopt::set_socket_timeout(&fd, sockopt::Timeout::Send, Some(budget))?;
+    rustix::net::connect(&fd, &SocketAddrUnix::new(&to.socket)?)?;
+    Ok(UnixStream::from(fd))
+}
+
 /// Asks the spawner at `to` for a TCP connection to `port` on the sandbox's own loopback
 /// interface. The error says what failed (nothing listens, the sandbox is gone...).
 pub fn dial(to: &Endpoint, port: u16) -> io::Result<std::net::TcpStream> {
-    let conn = UnixStream::connect(&to.socket)?;
+    let conn = connect(to, ANSWER_BUDGET)?;
     let request = Request { argv: Vec::new(), env: Vec::new(), cwd: None, dial: Some(port), key: to.key.clone() };
     let body = serde_json::to_vec(&request).map_err(io::Error::other)?;
     let mut message = (body.len() as u32).to_le_bytes().to_vec();
@@ -209,7 +220,7 @@ impl Remote {
         stderr: impl AsFd,
         stdin: Option<std::os::fd::BorrowedFd<'_>>,
     ) -> io::Result<Remote> {
-        let conn = UnixStream::connect(&to.socket)?;
+        let conn = connect(to, ANSWER_BUDGET)?;
         let key = to.key.clone();
         let body = serde_json::to_vec(&Request { argv: argv.to_vec(), env, cwd: cwd.map(str::to_string), dial: None, key })
             .map_err(io::Error::other)?;
@@ -447,7 +458,10 @@ fn reap(children: &Children) -> ! {
 /// Serves one connection: reads the request, starts the command, then obeys `kill` until the
 /// server closes the connection.
 fn answer(conn: UnixStream, children: &Children) {
+    // A request that never comes whole costs this thread its budget, not forever.
+    let _ = conn.set_read_timeout(Some(ANSWER_BUDGET));
     let received = receive(&conn);
+    let _ = conn.set_read_timeout(None);
     if let (Some(key), Ok((request, _))) = (&children.key, &received) {
         if !same_key(request.key.as_deref(), key) {
             let _ = (&conn).write_all(b"error refused: the request does not carry this sandbox's spawner key\n");
@@ -617,6 +631,36 @@ mod tests {
             }
         });
         (dir, t)
+    }
+
+    /// A spawner that stops accepting (its backlog full) costs a caller its budget, not a blocked
+    /// worker: before, the connect waited for as long as the spawner did.
+    #[test]
+    fn a_stalled_spawner_costs_the_connect_its_budget() {
+        use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+        let dir = std::env::temp_dir().join(format!("smcp-stall-{}", crate::ids::random_hex(4)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let to = Endpoint::in_dir(&dir, false);
+        let _listener = UnixListener::bind(&to.socket).unwrap();
+        let addr = SocketAddrUnix::new(&to.socket).unwrap();
+        let mut held = Vec::new();
+        for _ in 0..100_000 {
+            let fd = rustix::net::socket_with(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::NONBLOCK | SocketFlags::CLOEXEC, None)
+                .unwrap();
+            if rustix::net::connect(&fd, &addr).is_err() {
+                break;
+            }
+            held.push(fd);
+        }
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let t = to.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(connect(&t, Duration::from_millis(200)).map(drop));
+        });
+        let got = rx.recv_timeout(Duration::from_secs(5)).expect("the connect to a stalled spawner did not give up");
+        assert!(got.is_err(), "{got:?}");
+        drop(held);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// What a taken-over init may answer a dial with: only a stream socket is taken; anything

@@ -52,9 +52,16 @@ pub fn proc_stat(pid: u32) -> Option<ProcStat> {
 /// Reads a stat file of that format (a process's, or one thread's under `/proc/<pid>/task/`);
 /// `None` when it is gone.
 pub fn stat_at(file: &Path) -> Option<ProcStat> {
-    let text = std::fs::read_to_string(file).ok()?;
-    // The command name may contain spaces and parentheses: fields start after the last ')'.
-    let rest = text.get(text.rfind(')')? + 2..)?;
+    let bytes = std::fs::read(file).ok()?;
+    parse_stat(&bytes)
+}
+
+/// The fields of one stat file's text. The command name is the process's to choose: it may hold
+/// spaces, parentheses and bytes that are not UTF-8, so fields start after the last `)` and only
+/// what follows it (numbers and a state letter) is read as text.
+fn parse_stat(bytes: &[u8]) -> Option<ProcStat> {
+    let after_name = bytes.iter().rposition(|b| *b == b')')? + 2;
+    let rest = std::str::from_utf8(bytes.get(after_name..)?).ok()?;
     let fields: Vec<&str> = rest.split(' ').collect();
     Some(ProcStat {
         state: fields.first()?.chars().next()?,
@@ -686,6 +693,18 @@ pub fn which(name: &str, path_var: &str) -> Option<PathBuf> {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicBool;
+
+    /// Regression: a process that named itself with bytes that are not UTF-8 (`/proc/self/comm`
+    /// is its own to write) was unreadable, so scans for kill_sandbox passed over it and its
+    /// children.
+    #[test]
+    fn a_stat_line_is_read_whatever_the_command_name_holds() {
+        let line = b"4242 (a) b\xff\xfe)) R 7 4242 4242 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 987654 0 0\n";
+        let st = parse_stat(line).expect("a stat line with a non-UTF-8 name is read");
+        assert_eq!((st.state, st.ppid, st.pgrp, st.start, st.kernel_thread), ('R', 7, 4242, 987654, false));
+        assert_eq!(parse_stat(b"4242 (no closing parenthesis R 1"), None);
+        assert_eq!(parse_stat(b"4242 (x) \xff 1 2"), None, "fields after the name must be text");
+    }
 
     fn run_sh(script: &str, deadline: Duration) -> ExecOutput {
         let mut cmd = Command::new("/bin/sh");

@@ -367,6 +367,36 @@ fn tasks_file_tools_and_kill_work_across_server_processes() {
     }
 }
 
+/// kill_sandbox ends a process that named itself with bytes that are not UTF-8, and its children:
+/// the scans beneath the spawner and by uid once took its unreadable stat file for a process gone.
+#[test]
+fn a_process_with_a_name_that_is_not_text_ends_with_its_sandbox() {
+    for home in landlock_homes("ll-name") {
+        let who = who(&home);
+        let mut m = home.stdio();
+        let sb = create(&mut m).0;
+        let nap = unique_sleep();
+        // A process's name is the last part of the path it was started from. The loop starts its
+        // sleep again: the shell outlives a kill of its child alone.
+        let command = format!(
+            "name=\"$(printf '\\377\\376(x) Z')\"; ln -s \"$(command -v bash)\" \"$name\" && \
+             setsid env -i \"./$name\" -c 'while :; do sleep {nap}; done' >/dev/null 2>&1 &"
+        );
+        m.ok("run_command", json!({"sandbox_id": sb, "command": command}));
+        let sleeper = pid_of_argv(&["sleep", &nap]);
+        let stat = std::fs::read(format!("/proc/{sleeper}/stat")).unwrap();
+        let after_name = stat.iter().rposition(|b| *b == b')').unwrap() + 2;
+        let parent: u32 = String::from_utf8_lossy(&stat[after_name..]).split(' ').nth(1).unwrap().parse().unwrap();
+        let name = std::fs::read(format!("/proc/{parent}/comm")).unwrap();
+        assert!(std::str::from_utf8(&name).is_err(), "{who}: the shell's name should not be UTF-8: {name:?}");
+        m.ok("kill_sandbox", json!({"sandbox_id": sb}));
+        wait_for(Duration::from_secs(10), &format!("{who}: the renamed shell and its sleep to end with the sandbox"), || {
+            (!pid_alive(parent) && pids_of_argv(&["sleep", &nap]).is_empty()).then_some(())
+        });
+        m.close();
+    }
+}
+
 /// On a host that refuses user namespaces (this test's own user namespace with
 /// `user.max_user_namespaces` at 0), `auto` picks Landlock, says so once, names no `uid` layer
 /// (root of that namespace cannot take another uid), and its sandbox keeps the state root out of

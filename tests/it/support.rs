@@ -296,10 +296,11 @@ pub fn pid_of_argv(argv: &[&str]) -> u32 {
 
 /// Whether a process with this pid exists and is not a zombie.
 pub fn pid_alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+    // Bytes, not text: the command name in it need not be UTF-8.
+    match std::fs::read(format!("/proc/{pid}/stat")) {
         Ok(s) => {
-            let state = s.rsplit_once(") ").map(|(_, r)| r.chars().next().unwrap_or('?')).unwrap_or('?');
-            state != 'Z' && state != 'X'
+            let state = s.iter().rposition(|b| *b == b')').and_then(|i| s.get(i + 2)).copied().unwrap_or(b'?');
+            state != b'Z' && state != b'X'
         }
         Err(_) => false,
     }

@@ -117,16 +117,16 @@ pub fn uid_pids(uid: u32) -> Vec<u32> {
         if pid == me || pid <= 1 {
             continue;
         }
-        // `status` is a kernel file of a few kilobytes; its `Uid:` line is real, effective, saved, fs.
-        let Ok(status) = fs::read_to_string(format!("/proc/{pid}/status")) else { continue };
-        let ids: Vec<u32> = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Uid:"))
-            .map(|rest| rest.split_whitespace().filter_map(|n| n.parse().ok()).collect())
-            .unwrap_or_default();
+        // `status` is a kernel file of a few kilobytes; its `Uid:` line is real, effective, saved,
+        // fs. Its `Name:` line is the process's to choose and need not be UTF-8, so lines are read
+        // as bytes and only the two used here as text.
+        let Ok(status) = fs::read(format!("/proc/{pid}/status")) else { continue };
+        let field =
+            |name: &[u8]| status.split(|b| *b == b'\n').find_map(|l| l.strip_prefix(name)).and_then(|rest| std::str::from_utf8(rest).ok());
+        let ids: Vec<u32> = field(b"Uid:").map(|rest| rest.split_whitespace().filter_map(|n| n.parse().ok()).collect()).unwrap_or_default();
         // A zombie has ended already (only its parent's wait is missing): no signal changes it,
         // and counting it would keep a kill scanning until its budget ran out.
-        let zombie = status.lines().find_map(|l| l.strip_prefix("State:")).is_some_and(|st| st.trim_start().starts_with('Z'));
+        let zombie = field(b"State:").is_some_and(|st| st.trim_start().starts_with('Z'));
         if !zombie && ids.iter().take(2).any(|u| *u == uid) {
             pids.push(pid);
         }

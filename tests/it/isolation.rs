@@ -723,8 +723,12 @@ import ctypes, errno, fcntl, os, platform, termios
 libc = ctypes.CDLL(None, use_errno=True)
 nr = {"x86_64": dict(keyctl=250, add_key=248, bpf=321, perf_event_open=298, userfaultfd=323, open_by_handle_at=304, init_module=175, kexec_load=246),
       "aarch64": dict(keyctl=219, add_key=217, bpf=280, perf_event_open=241, userfaultfd=282, open_by_handle_at=265, init_module=105, kexec_load=104)}[platform.machine()]
+nr["io_uring_setup"] = 425
 for name, n in sorted(nr.items()):
     r = libc.syscall(n, 0, 0, 0, 0, 0)
+    print(name, errno.errorcode.get(ctypes.get_errno(), "ok") if r == -1 else "ok")
+for name, family in [("vsock", 40), ("smc", 43), ("alg", 38)]:
+    r = libc.socket(family, 1, 0)
     print(name, errno.errorcode.get(ctypes.get_errno(), "ok") if r == -1 else "ok")
 os.sys.stdout.flush()
 pid = os.fork()
@@ -744,7 +748,8 @@ print("seccomp", status["Seccomp"].strip(), "no_new_privs", status["NoNewPrivs"]
 "#;
 
 /// seccomp and no_new_privs hold for every sandbox process: the documented deny list answers
-/// EPERM (keyrings, bpf, perf, userfaultfd, modules, kexec, file handles, terminal injection),
+/// EPERM (keyrings, bpf, perf, userfaultfd, modules, kexec, file handles, io_uring, terminal
+/// injection, sockets of families such as vsock that a network namespace does not hold in),
 /// and what agents run keeps working (a venv with pip, gcc, make, git, namespaces of their own,
 /// strace of their own processes, node, where the host has them).
 #[test]
@@ -758,7 +763,18 @@ fn seccomp_denies_the_list_and_agent_tools_keep_working() {
         assert!(put["bytes_written"].as_u64().is_some_and(|n| n > 0), "{put}");
         let (code, out, err) = sh(&mut m, "python3 probe.py");
         assert_eq!(code, 0, "{who}: {err}");
-        for name in ["add_key", "bpf", "init_module", "kexec_load", "keyctl", "open_by_handle_at", "perf_event_open", "userfaultfd"] {
+        let denied = [
+            "add_key",
+            "bpf",
+            "init_module",
+            "kexec_load",
+            "keyctl",
+            "open_by_handle_at",
+            "perf_event_open",
+            "userfaultfd",
+            "io_uring_setup",
+        ];
+        for name in denied.into_iter().chain(["vsock", "smc", "alg"]) {
             assert!(out.contains(&format!("{name} EPERM\n")), "{who}: {name} is not refused: {out}");
         }
         assert!(out.contains("TIOCSTI EPERM") || out.contains("TIOCSTI EIO"), "{who}: {out}");

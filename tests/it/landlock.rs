@@ -134,8 +134,17 @@ fn tcp_udp_and_abstract_sockets_to_the_host_are_refused() {
         assert!(listener.accept().is_err(), "{who}: the loopback listener got a connection");
         let (code, _, _) = sh(&mut m, &sb, "python3 -c 'import socket; socket.socket().bind((\"127.0.0.1\", 0))' 2>/dev/null");
         assert_ne!(code, 0, "{who}: a TCP bind succeeded");
-        let (code, _, _) = sh(&mut m, &sb, "python3 -c 'import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM)' 2>/dev/null");
-        assert_ne!(code, 0, "{who}: a UDP socket was created");
+        // Every IPv4 and IPv6 socket but TCP, and families that Landlock does not rule, fail
+        // with seccomp's EPERM (DCCP, MPTCP, vsock and SMC were once let through).
+        let py = "import errno, socket\n\
+                  for name, args in [('udp', (2, 2)), ('dccp', (2, 6)), ('mptcp', (10, 1, 262)), ('vsock', (40, 1)), ('smc', (43, 1))]:\n\
+                  \x20   try:\n\
+                  \x20       socket.socket(*args); print(name, 'ok')\n\
+                  \x20   except OSError as e:\n\
+                  \x20       print(name, errno.errorcode[e.errno])\n";
+        m.ok("write_file", json!({"sandbox_id": sb, "path": "sockets.py", "content": py}));
+        let (_, out, err) = sh(&mut m, &sb, "python3 sockets.py");
+        assert_eq!(out, "udp EPERM\ndccp EPERM\nmptcp EPERM\nvsock EPERM\nsmc EPERM\n", "{who}: {err}");
         let abi = sandbox_mcp::provider::local::isolation::landlock::abi();
         if abi >= 6 {
             let py = format!("import socket; s = socket.socket(socket.AF_UNIX); s.connect(\"\\0{name}\")");

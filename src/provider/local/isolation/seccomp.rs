@@ -15,6 +15,8 @@
 //! | `init_module`, `finit_module`, `delete_module` | kernel modules |
 //! | `kexec_load`, `kexec_file_load` | replace the running kernel |
 //! | `open_by_handle_at` | opens files by handle, around the mount namespace's view |
+//! | `io_uring_setup`, `io_uring_enter`, `io_uring_register` | io_uring makes sockets and opens files in the kernel, where this filter never sees them |
+//! | `socket` of a family other than unix, IPv4, IPv6, netlink and packet | `vsock` reaches the machine's hypervisor whatever the network namespace; the others are rarely used kernel surface |
 //!
 //! System calls of another architecture's ABI (32-bit calls on a 64-bit kernel) end the process:
 //! they would go around the list.
@@ -42,7 +44,15 @@ pub const DENIED: &[&str] = &[
     "kexec_load",
     "kexec_file_load",
     "open_by_handle_at",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "socket(other families)",
 ];
+
+/// Socket families a sandbox may make: unix, IPv4, IPv6, netlink (`ip`, `ss`) and packet
+/// (`tcpdump` in a network namespace of its own; it needs a capability the Landlock tier lacks).
+const FAMILIES: [i32; 5] = [libc::AF_UNIX, libc::AF_INET, libc::AF_INET6, libc::AF_NETLINK, libc::AF_PACKET];
 
 fn target() -> Result<TargetArch, String> {
     TargetArch::try_from(std::env::consts::ARCH).map_err(|_| format!("no seccomp filter is defined for {}", std::env::consts::ARCH))
@@ -53,9 +63,9 @@ fn program() -> Result<BpfProgram, String> {
     compile(false)
 }
 
-/// The filter of the Landlock tier: the same list, and, since that tier shares the host's
+/// The filter of the Landlock tier: the same list, and, since that tier may share the host's
 /// network stack and Landlock rules only TCP, `socket` refuses every IPv4 and IPv6 socket that is
-/// not TCP (UDP, raw, SCTP, ...).
+/// not TCP (UDP, raw, SCTP, DCCP, MPTCP, ...).
 pub(super) fn landlock_program() -> Result<BpfProgram, String> {
     compile(true)
 }
@@ -81,6 +91,9 @@ fn build(inet_tcp_only: bool) -> Result<BpfProgram, String> {
         libc::SYS_kexec_load,
         libc::SYS_kexec_file_load,
         libc::SYS_open_by_handle_at,
+        libc::SYS_io_uring_setup,
+        libc::SYS_io_uring_enter,
+        libc::SYS_io_uring_register,
     ];
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = whole.into_iter().map(|nr| (nr, Vec::new())).collect();
     let request = |value| {
@@ -89,23 +102,35 @@ fn build(inet_tcp_only: bool) -> Result<BpfProgram, String> {
             .map_err(|e| format!("build the seccomp rule: {e}"))
     };
     rules.insert(libc::SYS_ioctl, vec![request(TIOCSTI)?, request(TIOCLINUX)?]);
-    if inet_tcp_only {
-        let cond = |arg, len, op, value| SeccompCondition::new(arg, len, op, value).map_err(|e| format!("build the seccomp rule: {e}"));
-        let mut socket = Vec::new();
-        for family in [libc::AF_INET, libc::AF_INET6] {
-            let family = cond(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, family as u64)?;
-            // The type's low bits (flags such as SOCK_CLOEXEC above them) equal to SOCK_STREAM.
-            let stream = cond(1, SeccompCmpArgLen::Dword, SeccompCmpOp::MaskedEq(0xf), libc::SOCK_STREAM as u64)?;
-            for kind in [libc::SOCK_DGRAM, libc::SOCK_RAW, libc::SOCK_SEQPACKET, libc::SOCK_RDM] {
-                let kind = cond(1, SeccompCmpArgLen::Dword, SeccompCmpOp::MaskedEq(0xf), kind as u64)?;
-                socket.push(SeccompRule::new(vec![family.clone(), kind]).map_err(|e| format!("build the seccomp rule: {e}"))?);
-            }
-            // A stream socket whose protocol is not 0 or TCP (SCTP's stream mode).
-            let proto = cond(2, SeccompCmpArgLen::Dword, SeccompCmpOp::Gt, libc::IPPROTO_TCP as u64)?;
-            socket.push(SeccompRule::new(vec![family.clone(), stream, proto]).map_err(|e| format!("build the seccomp rule: {e}"))?);
+    let cond = |arg, op, value: i32| {
+        SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value as u64).map_err(|e| format!("build the seccomp rule: {e}"))
+    };
+    let rule = |conds| SeccompRule::new(conds).map_err(|e| format!("build the seccomp rule: {e}"));
+    // Each rule matches a `socket` call that is refused. The families between the allowed ones,
+    // as ranges: below the first, each gap, above the last.
+    let mut socket = Vec::new();
+    let mut allowed = FAMILIES;
+    allowed.sort_unstable();
+    let mut next = 0;
+    for family in allowed {
+        if family > next {
+            socket.push(rule(vec![cond(0, SeccompCmpOp::Ge, next)?, cond(0, SeccompCmpOp::Lt, family)?])?);
         }
-        rules.insert(libc::SYS_socket, socket);
+        next = family + 1;
     }
+    socket.push(rule(vec![cond(0, SeccompCmpOp::Ge, next)?])?);
+    if inet_tcp_only {
+        for family in [libc::AF_INET, libc::AF_INET6] {
+            // Every type but SOCK_STREAM, by the type's low bits (flags such as SOCK_CLOEXEC are
+            // above them).
+            for kind in (0..=0xf).filter(|k| *k != libc::SOCK_STREAM) {
+                socket.push(rule(vec![cond(0, SeccompCmpOp::Eq, family)?, cond(1, SeccompCmpOp::MaskedEq(0xf), kind)?])?);
+            }
+            // A stream socket whose protocol is not 0 or TCP (SCTP's stream mode, MPTCP).
+            socket.push(rule(vec![cond(0, SeccompCmpOp::Eq, family)?, cond(2, SeccompCmpOp::Gt, libc::IPPROTO_TCP)?])?);
+        }
+    }
+    rules.insert(libc::SYS_socket, socket);
     let filter = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), target()?)
         .map_err(|e| format!("build the seccomp filter: {e}"))?;
     BpfProgram::try_from(filter).map_err(|e| format!("compile the seccomp filter: {e}"))
@@ -141,6 +166,6 @@ mod tests {
         let program = program().unwrap();
         assert!(!program.is_empty());
         assert!(landlock_program().unwrap().len() > program.len());
-        assert_eq!(DENIED.len(), 14);
+        assert_eq!(DENIED.len(), 18);
     }
 }

@@ -12,6 +12,7 @@ use std::io::Read;
 use std::net::TcpListener;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener};
+use std::path::Path;
 use std::time::Duration;
 
 /// Skips (with a line saying why) where the kernel has no Landlock.
@@ -287,30 +288,58 @@ print(s.recv(200).decode().strip())"#;
     }
 }
 
-/// A root server whose state root lies under a directory other uids cannot pass gives its
-/// sandboxes no uid of their own: they keep uid 0, with no capability at all (none effective,
-/// permitted or in the bounding set, and the secure bits keep an exec from giving any back).
-/// (Before, they ran as root with every capability, under Landlock and seccomp only.)
+/// A root server whose state root lies under a directory other uids cannot pass (`/root`, mode
+/// 0700) still gives each sandbox a uid of its own: its spawner reaches the home through a
+/// passage in a mount namespace of its own. (Before, such sandboxes kept uid 0 without
+/// capabilities, which still passes the owner check of a root-owned socket: here, one of mode
+/// 0600 beside the state root, as `docker.sock` would be.) Home, `TMPDIR` and tasks work as
+/// anywhere, and the host's mounts show nothing of the passage.
 #[test]
-fn uid_0_without_a_uid_of_its_own_has_no_capabilities() {
+fn a_state_root_others_cannot_pass_still_gives_a_uid_of_its_own() {
     if !is_root() || sandbox_mcp::provider::local::isolation::landlock::available().is_err() {
         return;
     }
-    let home = Home::new("ll-nocaps").with_isolation("landlock");
+    let home = Home::new("ll-passage").with_isolation("landlock");
     std::fs::set_permissions(&home.path, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let witness_dir = std::env::temp_dir().join(format!("smcp-rootsock-{}", sandbox_mcp::ids::random_hex(6)));
+    std::fs::create_dir(&witness_dir).unwrap();
+    std::fs::set_permissions(&witness_dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let socket = witness_dir.join("root.sock");
+    let listener = UnixListener::bind(&socket).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    std::fs::set_permissions(&socket, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let mut m = home.stdio();
     let (sb, c) = create(&mut m);
-    assert!(!c["layers"].as_array().unwrap().contains(&json!("uid")), "{c}");
-    let (code, out, err) = sh(&mut m, &sb, "id -u; grep -E '^Cap(Prm|Eff|Bnd|Amb)' /proc/self/status");
+    assert!(c["layers"].as_array().unwrap().contains(&json!("uid")), "{c}");
+    let (code, out, err) = sh(&mut m, &sb, "id -u; echo ok > f && cat f && echo t > \"$TMPDIR/t\" && cat \"$TMPDIR/t\" && pwd");
     assert_eq!(code, 0, "{err}");
-    assert!(out.starts_with("0\n"), "{out}");
-    for line in out.lines().skip(1) {
-        assert!(line.ends_with("0000000000000000"), "a capability is left: {out}");
-    }
-    // What agents run keeps working.
-    let (code, out, err) = sh(&mut m, &sb, "echo ok > f && cat f && python3 -c 'print(1+1)'");
-    assert_eq!((code, out.as_str()), (0, "ok\n2\n"), "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0] != "0" && lines[1..3] == ["ok", "t"], "{out}");
+    assert_eq!(Path::new(lines[3]), home.sandbox_dir(&sb).join("home"), "{out}");
+    let py = format!("import socket; s = socket.socket(socket.AF_UNIX); s.connect(\"{}\")", socket.display());
+    let (code, _, err) = sh(&mut m, &sb, &format!("python3 -c '{py}'"));
+    assert_ne!(code, 0, "a root-owned socket of mode 0600 was reached");
+    assert!(err.contains("PermissionError"), "{err}");
+    assert!(listener.accept().is_err(), "the root-owned socket got a connection");
+    // A task and the file tools, through the server's view of the same home.
+    let started = m.ok("start_task", json!({"sandbox_id": sb, "command": "echo begun > begun.txt; cat begun.txt"}));
+    let task = started["task_id"].as_str().unwrap().to_string();
+    let got = m.ok("get_task", json!({"sandbox_id": sb, "task_id": task, "wait": 10}));
+    assert_eq!(got["stdout"], "begun\n", "{got}");
+    let read = m.ok("read_file", json!({"sandbox_id": sb, "path": "begun.txt"}));
+    assert_eq!(read["content"], "begun\n", "{read}");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(&home.path.display().to_string()), "the passage leaked into the host's mounts:\n{mounts}");
+    // A spawner started again (joining the sandbox's network) opens its passage again.
+    let dir = home.sandbox_dir(&sb);
+    let spawner: u32 = std::fs::read_to_string(dir.join("spawner.pid")).unwrap().split(' ').next().unwrap().parse().unwrap();
+    let _ = std::process::Command::new("kill").args(["-KILL", &spawner.to_string()]).status();
+    wait_for(Duration::from_secs(5), "the spawner to end", || (!pid_alive(spawner)).then_some(()));
+    let (code, out, err) = sh(&mut m, &sb, "cat f");
+    assert_eq!((code, out.as_str()), (0, "ok\n"), "{err}");
+    m.ok("kill_sandbox", json!({"sandbox_id": sb}));
     m.close();
+    let _ = std::fs::remove_dir_all(&witness_dir);
 }
 
 /// A spawner that cannot start (here: the sandbox's temporary directory was removed on the
@@ -432,6 +461,17 @@ fn auto_picks_landlock_where_user_namespaces_are_blocked() {
     let out = run(&format!("run_command '{}'", json!({"sandbox_id": sb, "command": cmd})));
     let ran: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(ran["stdout"], "done\n", "{ran}");
+    // Root of a namespace that maps no other uid: the sandbox keeps uid 0 with no capability at
+    // all (none inheritable, effective, permitted, ambient or in the bounding set; the secure bits keep an
+    // exec from giving any back).
+    let cmd = "id -u; grep ^Cap /proc/self/status";
+    let out = run(&format!("run_command '{}'", json!({"sandbox_id": sb, "command": cmd})));
+    let ran: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let text = ran["stdout"].as_str().unwrap();
+    assert!(text.starts_with("0\n") && text.lines().count() == 6, "{ran}");
+    for line in text.lines().skip(1) {
+        assert!(line.ends_with("0000000000000000"), "a capability is left: {ran}");
+    }
     // The doctor on that host names the blocking setting and its remedy, and picks landlock.
     let out = std::process::Command::new("unshare")
         .args([

@@ -3,7 +3,7 @@
 //! the sweep that ends expired sandboxes and restarts missing keepers at server start.
 
 use super::isolation::enter::Init;
-use super::isolation::{cgroup, init, landlock_spawner, seccomp, spawner, Isolation};
+use super::isolation::{cgroup, init, landlock_spawner, passage, seccomp, spawner, Isolation};
 use super::{check_local_id, LocalProvider, CREATING_PREFIX, KILL_SCAN_BUDGET};
 use crate::egress;
 use crate::provider::process;
@@ -316,7 +316,15 @@ fn run_keeper(root: &Path, id: &str, shell: &Path, start: Start) -> anyhow::Resu
         Some(m) if m.proxy => Some(provider.tools().map_err(|e| anyhow::anyhow!("sandbox {id}: {e}"))?),
         _ => None,
     };
-    let site = landlock_spawner::Site { id, home: &home, tmp: &tmp, shell, exe: &provider.exe, cgroups: &cgroups, uid: owned_by, net };
+    // A uid of its own that cannot pass the directories above its home goes through a passage.
+    let passage = match spawned {
+        Some(_) if owned_by.is_some() && passage::blocked_at(&dir).is_some() => {
+            Some(provider.tools().map_err(|e| anyhow::anyhow!("sandbox {id}: {e}"))?)
+        }
+        _ => None,
+    };
+    let site =
+        landlock_spawner::Site { id, home: &home, tmp: &tmp, shell, exe: &provider.exe, cgroups: &cgroups, uid: owned_by, net, passage };
     let mut keeping = spawned.map(|_| landlock_spawner::Keeping::new(&dir, handed));
     if keeping.is_some() {
         // What a command leaves behind when sandbox code killed the spawner above it comes here

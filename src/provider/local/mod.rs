@@ -215,9 +215,9 @@ impl LocalProvider {
     /// Gives each new isolated sandbox a host uid of its own from `range` when the server runs
     /// as root (elsewhere sandboxes have the server's uid); fails when the range is not free on
     /// this host (see [`UidRange::check_free`]). A Landlock-tier sandbox gets one only where the
-    /// range is mapped here (a user namespace may map root alone) and every directory above the
-    /// state root lets others pass (its uid reaches its home through them); else it runs as the
-    /// server's uid and its layers do not name `uid`.
+    /// range is mapped here (a user namespace may map root alone) and its uid can reach its home:
+    /// every directory above the state root lets others pass, or `unshare` can give its spawner
+    /// a passage; else it runs as the server's uid and its layers do not name `uid`.
     pub fn with_uid_range(mut self, range: UidRange) -> Result<LocalProvider, ProviderError> {
         if !rustix::process::getuid().is_root() {
             return Ok(self);
@@ -229,14 +229,17 @@ impl LocalProvider {
                     let n: Vec<u64> = l.split_whitespace().filter_map(|x| x.parse().ok()).collect();
                     n.len() == 3 && n[0] <= u64::from(range.first) && u64::from(range.last) < n[0] + n[2]
                 });
+                // Where a directory above the state root lets no other uid pass (it lies under
+                // `/root`, say), each spawner opens a passage to its home in a mount namespace of
+                // its own (see `isolation::passage`), which needs `unshare`.
                 let sandboxes = self.root.join("sandboxes");
-                let passable = sandboxes.ancestors().all(|d| fs::metadata(d).is_ok_and(|m| m.permissions().mode() & 0o001 != 0));
-                if !mapped || !passable {
+                let reachable = isolation::passage::blocked_at(&sandboxes).is_none() || self.tools.is_some();
+                if !mapped || !reachable {
                     log::info!(
-                        "landlock sandboxes run as the server's uid: uid range mapped here {mapped}, state root passable {passable}"
+                        "landlock sandboxes run as the server's uid: uid range mapped here {mapped}, homes reachable {reachable} (a directory above the state root lets no other uid pass, and util-linux unshare was not found)"
                     );
                 }
-                mapped && passable
+                mapped && reachable
             }
             Isolation::None => false,
         };

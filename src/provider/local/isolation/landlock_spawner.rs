@@ -17,6 +17,10 @@
 //! connect to its port only. The keeper keeps the namespace (a descriptor of it), so that a
 //! spawner started again joins it (`setns`, the descriptor sent on its answer socket).
 //!
+//! Where its uid cannot pass a directory above its home, it also starts in a mount namespace of
+//! its own (`unshare --mount`), where it opens a [`passage`](super::passage) to the home before it
+//! takes that uid.
+//!
 //! Every spawner answers the keeper on its stderr, a socket: `ready`, or `error <what failed>`,
 //! which the keeper records (`spawner.error`) for the server to pass on to the call that waited.
 //!
@@ -67,6 +71,9 @@ pub struct Site<'a> {
     /// egress goes through its proxy); `None` keeps the host's network stack, where the
     /// ruleset allows no TCP at all.
     pub net: Option<&'a Tools>,
+    /// The programs that make a mount namespace of its own, when the sandbox has a uid of its own
+    /// that cannot pass a directory above its home (see [`passage`](super::passage)).
+    pub passage: Option<&'a Tools>,
 }
 
 /// A keeper's hold on its sandbox's spawner.
@@ -148,15 +155,25 @@ fn start(listener: &UnixListener, site: &Site<'_>, netns: Option<&File>) -> Resu
     // a spawner started again gets the namespace to join over it first.
     let (answer, theirs) = UnixStream::pair().map_err(|e| format!("could not make the spawner's answer socket: {e}"))?;
     let fresh_network = site.net.is_some() && netns.is_none();
-    let mut cmd = match site.net {
-        Some(tools) if fresh_network => {
+    let mut namespaces = Vec::new();
+    if fresh_network {
+        namespaces.push("--net");
+    }
+    if site.passage.is_some() {
+        namespaces.extend(["--mount", "--propagation", "private"]);
+    }
+    let mut cmd = match site.net.filter(|_| fresh_network).or(site.passage) {
+        Some(tools) => {
             let mut c = Command::new(&tools.unshare);
-            c.args(["--net", "--", init::EXE_FROM_STDIN]);
+            c.args(namespaces).args(["--", init::EXE_FROM_STDIN]);
             c
         }
-        _ => Command::new(init::EXE_FROM_STDIN),
+        None => Command::new(init::EXE_FROM_STDIN),
     };
     cmd.arg(SUBCOMMAND).arg(site.home).arg(site.tmp).arg(site.shell);
+    if site.passage.is_some() {
+        cmd.arg(PASSAGE_FLAG);
+    }
     if let Some(uid) = site.uid {
         cmd.arg(format!("--uid={uid}"));
     }
@@ -222,12 +239,16 @@ const EGRESS_FLAG: &str = "--egress";
 /// answer socket (a spawner started again); its commands may connect to the egress proxy's port.
 const JOIN_FLAG: &str = "--join-net";
 
+/// The spawner's flag: it runs in a mount namespace of its own, where it opens a passage to its
+/// home before it takes the sandbox's uid.
+const PASSAGE_FLAG: &str = "--passage";
+
 /// The spawner's flag: its stderr is the answer socket (`ready` or `error ...`), without a
 /// network of its own.
 const ANSWER_FLAG: &str = "--answer";
 
 /// The body of `sandbox-mcp sandbox-landlock-spawner HOME TMP SHELL [--uid=N] [--cgroup FILE]...
-/// [--egress | --proxy]`: its stdout is the listening socket, its working directory the
+/// [--passage] [--egress | --join-net | --answer]`: its stdout is the listening socket, its working directory the
 /// sandbox's home. Returns only on a setup failure.
 pub fn run(args: &[String]) -> anyhow::Result<()> {
     // A session of its own: no controlling terminal for it or anything it starts.
@@ -266,8 +287,8 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
 }
 
 /// Gives up every capability of uid 0 for good, for this process and everything it starts: a
-/// root server's sandbox that cannot have a uid of its own (its state root lies under a
-/// directory other uids cannot pass) keeps uid 0, which must not mean rebooting the host,
+/// root server's sandbox that cannot have a uid of its own (the server is root of a user
+/// namespace that maps no other uid) keeps uid 0, which must not mean rebooting the host,
 /// setting its clock or driving I/O ports. Secure bits first (so that no exec as uid 0 gives
 /// capabilities back), then the bounding set, then the sets themselves.
 fn give_up_root() -> Result<(), String> {
@@ -298,10 +319,10 @@ fn give_up_root() -> Result<(), String> {
 fn setup(args: &[String], answer: &OwnedFd) -> Result<(Option<OwnedFd>, Option<String>), String> {
     let [home, tmp, shell, flags @ ..] = args else {
         return Err(format!(
-            "usage: {SUBCOMMAND} HOME TMP SHELL [--uid=N] [--cgroup FILE]... [{EGRESS_FLAG} | {JOIN_FLAG} | {ANSWER_FLAG}]"
+            "usage: {SUBCOMMAND} HOME TMP SHELL [--uid=N] [--cgroup FILE]... [{PASSAGE_FLAG}] [{EGRESS_FLAG} | {JOIN_FLAG} | {ANSWER_FLAG}]"
         ));
     };
-    let (mut uid, mut cgroups, mut egress, mut proxy) = (None, Vec::new(), false, false);
+    let (mut uid, mut cgroups, mut egress, mut proxy, mut passage) = (None, Vec::new(), false, false, false);
     let mut it = flags.iter();
     while let Some(flag) = it.next() {
         match flag.as_str() {
@@ -314,6 +335,7 @@ fn setup(args: &[String], answer: &OwnedFd) -> Result<(Option<OwnedFd>, Option<S
                 proxy = true;
             }
             ANSWER_FLAG => {}
+            PASSAGE_FLAG => passage = true,
             other => match other.strip_prefix("--uid=").and_then(|n| n.parse::<u32>().ok()) {
                 Some(n) => uid = Some(n),
                 None => return Err(format!("unknown argument {other:?}")),
@@ -328,6 +350,12 @@ fn setup(args: &[String], answer: &OwnedFd) -> Result<(Option<OwnedFd>, Option<S
     } else {
         None
     };
+    // Without its key, any process of the same uid could have it start commands: refuse to
+    // serve. Read before the passage covers the sandbox's directory.
+    let key = Path::new(home).parent().and_then(spawner::read_key).ok_or("the sandbox's spawner key is missing or unreadable")?;
+    if passage {
+        super::passage::open(Path::new(home), Path::new(tmp))?;
+    }
     let plan = landlock::Plan {
         home: Path::new(home),
         tmp: Path::new(tmp),
@@ -339,8 +367,6 @@ fn setup(args: &[String], answer: &OwnedFd) -> Result<(Option<OwnedFd>, Option<S
     };
     // Built with the keeper's rights, before they are dropped.
     let confinement = landlock::prepare(&plan)?;
-    // Without its key, any process of the same uid could have it start commands: refuse to serve.
-    let key = Path::new(home).parent().and_then(spawner::read_key).ok_or("the sandbox's spawner key is missing or unreadable")?;
     if let Some(uid) = uid {
         let (u, g) = (rustix::process::Uid::from_raw(uid), rustix::process::Gid::from_raw(uid));
         rustix::thread::set_thread_groups(&[]).map_err(|e| format!("drop supplementary groups: {e}"))?;

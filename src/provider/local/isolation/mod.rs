@@ -24,6 +24,7 @@ pub mod files;
 pub mod init;
 pub mod landlock;
 pub mod landlock_spawner;
+pub mod passage;
 pub mod rootfs;
 pub mod seccomp;
 pub mod spawner;

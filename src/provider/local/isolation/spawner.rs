@@ -39,6 +39,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -47,6 +48,12 @@ pub const SOCKET_FILE: &str = "spawn.sock";
 
 /// The largest request accepted (argv and environment are bounded far below this by the tools).
 const MAX_REQUEST: usize = 4 << 20;
+
+/// The most connections that may be waiting for their request at once. Under an unprivileged
+/// server the socket can be reached by other sandboxes of the same uid (they lack the key, but a
+/// request is read before its key is checked): more are closed at once, and each waiting one
+/// holds a thread and what it has sent so far for [`ANSWER_BUDGET`] at most.
+const MAX_WAITING: usize = 32;
 
 /// The exit code reported when the connection closed before the end line: the init, and with it
 /// every process of the sandbox, was killed (128 + SIGKILL).
@@ -398,13 +405,15 @@ struct Children {
     home: PathBuf,
     /// The key every request must carry, if any.
     key: Option<String>,
+    /// Connections whose request is still being read.
+    waiting: std::sync::atomic::AtomicUsize,
 }
 
 /// Serves spawn requests on `listener` and reaps every child and orphan, forever (the body of a
 /// sandbox's init once it is ready, and of a Landlock-tier sandbox's spawner). A request without
 /// a working directory runs in `home`; with `key`, a request that does not carry it is refused.
 pub fn serve(listener: UnixListener, home: PathBuf, key: Option<String>) -> ! {
-    let children = Arc::new(Children { by_pid: Mutex::new(HashMap::new()), started: Condvar::new(), home, key });
+    let children = Arc::new(Children { by_pid: Mutex::new(HashMap::new()), started: Condvar::new(), home, key, waiting: 0.into() });
     let reaper = children.clone();
     if std::thread::Builder::new().name("reaper".into()).stack_size(64 * 1024).spawn(move || reap(&reaper)).is_err() {
         // Without a reaper thread, reap here and serve nothing: commands fall back to nsenter.
@@ -414,9 +423,15 @@ pub fn serve(listener: UnixListener, home: PathBuf, key: Option<String>) -> ! {
     loop {
         match listener.accept() {
             Ok((conn, _)) => {
-                let children = children.clone();
-                let spawned = std::thread::Builder::new().name("spawn".into()).stack_size(64 * 1024).spawn(move || answer(conn, &children));
+                if children.waiting.fetch_add(1, Ordering::SeqCst) >= MAX_WAITING {
+                    children.waiting.fetch_sub(1, Ordering::SeqCst);
+                    let _ = (&conn).write_all(b"error busy: too many connections are sending their request; try again\n");
+                    continue;
+                }
+                let serving = children.clone();
+                let spawned = std::thread::Builder::new().name("spawn".into()).stack_size(64 * 1024).spawn(move || answer(conn, &serving));
                 if spawned.is_err() {
+                    children.waiting.fetch_sub(1, Ordering::SeqCst);
                     std::thread::sleep(Duration::from_millis(10));
                 }
             }
@@ -458,9 +473,10 @@ fn reap(children: &Children) -> ! {
 /// Serves one connection: reads the request, starts the command, then obeys `kill` until the
 /// server closes the connection.
 fn answer(conn: UnixStream, children: &Children) {
-    // A request that never comes whole costs this thread its budget, not forever.
-    let _ = conn.set_read_timeout(Some(ANSWER_BUDGET));
-    let received = receive(&conn);
+    // A request that never comes whole, or comes a byte at a time, costs this thread its
+    // budget, not forever.
+    let received = receive(&conn, Instant::now() + ANSWER_BUDGET);
+    children.waiting.fetch_sub(1, Ordering::SeqCst);
     let _ = conn.set_read_timeout(None);
     if let (Some(key), Ok((request, _))) = (&children.key, &received) {
         if !same_key(request.key.as_deref(), key) {
@@ -534,8 +550,19 @@ fn answer_dial(conn: &UnixStream, port: u16) {
     let _ = (conn as &UnixStream).write_all(format!("error {why}\n").as_bytes());
 }
 
-/// Reads one request and the two or three descriptors attached to it (none for a dial).
-fn receive(conn: &UnixStream) -> io::Result<(Request, Option<Stdio3>)> {
+/// Sets the read timeout of `conn` to what is left until `deadline`; fails once nothing is.
+fn budget_reads(conn: &UnixStream, deadline: Instant) -> io::Result<()> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(io::Error::new(io::ErrorKind::TimedOut, "the spawn request did not come whole in time"));
+    }
+    conn.set_read_timeout(Some(left))
+}
+
+/// Reads one request and the two or three descriptors attached to it (none for a dial), all of
+/// it by `deadline`. What is kept grows with what arrives, up to [`MAX_REQUEST`].
+fn receive(conn: &UnixStream, deadline: Instant) -> io::Result<(Request, Option<Stdio3>)> {
+    budget_reads(conn, deadline)?;
     let mut buf = vec![0u8; 64 * 1024];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(3))];
     let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
@@ -555,21 +582,30 @@ fn receive(conn: &UnixStream) -> io::Result<(Request, Option<Stdio3>)> {
     };
     let mut data = buf[..got.bytes].to_vec();
     let mut prefix = [0u8; 4];
-    if data.len() < 4 {
-        (conn as &UnixStream).read_exact(&mut prefix[data.len()..])?;
-        prefix[..data.len()].copy_from_slice(&data);
-        data.clear();
-    } else {
-        prefix.copy_from_slice(&data[..4]);
-        data.drain(..4);
+    while data.len() < 4 {
+        budget_reads(conn, deadline)?;
+        let mut byte = [0u8; 4];
+        let n = (conn as &UnixStream).read(&mut byte[..4 - data.len()])?;
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the spawn request ended early"));
+        }
+        data.extend_from_slice(&byte[..n]);
     }
+    prefix.copy_from_slice(&data[..4]);
+    data.drain(..4);
     let len = u32::from_le_bytes(prefix) as usize;
     if len > MAX_REQUEST || data.len() > len {
         return Err(bad("wrong length"));
     }
-    let mut rest = vec![0u8; len - data.len()];
-    (conn as &UnixStream).read_exact(&mut rest)?;
-    data.extend_from_slice(&rest);
+    while data.len() < len {
+        budget_reads(conn, deadline)?;
+        let want = (len - data.len()).min(buf.len());
+        let n = (conn as &UnixStream).read(&mut buf[..want])?;
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the spawn request ended early"));
+        }
+        data.extend_from_slice(&buf[..n]);
+    }
     let request: Request = serde_json::from_slice(&data).map_err(|e| bad(&e.to_string()))?;
     Ok((request, stdio))
 }
@@ -617,7 +653,7 @@ mod tests {
         let listener = UnixListener::bind(&path).unwrap();
         let t = std::thread::spawn(move || {
             let (conn, _) = listener.accept().unwrap();
-            let (request, stdio) = receive(&conn).unwrap();
+            let (request, stdio) = receive(&conn, Instant::now() + ANSWER_BUDGET).unwrap();
             assert_eq!((request.dial, stdio.is_none()), (Some(8000), true));
             match fd {
                 Some(fd) => {
@@ -661,6 +697,34 @@ mod tests {
         assert!(got.is_err(), "{got:?}");
         drop(held);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A request sent a byte at a time, or never sent, is given up at the deadline: before, each
+    /// byte renewed the read timeout, so a sandbox of the same uid could hold a thread of another
+    /// sandbox's spawner, and 4 MiB for it, for as long as it liked.
+    #[test]
+    fn a_trickled_request_is_given_up_at_its_deadline() {
+        let (theirs, ours) = UnixStream::pair().unwrap();
+        let trickle = std::thread::spawn(move || {
+            let mut theirs = theirs;
+            let _ = theirs.write_all(&(4u32 << 20).to_le_bytes());
+            for _ in 0..100 {
+                if theirs.write_all(b" ").is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        let started = Instant::now();
+        let got = receive(&ours, Instant::now() + Duration::from_millis(300));
+        assert!(got.is_err());
+        assert!(started.elapsed() < Duration::from_millis(1500), "the trickle held the read for {:?}", started.elapsed());
+        drop(ours);
+        trickle.join().unwrap();
+        let (_silent, ours) = UnixStream::pair().unwrap();
+        let started = Instant::now();
+        assert_eq!(receive(&ours, Instant::now() + Duration::from_millis(200)).err().map(|e| e.kind()), Some(io::ErrorKind::WouldBlock));
+        assert!(started.elapsed() < Duration::from_millis(1500));
     }
 
     /// What a taken-over init may answer a dial with: only a stream socket is taken; anything

@@ -176,7 +176,8 @@ pub fn dial(to: &Endpoint, port: u16) -> io::Result<std::net::TcpStream> {
             fds.extend(received);
         }
     }
-    let text = String::from_utf8_lossy(&line[..got.bytes]);
+    let first_line = line[..got.bytes].split(|b| *b == b'\n').next().unwrap_or_default();
+    let text = plain(first_line);
     let text = text.trim_end();
     match (text, fds.pop(), fds.is_empty()) {
         ("dialed", Some(fd), true) => {
@@ -191,6 +192,13 @@ pub fn dial(to: &Endpoint, port: u16) -> io::Result<std::net::TcpStream> {
         ("", _, _) => Err(io::Error::new(io::ErrorKind::NotFound, "the sandbox's init is gone")),
         _ => Err(io::Error::other("the sandbox's init gave an answer that is not one")),
     }
+}
+
+/// A line from an init or spawner as text fit for a log or an answer: sandbox code that took its
+/// init over chooses these bytes, so everything but printable ASCII (terminal escapes, other
+/// control characters, bidirectional overrides) becomes `?`. Lines of our own are ASCII.
+fn plain(line: &[u8]) -> String {
+    line.iter().map(|b| if b.is_ascii_graphic() || *b == b' ' { char::from(*b) } else { '?' }).collect()
 }
 
 /// How a command ended, as the init saw it.
@@ -319,7 +327,7 @@ impl Remote {
         loop {
             if let Some(at) = self.pending.iter().position(|b| *b == b'\n') {
                 let line: Vec<u8> = self.pending.drain(..=at).collect();
-                return Ok(Some(String::from_utf8_lossy(&line[..at]).into_owned()));
+                return Ok(Some(plain(&line[..at])));
             }
             if self.pending.len() > MAX_LINE {
                 log::warn!("a sandbox's init sent a line longer than {MAX_LINE} bytes; taking it as gone");
@@ -743,6 +751,12 @@ mod tests {
             (io::ErrorKind::ConnectionRefused, "nothing listens on port 8000 inside the sandbox".to_string())
         );
         t.join().unwrap();
+        // A taken-over init's words reach logs and answers without escapes or control bytes.
+        let (dir6, t) = fake_init(b"error \x1b]0;owned\x07\x1b[2J\r\xe2\x80\xae text\n", None);
+        let err = dial(&Endpoint::in_dir(&dir6, false), 8000).unwrap_err();
+        assert_eq!(err.to_string(), "?]0;owned??[2J???? text");
+        t.join().unwrap();
+        let _ = std::fs::remove_dir_all(dir6);
         let (dir3, t) = fake_init(b"dialed\n", None);
         assert!(dial(&Endpoint::in_dir(&dir3, false), 8000).unwrap_err().to_string().contains("not one"));
         t.join().unwrap();

@@ -422,9 +422,7 @@ fn a_process_with_a_name_that_is_not_text_ends_with_its_sandbox() {
         );
         m.ok("run_command", json!({"sandbox_id": sb, "command": command}));
         let sleeper = pid_of_argv(&["sleep", &nap]);
-        let stat = std::fs::read(format!("/proc/{sleeper}/stat")).unwrap();
-        let after_name = stat.iter().rposition(|b| *b == b')').unwrap() + 2;
-        let parent: u32 = String::from_utf8_lossy(&stat[after_name..]).split(' ').nth(1).unwrap().parse().unwrap();
+        let parent = sandbox_mcp::provider::process::proc_stat(sleeper).unwrap().ppid;
         let name = std::fs::read(format!("/proc/{parent}/comm")).unwrap();
         assert!(std::str::from_utf8(&name).is_err(), "{who}: the shell's name should not be UTF-8: {name:?}");
         m.ok("kill_sandbox", json!({"sandbox_id": sb}));

@@ -296,14 +296,7 @@ pub fn pid_of_argv(argv: &[&str]) -> u32 {
 
 /// Whether a process with this pid exists and is not a zombie.
 pub fn pid_alive(pid: u32) -> bool {
-    // Bytes, not text: the command name in it need not be UTF-8.
-    match std::fs::read(format!("/proc/{pid}/stat")) {
-        Ok(s) => {
-            let state = s.iter().rposition(|b| *b == b')').and_then(|i| s.get(i + 2)).copied().unwrap_or(b'?');
-            state != b'Z' && state != b'X'
-        }
-        Err(_) => false,
-    }
+    sandbox_mcp::provider::process::proc_stat(pid).is_some_and(|st| !matches!(st.state, 'Z' | 'X'))
 }
 
 /// `sandbox-mcp http` on a free loopback port.

@@ -567,6 +567,21 @@ fn budget_reads(conn: &UnixStream, deadline: Instant) -> io::Result<()> {
     conn.set_read_timeout(Some(left))
 }
 
+/// Reads from `conn` into `data` until it holds `want` bytes, by `deadline` (through `buf`,
+/// never more than asked).
+fn fill(conn: &UnixStream, deadline: Instant, data: &mut Vec<u8>, want: usize, buf: &mut [u8]) -> io::Result<()> {
+    while data.len() < want {
+        budget_reads(conn, deadline)?;
+        let take = (want - data.len()).min(buf.len());
+        let n = (conn as &UnixStream).read(&mut buf[..take])?;
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the spawn request ended early"));
+        }
+        data.extend_from_slice(&buf[..n]);
+    }
+    Ok(())
+}
+
 /// Reads one request and the two or three descriptors attached to it (none for a dial), all of
 /// it by `deadline`. What is kept grows with what arrives, up to [`MAX_REQUEST`].
 fn receive(conn: &UnixStream, deadline: Instant) -> io::Result<(Request, Option<Stdio3>)> {
@@ -589,32 +604,13 @@ fn receive(conn: &UnixStream, deadline: Instant) -> io::Result<(Request, Option<
         _ => return Err(bad("it must carry two or three descriptors")),
     };
     let mut data = buf[..got.bytes].to_vec();
-    let mut prefix = [0u8; 4];
-    while data.len() < 4 {
-        budget_reads(conn, deadline)?;
-        let mut byte = [0u8; 4];
-        let n = (conn as &UnixStream).read(&mut byte[..4 - data.len()])?;
-        if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the spawn request ended early"));
-        }
-        data.extend_from_slice(&byte[..n]);
-    }
-    prefix.copy_from_slice(&data[..4]);
-    data.drain(..4);
-    let len = u32::from_le_bytes(prefix) as usize;
-    if len > MAX_REQUEST || data.len() > len {
+    fill(conn, deadline, &mut data, 4, &mut buf)?;
+    let len = u32::from_le_bytes([data[0], data[1], data[2], data[3]]) as usize;
+    if len > MAX_REQUEST || data.len() > 4 + len {
         return Err(bad("wrong length"));
     }
-    while data.len() < len {
-        budget_reads(conn, deadline)?;
-        let want = (len - data.len()).min(buf.len());
-        let n = (conn as &UnixStream).read(&mut buf[..want])?;
-        if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the spawn request ended early"));
-        }
-        data.extend_from_slice(&buf[..n]);
-    }
-    let request: Request = serde_json::from_slice(&data).map_err(|e| bad(&e.to_string()))?;
+    fill(conn, deadline, &mut data, 4 + len, &mut buf)?;
+    let request: Request = serde_json::from_slice(&data[4..]).map_err(|e| bad(&e.to_string()))?;
     Ok((request, stdio))
 }
 

@@ -730,6 +730,10 @@ for name, n in sorted(nr.items()):
 for name, family in [("vsock", 40), ("smc", 43), ("alg", 38)]:
     r = libc.socket(family, 1, 0)
     print(name, errno.errorcode.get(ctypes.get_errno(), "ok") if r == -1 else "ok")
+pair = (ctypes.c_int * 2)()
+for name, family in [("unix-pair", 1), ("tipc-pair", 30), ("vsock-pair", 40)]:
+    r = libc.socketpair(family, 5, 0, pair)
+    print(name, errno.errorcode.get(ctypes.get_errno(), "ok") if r == -1 else "ok")
 os.sys.stdout.flush()
 pid = os.fork()
 if pid == 0:
@@ -774,9 +778,10 @@ fn seccomp_denies_the_list_and_agent_tools_keep_working() {
             "userfaultfd",
             "io_uring_setup",
         ];
-        for name in denied.into_iter().chain(["vsock", "smc", "alg"]) {
+        for name in denied.into_iter().chain(["vsock", "smc", "alg", "tipc-pair", "vsock-pair"]) {
             assert!(out.contains(&format!("{name} EPERM\n")), "{who}: {name} is not refused: {out}");
         }
+        assert!(out.contains("unix-pair ok\n"), "{who}: {out}");
         assert!(out.contains("TIOCSTI EPERM") || out.contains("TIOCSTI EIO"), "{who}: {out}");
         assert!(out.contains("seccomp 2 no_new_privs 1"), "{who}: {out}");
         let tools = r#"set -e

@@ -17,16 +17,22 @@
 //! | `open_by_handle_at` | opens files by handle, around the mount namespace's view |
 //! | `io_uring_setup`, `io_uring_enter`, `io_uring_register` | io_uring makes sockets and opens files in the kernel, where this filter never sees them |
 //! | `socket` of a family other than unix, IPv4, IPv6, netlink and packet | `vsock` reaches the machine's hypervisor whatever the network namespace; the others are rarely used kernel surface |
+//! | `socketpair` of a family other than unix | the same families, by the other call that makes sockets |
 //!
-//! System calls of another architecture's ABI (32-bit calls on a 64-bit kernel) end the process:
-//! they would go around the list.
+//! System calls of another architecture's ABI (32-bit calls on a 64-bit kernel) end the process,
+//! and on x86-64 calls of the x32 ABI (the same architecture, numbers with bit 30 set) fail with
+//! `ENOSYS`, as on a kernel built without it: both would go around the list, which names the
+//! native numbers.
 
 use seccompiler::{BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch};
 use std::collections::BTreeMap;
 
 /// `ioctl` requests refused (from `<asm-generic/ioctls.h>`).
-const TIOCSTI: u64 = 0x5412;
-const TIOCLINUX: u64 = 0x541C;
+const TIOCSTI: i32 = 0x5412;
+const TIOCLINUX: i32 = 0x541C;
+
+/// The bit that marks a system call of the x32 ABI on x86-64 (`__X32_SYSCALL_BIT`).
+const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 
 /// The names the deny list gives in results and docs, in the order of the table above.
 pub const DENIED: &[&str] = &[
@@ -48,6 +54,7 @@ pub const DENIED: &[&str] = &[
     "io_uring_enter",
     "io_uring_register",
     "socket(other families)",
+    "socketpair(other families)",
 ];
 
 /// Socket families a sandbox may make: unix, IPv4, IPv6, netlink (`ip`, `ss`) and packet
@@ -96,16 +103,15 @@ fn build(inet_tcp_only: bool) -> Result<BpfProgram, String> {
         libc::SYS_io_uring_register,
     ];
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = whole.into_iter().map(|nr| (nr, Vec::new())).collect();
-    let request = |value| {
-        SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, value)
-            .and_then(|c| SeccompRule::new(vec![c]))
-            .map_err(|e| format!("build the seccomp rule: {e}"))
-    };
-    rules.insert(libc::SYS_ioctl, vec![request(TIOCSTI)?, request(TIOCLINUX)?]);
     let cond = |arg, op, value: i32| {
         SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value as u64).map_err(|e| format!("build the seccomp rule: {e}"))
     };
     let rule = |conds| SeccompRule::new(conds).map_err(|e| format!("build the seccomp rule: {e}"));
+    let request = |value| rule(vec![cond(1, SeccompCmpOp::Eq, value)?]);
+    rules.insert(libc::SYS_ioctl, vec![request(TIOCSTI)?, request(TIOCLINUX)?]);
+    // Only unix sockets come in pairs; a pair of any other family is refused like its `socket`.
+    let pair = vec![rule(vec![cond(0, SeccompCmpOp::Lt, libc::AF_UNIX)?])?, rule(vec![cond(0, SeccompCmpOp::Gt, libc::AF_UNIX)?])?];
+    rules.insert(libc::SYS_socketpair, pair);
     // Each rule matches a `socket` call that is refused. The families between the allowed ones,
     // as ranges: below the first, each gap, above the last.
     let mut socket = Vec::new();
@@ -133,7 +139,24 @@ fn build(inet_tcp_only: bool) -> Result<BpfProgram, String> {
     rules.insert(libc::SYS_socket, socket);
     let filter = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), target()?)
         .map_err(|e| format!("build the seccomp filter: {e}"))?;
-    BpfProgram::try_from(filter).map_err(|e| format!("compile the seccomp filter: {e}"))
+    let program = BpfProgram::try_from(filter).map_err(|e| format!("compile the seccomp filter: {e}"))?;
+    Ok(if cfg!(target_arch = "x86_64") { [x32_guard().as_slice(), &program].concat() } else { program })
+}
+
+/// Three instructions put before the compiled filter: load the call's number, and answer `ENOSYS`
+/// when it has the x32 bit. The compiled filter checks the architecture, and x32 calls share
+/// x86-64's, so without this they would reach the rules under numbers none of them names. Its
+/// jumps are relative, so it runs unchanged after the guard.
+fn x32_guard() -> Vec<seccompiler::sock_filter> {
+    use seccompiler::sock_filter;
+    const LOAD_NR: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS, offset 0 is seccomp_data.nr
+    const JUMP_IF_AT_LEAST: u16 = 0x35; // BPF_JMP | BPF_JGE | BPF_K
+    const RETURN: u16 = 0x06; // BPF_RET | BPF_K
+    vec![
+        sock_filter { code: LOAD_NR, jt: 0, jf: 0, k: 0 },
+        sock_filter { code: JUMP_IF_AT_LEAST, jt: 0, jf: 1, k: X32_SYSCALL_BIT },
+        sock_filter { code: RETURN, jt: 0, jf: 0, k: libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32 },
+    ]
 }
 
 /// Sets `no_new_privs` and installs the filter on the calling thread (and so on everything it
@@ -166,6 +189,87 @@ mod tests {
         let program = program().unwrap();
         assert!(!program.is_empty());
         assert!(landlock_program().unwrap().len() > program.len());
-        assert_eq!(DENIED.len(), 18);
+        assert_eq!(DENIED.len(), 19);
+    }
+
+    /// Runs a compiled filter on one call, as the kernel would: the subset of classic BPF the
+    /// filter uses (loads from `seccomp_data`, `and`, jumps, returns).
+    fn verdict(program: &[seccompiler::sock_filter], arch: u32, nr: u32, args: [u64; 6]) -> u32 {
+        let mut data = Vec::with_capacity(64);
+        data.extend_from_slice(&nr.to_ne_bytes());
+        data.extend_from_slice(&arch.to_ne_bytes());
+        data.extend_from_slice(&0u64.to_ne_bytes());
+        for arg in args {
+            data.extend_from_slice(&arg.to_ne_bytes());
+        }
+        let (mut pc, mut acc) = (0usize, 0u32);
+        loop {
+            let i = &program[pc];
+            pc += 1;
+            let k = i.k;
+            match i.code {
+                0x20 => acc = u32::from_ne_bytes(data[k as usize..k as usize + 4].try_into().unwrap()),
+                0x54 => acc &= k,
+                0x05 => pc += k as usize,
+                0x15 | 0x25 | 0x35 | 0x45 => {
+                    let taken = match i.code {
+                        0x15 => acc == k,
+                        0x25 => acc > k,
+                        0x35 => acc >= k,
+                        _ => acc & k != 0,
+                    };
+                    pc += usize::from(if taken { i.jt } else { i.jf });
+                }
+                0x06 => return k,
+                code => panic!("instruction {code:#x} is not modelled"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_filter_refuses_the_list_and_lets_the_rest_through() {
+        let (normal, landlock) = (program().unwrap(), landlock_program().unwrap());
+        let arch = match std::env::consts::ARCH {
+            "x86_64" => 62 | 0x8000_0000 | 0x4000_0000,
+            "aarch64" => 183 | 0x8000_0000 | 0x4000_0000,
+            other => panic!("no audit arch for {other}"),
+        };
+        let eperm = libc::SECCOMP_RET_ERRNO | libc::EPERM as u32;
+        let allow = libc::SECCOMP_RET_ALLOW;
+        let call = |p: &[seccompiler::sock_filter], nr: i64, args: [u64; 6]| verdict(p, arch, nr as u32, args);
+        let (unix, inet, vsock, tipc) = (libc::AF_UNIX as u64, libc::AF_INET as u64, libc::AF_VSOCK as u64, libc::AF_TIPC as u64);
+        let stream_cloexec = (libc::SOCK_STREAM | libc::SOCK_CLOEXEC) as u64;
+        for p in [&normal, &landlock] {
+            assert_eq!(call(p, libc::SYS_keyctl, [0; 6]), eperm);
+            assert_eq!(call(p, libc::SYS_io_uring_setup, [0; 6]), eperm);
+            assert_eq!(call(p, libc::SYS_getpid, [0; 6]), allow);
+            assert_eq!(call(p, libc::SYS_ioctl, [0, TIOCSTI as u64, 0, 0, 0, 0]), eperm);
+            // TCGETS
+            assert_eq!(call(p, libc::SYS_ioctl, [0, 0x5401, 0, 0, 0, 0]), allow);
+            assert_eq!(call(p, libc::SYS_socket, [vsock, 1, 0, 0, 0, 0]), eperm);
+            assert_eq!(call(p, libc::SYS_socket, [inet, stream_cloexec, 0, 0, 0, 0]), allow);
+            assert_eq!(call(p, libc::SYS_socket, [unix, libc::SOCK_DGRAM as u64, 0, 0, 0, 0]), allow);
+            // socketpair: unix pairs only.
+            assert_eq!(call(p, libc::SYS_socketpair, [unix, stream_cloexec, 0, 0, 0, 0]), allow);
+            assert_eq!(call(p, libc::SYS_socketpair, [tipc, libc::SOCK_SEQPACKET as u64, 0, 0, 0, 0]), eperm);
+            assert_eq!(call(p, libc::SYS_socketpair, [vsock, 1, 0, 0, 0, 0]), eperm);
+            assert_eq!(call(p, libc::SYS_socketpair, [0, 1, 0, 0, 0, 0]), eperm);
+            // Another architecture's calls end the process.
+            assert_eq!(verdict(p, 0x4000_0003, 20, [0; 6]), libc::SECCOMP_RET_KILL_PROCESS);
+        }
+        let dgram = libc::SOCK_DGRAM as u64;
+        assert_eq!(call(&normal, libc::SYS_socket, [inet, dgram, 0, 0, 0, 0]), allow);
+        assert_eq!(call(&landlock, libc::SYS_socket, [inet, dgram, 0, 0, 0, 0]), eperm);
+        assert_eq!(call(&landlock, libc::SYS_socket, [inet, stream_cloexec, libc::IPPROTO_TCP as u64, 0, 0, 0]), allow);
+        assert_eq!(call(&landlock, libc::SYS_socket, [inet, stream_cloexec, 262, 0, 0, 0]), eperm);
+        if cfg!(target_arch = "x86_64") {
+            // x32 calls (same architecture, bit 30 set) would otherwise pass under numbers no
+            // rule names: keyctl is 250 in both ABIs.
+            let enosys = libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32;
+            for p in [&normal, &landlock] {
+                assert_eq!(verdict(p, arch, X32_SYSCALL_BIT | 250, [0; 6]), enosys);
+                assert_eq!(verdict(p, arch, X32_SYSCALL_BIT | libc::SYS_getpid as u32, [0; 6]), enosys);
+            }
+        }
     }
 }

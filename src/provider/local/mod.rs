@@ -234,9 +234,16 @@ impl LocalProvider {
                 // its own (see `isolation::passage`), which needs `unshare`.
                 let sandboxes = self.root.join("sandboxes");
                 let reachable = isolation::passage::blocked_at(&sandboxes).is_none() || self.tools.is_some();
-                if !mapped || !reachable {
+                if !mapped {
                     log::info!(
-                        "landlock sandboxes run as the server's uid: uid range mapped here {mapped}, homes reachable {reachable} (a directory above the state root lets no other uid pass, and util-linux unshare was not found)"
+                        "landlock sandboxes run as the server's uid: uids {}-{} are not mapped in this user namespace (/proc/self/uid_map)",
+                        range.first,
+                        range.last
+                    );
+                } else if !reachable {
+                    log::info!(
+                        "landlock sandboxes run as the server's uid: {} lets no other uid pass and util-linux unshare, which would open a passage to the homes, was not found",
+                        isolation::passage::blocked_at(&sandboxes).unwrap_or_default().display()
                     );
                 }
                 mapped && reachable

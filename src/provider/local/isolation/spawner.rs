@@ -195,10 +195,15 @@ pub fn dial(to: &Endpoint, port: u16) -> io::Result<std::net::TcpStream> {
 }
 
 /// A line from an init or spawner as text fit for a log or an answer: sandbox code that took its
-/// init over chooses these bytes, so everything but printable ASCII (terminal escapes, other
-/// control characters, bidirectional overrides) becomes `?`. Lines of our own are ASCII.
+/// init over chooses these bytes, so control characters (terminal escapes among them), invisible
+/// format characters (bidirectional overrides, zero-width ones) and bytes that are not UTF-8
+/// become `?`. Printable text of any script stays: an error may name a path such as `/srv/café`.
 fn plain(line: &[u8]) -> String {
-    line.iter().map(|b| if b.is_ascii_graphic() || *b == b' ' { char::from(*b) } else { '?' }).collect()
+    let hidden = |c: char| matches!(c, '\u{ad}' | '\u{61c}' | '\u{180e}' | '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2060}'..='\u{206f}' | '\u{feff}' | '\u{fff9}'..='\u{fffb}');
+    String::from_utf8_lossy(line)
+        .chars()
+        .map(|c| if c.is_control() || hidden(c) || c == char::REPLACEMENT_CHARACTER { '?' } else { c })
+        .collect()
 }
 
 /// How a command ended, as the init saw it.
@@ -748,9 +753,9 @@ mod tests {
         );
         t.join().unwrap();
         // A taken-over init's words reach logs and answers without escapes or control bytes.
-        let (dir6, t) = fake_init(b"error \x1b]0;owned\x07\x1b[2J\r\xe2\x80\xae text\n", None);
+        let (dir6, t) = fake_init(b"error \x1b]0;owned\x07\x1b[2J\r\xe2\x80\xae text\xff\xc2\x9b1m /srv/caf\xc3\xa9\n", None);
         let err = dial(&Endpoint::in_dir(&dir6, false), 8000).unwrap_err();
-        assert_eq!(err.to_string(), "?]0;owned??[2J???? text");
+        assert_eq!(err.to_string(), "?]0;owned??[2J?? text??1m /srv/caf\u{e9}");
         t.join().unwrap();
         let _ = std::fs::remove_dir_all(dir6);
         let (dir3, t) = fake_init(b"dialed\n", None);

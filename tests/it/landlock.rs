@@ -284,6 +284,34 @@ print(s.recv(200).decode().strip())"#;
         assert_eq!(code, 0, "{who}: {err}");
         assert!(out.starts_with("connect refused") || out.starts_with("error refused"), "{who}: {out}");
         assert!(!home.sandbox_dir(&victim).join("home/pwned").exists(), "{who}: the attacker ran a command in another sandbox");
+        // Nor can it lock the victim's server out by holding connections that never show the
+        // key, opened again as fast as they are closed. (Before, past 32 of them the server's
+        // own requests were told `busy`.)
+        let hold = r#"import socket, sys, time
+held, end = [], time.time() + 60
+while time.time() < end:
+    for s in held:
+        s.close()
+    held = []
+    for _ in range(48):
+        s = socket.socket(socket.AF_UNIX)
+        try:
+            s.connect(sys.argv[1])
+        except OSError:
+            break
+        held.append(s)
+    open("held", "w").write(str(len(held)))
+    time.sleep(0.3)"#;
+        let task = m.ok("start_task", json!({"sandbox_id": attacker, "command": format!("python3 -c '{hold}' {}", socket.display())}));
+        let held = home.sandbox_dir(&attacker).join("home/held");
+        wait_for(Duration::from_secs(30), "the attacker's connections", || held.exists().then_some(()));
+        for n in 0..5 {
+            let (code, out, err) = sh(&mut m, &victim, &format!("echo alive {n}"));
+            assert_eq!((code, out), (0, format!("alive {n}\n")), "{who}: {err}");
+        }
+        let count = std::fs::read_to_string(&held).unwrap_or_default();
+        m.ok("cancel_task", json!({"sandbox_id": attacker, "task_id": task["task_id"]}));
+        assert!(count.is_empty() || count == "0" || count == "48", "{who}: {count}");
         m.close();
     }
 }

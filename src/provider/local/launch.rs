@@ -191,6 +191,7 @@ impl LocalProvider {
             cancel: req.cancel.as_deref(),
             promote_at: promotion.map(|p| p.at),
         };
+        let program = req.argv.first().map_or("the command", String::as_str);
         let start_error = |err: io::Error| {
             if !self.dir(id).exists() {
                 // Killed or expired between the check above and the start.
@@ -201,17 +202,15 @@ impl LocalProvider {
                 // No keeper holds the spawner's socket (a Landlock-tier sandbox's): a new one binds it again.
                 self.spawn_keeper(id);
                 return ProviderError::Unavailable(format!(
-                    "could not start {:?} in sandbox {id}: its spawner is not running ({err}); its keeper was restarted and starts it: retry in a second",
-                    req.argv.first()
+                    "could not start {program} in sandbox {id}: its spawner is not running ({err}); its keeper was restarted and starts it: retry in a second"
                 ));
             }
             let failed = if landlock() { super::isolation::landlock_spawner::last_failure(&self.dir(id)) } else { None };
             match failed {
                 Some(why) => ProviderError::Unavailable(format!(
-                    "could not start {:?} in sandbox {id}: its spawner could not start ({why}); its keeper tries again every second: kill_sandbox and create another if it keeps failing",
-                    req.argv.first()
+                    "could not start {program} in sandbox {id}: its spawner could not start ({why}); its keeper tries again every second: kill_sandbox and create another if it keeps failing"
                 )),
-                None => ProviderError::Unavailable(format!("could not start {:?} in sandbox {id}: {err}", req.argv.first())),
+                None => ProviderError::Unavailable(format!("could not start {program} in sandbox {id}: {err}")),
             }
         };
         let ran = match launch {

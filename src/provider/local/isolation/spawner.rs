@@ -7,8 +7,9 @@
 //! per command:
 //!
 //! 1. The server sends a request — a little-endian `u32` length, then JSON `{"argv": [...],
-//!    "env": [[name, value], ...], "cwd": "/path" | null}`, plus `"key"` where the sandbox has
-//!    one ([`KEY_FILE`]; a request without it is then refused) — with the command's stdout and stderr
+//!    "env": [[name, value], ...], "cwd": "/path" | null}`, opened by `"key"` where the sandbox
+//!    has one ([`KEY_FILE`]; a request whose first bytes are not `{"key":"<the key>"` is refused
+//!    before the rest is read) — with the command's stdout and stderr
 //!    (the write ends of its pipes) attached (`SCM_RIGHTS`, on the first bytes), and optionally a
 //!    third descriptor, its stdin.
 //! 2. The init starts the command (stdin the third descriptor, else `/dev/null`; a process group
@@ -30,7 +31,7 @@
 //! and so was the command. A server that goes away leaves its commands running, as a server that
 //! started them directly would.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, IoSlice, IoSliceMut, Read, Write};
 use std::mem::MaybeUninit;
@@ -39,7 +40,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -49,11 +50,15 @@ pub const SOCKET_FILE: &str = "spawn.sock";
 /// The largest request accepted (argv and environment are bounded far below this by the tools).
 const MAX_REQUEST: usize = 4 << 20;
 
-/// The most connections that may be waiting for their request at once. Under an unprivileged
-/// server the socket can be reached by other sandboxes of the same uid (they lack the key, but a
-/// request is read before its key is checked): more are closed at once, and each waiting one
-/// holds a thread and what it has sent so far for [`ANSWER_BUDGET`] at most.
+/// The most connections that may be waiting to prove they hold the key (or, without a key, for
+/// their whole request) at once. Under an unprivileged server the socket can be reached by other
+/// sandboxes of the same uid, which lack the key: past this many, each new connection closes the
+/// one that has waited longest. The server's own requests send the key in their first bytes and
+/// wait microseconds, so a flood of silent connections only pushes out its own.
 const MAX_WAITING: usize = 32;
+
+/// How long a connection may take to send the key (a few dozen bytes).
+const KEY_BUDGET: Duration = Duration::from_secs(1);
 
 /// The exit code reported when the connection closed before the end line: the init, and with it
 /// every process of the sandbox, was killed (128 + SIGKILL).
@@ -74,6 +79,10 @@ pub const DIAL_BUDGET: Duration = Duration::from_secs(2);
 /// What the server asks the init to start (or, with `dial`, to connect to).
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Request {
+    /// The sandbox's spawner key ([`KEY_FILE`] beside the socket), where it has one. First, so
+    /// that it opens the serialized request (see [`key_opening`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    key: Option<String>,
     #[serde(default)]
     argv: Vec<String>,
     #[serde(default)]
@@ -82,9 +91,12 @@ struct Request {
     cwd: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     dial: Option<u16>,
-    /// The sandbox's spawner key ([`KEY_FILE`] beside the socket), where it has one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    key: Option<String>,
+}
+
+/// The bytes that open a request carrying `key`: what a spawner checks before it reads on.
+/// (Spawners of earlier versions parse the whole request and find the key wherever it is.)
+fn key_opening(key: &str) -> Vec<u8> {
+    format!(r#"{{"key":{}"#, serde_json::Value::from(key)).into_bytes()
 }
 
 /// The file beside a spawner's socket that holds the key every request must carry (a
@@ -123,9 +135,9 @@ pub fn read_key(dir: &Path) -> Option<String> {
 }
 
 /// Whether `given` is `key`, compared in time independent of where they differ.
-fn same_key(given: Option<&str>, key: &str) -> bool {
+fn same_key(given: Option<&[u8]>, key: &[u8]) -> bool {
     let Some(given) = given else { return false };
-    given.len() == key.len() && given.bytes().zip(key.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+    given.len() == key.len() && given.iter().zip(key).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
 }
 
 /// Where a sandbox's spawner listens, and the key its requests carry (a Landlock-tier spawner
@@ -416,17 +428,48 @@ struct Children {
     started: Condvar,
     /// The working directory of a command whose request names none.
     home: PathBuf,
-    /// The key every request must carry, if any.
+    /// The key every request must open with, if any.
     key: Option<String>,
-    /// Connections whose request is still being read.
-    waiting: std::sync::atomic::AtomicUsize,
+    /// Connections that have not shown the key yet.
+    waiting: Waiting,
+}
+
+/// Connections not past the key check yet (without a key: whose request is still being read),
+/// oldest first, each under a ticket.
+#[derive(Default)]
+struct Waiting {
+    conns: Mutex<VecDeque<(u64, UnixStream)>>,
+    next: AtomicU64,
+}
+
+impl Waiting {
+    /// Takes `conn` in, first shutting the connections that have waited longest while
+    /// [`MAX_WAITING`] wait; `None` when it cannot be tracked (no descriptor left to copy it).
+    fn admit(&self, conn: &UnixStream) -> Option<u64> {
+        let copy = conn.try_clone().ok()?;
+        let ticket = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
+        while conns.len() >= MAX_WAITING {
+            if let Some((_, oldest)) = conns.pop_front() {
+                let _ = oldest.shutdown(std::net::Shutdown::Both);
+            }
+        }
+        conns.push_back((ticket, copy));
+        Some(ticket)
+    }
+
+    /// The connection of `ticket` waits no more (whether it passed or not).
+    fn done(&self, ticket: u64) {
+        self.conns.lock().unwrap_or_else(PoisonError::into_inner).retain(|(t, _)| *t != ticket);
+    }
 }
 
 /// Serves spawn requests on `listener` and reaps every child and orphan, forever (the body of a
 /// sandbox's init once it is ready, and of a Landlock-tier sandbox's spawner). A request without
 /// a working directory runs in `home`; with `key`, a request that does not carry it is refused.
 pub fn serve(listener: UnixListener, home: PathBuf, key: Option<String>) -> ! {
-    let children = Arc::new(Children { by_pid: Mutex::new(HashMap::new()), started: Condvar::new(), home, key, waiting: 0.into() });
+    let children =
+        Arc::new(Children { by_pid: Mutex::new(HashMap::new()), started: Condvar::new(), home, key, waiting: Waiting::default() });
     let reaper = children.clone();
     if std::thread::Builder::new().name("reaper".into()).stack_size(64 * 1024).spawn(move || reap(&reaper)).is_err() {
         // Without a reaper thread, reap here and serve nothing: commands fall back to nsenter.
@@ -436,15 +479,15 @@ pub fn serve(listener: UnixListener, home: PathBuf, key: Option<String>) -> ! {
     loop {
         match listener.accept() {
             Ok((conn, _)) => {
-                if children.waiting.fetch_add(1, Ordering::SeqCst) >= MAX_WAITING {
-                    children.waiting.fetch_sub(1, Ordering::SeqCst);
-                    let _ = (&conn).write_all(b"error busy: too many connections are sending their request; try again\n");
+                let Some(ticket) = children.waiting.admit(&conn) else {
+                    std::thread::sleep(Duration::from_millis(10));
                     continue;
-                }
+                };
                 let serving = children.clone();
-                let spawned = std::thread::Builder::new().name("spawn".into()).stack_size(64 * 1024).spawn(move || answer(conn, &serving));
+                let spawned =
+                    std::thread::Builder::new().name("spawn".into()).stack_size(64 * 1024).spawn(move || answer(conn, ticket, &serving));
                 if spawned.is_err() {
-                    children.waiting.fetch_sub(1, Ordering::SeqCst);
+                    children.waiting.done(ticket);
                     std::thread::sleep(Duration::from_millis(10));
                 }
             }
@@ -485,14 +528,14 @@ fn reap(children: &Children) -> ! {
 
 /// Serves one connection: reads the request, starts the command, then obeys `kill` until the
 /// server closes the connection.
-fn answer(conn: UnixStream, children: &Children) {
+fn answer(conn: UnixStream, ticket: u64, children: &Children) {
     // A request that never comes whole, or comes a byte at a time, costs this thread its
     // budget, not forever.
-    let received = receive(&conn, Instant::now() + ANSWER_BUDGET);
-    children.waiting.fetch_sub(1, Ordering::SeqCst);
+    let received = receive(&conn, Instant::now() + ANSWER_BUDGET, children.key.as_deref(), || children.waiting.done(ticket));
+    children.waiting.done(ticket);
     let _ = conn.set_read_timeout(None);
     if let (Some(key), Ok((request, _))) = (&children.key, &received) {
-        if !same_key(request.key.as_deref(), key) {
+        if !same_key(request.key.as_deref().map(str::as_bytes), key.as_bytes()) {
             let _ = (&conn).write_all(b"error refused: the request does not carry this sandbox's spawner key\n");
             return;
         }
@@ -588,9 +631,13 @@ fn fill(conn: &UnixStream, deadline: Instant, data: &mut Vec<u8>, want: usize, b
 }
 
 /// Reads one request and the two or three descriptors attached to it (none for a dial), all of
-/// it by `deadline`. What is kept grows with what arrives, up to [`MAX_REQUEST`].
-fn receive(conn: &UnixStream, deadline: Instant) -> io::Result<(Request, Option<Stdio3>)> {
-    budget_reads(conn, deadline)?;
+/// it by `deadline`. What is kept grows with what arrives, up to [`MAX_REQUEST`]. With `key`,
+/// the request must open with it within [`KEY_BUDGET`] and nothing more is read until it has
+/// (then `proven` is called); without, it is refused.
+fn receive(conn: &UnixStream, deadline: Instant, key: Option<&str>, proven: impl FnOnce()) -> io::Result<(Request, Option<Stdio3>)> {
+    let opening = key.map(key_opening);
+    let first = if opening.is_some() { deadline.min(Instant::now() + KEY_BUDGET) } else { deadline };
+    budget_reads(conn, first)?;
     let mut buf = vec![0u8; 64 * 1024];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(3))];
     let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
@@ -609,6 +656,16 @@ fn receive(conn: &UnixStream, deadline: Instant) -> io::Result<(Request, Option<
         _ => return Err(bad("it must carry two or three descriptors")),
     };
     let mut data = buf[..got.bytes].to_vec();
+    if let Some(opening) = opening {
+        fill(conn, first, &mut data, 4 + opening.len(), &mut buf)?;
+        if !same_key(data.get(4..4 + opening.len()), &opening) {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "refused: the request does not open with this sandbox's spawner key (a server of an earlier version sends it last: run the server of the version that started the sandbox)",
+            ));
+        }
+        proven();
+    }
     fill(conn, deadline, &mut data, 4, &mut buf)?;
     let len = u32::from_le_bytes([data[0], data[1], data[2], data[3]]) as usize;
     if len > MAX_REQUEST || data.len() > 4 + len {
@@ -662,7 +719,7 @@ mod tests {
         let listener = UnixListener::bind(&path).unwrap();
         let t = std::thread::spawn(move || {
             let (conn, _) = listener.accept().unwrap();
-            let (request, stdio) = receive(&conn, Instant::now() + ANSWER_BUDGET).unwrap();
+            let (request, stdio) = receive(&conn, Instant::now() + ANSWER_BUDGET, None, || {}).unwrap();
             assert_eq!((request.dial, stdio.is_none()), (Some(8000), true));
             match fd {
                 Some(fd) => {
@@ -725,15 +782,83 @@ mod tests {
             }
         });
         let started = Instant::now();
-        let got = receive(&ours, Instant::now() + Duration::from_millis(300));
+        let got = receive(&ours, Instant::now() + Duration::from_millis(300), None, || {});
         assert!(got.is_err());
         assert!(started.elapsed() < Duration::from_millis(1500), "the trickle held the read for {:?}", started.elapsed());
         drop(ours);
         trickle.join().unwrap();
         let (_silent, ours) = UnixStream::pair().unwrap();
         let started = Instant::now();
-        assert_eq!(receive(&ours, Instant::now() + Duration::from_millis(200)).err().map(|e| e.kind()), Some(io::ErrorKind::WouldBlock));
+        assert_eq!(
+            receive(&ours, Instant::now() + Duration::from_millis(200), None, || {}).err().map(|e| e.kind()),
+            Some(io::ErrorKind::WouldBlock)
+        );
         assert!(started.elapsed() < Duration::from_millis(1500));
+    }
+
+    /// A keyed spawner reads no further than the key's place: a request that does not open with
+    /// the key is refused at once, however long it says it is and however long its sender stays,
+    /// and one that does is read whole. (Before, the whole request was read first, for up to
+    /// 10 s and 4 MiB, by any sandbox of the same uid.)
+    #[test]
+    fn a_request_that_does_not_open_with_the_key_is_refused_before_the_rest_is_read() {
+        let key = crate::ids::random_hex(16);
+        let message = |request: &Request| {
+            let body = serde_json::to_vec(request).unwrap();
+            [(body.len() as u32).to_le_bytes().as_slice(), &body].concat()
+        };
+        // The server's own request: the key first, as it serializes.
+        let (theirs, ours) = UnixStream::pair().unwrap();
+        let request = Request { key: Some(key.clone()), argv: Vec::new(), env: Vec::new(), cwd: None, dial: Some(8000) };
+        (&theirs).write_all(&message(&request)).unwrap();
+        let mut proven = false;
+        let Ok((got, fds)) = receive(&ours, Instant::now() + Duration::from_secs(5), Some(&key), || proven = true) else {
+            panic!("the server's own request was refused")
+        };
+        assert!(proven && got.dial == Some(8000) && fds.is_none());
+        // Another key, or the key last (any field first), or a claimed 4 MiB that never comes.
+        let started = Instant::now();
+        for opening in [format!(r#"{{"key":"{}""#, crate::ids::random_hex(16)), format!(r#"{{"dial":1,"key":"{key}""#)] {
+            let (theirs, ours) = UnixStream::pair().unwrap();
+            (&theirs).write_all(&[(4u32 << 20).to_le_bytes().as_slice(), opening.as_bytes()].concat()).unwrap();
+            let mut proven = false;
+            let Err(err) = receive(&ours, Instant::now() + Duration::from_secs(10), Some(&key), || proven = true) else {
+                panic!("a request opening with {opening} was taken")
+            };
+            assert_eq!(err.kind(), io::ErrorKind::PermissionDenied, "{err}");
+            assert!(!proven);
+        }
+        assert!(started.elapsed() < Duration::from_secs(2), "the refusal waited {:?}", started.elapsed());
+        // Silence is given up at the key's budget, not the request's.
+        let (_silent, ours) = UnixStream::pair().unwrap();
+        let started = Instant::now();
+        assert!(receive(&ours, Instant::now() + Duration::from_secs(10), Some(&key), || {}).is_err());
+        assert!(started.elapsed() < KEY_BUDGET + Duration::from_secs(1), "{:?}", started.elapsed());
+    }
+
+    /// Connections that do not show the key cannot lock the server's own out: past
+    /// `MAX_WAITING`, each new one closes the one that has waited longest. (Before, the 33rd and
+    /// every later connection was told `busy`, the server's among them.)
+    #[test]
+    fn a_flood_of_silent_connections_pushes_out_only_its_own() {
+        let waiting = Waiting::default();
+        let pairs: Vec<(UnixStream, UnixStream)> = (0..MAX_WAITING + 2).map(|_| UnixStream::pair().unwrap()).collect();
+        let tickets: Vec<u64> = pairs.iter().map(|(_, ours)| waiting.admit(ours).unwrap()).collect();
+        let closed = |theirs: &UnixStream| {
+            theirs.set_nonblocking(true).unwrap();
+            matches!((theirs as &UnixStream).read(&mut [0u8; 1]), Ok(0))
+        };
+        assert!(closed(&pairs[0].0) && closed(&pairs[1].0));
+        assert!(pairs[2..].iter().all(|(theirs, _)| !closed(theirs)));
+        // One that passed no longer waits and is never pushed out.
+        waiting.done(tickets[2]);
+        let more: Vec<(UnixStream, UnixStream)> = (0..2).map(|_| UnixStream::pair().unwrap()).collect();
+        for (_, ours) in &more {
+            waiting.admit(ours).unwrap();
+        }
+        assert!(!closed(&pairs[2].0) && closed(&pairs[3].0) && !closed(&pairs[4].0));
+        assert!(more.iter().all(|(theirs, _)| !closed(theirs)));
+        assert_eq!(waiting.conns.lock().unwrap().len(), MAX_WAITING);
     }
 
     /// What a taken-over init may answer a dial with: only a stream socket is taken; anything

@@ -232,8 +232,8 @@ impl LocalProvider {
                 // Where a directory above the state root lets no other uid pass (it lies under
                 // `/root`, say), each spawner opens a passage to its home in a mount namespace of
                 // its own (see `isolation::passage`), which needs `unshare`.
-                let sandboxes = self.root.join("sandboxes");
-                let reachable = isolation::passage::blocked_at(&sandboxes).is_none() || self.tools.is_some();
+                let blocked = isolation::passage::blocked_at(&self.root.join("sandboxes"));
+                let reachable = blocked.is_none() || self.tools.is_some();
                 if !mapped {
                     log::info!(
                         "landlock sandboxes run as the server's uid: uids {}-{} are not mapped in this user namespace (/proc/self/uid_map)",
@@ -243,7 +243,7 @@ impl LocalProvider {
                 } else if !reachable {
                     log::info!(
                         "landlock sandboxes run as the server's uid: {} lets no other uid pass and util-linux unshare, which would open a passage to the homes, was not found",
-                        isolation::passage::blocked_at(&sandboxes).unwrap_or_default().display()
+                        blocked.unwrap_or_default().display()
                     );
                 }
                 mapped && reachable

@@ -140,7 +140,12 @@ fn build(inet_tcp_only: bool) -> Result<BpfProgram, String> {
     let filter = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), target()?)
         .map_err(|e| format!("build the seccomp filter: {e}"))?;
     let program = BpfProgram::try_from(filter).map_err(|e| format!("compile the seccomp filter: {e}"))?;
-    Ok(if cfg!(target_arch = "x86_64") { [x32_guard().as_slice(), &program].concat() } else { program })
+    let program = if cfg!(target_arch = "x86_64") { [x32_guard().as_slice(), &program].concat() } else { program };
+    // The kernel's limit (BPF_MAXINSNS); the filters are far below it (a few hundred).
+    if program.len() > 4096 {
+        return Err(format!("the seccomp filter has {} instructions, over the kernel's 4096", program.len()));
+    }
+    Ok(program)
 }
 
 /// Three instructions put before the compiled filter: load the call's number, and answer `ENOSYS`

@@ -53,8 +53,10 @@ const MAX_REQUEST: usize = 4 << 20;
 /// The most connections that may be waiting to prove they hold the key (or, without a key, for
 /// their whole request) at once. Under an unprivileged server the socket can be reached by other
 /// sandboxes of the same uid, which lack the key: past this many, each new connection closes the
-/// one that has waited longest. The server's own requests send the key in their first bytes and
-/// wait microseconds, so a flood of silent connections only pushes out its own.
+/// one that has waited longest, which is told `busy` and served no further. The server's own
+/// requests send the key in their first bytes and wait microseconds, so a flood of silent
+/// connections mostly pushes out its own; a request of the server's is pushed out only when this
+/// many connections arrive between its accept and its first read, and then nothing of it runs.
 const MAX_WAITING: usize = 32;
 
 /// How long a connection may take to send the key (a few dozen bytes).
@@ -207,15 +209,17 @@ pub fn dial(to: &Endpoint, port: u16) -> io::Result<std::net::TcpStream> {
 }
 
 /// A line from an init or spawner as text fit for a log or an answer: sandbox code that took its
-/// init over chooses these bytes, so control characters (terminal escapes among them), invisible
-/// format characters (bidirectional overrides, zero-width ones) and bytes that are not UTF-8
-/// become `?`. Printable text of any script stays: an error may name a path such as `/srv/café`.
+/// init over chooses these bytes, and models read them. Printable ASCII stays, and so do letters
+/// and digits of any script (an error may name a path such as `/srv/café`); everything else
+/// becomes `?`: control characters (terminal escapes among them), format and invisible
+/// characters (bidirectional overrides, zero-width ones, tag characters that spell hidden text,
+/// variation selectors), blank letters, private-use and unassigned code points, bytes that are
+/// not UTF-8, and non-ASCII punctuation and symbols with them.
 fn plain(line: &[u8]) -> String {
-    let hidden = |c: char| matches!(c, '\u{ad}' | '\u{61c}' | '\u{180e}' | '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2060}'..='\u{206f}' | '\u{feff}' | '\u{fff9}'..='\u{fffb}');
-    String::from_utf8_lossy(line)
-        .chars()
-        .map(|c| if c.is_control() || hidden(c) || c == char::REPLACEMENT_CHARACTER { '?' } else { c })
-        .collect()
+    // Letters that show nothing: the Hangul and Khmer fillers.
+    let blank = |c: char| matches!(c, '\u{115f}' | '\u{1160}' | '\u{17b4}' | '\u{17b5}' | '\u{3164}' | '\u{ffa0}');
+    let shown = |c: char| c.is_ascii_graphic() || c == ' ' || (!c.is_ascii() && c.is_alphanumeric() && !blank(c));
+    String::from_utf8_lossy(line).chars().map(|c| if shown(c) { c } else { '?' }).collect()
 }
 
 /// How a command ended, as the init saw it.
@@ -443,14 +447,17 @@ struct Waiting {
 }
 
 impl Waiting {
-    /// Takes `conn` in, first shutting the connections that have waited longest while
-    /// [`MAX_WAITING`] wait; `None` when it cannot be tracked (no descriptor left to copy it).
+    /// Takes `conn` in, first pushing out the connections that have waited longest while
+    /// [`MAX_WAITING`] wait (each is told `busy`, without waiting, and shut); `None` when it
+    /// cannot be tracked (no descriptor left to copy it).
     fn admit(&self, conn: &UnixStream) -> Option<u64> {
         let copy = conn.try_clone().ok()?;
         let ticket = self.next.fetch_add(1, Ordering::Relaxed);
         let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
         while conns.len() >= MAX_WAITING {
             if let Some((_, oldest)) = conns.pop_front() {
+                let busy = b"error busy: more connections wait to send their request than the spawner takes at once; try again\n";
+                let _ = rustix::net::send(&oldest, busy, rustix::net::SendFlags::DONTWAIT);
                 let _ = oldest.shutdown(std::net::Shutdown::Both);
             }
         }
@@ -458,9 +465,13 @@ impl Waiting {
         Some(ticket)
     }
 
-    /// The connection of `ticket` waits no more (whether it passed or not).
-    fn done(&self, ticket: u64) {
-        self.conns.lock().unwrap_or_else(PoisonError::into_inner).retain(|(t, _)| *t != ticket);
+    /// The connection of `ticket` waits no more; whether it was still waiting, which a pushed-out
+    /// one is not. (A request already sent stays readable after the shutdown: it must not run.)
+    fn done(&self, ticket: u64) -> bool {
+        let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
+        let before = conns.len();
+        conns.retain(|(t, _)| *t != ticket);
+        conns.len() < before
     }
 }
 
@@ -532,6 +543,7 @@ fn answer(conn: UnixStream, ticket: u64, children: &Children) {
     // A request that never comes whole, or comes a byte at a time, costs this thread its
     // budget, not forever.
     let received = receive(&conn, Instant::now() + ANSWER_BUDGET, children.key.as_deref(), || children.waiting.done(ticket));
+    // A request given up before it passed waits no more either.
     children.waiting.done(ticket);
     let _ = conn.set_read_timeout(None);
     if let (Some(key), Ok((request, _))) = (&children.key, &received) {
@@ -632,9 +644,16 @@ fn fill(conn: &UnixStream, deadline: Instant, data: &mut Vec<u8>, want: usize, b
 
 /// Reads one request and the two or three descriptors attached to it (none for a dial), all of
 /// it by `deadline`. What is kept grows with what arrives, up to [`MAX_REQUEST`]. With `key`,
-/// the request must open with it within [`KEY_BUDGET`] and nothing more is read until it has
-/// (then `proven` is called); without, it is refused.
-fn receive(conn: &UnixStream, deadline: Instant, key: Option<&str>, proven: impl FnOnce()) -> io::Result<(Request, Option<Stdio3>)> {
+/// the request must open with it within [`KEY_BUDGET`] and nothing more is read until it has;
+/// without, it is refused. `passed` is asked once the request is known good (with a key, once
+/// the key is; else once it is whole): whether it may still be served (a connection pushed out
+/// meanwhile may not).
+fn receive(
+    conn: &UnixStream,
+    deadline: Instant,
+    key: Option<&str>,
+    passed: impl FnOnce() -> bool,
+) -> io::Result<(Request, Option<Stdio3>)> {
     let opening = key.map(key_opening);
     let first = if opening.is_some() { deadline.min(Instant::now() + KEY_BUDGET) } else { deadline };
     budget_reads(conn, first)?;
@@ -656,15 +675,19 @@ fn receive(conn: &UnixStream, deadline: Instant, key: Option<&str>, proven: impl
         _ => return Err(bad("it must carry two or three descriptors")),
     };
     let mut data = buf[..got.bytes].to_vec();
-    if let Some(opening) = opening {
+    if let Some(opening) = &opening {
         fill(conn, first, &mut data, 4 + opening.len(), &mut buf)?;
-        if !same_key(data.get(4..4 + opening.len()), &opening) {
+        if !same_key(data.get(4..4 + opening.len()), opening) {
             return Err(io::Error::new(
                 io::ErrorKind::PermissionDenied,
                 "refused: the request does not open with this sandbox's spawner key (a server of an earlier version sends it last: run the server of the version that started the sandbox)",
             ));
         }
-        proven();
+    }
+    let pushed_out = || io::Error::new(io::ErrorKind::ConnectionAborted, "busy: the connection was pushed out by newer ones; try again");
+    let mut passed = Some(passed);
+    if opening.is_some() && !passed.take().is_some_and(|passed| passed()) {
+        return Err(pushed_out());
     }
     fill(conn, deadline, &mut data, 4, &mut buf)?;
     let len = u32::from_le_bytes([data[0], data[1], data[2], data[3]]) as usize;
@@ -673,6 +696,9 @@ fn receive(conn: &UnixStream, deadline: Instant, key: Option<&str>, proven: impl
     }
     fill(conn, deadline, &mut data, 4 + len, &mut buf)?;
     let request: Request = serde_json::from_slice(&data[4..]).map_err(|e| bad(&e.to_string()))?;
+    if passed.is_some_and(|passed| !passed()) {
+        return Err(pushed_out());
+    }
     Ok((request, stdio))
 }
 
@@ -719,7 +745,7 @@ mod tests {
         let listener = UnixListener::bind(&path).unwrap();
         let t = std::thread::spawn(move || {
             let (conn, _) = listener.accept().unwrap();
-            let (request, stdio) = receive(&conn, Instant::now() + ANSWER_BUDGET, None, || {}).unwrap();
+            let (request, stdio) = receive(&conn, Instant::now() + ANSWER_BUDGET, None, || true).unwrap();
             assert_eq!((request.dial, stdio.is_none()), (Some(8000), true));
             match fd {
                 Some(fd) => {
@@ -782,7 +808,7 @@ mod tests {
             }
         });
         let started = Instant::now();
-        let got = receive(&ours, Instant::now() + Duration::from_millis(300), None, || {});
+        let got = receive(&ours, Instant::now() + Duration::from_millis(300), None, || true);
         assert!(got.is_err());
         assert!(started.elapsed() < Duration::from_millis(1500), "the trickle held the read for {:?}", started.elapsed());
         drop(ours);
@@ -790,7 +816,7 @@ mod tests {
         let (_silent, ours) = UnixStream::pair().unwrap();
         let started = Instant::now();
         assert_eq!(
-            receive(&ours, Instant::now() + Duration::from_millis(200), None, || {}).err().map(|e| e.kind()),
+            receive(&ours, Instant::now() + Duration::from_millis(200), None, || true).err().map(|e| e.kind()),
             Some(io::ErrorKind::WouldBlock)
         );
         assert!(started.elapsed() < Duration::from_millis(1500));
@@ -812,7 +838,10 @@ mod tests {
         let request = Request { key: Some(key.clone()), argv: Vec::new(), env: Vec::new(), cwd: None, dial: Some(8000) };
         (&theirs).write_all(&message(&request)).unwrap();
         let mut proven = false;
-        let Ok((got, fds)) = receive(&ours, Instant::now() + Duration::from_secs(5), Some(&key), || proven = true) else {
+        let Ok((got, fds)) = receive(&ours, Instant::now() + Duration::from_secs(5), Some(&key), || {
+            proven = true;
+            true
+        }) else {
             panic!("the server's own request was refused")
         };
         assert!(proven && got.dial == Some(8000) && fds.is_none());
@@ -822,7 +851,10 @@ mod tests {
             let (theirs, ours) = UnixStream::pair().unwrap();
             (&theirs).write_all(&[(4u32 << 20).to_le_bytes().as_slice(), opening.as_bytes()].concat()).unwrap();
             let mut proven = false;
-            let Err(err) = receive(&ours, Instant::now() + Duration::from_secs(10), Some(&key), || proven = true) else {
+            let Err(err) = receive(&ours, Instant::now() + Duration::from_secs(10), Some(&key), || {
+                proven = true;
+                true
+            }) else {
                 panic!("a request opening with {opening} was taken")
             };
             assert_eq!(err.kind(), io::ErrorKind::PermissionDenied, "{err}");
@@ -832,33 +864,62 @@ mod tests {
         // Silence is given up at the key's budget, not the request's.
         let (_silent, ours) = UnixStream::pair().unwrap();
         let started = Instant::now();
-        assert!(receive(&ours, Instant::now() + Duration::from_secs(10), Some(&key), || {}).is_err());
+        assert!(receive(&ours, Instant::now() + Duration::from_secs(10), Some(&key), || true).is_err());
         assert!(started.elapsed() < KEY_BUDGET + Duration::from_secs(1), "{:?}", started.elapsed());
     }
 
     /// Connections that do not show the key cannot lock the server's own out: past
-    /// `MAX_WAITING`, each new one closes the one that has waited longest. (Before, the 33rd and
-    /// every later connection was told `busy`, the server's among them.)
+    /// `MAX_WAITING`, each new one pushes out the one that has waited longest, which is told
+    /// `busy` and closed. (Before, the 33rd and every later connection was told `busy`, the
+    /// server's among them.)
     #[test]
-    fn a_flood_of_silent_connections_pushes_out_only_its_own() {
+    fn a_flood_of_silent_connections_pushes_out_the_oldest_first() {
         let waiting = Waiting::default();
         let pairs: Vec<(UnixStream, UnixStream)> = (0..MAX_WAITING + 2).map(|_| UnixStream::pair().unwrap()).collect();
         let tickets: Vec<u64> = pairs.iter().map(|(_, ours)| waiting.admit(ours).unwrap()).collect();
-        let closed = |theirs: &UnixStream| {
+        // What the other end reads: `busy` then the end, or nothing yet.
+        let pushed_out = |theirs: &UnixStream| {
             theirs.set_nonblocking(true).unwrap();
-            matches!((theirs as &UnixStream).read(&mut [0u8; 1]), Ok(0))
+            let mut got = Vec::new();
+            let _ = (theirs as &UnixStream).read_to_end(&mut got);
+            let ended = matches!((theirs as &UnixStream).read(&mut [0u8; 1]), Ok(0));
+            assert_eq!(ended, got.starts_with(b"error busy: "), "{}", String::from_utf8_lossy(&got));
+            ended
         };
-        assert!(closed(&pairs[0].0) && closed(&pairs[1].0));
-        assert!(pairs[2..].iter().all(|(theirs, _)| !closed(theirs)));
+        assert!(pushed_out(&pairs[0].0) && pushed_out(&pairs[1].0));
+        assert!(pairs[2..].iter().all(|(theirs, _)| !pushed_out(theirs)));
         // One that passed no longer waits and is never pushed out.
-        waiting.done(tickets[2]);
+        assert!(waiting.done(tickets[2]));
         let more: Vec<(UnixStream, UnixStream)> = (0..2).map(|_| UnixStream::pair().unwrap()).collect();
         for (_, ours) in &more {
             waiting.admit(ours).unwrap();
         }
-        assert!(!closed(&pairs[2].0) && closed(&pairs[3].0) && !closed(&pairs[4].0));
-        assert!(more.iter().all(|(theirs, _)| !closed(theirs)));
+        assert!(!pushed_out(&pairs[2].0) && pushed_out(&pairs[3].0) && !pushed_out(&pairs[4].0));
+        assert!(more.iter().all(|(theirs, _)| !pushed_out(theirs)));
         assert_eq!(waiting.conns.lock().unwrap().len(), MAX_WAITING);
+        assert!(!waiting.done(tickets[3]), "a pushed-out connection is not waiting any more");
+    }
+
+    /// A request pushed out after it was sent whole is not served: the shutdown leaves what was
+    /// already sent readable, and the key in it would pass (found by a review: the command ran
+    /// while the server was told the init was gone).
+    #[test]
+    fn a_request_pushed_out_after_it_was_sent_is_not_served() {
+        let key = crate::ids::random_hex(16);
+        let request = Request { key: Some(key.clone()), argv: Vec::new(), env: Vec::new(), cwd: None, dial: Some(8000) };
+        let body = serde_json::to_vec(&request).unwrap();
+        for keyed in [true, false] {
+            let waiting = Waiting::default();
+            let (theirs, ours) = UnixStream::pair().unwrap();
+            (&theirs).write_all(&[(body.len() as u32).to_le_bytes().as_slice(), &body].concat()).unwrap();
+            let ticket = waiting.admit(&ours).unwrap();
+            let newer: Vec<(UnixStream, UnixStream)> = (0..MAX_WAITING).map(|_| UnixStream::pair().unwrap()).collect();
+            for (_, o) in &newer {
+                waiting.admit(o).unwrap();
+            }
+            let got = receive(&ours, Instant::now() + Duration::from_secs(5), keyed.then_some(key.as_str()), || waiting.done(ticket));
+            assert_eq!(got.err().map(|e| e.kind()), Some(io::ErrorKind::ConnectionAborted), "keyed {keyed}");
+        }
     }
 
     /// What a taken-over init may answer a dial with: only a stream socket is taken; anything
@@ -878,9 +939,10 @@ mod tests {
         );
         t.join().unwrap();
         // A taken-over init's words reach logs and answers without escapes or control bytes.
-        let (dir6, t) = fake_init(b"error \x1b]0;owned\x07\x1b[2J\r\xe2\x80\xae text\xff\xc2\x9b1m /srv/caf\xc3\xa9\n", None);
+        let said = "error \x1b]0;owned\x07\x1b[2J\r\u{202e} text\u{9b}1m /srv/caf\u{e9} \u{5f20} \u{e0041}\u{e0042}\u{fe0f}\u{3164}\u{e000}\u{200b}";
+        let (dir6, t) = fake_init([said.as_bytes(), b"\xff\n"].concat().leak(), None);
         let err = dial(&Endpoint::in_dir(&dir6, false), 8000).unwrap_err();
-        assert_eq!(err.to_string(), "?]0;owned??[2J?? text??1m /srv/caf\u{e9}");
+        assert_eq!(err.to_string(), "?]0;owned??[2J?? text?1m /srv/caf\u{e9} \u{5f20} ???????");
         t.join().unwrap();
         let _ = std::fs::remove_dir_all(dir6);
         let (dir3, t) = fake_init(b"dialed\n", None);

@@ -335,7 +335,7 @@ fn run_keeper(root: &Path, id: &str, shell: &Path, start: Start) -> anyhow::Resu
     }
     loop {
         if let Some(h) = holder.as_mut() {
-            // The `unshare` that forked the init exits with it; reap it.
+            // The stage or `unshare` that forked the init exits with it; reap it.
             if let Ok(Some(_)) = h.try_wait() {
                 holder = None;
             }

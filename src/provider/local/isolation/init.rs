@@ -54,7 +54,7 @@ pub struct Started {
     pub pid: u32,
     /// Its start time (clock ticks since boot), which identifies it against pid reuse.
     pub start: u64,
-    /// The `unshare` process that forked it (it waits for the init and reaps it).
+    /// The process that forked it, the stage or `unshare` (it waits for the init and reaps it).
     pub holder: Child,
     /// The listening socket of the sandbox's egress proxy, bound on its loopback interface (none
     /// for a sandbox on the host's network).
@@ -166,7 +166,12 @@ fn start_init(tools: &Tools, exe: &Path, site: &Site<'_>, spawner: Option<UnixLi
         .stdout(Stdio::from(OwnedFd::from(theirs)))
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("could not run {}: {e}", tools.unshare.display()))?;
+        .map_err(|e| {
+            format!(
+                "could not run {}: {e}",
+                if as_root { "this program's sandbox stage".into() } else { tools.unshare.display().to_string() }
+            )
+        })?;
     // The command holds our copy of the init's end: without dropping it, an init that exits
     // early would look like one that never answers.
     drop(cmd);
@@ -412,6 +417,9 @@ pub fn run_stage(args: &[String]) -> anyhow::Result<()> {
     anyhow::ensure!(dash == "--", USAGE);
     use rustix::mount::MountPropagationFlags as Propagation;
     use rustix::thread::UnshareFlags as Ns;
+    // As `unshare` did: the init must be able to wait for its children whatever the server was
+    // started with.
+    default_child_signal();
     // A mount namespace of its own for the handover, seen by nothing outside.
     unshare(Ns::NEWNS).map_err(|e| fail(format!("cannot make a mount namespace: {e}")))?;
     rustix::mount::mount_change("/", Propagation::PRIVATE | Propagation::REC)
@@ -463,6 +471,18 @@ fn unshare(namespaces: rustix::thread::UnshareFlags) -> io::Result<()> {
     // SAFETY: the call is unsafe only for `UnshareFlags::FILES` (threads would stop sharing their
     // descriptor table), which is never passed; the stage runs on one thread.
     unsafe { rustix::thread::unshare_unsafe(namespaces) }.map_err(io::Error::from)
+}
+
+/// SIGCHLD back to its default, as util-linux `unshare` sets it: an ignored SIGCHLD, inherited
+/// from whatever started the server, would make every wait of the stage and of the init fail.
+/// (Blocking signals here, as `unshare --fork` does in its waiting parent, would not do: the
+/// mask passes to the init and on to every command, which then could not be stopped by SIGTERM.)
+#[allow(unsafe_code)]
+fn default_child_signal() {
+    // SAFETY: one call in a process of one thread; SIG_DFL installs no handler.
+    unsafe {
+        libc::signal(libc::SIGCHLD, libc::SIG_DFL);
+    }
 }
 
 /// The variable that gives the init its home's host path when it is not given as `--home`.

@@ -358,8 +358,7 @@ fn run_keeper(root: &Path, id: &str, shell: &Path, start: Start) -> anyhow::Resu
             // Unreadable for now: the last expiry read still holds.
             Err(_) => {}
         }
-        let mine = fs::read_to_string(dir.join("keeper.pid")).map(|t| t.starts_with(&format!("{me} "))).unwrap_or(false);
-        if !mine && dir.join("keeper.pid").exists() {
+        if replaced(fs::read_to_string(dir.join("keeper.pid")), me) {
             return Ok(());
         }
         if expires_at.is_none_or(|at| at - unix_now() <= 0) {
@@ -393,4 +392,27 @@ fn end_without_state(provider: &LocalProvider, id: &str, init: Option<Init>, own
         }
     }
     cgroup::remove(id, Instant::now() + KILL_SCAN_BUDGET);
+}
+
+/// Whether another keeper took this one's place, from what reading its `keeper.pid` gave: only a
+/// file that names another process says so. A file that is gone says nothing (a kill is under
+/// way and ends this keeper anyway), and neither does a failed read: a keeper that gave up on a
+/// passing error (no descriptor left, say) would leave its sandbox without a proxy, port relays
+/// or an end at its expiry.
+fn replaced(read: io::Result<String>, me: u32) -> bool {
+    read.is_ok_and(|text| !text.starts_with(&format!("{me} ")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_pid_file_naming_another_keeper_ends_this_one() {
+        assert!(!replaced(Ok("42 123\n".into()), 42));
+        assert!(replaced(Ok("43 123\n".into()), 42));
+        assert!(replaced(Ok(String::new()), 42));
+        assert!(!replaced(Err(io::Error::from_raw_os_error(libc::EMFILE)), 42));
+        assert!(!replaced(Err(io::ErrorKind::NotFound.into()), 42));
+    }
 }

@@ -456,8 +456,8 @@ impl LocalProvider {
 
 impl LocalProvider {
     /// One request to the keeper's port relays of isolated sandbox `id`.
-    fn ports_request(&self, id: &str, line: &str) -> Result<String, ProviderError> {
-        ports::request(&self.dir(id), line).map_err(|err| {
+    fn ports_request(&self, id: &str, line: &str, deadline: Instant) -> Result<String, ProviderError> {
+        ports::request(&self.dir(id), line, deadline).map_err(|err| {
             ProviderError::Unavailable(format!(
                 "could not reach the port relay of sandbox {id} ({err}); its keeper may be restarting: retry in a few seconds, \
 or recreate the sandbox if it was made by an older version"
@@ -759,7 +759,7 @@ since {why}; leave network out, or run the server as root or where user namespac
         format!("Local sandboxes (isolation: {tier}). Commands run with {}. {about}", self.command_shell.display())
     }
 
-    fn expose_port(&self, sandbox_id: &str, port: u16, _deadline: Instant) -> Result<Exposed, ProviderError> {
+    fn expose_port(&self, sandbox_id: &str, port: u16, deadline: Instant) -> Result<Exposed, ProviderError> {
         let meta = self.reach(sandbox_id, Touch::Renew)?;
         if meta.isolation == Isolation::None || meta.host_network {
             return Ok(Exposed {
@@ -774,12 +774,12 @@ since {why}; leave network out, or run the server as root or where user namespac
 run the server where user namespaces work (--isolation namespaces) to serve ports"
             )));
         }
-        let answer = self.ports_request(sandbox_id, &format!("expose {port} {}", self.expose_address))?;
+        let answer = self.ports_request(sandbox_id, &format!("expose {port} {}", self.expose_address), deadline)?;
         let host = answer.strip_prefix("exposed ").and_then(|a| a.parse().ok()).ok_or_else(|| ports_error(sandbox_id, &answer))?;
         Ok(Exposed { url: ports::url(host), done: true, note: None })
     }
 
-    fn unexpose_port(&self, sandbox_id: &str, port: u16, _deadline: Instant) -> Result<Exposed, ProviderError> {
+    fn unexpose_port(&self, sandbox_id: &str, port: u16, deadline: Instant) -> Result<Exposed, ProviderError> {
         let meta = self.reach(sandbox_id, Touch::Renew)?;
         if meta.isolation == Isolation::None || meta.host_network {
             return Ok(Exposed {
@@ -789,7 +789,7 @@ run the server where user namespaces work (--isolation namespaces) to serve port
             });
         }
         let url = ports::exposed(&self.dir(sandbox_id)).get(&port).map(|a| ports::url(*a));
-        let answer = self.ports_request(sandbox_id, &format!("unexpose {port}"))?;
+        let answer = self.ports_request(sandbox_id, &format!("unexpose {port}"), deadline)?;
         match (answer.as_str(), url) {
             ("unexposed", Some(url)) => Ok(Exposed { url, done: true, note: None }),
             ("unexposed", None) => Ok(Exposed { url: String::new(), done: true, note: None }),

@@ -29,7 +29,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The keeper's socket for expose and unexpose requests, in a sandbox's directory.
 pub const SOCKET_FILE: &str = "ports.sock";
@@ -58,11 +58,16 @@ pub const REQUEST_BUDGET: Duration = Duration::from_secs(10);
 // ---------------------------------------------------------------------------------------------
 // Server side
 
-/// Sends one request line to the keeper of the sandbox in `dir`; its answer line, or why none.
-pub fn request(dir: &Path, line: &str) -> io::Result<String> {
-    let conn = UnixStream::connect(dir.join(SOCKET_FILE))?;
-    conn.set_read_timeout(Some(REQUEST_BUDGET))?;
-    conn.set_write_timeout(Some(REQUEST_BUDGET))?;
+/// Sends one request line to the keeper of the sandbox in `dir`; its answer line, or why none,
+/// within [`REQUEST_BUDGET`] and by `deadline` (the keeper answers one request at a time, and a
+/// dial into a taken-over sandbox may take its whole budget: the connect is bounded too).
+pub fn request(dir: &Path, line: &str, deadline: Instant) -> io::Result<String> {
+    let budget = REQUEST_BUDGET.min(deadline.saturating_duration_since(Instant::now()));
+    if budget.is_zero() {
+        return Err(io::Error::new(io::ErrorKind::TimedOut, "the call's deadline passed before the request"));
+    }
+    let conn = super::isolation::spawner::connect_within(&dir.join(SOCKET_FILE), budget)?;
+    conn.set_read_timeout(Some(budget))?;
     (&conn).write_all(format!("{line}\n").as_bytes())?;
     let mut answer = String::new();
     BufReader::new((&conn).take(MAX_LINE as u64)).read_line(&mut answer)?;
@@ -360,10 +365,30 @@ mod tests {
             ("unexpose 80", "error port 80 is not exposed; expose_port exposes it"),
             (long.as_str(), "error unknown request"),
         ] {
-            assert_eq!(request(&dir, line).unwrap(), answer, "{line}");
+            assert_eq!(request(&dir, line, Instant::now() + REQUEST_BUDGET).unwrap(), answer, "{line}");
         }
-        assert!(request(&dir, "expose 80 127.0.0.1").unwrap().starts_with("error "));
+        assert!(request(&dir, "expose 80 127.0.0.1", Instant::now() + REQUEST_BUDGET).unwrap().starts_with("error "));
         assert!(exposed(&dir).is_empty());
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// A keeper that accepts nothing (its backlog full: it answers one request at a time) holds
+    /// a request no longer than the call's deadline; the connect used to wait without one (found
+    /// by a review).
+    #[test]
+    fn a_keeper_that_accepts_nothing_costs_a_request_its_deadline() {
+        let dir = std::env::temp_dir().join(format!("smcp-ports-{}", crate::ids::random_hex(4)));
+        fs::create_dir_all(&dir).unwrap();
+        let _listener = std::os::unix::net::UnixListener::bind(dir.join(SOCKET_FILE)).unwrap();
+        let mut queued = Vec::new();
+        while let Ok(c) = super::super::isolation::spawner::connect_within(&dir.join(SOCKET_FILE), Duration::from_millis(50)) {
+            queued.push(c);
+            assert!(queued.len() < 100_000, "the backlog never filled");
+        }
+        let started = Instant::now();
+        assert!(request(&dir, "bogus", Instant::now() + Duration::from_millis(300)).is_err());
+        assert!(started.elapsed() < Duration::from_secs(3), "it waited {:?}", started.elapsed());
+        assert!(request(&dir, "bogus", Instant::now()).is_err(), "a deadline already passed");
         let _ = fs::remove_dir_all(&dir);
     }
 

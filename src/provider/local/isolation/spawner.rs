@@ -163,10 +163,17 @@ impl Endpoint {
 /// stops reading) give up after `budget`, so a sandbox that stalls its spawner costs the call its
 /// deadline, never a worker for good.
 fn connect(to: &Endpoint, budget: Duration) -> io::Result<UnixStream> {
+    connect_within(&to.socket, budget)
+}
+
+/// Connects to the unix socket at `path` within `budget` (a listener whose backlog is full
+/// would otherwise hold the connect for as long as it does not accept); writes on the
+/// connection keep that budget.
+pub fn connect_within(path: &Path, budget: Duration) -> io::Result<UnixStream> {
     use rustix::net::{sockopt, AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
     let fd = rustix::net::socket_with(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None)?;
-    sockopt::set_socket_timeout(&fd, sockopt::Timeout::Send, Some(budget))?;
-    rustix::net::connect(&fd, &SocketAddrUnix::new(&to.socket)?)?;
+    sockopt::set_socket_timeout(&fd, sockopt::Timeout::Send, Some(budget.max(Duration::from_millis(1))))?;
+    rustix::net::connect(&fd, &SocketAddrUnix::new(path)?)?;
     Ok(UnixStream::from(fd))
 }
 

@@ -159,6 +159,11 @@ fn http(conn: TcpStream, first: u8, proxy: &Proxy, deadline: Instant) {
         Dialed::Direct(up) => (up, request.rewrite(false, None)),
         Dialed::Upstream(up) => (up, request.rewrite(true, proxy.settings().upstream.as_ref().and_then(|u| u.auth.as_deref()))),
     };
+    // No write waits longer than the idle budget, whichever side stops reading (the destination
+    // may be the sandbox's own accomplice).
+    for side in [&upstream, &conn] {
+        let _ = side.set_write_timeout(Some(IDLE_BUDGET));
+    }
     if tunnel {
         if (&upstream).write_all(&rest).is_ok() {
             relay(conn, upstream);
@@ -182,8 +187,10 @@ fn answer(conn: &TcpStream, status: u16, reason: &str, body: &str) {
     );
     let _ = (&*conn).write_all(head.as_bytes()).and_then(|()| (&*conn).write_all(body.as_bytes()));
     let _ = conn.shutdown(Shutdown::Write);
-    // Let the client read the answer before the close resets the connection.
+    // Let the client read the answer before the close resets the connection: what it still
+    // sends is drained for a moment, not for as long as it keeps sending.
     let mut sink = [0u8; 1024];
+    let until = Instant::now() + Duration::from_millis(500);
     let _ = conn.set_read_timeout(Some(Duration::from_millis(200)));
-    while matches!((&*conn).read(&mut sink), Ok(n) if n > 0) {}
+    while Instant::now() < until && matches!((&*conn).read(&mut sink), Ok(n) if n > 0) {}
 }

@@ -11,11 +11,15 @@ use std::time::Instant;
 /// slowly it comes; returns the head and what came after it.
 pub fn read_head(conn: &TcpStream, mut buf: Vec<u8>, deadline: Instant) -> Result<(Vec<u8>, Vec<u8>), String> {
     let mut chunk = [0u8; 4096];
+    // Where the search for the blank line goes on from: what was searched is not searched again
+    // (a head trickled a byte at a time would cost quadratic time).
+    let mut searched = 0;
     loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+        if let Some(end) = buf[searched..].windows(4).position(|w| w == b"\r\n\r\n").map(|at| searched + at) {
             let rest = buf.split_off(end + 4);
             return Ok((buf, rest));
         }
+        searched = buf.len().saturating_sub(3);
         if buf.len() > MAX_HEAD {
             return Err(format!("the request head is longer than {MAX_HEAD} bytes"));
         }
@@ -239,6 +243,19 @@ mod tests {
         assert_eq!(ok.body_length(), Ok(7));
         let out = String::from_utf8(ok.rewrite(true, Some("dTpw"))).unwrap();
         assert!(!out.contains("Max-Forwards") && out.contains("User-Agent: pip/24 (x; y)\r\n"), "{out}");
+    }
+
+    /// The blank line is found where it straddles two reads (the search resumes three bytes
+    /// back, not from the start).
+    #[test]
+    fn a_head_whose_end_straddles_two_reads_is_found() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (conn, _) = listener.accept().unwrap();
+        c.write_all(b"\nbody").unwrap();
+        let early = b"GET http://x.test/ HTTP/1.1\r\nA: b\r\n\r".to_vec();
+        let (head, rest) = read_head(&conn, early, Instant::now() + Duration::from_secs(5)).unwrap();
+        assert!(head.ends_with(b"A: b\r\n\r\n") && rest == b"body", "{:?}", String::from_utf8_lossy(&rest));
     }
 
     #[test]

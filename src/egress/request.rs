@@ -88,7 +88,7 @@ impl Request {
         let (Some(method), Some(target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
             return Err("a malformed request line".into());
         };
-        if !version.starts_with("HTTP/1.") || method.is_empty() || !method.bytes().all(|b| b.is_ascii_uppercase()) {
+        if !version.starts_with("HTTP/1.") {
             return Err("a malformed request line".into());
         }
         if !METHODS.contains(&method) {

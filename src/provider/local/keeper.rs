@@ -311,16 +311,15 @@ fn run_keeper(root: &Path, id: &str, shell: &Path, start: Start) -> anyhow::Resu
         Some(m) if m.limits.cgroups() => cgroup::procs_files(id),
         _ => Vec::new(),
     };
+    let tools = || provider.tools().map_err(|e| anyhow::anyhow!("sandbox {id}: {e}"));
     // A root server's sandbox has a network namespace of its own, egress through its proxy.
     let net = match spawned {
-        Some(m) if m.proxy => Some(provider.tools().map_err(|e| anyhow::anyhow!("sandbox {id}: {e}"))?),
+        Some(m) if m.proxy => Some(tools()?),
         _ => None,
     };
     // A uid of its own that cannot pass the directories above its home goes through a passage.
     let passage = match spawned {
-        Some(_) if owned_by.is_some() && passage::blocked_at(&dir).is_some() => {
-            Some(provider.tools().map_err(|e| anyhow::anyhow!("sandbox {id}: {e}"))?)
-        }
+        Some(_) if owned_by.is_some() && passage::blocked_at(&dir).is_some() => Some(tools()?),
         _ => None,
     };
     let site =

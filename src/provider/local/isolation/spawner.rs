@@ -95,6 +95,18 @@ struct Request {
     dial: Option<u16>,
 }
 
+impl Request {
+    /// The request as sent: its length (little-endian `u32`), then its JSON, at most
+    /// [`MAX_REQUEST`] bytes of it.
+    fn framed(&self) -> io::Result<Vec<u8>> {
+        let body = serde_json::to_vec(self).map_err(io::Error::other)?;
+        let len = u32::try_from(body.len()).ok().filter(|n| (*n as usize) <= MAX_REQUEST).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, format!("the command and its environment are too large ({} bytes)", body.len()))
+        })?;
+        Ok([len.to_le_bytes().as_slice(), &body].concat())
+    }
+}
+
 /// The bytes that open a request carrying `key`: what a spawner checks before it reads on.
 /// (Spawners of earlier versions parse the whole request and find the key wherever it is.)
 fn key_opening(key: &str) -> Vec<u8> {
@@ -182,10 +194,7 @@ pub fn connect_within(path: &Path, budget: Duration) -> io::Result<UnixStream> {
 pub fn dial(to: &Endpoint, port: u16) -> io::Result<std::net::TcpStream> {
     let conn = connect(to, ANSWER_BUDGET)?;
     let request = Request { argv: Vec::new(), env: Vec::new(), cwd: None, dial: Some(port), key: to.key.clone() };
-    let body = serde_json::to_vec(&request).map_err(io::Error::other)?;
-    let mut message = (body.len() as u32).to_le_bytes().to_vec();
-    message.extend_from_slice(&body);
-    (&conn).write_all(&message)?;
+    (&conn).write_all(&request.framed()?)?;
     conn.set_read_timeout(Some(DIAL_BUDGET + ANSWER_BUDGET))?;
     let mut line = [0u8; MAX_LINE];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
@@ -265,14 +274,7 @@ impl Remote {
     ) -> io::Result<Remote> {
         let conn = connect(to, ANSWER_BUDGET)?;
         let key = to.key.clone();
-        let body = serde_json::to_vec(&Request { argv: argv.to_vec(), env, cwd: cwd.map(str::to_string), dial: None, key })
-            .map_err(io::Error::other)?;
-        let len = u32::try_from(body.len()).ok().filter(|n| (*n as usize) <= MAX_REQUEST).ok_or_else(|| {
-            io::Error::new(io::ErrorKind::InvalidInput, format!("the command and its environment are too large ({} bytes)", body.len()))
-        })?;
-        let mut message = Vec::with_capacity(4 + body.len());
-        message.extend_from_slice(&len.to_le_bytes());
-        message.extend_from_slice(&body);
+        let message = Request { argv: argv.to_vec(), env, cwd: cwd.map(str::to_string), dial: None, key }.framed()?;
         let mut fds = vec![stdout.as_fd(), stderr.as_fd()];
         fds.extend(stdin);
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(3))];
@@ -836,14 +838,10 @@ mod tests {
     #[test]
     fn a_request_that_does_not_open_with_the_key_is_refused_before_the_rest_is_read() {
         let key = crate::ids::random_hex(16);
-        let message = |request: &Request| {
-            let body = serde_json::to_vec(request).unwrap();
-            [(body.len() as u32).to_le_bytes().as_slice(), &body].concat()
-        };
         // The server's own request: the key first, as it serializes.
         let (theirs, ours) = UnixStream::pair().unwrap();
         let request = Request { key: Some(key.clone()), argv: Vec::new(), env: Vec::new(), cwd: None, dial: Some(8000) };
-        (&theirs).write_all(&message(&request)).unwrap();
+        (&theirs).write_all(&request.framed().unwrap()).unwrap();
         let mut proven = false;
         let Ok((got, fds)) = receive(&ours, Instant::now() + Duration::from_secs(5), Some(&key), || {
             proven = true;
@@ -914,11 +912,10 @@ mod tests {
     fn a_request_pushed_out_after_it_was_sent_is_not_served() {
         let key = crate::ids::random_hex(16);
         let request = Request { key: Some(key.clone()), argv: Vec::new(), env: Vec::new(), cwd: None, dial: Some(8000) };
-        let body = serde_json::to_vec(&request).unwrap();
         for keyed in [true, false] {
             let waiting = Waiting::default();
             let (theirs, ours) = UnixStream::pair().unwrap();
-            (&theirs).write_all(&[(body.len() as u32).to_le_bytes().as_slice(), &body].concat()).unwrap();
+            (&theirs).write_all(&request.framed().unwrap()).unwrap();
             let ticket = waiting.admit(&ours).unwrap();
             let newer: Vec<(UnixStream, UnixStream)> = (0..MAX_WAITING).map(|_| UnixStream::pair().unwrap()).collect();
             for (_, o) in &newer {

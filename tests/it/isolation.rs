@@ -682,7 +682,14 @@ fn isolated_sandboxes_start_from_a_binary_in_a_private_directory() {
     let exe = dir.join("sandbox-mcp");
     std::fs::copy(bin(), &exe).unwrap();
     let call = |tool: &str, args: Value| {
-        let out = std::process::Command::new(&exe).args(["call", tool, &args.to_string()]).envs(home.env()).output().unwrap();
+        // The copy may still be open for writing in a child another test thread is forking
+        // (ETXTBSY until that child execs): try again until it is not.
+        let out = wait_for(Duration::from_secs(10), "the copied binary to be executable", || {
+            match std::process::Command::new(&exe).args(["call", tool, &args.to_string()]).envs(home.env()).output() {
+                Err(err) if err.kind() == std::io::ErrorKind::ExecutableFileBusy => None,
+                result => Some(result.unwrap()),
+            }
+        });
         let text = String::from_utf8_lossy(&out.stdout).to_string();
         assert!(out.status.success(), "{tool}: {}", String::from_utf8_lossy(&out.stderr));
         serde_json::from_str::<Value>(&text).unwrap()

@@ -208,6 +208,11 @@ pub trait Adopter {
         touch: Touch,
         promotion: &Promotion<'_>,
     ) -> Result<ExecEnd, ProviderError>;
+
+    /// The task id of the next command into `sandbox_id` that may become a task.
+    fn task_id(&self, _sandbox_id: &str) -> String {
+        crate::ids::task_id()
+    }
 }
 
 /// Type of a directory entry.

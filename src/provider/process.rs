@@ -222,27 +222,24 @@ pub fn run<'a>(mut cmd: Command, spawn: &Spawn<'_>, shell: &'a Path, running: &'
     wait_with_output(Kid::Host(HostChild { child, shell, pgid }), pipes, Default::default(), spawn, started, running, inside)
 }
 
-/// Runs `argv` with exactly `env` from `cwd` inside an isolated sandbox, started by the sandbox's
-/// spawner listening on `socket`; otherwise as [`run`] (a command is handed over only when the
-/// spawner told its pid). `Err` only when it could not be started.
-pub fn run_remote<'a>(
-    to: &spawner::Endpoint,
-    argv: &[String],
-    env: Vec<(String, String)>,
-    cwd: Option<&str>,
-    spawn: &Spawn<'_>,
-    running: &'a Running,
-) -> io::Result<Ran<'a>> {
+/// Runs `job` inside an isolated sandbox, started by the sandbox's spawner at `to`; otherwise as
+/// [`run`] (a command is handed over only when the spawner told its pid). `Err` only when it
+/// could not be started.
+pub fn run_remote<'a>(to: &spawner::Endpoint, job: spawner::Job<'_>, spawn: &Spawn<'_>, running: &'a Running) -> io::Result<Ran<'a>> {
     let started = Instant::now();
     let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map(|(read, write)| (File::from(read), write));
     let (out_read, out_write) = pipe()?;
     let (err_read, err_write) = pipe()?;
-    let remote = Remote::spawn(to, argv, env, cwd, &out_write, &err_write, None)?;
+    let (remote, theirs) = Remote::start(to, job, &out_write, &err_write, None)?;
     // Only the command holds the write ends now: the pipes end with it (and its group).
     drop((out_write, err_write));
     let key = running.insert_remote(remote.killer()?);
     let inside = remote.pid();
-    let pipes = [Some(out_read), Some(err_read)];
+    // A shell that waited for the command writes to pipes of its own.
+    let pipes = match theirs {
+        Some([out, err]) => [Some(out), Some(err)],
+        None => [Some(out_read), Some(err_read)],
+    };
     wait_with_output(
         Kid::Remote(RemoteChild { remote, members_left: false }, key),
         pipes,

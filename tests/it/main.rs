@@ -23,3 +23,4 @@ mod tasks;
 mod tidy;
 mod tools;
 mod waiting;
+mod warm_shell;

@@ -60,6 +60,9 @@ impl Counted {
         // Warm: the first task of a user probes its tools once and remembers them.
         let s = c.m.ok("start_task", json!({"sandbox_id": c.sb, "command": "echo warm"}));
         c.finish(&s);
+        // An isolated sandbox's first command leaves a shell waiting for the next one, where
+        // every later probe runs.
+        c.probe();
         let sb = c.sb.clone();
         c.threads = match c.counter {
             // One probe's threads lie between two probes.
@@ -78,7 +81,10 @@ impl Counted {
     fn probe(&mut self) -> u64 {
         match self.counter {
             Counter::Namespace => {
-                let r = self.m.ok("run_command", json!({"sandbox_id": self.sb, "command": "echo $$"}));
+                // The last pid taken in the sandbox's pid namespace, read without a fork: `$$`
+                // would not do, since a command may run in a shell started before it.
+                let probe = "read -r pid </proc/sys/kernel/ns_last_pid && echo \"$pid\"";
+                let r = self.m.ok("run_command", json!({"sandbox_id": self.sb, "command": probe}));
                 r["stdout"].as_str().unwrap().trim().parse().unwrap()
             }
             Counter::Machine => {

@@ -36,6 +36,10 @@ impl Adopter for LocalProvider {
         req.envs.insert(TASK_TAG_VAR.to_string(), promotion.task_id.to_string());
         self.run_exec(sandbox_id, &req, touch, Some(promotion))
     }
+
+    fn task_id(&self, sandbox_id: &str) -> String {
+        self.task_tag(sandbox_id)
+    }
 }
 
 impl LocalProvider {

@@ -3,8 +3,8 @@
 //! end or to its hand-over.
 
 use super::isolation::enter;
-use super::isolation::{cgroup, landlock, rootfs, spawner, Isolation};
-use super::{LocalProvider, Meta, TAG_VAR, TMP_DIR};
+use super::isolation::{cgroup, landlock, rootfs, spawner, warm_shell, Isolation};
+use super::{LocalProvider, Meta, TAG_VAR, TASK_TAG_VAR, TMP_DIR};
 use crate::provider::process::{self, Ran, Spawn};
 use crate::provider::{ExecEnd, ExecOutput, ExecRequest, Promotion, ProviderError, Touch};
 use std::collections::BTreeMap;
@@ -113,7 +113,8 @@ impl LocalProvider {
                 if spawner && to.socket.exists() {
                     // The init's children are in its namespaces and cgroups already.
                     let env = self.env_for(id, &meta, envs);
-                    return Ok(Launch::Spawner { to, argv: argv.to_vec(), env, cwd: cwd.map(str::to_string) });
+                    let next_env = (cwd.is_none() && self.warm(argv, envs)).then(|| self.next_env(id, &meta));
+                    return Ok(Launch::Spawner { to, argv: argv.to_vec(), env, cwd: cwd.map(str::to_string), next_env });
                 }
                 (enter::command(self.tools()?, &self.exe, init, !meta.host_network, argv, cwd, &cgroups), false)
             }
@@ -132,6 +133,7 @@ impl LocalProvider {
                             "sandbox {id} is in the landlock tier, whose commands start from its spawner only; run it through exec"
                         )));
                     }
+                    let next_env = (cwd.is_none() && self.warm(argv, envs)).then(|| self.next_env(id, &meta));
                     let cwd = dir.to_str().ok_or_else(|| not_a_dir(&dir))?.to_string();
                     let env = self.env_for(id, &meta, envs);
                     return Ok(Launch::Spawner {
@@ -139,6 +141,7 @@ impl LocalProvider {
                         argv: argv.to_vec(),
                         env,
                         cwd: Some(cwd),
+                        next_env,
                     });
                 }
                 if meta.isolation == Isolation::Landlock {
@@ -173,6 +176,32 @@ impl LocalProvider {
         };
         cmd.env_clear().envs(self.env_for(id, &meta, envs));
         Ok(Launch::Host(cmd, adoptable))
+    }
+
+    /// Whether a command `argv` with per-call environment `envs` (and the default working
+    /// directory) may run in a shell that waited for it, and leave one waiting with its program
+    /// and environment: a script of the command shell, bash, whose per-call environment is at
+    /// most a task tag (no value of one call is kept for the next).
+    pub(super) fn warm(&self, argv: &[String], envs: &BTreeMap<String, String>) -> bool {
+        envs.keys().all(|name| name == TASK_TAG_VAR)
+            && argv.first().is_some_and(|program| Path::new(program) == self.command_shell)
+            && warm_shell::fits(argv, &[])
+    }
+
+    /// The environment of the shell to keep waiting for the next command into sandbox `id`:
+    /// the sandbox's, with a new task tag, which the next command takes ([`Self::task_tag`]).
+    fn next_env(&self, id: &str, meta: &Meta) -> Vec<(String, String)> {
+        let tag = crate::ids::task_id();
+        let env = self.env_for(id, meta, &BTreeMap::from([(TASK_TAG_VAR.to_string(), tag.clone())]));
+        self.next_tags.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(id.to_string(), tag);
+        env
+    }
+
+    /// The task tag (and task id, if it becomes one) of the next command into sandbox `id`: the
+    /// one the shell waiting for it carries, else a new one.
+    pub(super) fn task_tag(&self, id: &str) -> String {
+        let taken = self.next_tags.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(id);
+        taken.unwrap_or_else(crate::ids::task_id)
     }
 
     /// Runs `req` like `exec`; with `promotion`, a command still running at its time is adopted by
@@ -215,7 +244,10 @@ impl LocalProvider {
         };
         let ran = match launch {
             Launch::Host(cmd, inside) => process::run(cmd, &spawn, &self.shell, &self.running, inside),
-            Launch::Spawner { to, argv, env, cwd } => process::run_remote(&to, &argv, env, cwd.as_deref(), &spawn, &self.running),
+            Launch::Spawner { to, argv, env, cwd, next_env } => {
+                let job = spawner::Job { argv: &argv, env, cwd: cwd.as_deref(), next_env };
+                process::run_remote(&to, job, &spawn, &self.running)
+            }
         }
         .map_err(start_error)?;
         let handover = match ran {
@@ -255,8 +287,15 @@ pub(super) enum Launch {
     /// As a child of this process; `true` when its pid is also its pid as the sandbox sees it
     /// (no isolation; with `nsenter` it is not).
     Host(Command, bool),
-    /// As a child of the sandbox's init, through its spawner's socket.
-    Spawner { to: spawner::Endpoint, argv: Vec<String>, env: Vec<(String, String)>, cwd: Option<String> },
+    /// As a child of the sandbox's init, through its spawner's socket; `next_env`: see
+    /// [`spawner::Job::next_env`].
+    Spawner {
+        to: spawner::Endpoint,
+        argv: Vec<String>,
+        env: Vec<(String, String)>,
+        cwd: Option<String>,
+        next_env: Option<Vec<(String, String)>>,
+    },
 }
 
 #[cfg(test)]

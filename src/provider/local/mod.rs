@@ -118,6 +118,10 @@ pub struct LocalProvider {
     expose_address: std::net::IpAddr,
     /// Whether Landlock-tier sandboxes get a network namespace of their own (found once).
     landlock_network: std::sync::OnceLock<Result<(), String>>,
+    /// The task tag ([`TASK_TAG_VAR`]) of the shell each sandbox's spawner keeps waiting for the
+    /// next command (see `isolation::warm_shell`), as this server asked for it: the next
+    /// `run_command` into the sandbox takes it, so that its environment is the waiting shell's.
+    next_tags: std::sync::Mutex<std::collections::HashMap<String, String>>,
 }
 
 impl LocalProvider {
@@ -166,6 +170,7 @@ impl LocalProvider {
             refusal: None,
             expose_address: std::net::IpAddr::from([127, 0, 0, 1]),
             landlock_network: std::sync::OnceLock::new(),
+            next_tags: Default::default(),
         };
         Ok(provider)
     }
@@ -696,6 +701,7 @@ since {why}; leave network out, or run the server as root or where user namespac
 
     fn kill(&self, sandbox_id: &str, deadline: Instant) -> Result<bool, ProviderError> {
         check_local_id(sandbox_id)?;
+        self.next_tags.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(sandbox_id);
         let dir = self.dir(sandbox_id);
         if !dir.exists() {
             return Ok(false);
@@ -871,6 +877,16 @@ run the server where user namespaces work (--isolation namespaces) to serve port
     }
 
     fn exec(&self, sandbox_id: &str, req: &ExecRequest, touch: Touch) -> Result<ExecOutput, ProviderError> {
+        let tagged;
+        let mut req = req;
+        if req.envs.is_empty() && req.cwd.is_none() && self.warm(&req.argv, &BTreeMap::new()) {
+            // A command that will never be a task carries a tag all the same, so that it can run
+            // in the shell waiting for the sandbox's next command (whose environment has one).
+            let mut with_tag = req.clone();
+            with_tag.envs.insert(TASK_TAG_VAR.to_string(), self.task_tag(sandbox_id));
+            tagged = with_tag;
+            req = &tagged;
+        }
         match self.run_exec(sandbox_id, req, touch, None)? {
             ExecEnd::Done(out) | ExecEnd::Promoted(out) => Ok(out),
         }

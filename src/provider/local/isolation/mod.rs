@@ -29,6 +29,7 @@ pub mod rootfs;
 pub mod seccomp;
 pub mod spawner;
 pub mod uids;
+pub mod warm_shell;
 
 use crate::config::IsolationMode;
 use std::path::{Path, PathBuf};

@@ -44,6 +44,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use super::warm_shell::{self, WarmShell};
+
 /// The spawner's socket, in a sandbox's directory.
 pub const SOCKET_FILE: &str = "spawn.sock";
 
@@ -93,6 +95,12 @@ struct Request {
     cwd: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     dial: Option<u16>,
+    /// With this, the command may run in a shell started ahead of it, and a shell of the same
+    /// program and working directory, with this environment, is kept waiting for the next
+    /// command (see [`super::warm_shell`]). The server names it only where it holds no per-call
+    /// value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    next_env: Option<Vec<(String, String)>>,
 }
 
 impl Request {
@@ -193,7 +201,7 @@ pub fn connect_within(path: &Path, budget: Duration) -> io::Result<UnixStream> {
 /// interface. The error says what failed (nothing listens, the sandbox is gone...).
 pub fn dial(to: &Endpoint, port: u16) -> io::Result<std::net::TcpStream> {
     let conn = connect(to, ANSWER_BUDGET)?;
-    let request = Request { argv: Vec::new(), env: Vec::new(), cwd: None, dial: Some(port), key: to.key.clone() };
+    let request = Request { argv: Vec::new(), env: Vec::new(), cwd: None, dial: Some(port), key: to.key.clone(), next_env: None };
     (&conn).write_all(&request.framed()?)?;
     conn.set_read_timeout(Some(DIAL_BUDGET + ANSWER_BUDGET))?;
     let mut line = [0u8; MAX_LINE];
@@ -272,9 +280,23 @@ impl Remote {
         stderr: impl AsFd,
         stdin: Option<std::os::fd::BorrowedFd<'_>>,
     ) -> io::Result<Remote> {
+        Remote::start(to, Job { argv, env, cwd, next_env: None }, stdout, stderr, stdin).map(|(remote, _)| remote)
+    }
+
+    /// As [`Remote::spawn`], for `job`; when the command runs in a shell that waited for it
+    /// ([`Job::next_env`]), also the read ends of that shell's stdout and stderr, which are then the
+    /// command's output (the pipe ends given here go unused).
+    pub fn start(
+        to: &Endpoint,
+        job: Job<'_>,
+        stdout: impl AsFd,
+        stderr: impl AsFd,
+        stdin: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> io::Result<(Remote, Option<[File; 2]>)> {
         let conn = connect(to, ANSWER_BUDGET)?;
         let key = to.key.clone();
-        let message = Request { argv: argv.to_vec(), env, cwd: cwd.map(str::to_string), dial: None, key }.framed()?;
+        let Job { argv, env, cwd, next_env } = job;
+        let message = Request { argv: argv.to_vec(), env, cwd: cwd.map(str::to_string), dial: None, key, next_env }.framed()?;
         let mut fds = vec![stdout.as_fd(), stderr.as_fd()];
         fds.extend(stdin);
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(3))];
@@ -285,14 +307,61 @@ impl Remote {
         let sent = rustix::net::sendmsg(&conn, &[IoSlice::new(&message)], &mut control, rustix::net::SendFlags::empty())?;
         (&conn).write_all(&message[sent..])?;
         let mut remote = Remote { conn, pending: Vec::new(), ended: None, pid: None };
-        match remote.read_line(Some(Instant::now() + ANSWER_BUDGET))? {
-            Some(line) if line == "started" => Ok(remote),
-            Some(line) if line.starts_with("started ") => {
-                remote.pid = line["started ".len()..].parse().ok().filter(|p| *p > 1);
-                Ok(remote)
+        let deadline = Instant::now() + ANSWER_BUDGET;
+        let passed = remote.receive_first(deadline)?;
+        match remote.read_line(Some(deadline))? {
+            Some(line) if line == "started" || line.starts_with("started ") => {
+                let mut words = line.split(' ').skip(1);
+                remote.pid = words.next().and_then(|pid| pid.parse().ok()).filter(|pid| *pid > 1);
+                if words.next() != Some("pipes") {
+                    return Ok((remote, None));
+                }
+                match output_pipes(passed) {
+                    Ok(pipes) => Ok((remote, Some(pipes))),
+                    Err(err) => {
+                        // Its output would go nowhere this server reads: stop it.
+                        remote.kill();
+                        Err(err)
+                    }
+                }
             }
             Some(line) => Err(io::Error::other(line.strip_prefix("error ").unwrap_or(&line).to_string())),
             None => Err(io::Error::new(io::ErrorKind::NotFound, "the sandbox's init is gone")),
+        }
+    }
+
+    /// The first bytes of the answer to a spawn request, into `pending`, and the descriptors
+    /// that came with them (a shell that waited for the command sends its pipes there), by
+    /// `deadline`.
+    fn receive_first(&mut self, deadline: Instant) -> io::Result<Vec<OwnedFd>> {
+        let mut buf = [0u8; MAX_LINE];
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "the sandbox's init did not answer in time"));
+            }
+            self.conn.set_read_timeout(Some(left))?;
+            let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
+            match rustix::net::recvmsg(&self.conn, &mut [IoSliceMut::new(&mut buf)], &mut control, rustix::net::RecvFlags::CMSG_CLOEXEC) {
+                Ok(got) => {
+                    self.pending.extend_from_slice(&buf[..got.bytes]);
+                    let mut fds = Vec::new();
+                    for message in control.drain() {
+                        if let rustix::net::RecvAncillaryMessage::ScmRights(received) = message {
+                            fds.extend(received);
+                        }
+                    }
+                    return Ok(fds);
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                // Read on by `read_line`, which takes a reset as the init's end.
+                Err(rustix::io::Errno::CONNRESET) => return Ok(Vec::new()),
+                Err(rustix::io::Errno::AGAIN) => {
+                    return Err(io::Error::new(io::ErrorKind::TimedOut, "the sandbox's init did not answer in time"));
+                }
+                Err(err) => return Err(err.into()),
+            }
         }
     }
 
@@ -388,6 +457,36 @@ impl Remote {
     }
 }
 
+/// A command for a spawner to start ([`Remote::start`]).
+pub struct Job<'a> {
+    /// The program and its arguments.
+    pub argv: &'a [String],
+    /// Its whole environment.
+    pub env: Vec<(String, String)>,
+    /// Its working directory inside the sandbox; the home when `None`.
+    pub cwd: Option<&'a str>,
+    /// With this, it may run in a shell that waited for it, and a shell of its program and
+    /// working directory, with this environment, waits for the next command (only an
+    /// environment without per-call values: see [`super::warm_shell`]).
+    pub next_env: Option<Vec<(String, String)>>,
+}
+
+/// The two descriptors a spawner sent as a command's stdout and stderr, taken only as the read
+/// ends of pipes (whatever sandbox code made its spawner send).
+fn output_pipes(fds: Vec<OwnedFd>) -> io::Result<[File; 2]> {
+    let refused = || io::Error::other("the sandbox's spawner answered without the command's output pipes");
+    let Ok([stdout, stderr]) = <[OwnedFd; 2]>::try_from(fds) else { return Err(refused()) };
+    let read_end = |fd: &OwnedFd| {
+        let fifo = rustix::fs::fstat(fd).is_ok_and(|st| rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Fifo);
+        let read_only = rustix::fs::fcntl_getfl(fd).is_ok_and(|flags| (flags & rustix::fs::OFlags::RWMODE) == rustix::fs::OFlags::RDONLY);
+        fifo && read_only
+    };
+    if !(read_end(&stdout) && read_end(&stderr)) {
+        return Err(refused());
+    }
+    Ok([File::from(stdout), File::from(stderr)])
+}
+
 /// Sends `kill` on a spawner connection.
 pub fn send_kill(conn: &UnixStream) -> bool {
     let mut conn = conn;
@@ -436,7 +535,7 @@ pub fn bind(dir: &Path) -> Option<UnixListener> {
 
 /// The commands the init started and has not reaped, with the connection each one's end goes to.
 struct Children {
-    by_pid: Mutex<HashMap<i32, UnixStream>>,
+    by_pid: Mutex<HashMap<i32, Started>>,
     /// Signalled when a command starts, so a reaper with nothing to wait for looks again at once.
     started: Condvar,
     /// The working directory of a command whose request names none.
@@ -445,6 +544,42 @@ struct Children {
     key: Option<String>,
     /// Connections that have not shown the key yet.
     waiting: Waiting,
+    /// A shell waiting for the next command (see [`super::warm_shell`]). Lock it after
+    /// `by_pid`, never before.
+    warm: Mutex<Option<WarmShell>>,
+}
+
+/// A command started and not reaped yet.
+struct Started {
+    /// The connection its end goes to.
+    conn: UnixStream,
+    /// The shell to keep waiting for the next command once it has ended (started then, not
+    /// beside it: bash's start would take the processors it runs on).
+    next: Option<Next>,
+}
+
+/// What a shell waiting for the next command is started with.
+struct Next {
+    program: String,
+    env: Vec<(String, String)>,
+    cwd: Option<String>,
+}
+
+impl Children {
+    /// Keeps a shell waiting for the next command of `next`, unless one does already; drops one
+    /// made for another (it exits having run nothing). A shell that cannot start (a full process
+    /// limit) is not retried until the next command.
+    fn prepare(&self, next: &Next) {
+        let mut warm = self.warm.lock().unwrap_or_else(PoisonError::into_inner);
+        if warm.as_ref().is_some_and(|shell| shell.serves(&next.program, &next.env, next.cwd.as_deref())) {
+            return;
+        }
+        drop(warm.take());
+        let dir = next.cwd.as_deref().map_or(self.home.as_path(), Path::new);
+        *warm = WarmShell::start(&next.program, &next.env, next.cwd.as_deref(), dir).ok();
+        drop(warm);
+        self.started.notify_one();
+    }
 }
 
 /// Connections not past the key check yet (without a key: whose request is still being read),
@@ -488,8 +623,14 @@ impl Waiting {
 /// sandbox's init once it is ready, and of a Landlock-tier sandbox's spawner). A request without
 /// a working directory runs in `home`; with `key`, a request that does not carry it is refused.
 pub fn serve(listener: UnixListener, home: PathBuf, key: Option<String>) -> ! {
-    let children =
-        Arc::new(Children { by_pid: Mutex::new(HashMap::new()), started: Condvar::new(), home, key, waiting: Waiting::default() });
+    let children = Arc::new(Children {
+        by_pid: Mutex::new(HashMap::new()),
+        started: Condvar::new(),
+        home,
+        key,
+        waiting: Waiting::default(),
+        warm: Mutex::new(None),
+    });
     let reaper = children.clone();
     if std::thread::Builder::new().name("reaper".into()).stack_size(64 * 1024).spawn(move || reap(&reaper)).is_err() {
         // Without a reaper thread, reap here and serve nothing: commands fall back to nsenter.
@@ -523,7 +664,7 @@ fn reap(children: &Children) -> ! {
             Ok(Some((pid, status))) => {
                 let pid = pid.as_raw_nonzero().get();
                 let mut by_pid = children.by_pid.lock().unwrap_or_else(PoisonError::into_inner);
-                if let Some(mut conn) = by_pid.remove(&pid) {
+                if let Some(Started { mut conn, next }) = by_pid.remove(&pid) {
                     drop(by_pid);
                     let members =
                         u8::from(rustix::process::Pid::from_raw(pid).is_some_and(|g| rustix::process::test_kill_process_group(g).is_ok()));
@@ -533,6 +674,16 @@ fn reap(children: &Children) -> ! {
                         (None, None) => format!("signal 9 {members}\n"),
                     };
                     let _ = conn.write_all(line.as_bytes());
+                    if let Some(next) = next {
+                        children.prepare(&next);
+                    }
+                } else {
+                    // A waiting shell that ended (sandbox code killed it): the next command
+                    // starts cold.
+                    let mut warm = children.warm.lock().unwrap_or_else(PoisonError::into_inner);
+                    if warm.as_ref().is_some_and(|shell| shell.pid() == pid) {
+                        drop(warm.take());
+                    }
                 }
             }
             Ok(None) | Err(rustix::io::Errno::INTR) => {}
@@ -712,15 +863,32 @@ fn receive(
 }
 
 /// Starts the command of `request` and records it (answering `started <pid>` under the same lock,
-/// so the end line can never come first).
+/// so the end line can never come first): in the shell waiting for it where there is one, else
+/// as a new process; then, where the request allows it, keeps a shell waiting for the next one.
 fn start(request: Request, fds: Stdio3, conn: &UnixStream, children: &Children) -> io::Result<i32> {
+    let next = request.next_env.as_ref().zip(request.argv.first()).filter(|(next_env, _)| {
+        fds.stdin.is_none() && warm_shell::fits(&request.argv, &request.env) && warm_shell::fits(&request.argv, next_env)
+    });
+    let next = next.map(|(env, program)| Next { program: program.clone(), env: env.clone(), cwd: request.cwd.clone() });
+    let record = Started { conn: conn.try_clone()?, next };
+    if record.next.is_some() {
+        match start_waiting(&request, record, conn, children)? {
+            Ok(pid) => return Ok(pid),
+            Err(record) => return start_cold(&request, fds, record, conn, children),
+        }
+    }
+    start_cold(&request, fds, record, conn, children)
+}
+
+/// Starts the command of `request` as a new process.
+fn start_cold(request: &Request, fds: Stdio3, record: Started, conn: &UnixStream, children: &Children) -> io::Result<i32> {
     let Some((program, args)) = request.argv.split_first() else {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "the command is empty"));
     };
     let mut cmd = Command::new(program);
     cmd.args(args)
         .env_clear()
-        .envs(request.env)
+        .envs(request.env.iter().map(|(k, v)| (k, v)))
         .current_dir(request.cwd.as_deref().map_or(children.home.as_path(), Path::new))
         .stdin(match fds.stdin {
             Some(fd) => Stdio::from(fd),
@@ -729,7 +897,6 @@ fn start(request: Request, fds: Stdio3, conn: &UnixStream, children: &Children) 
         .stdout(Stdio::from(fds.stdout))
         .stderr(Stdio::from(fds.stderr))
         .process_group(0);
-    let record = conn.try_clone()?;
     let mut by_pid = children.by_pid.lock().unwrap_or_else(PoisonError::into_inner);
     // The child is never waited for through `Child`: the reaper reaps it.
     let child = cmd.spawn().map_err(|e| io::Error::new(e.kind(), format!("could not start {program}: {e}")))?;
@@ -739,6 +906,38 @@ fn start(request: Request, fds: Stdio3, conn: &UnixStream, children: &Children) 
     drop(by_pid);
     children.started.notify_one();
     Ok(pid)
+}
+
+/// Runs the script of `request` (`bash -c <script>`) in the shell waiting for it, if one waits
+/// for this program, environment and working directory and takes the script; answers
+/// `started <pid> pipes` with the shell's stdout and stderr attached. `Ok(Err(record))`: start
+/// it cold.
+fn start_waiting(request: &Request, record: Started, conn: &UnixStream, children: &Children) -> io::Result<Result<i32, Started>> {
+    let [program, _, script] = request.argv.as_slice() else { return Ok(Err(record)) };
+    // Under `by_pid`: the reaper, which takes it before it looks at the waiting shell, either
+    // has dropped a shell it reaped or will find the command recorded.
+    let mut by_pid = children.by_pid.lock().unwrap_or_else(PoisonError::into_inner);
+    let taken = {
+        let mut warm = children.warm.lock().unwrap_or_else(PoisonError::into_inner);
+        warm.take_if(|shell| shell.serves(program, &request.env, request.cwd.as_deref()))
+    };
+    let Some(shell) = taken else { return Ok(Err(record)) };
+    let pid = shell.pid();
+    // All or nothing: a shell that did not take its script runs none of it.
+    let Ok((stdout, stderr)) = shell.hand(script) else { return Ok(Err(record)) };
+    by_pid.insert(pid, record);
+    let fds = [stdout.as_fd(), stderr.as_fd()];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+    if !control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(io::Error::other("no room to pass the command's pipes"));
+    }
+    let line = format!("started {pid} pipes\n");
+    let sent = rustix::net::sendmsg(conn, &[IoSlice::new(line.as_bytes())], &mut control, rustix::net::SendFlags::empty())?;
+    (conn as &UnixStream).write_all(&line.as_bytes()[sent..])?;
+    drop(by_pid);
+    children.started.notify_one();
+    Ok(Ok(pid))
 }
 
 #[cfg(test)]
@@ -768,6 +967,85 @@ mod tests {
             }
         });
         (dir, t)
+    }
+
+    /// A fake spawner on a socket in a fresh directory: takes one spawn request, answers
+    /// `answer` with `fds` attached, and returns the next line the server sent (`kill`), if any
+    /// within a second.
+    fn fake_spawner(answer: &'static [u8], fds: Vec<OwnedFd>) -> (std::path::PathBuf, std::thread::JoinHandle<String>) {
+        let dir = std::env::temp_dir().join(format!("smcp-spawn-{}", crate::ids::random_hex(4)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let listener = UnixListener::bind(dir.join(SOCKET_FILE)).unwrap();
+        let t = std::thread::spawn(move || {
+            let (conn, _) = listener.accept().unwrap();
+            let (request, stdio) = receive(&conn, Instant::now() + ANSWER_BUDGET, None, || true).unwrap();
+            assert!(request.next_env.is_some() && stdio.is_some());
+            let borrowed: Vec<_> = fds.iter().map(|fd| fd.as_fd()).collect();
+            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(3))];
+            let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+            assert!(control.push(rustix::net::SendAncillaryMessage::ScmRights(&borrowed)));
+            rustix::net::sendmsg(&conn, &[IoSlice::new(answer)], &mut control, rustix::net::SendFlags::empty()).unwrap();
+            conn.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+            let mut line = String::new();
+            let _ = BufReader::new(&conn).read_line(&mut line);
+            line
+        });
+        (dir, t)
+    }
+
+    /// A shell that waited for its command sends its own stdout and stderr with `started`: the
+    /// server takes only the read ends of two pipes there, and stops a command whose answer
+    /// carries anything else (its output would go where this server does not read).
+    #[test]
+    fn a_waiting_shells_pipes_are_taken_only_as_the_read_ends_of_pipes() {
+        let argv = ["/bin/bash".to_string(), "-c".into(), "true".into()];
+        let start = |dir: &Path| {
+            let (_r1, w1) = rustix::pipe::pipe().unwrap();
+            let (_r2, w2) = rustix::pipe::pipe().unwrap();
+            let job = Job { argv: &argv, env: Vec::new(), cwd: None, next_env: Some(Vec::new()) };
+            Remote::start(&Endpoint::in_dir(dir, false), job, &w1, &w2, None)
+        };
+        let pipe = || rustix::pipe::pipe().unwrap();
+        let file = || OwnedFd::from(File::open("/dev/null").unwrap());
+        let (socket, _peer) = UnixStream::pair().unwrap();
+        let bad: Vec<Vec<OwnedFd>> = vec![
+            Vec::new(),
+            vec![pipe().0],
+            vec![pipe().1, pipe().0],
+            vec![file(), pipe().0],
+            vec![OwnedFd::from(socket), pipe().0],
+            vec![pipe().0, pipe().0, pipe().0],
+        ];
+        for fds in bad {
+            let count = fds.len();
+            let (dir, t) = fake_spawner(b"started 42 pipes\n", fds);
+            let err = start(&dir).err().expect("a bad answer is refused");
+            assert!(err.to_string().contains("without the command's output pipes"), "{count} fds: {err}");
+            assert_eq!(t.join().unwrap(), "kill\n", "{count} fds: the command is stopped");
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        // Two read ends are the command's output; the pipe ends given go unused.
+        let ((out_read, out_write), (err_read, err_write)) = (pipe(), pipe());
+        let (dir, t) = fake_spawner(b"started 42 pipes\n", vec![out_read, err_read]);
+        let (remote, pipes) = start(&dir).unwrap();
+        assert_eq!(remote.pid(), Some(42));
+        let [mut out, _err] = pipes.expect("the shell's pipes");
+        File::from(out_write).write_all(b"from the shell").unwrap();
+        drop(err_write);
+        let mut got = [0u8; 14];
+        out.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"from the shell");
+        drop(remote);
+        assert_eq!(t.join().unwrap(), "");
+        // Descriptors with a plain `started` are not taken.
+        let (dir2, t) = fake_spawner(b"started 43\n", vec![pipe().0, pipe().0]);
+        let (remote, pipes) = start(&dir2).unwrap();
+        assert!(pipes.is_none());
+        drop(remote);
+        t.join().unwrap();
+        for d in [dir, dir2] {
+            let _ = std::fs::remove_dir_all(d);
+        }
     }
 
     /// A spawner that stops accepting (its backlog full) costs a caller its budget, not a blocked
@@ -840,7 +1118,7 @@ mod tests {
         let key = crate::ids::random_hex(16);
         // The server's own request: the key first, as it serializes.
         let (theirs, ours) = UnixStream::pair().unwrap();
-        let request = Request { key: Some(key.clone()), argv: Vec::new(), env: Vec::new(), cwd: None, dial: Some(8000) };
+        let request = Request { key: Some(key.clone()), argv: Vec::new(), env: Vec::new(), cwd: None, dial: Some(8000), next_env: None };
         (&theirs).write_all(&request.framed().unwrap()).unwrap();
         let mut proven = false;
         let Ok((got, fds)) = receive(&ours, Instant::now() + Duration::from_secs(5), Some(&key), || {
@@ -911,7 +1189,7 @@ mod tests {
     #[test]
     fn a_request_pushed_out_after_it_was_sent_is_not_served() {
         let key = crate::ids::random_hex(16);
-        let request = Request { key: Some(key.clone()), argv: Vec::new(), env: Vec::new(), cwd: None, dial: Some(8000) };
+        let request = Request { key: Some(key.clone()), argv: Vec::new(), env: Vec::new(), cwd: None, dial: Some(8000), next_env: None };
         for keyed in [true, false] {
             let waiting = Waiting::default();
             let (theirs, ours) = UnixStream::pair().unwrap();

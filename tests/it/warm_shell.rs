@@ -1,0 +1,142 @@
+//! The shell an isolated sandbox keeps waiting for its next command (namespaces and Landlock
+//! tiers, as this test's user and, when it is root, as an unprivileged user): the next
+//! `run_command` runs in it, as `bash -c` would run the command; no value of one call's `envs`
+//! stays behind in it; and sandbox code that kills it costs only a cold start.
+
+use crate::support::*;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// The homes to check: each isolated tier this host has, for this user and an unprivileged one.
+fn homes(name: &str) -> Vec<Home> {
+    let mut tiers = Vec::new();
+    match sandbox_mcp::provider::local::isolation::probe() {
+        Ok(()) => tiers.push("namespaces"),
+        Err(why) => eprintln!("no namespaces on this host: {why}"),
+    }
+    match sandbox_mcp::provider::local::isolation::landlock::available() {
+        Ok(_) => tiers.push("landlock"),
+        Err(why) => eprintln!("no Landlock on this host: {why}"),
+    }
+    let mut all = Vec::new();
+    for tier in tiers {
+        all.push(Home::new(&format!("{name}-{tier}")).with_isolation(tier));
+        if let Some(uid) = unprivileged_uid() {
+            all.push(Home::new(&format!("{name}-{tier}-user")).with_isolation(tier).run_as(uid));
+        }
+    }
+    all
+}
+
+fn who(home: &Home) -> String {
+    format!("{} {}", home.isolation, home.run_as.map(|u| format!("as uid {u}")).unwrap_or_else(|| "as the test's user".into()))
+}
+
+/// Runs `command` (with `extra` arguments): (exit code, stdout, stderr).
+fn run(m: &mut Mcp, sandbox: &str, command: &str, extra: Value) -> (i64, String, String) {
+    let mut args = json!({"sandbox_id": sandbox, "command": command});
+    if let (Some(args), Some(extra)) = (args.as_object_mut(), extra.as_object()) {
+        args.extend(extra.clone());
+    }
+    let out = m.ok("run_command", args);
+    (out["exit_code"].as_i64().unwrap(), out["stdout"].as_str().unwrap().to_string(), out["stderr"].as_str().unwrap().to_string())
+}
+
+/// The processes of sandbox `id` (by its tag), as (pid inside the sandbox, command line,
+/// environment).
+fn processes(id: &str) -> Vec<(u32, String, String)> {
+    let tag = format!("SANDBOX_MCP_SANDBOX={id}");
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let dir = entry.path();
+        let (Ok(environ), Ok(cmdline), Ok(status)) =
+            (std::fs::read(dir.join("environ")), std::fs::read(dir.join("cmdline")), std::fs::read_to_string(dir.join("status")))
+        else {
+            continue;
+        };
+        if !environ.split(|b| *b == 0).any(|v| v == tag.as_bytes()) {
+            continue;
+        }
+        let inside = status.lines().find_map(|l| l.strip_prefix("NSpid:")).and_then(|l| l.split_whitespace().last()?.parse().ok());
+        let text = |b: Vec<u8>| String::from_utf8_lossy(&b).replace('\0', " ");
+        if let Some(inside) = inside {
+            found.push((inside, text(cmdline), text(environ)));
+        }
+    }
+    found
+}
+
+/// The pid inside the sandbox of the shell waiting for its next command, once there is one.
+fn waiting_shell(id: &str, who: &str) -> u32 {
+    wait_for(Duration::from_secs(10), &format!("{who}: a shell waiting for the next command"), || {
+        let waiting: Vec<u32> = processes(id)
+            .into_iter()
+            .filter(|(_, cmdline, _)| cmdline.contains("read -r -N 4096 BASH_EXECUTION_STRING"))
+            .map(|p| p.0)
+            .collect();
+        (waiting.len() == 1).then(|| waiting[0])
+    })
+}
+
+#[test]
+fn the_next_command_runs_in_a_waiting_shell_as_bash_c_would_run_it() {
+    for home in homes("warm") {
+        let who = who(&home);
+        let mut m = home.stdio();
+        let id = m.ok("create_sandbox", json!({"timeout": 120}))["sandbox_id"].as_str().unwrap().to_string();
+        assert_eq!(run(&mut m, &id, "true", json!({})).0, 0, "{who}");
+        // The command runs in the shell that was waiting before it was asked for.
+        let waiting = waiting_shell(&id, &who);
+        let (code, out, err) = run(&mut m, &id, "echo $$", json!({}));
+        assert_eq!((code, out.trim()), (0, waiting.to_string().as_str()), "{who}: {err}");
+        // What bash sets for a script, stdin, the descriptors, the exit status: as a command
+        // started for its call (a working directory of its own starts it so).
+        let script = r#"echo "$0|$#|$_|$-|$SECONDS|$LINENO"; echo "${#BASH_EXECUTION_STRING} [${BASH_EXECUTION_STRING: -6}]"; cat; echo "stdin $?"
+ls /proc/self/fd | sort -n | tr '\n' ' '; echo; env | grep -v -e '^SANDBOX_MCP_TASK=' -e '^_=' | sort; not-a-command; exit 3"#;
+        let cold = run(&mut m, &id, script, json!({"cwd": "."}));
+        waiting_shell(&id, &who);
+        let warm = run(&mut m, &id, script, json!({}));
+        assert_eq!(warm, cold, "{who}");
+        assert_eq!(warm.0, 3, "{who}");
+        // A value of one call's envs is never kept for the next command.
+        let secret = "only-for-one-call-7f3a91";
+        let (code, out, _) = run(&mut m, &id, "echo \"$ONE_CALL\"", json!({"envs": {"ONE_CALL": secret}}));
+        assert_eq!((code, out.trim()), (0, secret), "{who}");
+        run(&mut m, &id, "true", json!({}));
+        waiting_shell(&id, &who);
+        for (pid, cmdline, environ) in processes(&id) {
+            assert!(!environ.contains(secret), "{who}: process {pid} ({cmdline}) keeps a value of an earlier call");
+        }
+        // Sandbox code that kills the waiting shell costs the next command a cold start, no more.
+        let killer = r#"import os, signal, sys, time
+me = {os.getpid(), os.getppid()}
+tag = ("SANDBOX_MCP_SANDBOX=" + os.environ["SANDBOX_MCP_SANDBOX"]).encode()
+end = time.time() + 20
+while time.time() < end:
+    for p in os.listdir("/proc"):
+        if not p.isdigit() or int(p) in me:
+            continue
+        try:
+            line = open(f"/proc/{p}/cmdline", "rb").read()
+            ours = tag in open(f"/proc/{p}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if ours and b"read -r -N 4096 BASH_EXECUTION_STRING" in line and os.getppid() != int(p):
+            os.kill(int(p), signal.SIGKILL)
+            open("killed", "w").write(p)
+            sys.exit(0)
+    time.sleep(0.02)"#;
+        let (code, _, err) = run(&mut m, &id, &format!("python3 -c '{killer}' >/dev/null 2>&1 &"), json!({}));
+        assert_eq!(code, 0, "{who}: {err}");
+        let killed = home.sandbox_dir(&id).join("home/killed");
+        wait_for(Duration::from_secs(20), &format!("{who}: sandbox code to kill its waiting shell"), || killed.exists().then_some(()));
+        wait_for(Duration::from_secs(10), &format!("{who}: the killed shell to be gone"), || {
+            processes(&id).iter().all(|(_, cmdline, _)| !cmdline.contains("read -r -N 4096")).then_some(())
+        });
+        assert_eq!(run(&mut m, &id, "echo after", json!({})), (0, "after\n".into(), String::new()), "{who}");
+        let again = waiting_shell(&id, &who);
+        assert_eq!(run(&mut m, &id, "echo $$", json!({})).1.trim(), again.to_string(), "{who}");
+        m.ok("kill_sandbox", json!({"sandbox_id": id}));
+        m.close();
+    }
+}

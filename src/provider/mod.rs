@@ -209,8 +209,8 @@ pub trait Adopter {
         promotion: &Promotion<'_>,
     ) -> Result<ExecEnd, ProviderError>;
 
-    /// The task id of the next command into `sandbox_id` that may become a task.
-    fn task_id(&self, _sandbox_id: &str) -> String {
+    /// The task id of `command` (run as `req` says) into `sandbox_id`, which may become a task.
+    fn task_id(&self, _sandbox_id: &str, _req: &ExecRequest, _command: &str) -> String {
         crate::ids::task_id()
     }
 }

@@ -444,7 +444,7 @@ pub fn run_command(ctx: &Ctx<'_>, args: &Args) -> Result<CommandOutcome, ToolErr
         // A command that must end before the threshold never becomes a task, and pays nothing.
         _ if !may_outlive => provider.exec(&id, &req, Touch::Renew)?,
         LongCommands::Adopt(adopter) => {
-            let task_id = adopter.task_id(&id);
+            let task_id = adopter.task_id(&id, &req, command);
             let adopt = |adoption: &Adoption<'_>| supervisor::Call::Adopt(*adoption).argv(provider.as_ref());
             let promotion = Promotion {
                 at: started + after,

@@ -98,11 +98,14 @@ ls /proc/self/fd | sort -n | tr '\n' ' '; echo; env | grep -v -e '^SANDBOX_MCP_T
         let warm = run(&mut m, &id, script, json!({}));
         assert_eq!(warm, cold, "{who}");
         assert_eq!(warm.0, 3, "{who}");
-        // A value of one call's envs is never kept for the next command.
+        // A value of one call's envs is never kept for the next command; such a call starts its
+        // own shell and leaves the waiting one, and its task tag, to the next plain command
+        // (before, it took the tag, and the next command started cold).
+        let waiting = waiting_shell(&id, &who);
         let secret = "only-for-one-call-7f3a91";
         let (code, out, _) = run(&mut m, &id, "echo \"$ONE_CALL\"", json!({"envs": {"ONE_CALL": secret}}));
         assert_eq!((code, out.trim()), (0, secret), "{who}");
-        run(&mut m, &id, "true", json!({}));
+        assert_eq!(run(&mut m, &id, "echo $$", json!({})).1.trim(), waiting.to_string(), "{who}: the waiting shell was passed over");
         waiting_shell(&id, &who);
         for (pid, cmdline, environ) in processes(&id) {
             assert!(!environ.contains(secret), "{who}: process {pid} ({cmdline}) keeps a value of an earlier call");
@@ -136,6 +139,20 @@ while time.time() < end:
         assert_eq!(run(&mut m, &id, "echo after", json!({})), (0, "after\n".into(), String::new()), "{who}");
         let again = waiting_shell(&id, &who);
         assert_eq!(run(&mut m, &id, "echo $$", json!({})).1.trim(), again.to_string(), "{who}");
+        // A NUL in a command is refused, as `bash -c` refuses it (a waiting shell's `read` would
+        // have dropped it and run another command).
+        for _ in 0..2 {
+            let r = m.call("run_command", json!({"sandbox_id": id, "command": "echo a\u{0}b"}));
+            assert!(r["isError"] == json!(true) || r["structuredContent"]["stdout"] != json!("ab\n"), "{who}: {r}");
+        }
+        m.ok("kill_sandbox", json!({"sandbox_id": id}));
+        // A sandbox whose environment acts on bash as it starts (here `set -e`, under which the
+        // waiting shell's own `read` would have ended it) runs its commands as `bash -c` does.
+        let id =
+            m.ok("create_sandbox", json!({"timeout": 120, "envs": {"SHELLOPTS": "errexit"}}))["sandbox_id"].as_str().unwrap().to_string();
+        for _ in 0..3 {
+            assert_eq!(run(&mut m, &id, "echo hi", json!({})), (0, "hi\n".into(), String::new()), "{who}");
+        }
         m.ok("kill_sandbox", json!({"sandbox_id": id}));
         m.close();
     }

@@ -8,6 +8,7 @@ use super::{LocalProvider, TASK_TAG_VAR};
 use crate::limits;
 use crate::provider::process;
 use crate::provider::{unix_now, Adopter, Adoption, ExecEnd, ExecRequest, Promotion, Provider, ProviderError, Touch, TASKS_DIR};
+use std::collections::BTreeMap;
 use std::fs;
 use std::os::fd::AsFd;
 use std::process::Stdio;
@@ -37,8 +38,19 @@ impl Adopter for LocalProvider {
         self.run_exec(sandbox_id, &req, touch, Some(promotion))
     }
 
-    fn task_id(&self, sandbox_id: &str) -> String {
-        self.task_tag(sandbox_id)
+    fn task_id(&self, sandbox_id: &str, req: &ExecRequest, command: &str) -> String {
+        // The waiting shell's tag goes only to a command that can run there: the check `launch`
+        // makes of what `exec_or_promote` builds (a task directory's path is as long for every
+        // id).
+        let fits = || {
+            let dir = self.task_dir(sandbox_id, &"0".repeat(32))?;
+            Some(self.warm(&self.shell(&adoptable(command, &dir)), &BTreeMap::new()))
+        };
+        if req.envs.is_empty() && req.cwd.is_none() && fits() == Some(true) {
+            self.task_tag(sandbox_id)
+        } else {
+            crate::ids::task_id()
+        }
     }
 }
 

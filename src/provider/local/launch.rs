@@ -113,7 +113,8 @@ impl LocalProvider {
                 if spawner && to.socket.exists() {
                     // The init's children are in its namespaces and cgroups already.
                     let env = self.env_for(id, &meta, envs);
-                    let next_env = (cwd.is_none() && self.warm(argv, envs)).then(|| self.next_env(id, &meta));
+                    let next_env =
+                        (cwd.is_none() && self.warm(argv, envs) && warm_shell::fits(argv, &env)).then(|| self.next_env(id, &meta));
                     return Ok(Launch::Spawner { to, argv: argv.to_vec(), env, cwd: cwd.map(str::to_string), next_env });
                 }
                 (enter::command(self.tools()?, &self.exe, init, !meta.host_network, argv, cwd, &cgroups), false)
@@ -133,9 +134,10 @@ impl LocalProvider {
                             "sandbox {id} is in the landlock tier, whose commands start from its spawner only; run it through exec"
                         )));
                     }
-                    let next_env = (cwd.is_none() && self.warm(argv, envs)).then(|| self.next_env(id, &meta));
-                    let cwd = dir.to_str().ok_or_else(|| not_a_dir(&dir))?.to_string();
                     let env = self.env_for(id, &meta, envs);
+                    let next_env =
+                        (cwd.is_none() && self.warm(argv, envs) && warm_shell::fits(argv, &env)).then(|| self.next_env(id, &meta));
+                    let cwd = dir.to_str().ok_or_else(|| not_a_dir(&dir))?.to_string();
                     return Ok(Launch::Spawner {
                         to: spawner::Endpoint::in_dir(&self.dir(id), true),
                         argv: argv.to_vec(),
@@ -181,7 +183,8 @@ impl LocalProvider {
     /// Whether a command `argv` with per-call environment `envs` (and the default working
     /// directory) may run in a shell that waited for it, and leave one waiting with its program
     /// and environment: a script of the command shell, bash, whose per-call environment is at
-    /// most a task tag (no value of one call is kept for the next).
+    /// most a task tag (no value of one call is kept for the next). (The sandbox's own
+    /// environment must suit a waiting shell too: `warm_shell::fits`.)
     pub(super) fn warm(&self, argv: &[String], envs: &BTreeMap<String, String>) -> bool {
         envs.keys().all(|name| name == TASK_TAG_VAR)
             && argv.first().is_some_and(|program| Path::new(program) == self.command_shell)

@@ -556,6 +556,9 @@ struct Started {
     /// The shell to keep waiting for the next command once it has ended (started then, not
     /// beside it: bash's start would take the processors it runs on).
     next: Option<Next>,
+    /// Its environment, when it may run in a waiting shell: no shell is kept waiting with the
+    /// environment (and so the task tag) of a command still running.
+    env: Option<Vec<(String, String)>>,
 }
 
 /// What a shell waiting for the next command is started with.
@@ -570,6 +573,13 @@ impl Children {
     /// made for another (it exits having run nothing). A shell that cannot start (a full process
     /// limit) is not retried until the next command.
     fn prepare(&self, next: &Next) {
+        let by_pid = self.by_pid.lock().unwrap_or_else(PoisonError::into_inner);
+        // A command that took this environment's tag and started cold (two commands at once)
+        // still runs: a shell carrying its tag would look like a process of its task.
+        if by_pid.values().any(|started| started.env.as_ref() == Some(&next.env)) {
+            return;
+        }
+        // (`by_pid` stays locked while the shell starts, so that no such command starts meanwhile.)
         let mut warm = self.warm.lock().unwrap_or_else(PoisonError::into_inner);
         if warm.as_ref().is_some_and(|shell| shell.serves(&next.program, &next.env, next.cwd.as_deref())) {
             return;
@@ -577,7 +587,7 @@ impl Children {
         drop(warm.take());
         let dir = next.cwd.as_deref().map_or(self.home.as_path(), Path::new);
         *warm = WarmShell::start(&next.program, &next.env, next.cwd.as_deref(), dir).ok();
-        drop(warm);
+        drop((warm, by_pid));
         self.started.notify_one();
     }
 }
@@ -664,7 +674,7 @@ fn reap(children: &Children) -> ! {
             Ok(Some((pid, status))) => {
                 let pid = pid.as_raw_nonzero().get();
                 let mut by_pid = children.by_pid.lock().unwrap_or_else(PoisonError::into_inner);
-                if let Some(Started { mut conn, next }) = by_pid.remove(&pid) {
+                if let Some(Started { mut conn, next, .. }) = by_pid.remove(&pid) {
                     drop(by_pid);
                     let members =
                         u8::from(rustix::process::Pid::from_raw(pid).is_some_and(|g| rustix::process::test_kill_process_group(g).is_ok()));
@@ -870,7 +880,8 @@ fn start(request: Request, fds: Stdio3, conn: &UnixStream, children: &Children) 
         fds.stdin.is_none() && warm_shell::fits(&request.argv, &request.env) && warm_shell::fits(&request.argv, next_env)
     });
     let next = next.map(|(env, program)| Next { program: program.clone(), env: env.clone(), cwd: request.cwd.clone() });
-    let record = Started { conn: conn.try_clone()?, next };
+    let env = next.as_ref().map(|_| request.env.clone());
+    let record = Started { conn: conn.try_clone()?, next, env };
     if record.next.is_some() {
         match start_waiting(&request, record, conn, children)? {
             Ok(pid) => return Ok(pid),

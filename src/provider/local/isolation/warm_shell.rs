@@ -14,10 +14,17 @@
 //!
 //! The script runs as `bash -c` runs it: `$0`, `$#`, `$_`, `$LINENO`, `$SECONDS`,
 //! `BASH_EXECUTION_STRING`, the options, stdin `/dev/null`, the environment and the working
-//! directory are the same. Two things differ: a syntax error is reported as `bash: eval: line N`
-//! (not `bash: -c: line N`), and `ps` in the sandbox shows the waiting shell beside the
-//! command. It is a process of the sandbox like any other: sandbox code can kill it (the next
-//! command then starts cold), or feed it, which is running code in its own sandbox.
+//! directory are the same. What differs: a syntax error is reported as `bash: eval: line N` (not
+//! `bash: -c: line N`); `ps` shows the waiting shell's command line for the command's shell;
+//! the script's last command is not exec'd in bash's place (`bash -c 'a; b'` becomes `b`), so
+//! the shell stays while it runs, one more process of the sandbox, and when it is killed by a
+//! signal bash says so on stderr (`bash: line 1: 42 Killed ...`; the exit status is the same);
+//! `PIPESTATUS` is set when the script starts; what bash reads once as it starts (`$HOSTNAME`,
+//! its start time) dates from when the command before ended. An environment that would act on
+//! bash before the script runs never gets a waiting shell ([`fits`]). The shell is a process of
+//! the sandbox like any other: sandbox code can kill it (the next command then starts cold), or
+//! write into its stdin through `/proc` (changing what it runs), which is running code in its
+//! own sandbox.
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -31,21 +38,30 @@ use std::process::{Command, Stdio};
 pub const SCRIPT_MAX: usize = 4096;
 
 /// What a waiting shell runs (as `bash -c`). The script is read into `BASH_EXECUTION_STRING`,
-/// where `bash -c` keeps its script, in one `read` call (`-N`); stdin becomes `/dev/null`;
-/// `SECONDS` counts from the start of the script; `: "$0"` leaves `$_` as a shell just started
-/// sets it (the request's environment has no `_`: see [`fits`]); `eval` runs the script.
-pub const WAITING: &str =
-    r#"IFS= read -r -N 4096 BASH_EXECUTION_STRING; exec 0</dev/null; SECONDS=0; : "$0"; eval "$BASH_EXECUTION_STRING""#;
+/// where `bash -c` keeps its script, in one `read` call (`-N`), which answers 1 at the end of
+/// input (any other status, and nothing runs); stdin becomes `/dev/null`; `SECONDS` counts from
+/// the start of the script; `: "$0"` leaves `$_` as a shell just started sets it (the request's
+/// environment has no `_`: see [`fits`]); `eval` runs the script.
+pub const WAITING: &str = r#"IFS= read -r -N 4096 BASH_EXECUTION_STRING; [ "$?" -le 1 ] || exit 125; exec 0</dev/null; SECONDS=0; : "$0"; eval "$BASH_EXECUTION_STRING""#;
+
+/// Variables that act on bash as it starts or on the lines above before the script runs
+/// (options such as `errexit` or `xtrace`, a startup file that would read the script's pipe,
+/// `read`'s time limit, functions that replace `read` or `eval`): where the environment has
+/// one, commands start cold.
+const STARTUP_VARIABLES: &[&str] =
+    &["SHELLOPTS", "BASHOPTS", "BASH_ENV", "ENV", "TMOUT", "POSIXLY_CORRECT", "BASH_XTRACEFD", "PS4", "BASH_COMPAT", "_"];
 
 /// Whether a command `argv` with environment `env` may run in a waiting shell: `bash -c
-/// <script>`, a script of at most [`SCRIPT_MAX`] bytes, and no `_` in the environment (which would
-/// set `$_` at the script's start).
+/// <script>`, a script of at most [`SCRIPT_MAX`] bytes without a NUL (which `bash -c` refuses and
+/// `read` would drop), and none of the [`STARTUP_VARIABLES`] nor an exported function
+/// (`BASH_FUNC_*`) in the environment.
 pub fn fits(argv: &[String], env: &[(String, String)]) -> bool {
     let [program, flag, script] = argv else { return false };
     Path::new(program).file_name().is_some_and(|name| name == "bash")
         && flag == "-c"
         && script.len() <= SCRIPT_MAX
-        && !env.iter().any(|(name, _)| name == "_")
+        && !script.contains('\0')
+        && !env.iter().any(|(name, _)| STARTUP_VARIABLES.contains(&name.as_str()) || name.starts_with("BASH_FUNC_"))
 }
 
 /// A bash waiting for its script.
@@ -134,7 +150,7 @@ mod tests {
     }
 
     #[test]
-    fn only_short_bash_scripts_without_an_underscore_variable_fit() {
+    fn only_short_bash_scripts_in_an_environment_that_leaves_bash_alone_fit() {
         let env = vec![("PATH".to_string(), "/usr/bin:/bin".to_string())];
         assert!(fits(&argv("/bin/bash", "true"), &env));
         assert!(fits(&argv("/usr/bin/bash", &"x".repeat(SCRIPT_MAX)), &env));
@@ -142,7 +158,10 @@ mod tests {
         assert!(!fits(&argv("/bin/sh", "true"), &env));
         assert!(!fits(&["/bin/bash".into(), "-lc".into(), "true".into()], &env));
         assert!(!fits(&["/bin/bash".into(), "-c".into(), "true".into(), "arg0".into()], &env));
-        assert!(!fits(&argv("/bin/bash", "true"), &[("_".into(), "/x".into())]));
+        assert!(!fits(&argv("/bin/bash", "echo a\0b"), &env));
+        for name in ["_", "SHELLOPTS", "BASH_ENV", "TMOUT", "PS4", "BASH_FUNC_eval%%"] {
+            assert!(!fits(&argv("/bin/bash", "true"), &[(name.into(), "x".into())]), "{name}");
+        }
     }
 
     /// Runs `script` as `bash -c` and in a waiting shell (started, then given the script after

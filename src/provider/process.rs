@@ -356,6 +356,12 @@ impl Kid<'_> {
 trait Waited {
     /// Its exit status (128 + N for signal N) once it has ended; never blocks.
     fn try_wait(&mut self) -> io::Result<Option<i32>>;
+    /// Its exit status once it has ended, waiting at most `budget` for the end (the whole
+    /// budget where the end cannot be waited for, but only looked at).
+    fn wait_for(&mut self, budget: Duration) -> io::Result<Option<i32>> {
+        thread::sleep(budget);
+        self.try_wait()
+    }
     /// Kills its whole process group and waits for it.
     fn kill_and_wait(&mut self) -> io::Result<i32>;
     /// Whether members of its group remain (they may hold the pipes), once it has ended.
@@ -404,6 +410,18 @@ impl Waited for RemoteChild {
             self.members_left = end.members_left;
             end.code
         }))
+    }
+
+    fn wait_for(&mut self, budget: Duration) -> io::Result<Option<i32>> {
+        // The end line wakes this at once: no polling step between the end and the answer.
+        match self.remote.wait_within(budget) {
+            Ok(end) => {
+                self.members_left = end.members_left;
+                Ok(Some(end.code))
+            }
+            Err(err) if err.kind() == io::ErrorKind::TimedOut => Ok(None),
+            Err(err) => Err(err),
+        }
     }
 
     fn kill_and_wait(&mut self) -> io::Result<i32> {
@@ -578,13 +596,17 @@ fn wait_with_output<'a>(
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => pipes_open = 0,
             }
+            match child.waited().try_wait() {
+                Ok(Some(code)) => break code,
+                Ok(None) => {}
+                Err(err) => return Err(forget(&child, running, err)),
+            }
         } else {
-            thread::sleep(step.min(until.saturating_duration_since(Instant::now())));
-        }
-        match child.waited().try_wait() {
-            Ok(Some(code)) => break code,
-            Ok(None) => {}
-            Err(err) => return Err(forget(&child, running, err)),
+            match child.waited().wait_for(step.min(until.saturating_duration_since(Instant::now()))) {
+                Ok(Some(code)) => break code,
+                Ok(None) => {}
+                Err(err) => return Err(forget(&child, running, err)),
+            }
         }
         step = (step * 2).min(Duration::from_millis(10));
     };

@@ -8,6 +8,7 @@ use crate::control::Ctl;
 use crate::probes::interleave;
 use crate::process::{sh, spawn_time};
 use crate::session::{self, Tools};
+use crate::stats::Stats;
 use crate::table::Row;
 use crate::units::{dur, times};
 use anyhow::{anyhow, Result};
@@ -36,6 +37,14 @@ fn session_with(b: &Bench, mode: &str) -> Result<(StdioClient, String)> {
     }
     let id = created["sandbox_id"].as_str().map(str::to_string).ok_or_else(|| anyhow!("create_sandbox returned {created}"))?;
     Ok((rpc, id))
+}
+
+/// A row of `lat` against the floor `floor`, named `what` in the comparison column.
+fn against_floor(measurement: &str, lat: &Stats, what: &str, floor: &Stats) -> Row {
+    Row::new("isolation", measurement)
+        .lat(lat)
+        .vs(format!("{what} {}", dur(floor.median)))
+        .ratio(format!("{} floor", times(lat.median / floor.median)))
 }
 
 /// One `create_sandbox` + `kill_sandbox` pair; returns the seconds taken.
@@ -142,12 +151,12 @@ fn landlock_rows(b: &mut Bench) -> Result<()> {
         .ratio(format!("{} floor; {} bash", times(r), times(confined.median / bash.median)))
         .target("≤ 1.5× floor", r <= 1.5),
     );
-    b.row(
-        Row::new("isolation", "`run_command \"true\"`, Landlock tier, back-to-back (the next waiting shell is still starting)")
-            .lat(&back_to_back)
-            .vs(format!("`sh -c true` back-to-back {}", dur(floor_back_to_back.median)))
-            .ratio(format!("{} floor", times(back_to_back.median / floor_back_to_back.median))),
-    );
+    b.row(against_floor(
+        "`run_command \"true\"`, Landlock tier, back-to-back (the next waiting shell is still starting)",
+        &back_to_back,
+        "`sh -c true` back-to-back",
+        &floor_back_to_back,
+    ));
     let (warm, rounds, block) = (b.n(3), b.n(5), b.n(6));
     let xs = interleave(warm, rounds, block, &mut [Box::new(|| create_only(&mut ll))])?;
     let created = b.keep("isolation.create.landlock", &xs[0]);
@@ -200,24 +209,21 @@ pub fn isolation_rows(b: &mut Bench, _ctl: &mut Ctl) -> Result<()> {
     let floor_paced = b.keep("isolation.floor.sh_c_true_paced", &xs[4]);
     let r = isolated.median / floor.median;
     b.row(
-        Row::new("isolation", "`run_command \"true\"`, isolated sandbox (namespaces, started by its init), back-to-back")
-            .lat(&isolated)
-            .vs(format!("`sh -c true` {}", dur(floor.median)))
-            .ratio(format!("{} floor", times(r)))
-            .target("≤ 3× floor", r <= 3.0),
+        against_floor(
+            "`run_command \"true\"`, isolated sandbox (namespaces, started by its init), back-to-back",
+            &isolated,
+            "`sh -c true`",
+            &floor,
+        )
+        .target("≤ 3× floor", r <= 3.0),
     );
-    b.row(
-        Row::new("isolation", "`run_command \"true\"`, isolated sandbox (namespaces), one call at a time (after 10 ms idle)")
-            .lat(&paced)
-            .vs(format!("`sh -c true` after 10 ms idle {}", dur(floor_paced.median)))
-            .ratio(format!("{} floor", times(paced.median / floor_paced.median))),
-    );
-    b.row(
-        Row::new("isolation", "`run_command \"true\"`, sandbox without isolation")
-            .lat(&plain)
-            .vs(format!("`sh -c true` {}", dur(floor.median)))
-            .ratio(format!("{} floor", times(plain.median / floor.median))),
-    );
+    b.row(against_floor(
+        "`run_command \"true\"`, isolated sandbox (namespaces), one call at a time (after 10 ms idle)",
+        &paced,
+        "`sh -c true` after 10 ms idle",
+        &floor_paced,
+    ));
+    b.row(against_floor("`run_command \"true\"`, sandbox without isolation", &plain, "`sh -c true`", &floor));
     let (warm, rounds, block) = (b.n(3), b.n(5), b.n(6));
     let xs = interleave(warm, rounds, block, &mut [Box::new(|| create_and_kill(&mut iso)), Box::new(|| create_and_kill(&mut none))])?;
     let iso_ck = b.keep("isolation.create_kill.namespaces", &xs[0]);

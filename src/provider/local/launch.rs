@@ -96,7 +96,8 @@ impl LocalProvider {
         let (program, args) =
             argv.split_first().ok_or_else(|| ProviderError::Rejected("the command is empty; give at least the program to run".into()))?;
         let not_a_dir = |c: &Path| ProviderError::Rejected(format!("cwd {c:?} is not an existing directory in the sandbox"));
-        let cgroups = if meta.limits.cgroups() { cgroup::procs_files(id) } else { Vec::new() };
+        // Only a command the server starts itself joins the cgroups (a spawner's are in them).
+        let cgroups = || if meta.limits.cgroups() { cgroup::procs_files(id) } else { Vec::new() };
         let (mut cmd, adoptable) = match init {
             Some(init) => {
                 let cwd = match cwd {
@@ -117,7 +118,7 @@ impl LocalProvider {
                         (cwd.is_none() && self.warm(argv, envs) && warm_shell::fits(argv, &env)).then(|| self.next_env(id, &meta));
                     return Ok(Launch::Spawner { to, argv: argv.to_vec(), env, cwd: cwd.map(str::to_string), next_env });
                 }
-                (enter::command(self.tools()?, &self.exe, init, !meta.host_network, argv, cwd, &cgroups), false)
+                (enter::command(self.tools()?, &self.exe, init, !meta.host_network, argv, cwd, &cgroups()), false)
             }
             None => {
                 let home = self.home(id);
@@ -162,7 +163,7 @@ impl LocalProvider {
                         // where a signal scope would keep cancel_task from its tasks.
                         scope_signals: false,
                         connect_port: None,
-                        cgroups: &cgroups,
+                        cgroups: &cgroups(),
                         terminals: meta.own_uid().is_some(),
                     };
                     let confinement = landlock::prepare(&plan)
@@ -170,7 +171,7 @@ impl LocalProvider {
                     landlock::confine(&mut cmd, confinement);
                     (cmd, true)
                 } else {
-                    let mut cmd = enter::joined(&cgroups, Path::new(program));
+                    let mut cmd = enter::joined(&cgroups(), Path::new(program));
                     cmd.args(args).current_dir(dir).process_group(0);
                     (cmd, true)
                 }

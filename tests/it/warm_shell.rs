@@ -146,6 +146,10 @@ while time.time() < end:
             assert!(r["isError"] == json!(true) || r["structuredContent"]["stdout"] != json!("ab\n"), "{who}: {r}");
         }
         m.ok("kill_sandbox", json!({"sandbox_id": id}));
+        // The waiting shell ends with its sandbox, as every process of it does.
+        wait_for(Duration::from_secs(10), &format!("{who}: the killed sandbox's processes to be gone"), || {
+            processes(&id).is_empty().then_some(())
+        });
         // A sandbox whose environment acts on bash as it starts (here `set -e`, under which the
         // waiting shell's own `read` would have ended it) runs its commands as `bash -c` does.
         let id =

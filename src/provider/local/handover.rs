@@ -46,11 +46,8 @@ impl Adopter for LocalProvider {
             let dir = self.task_dir(sandbox_id, &"0".repeat(32))?;
             Some(self.warm(&self.shell(&adoptable(command, &dir)), &BTreeMap::new()))
         };
-        if req.envs.is_empty() && req.cwd.is_none() && fits() == Some(true) {
-            self.task_tag(sandbox_id)
-        } else {
-            crate::ids::task_id()
-        }
+        let waiting = if req.envs.is_empty() && req.cwd.is_none() && fits() == Some(true) { self.waiting_tag(sandbox_id) } else { None };
+        waiting.unwrap_or_else(crate::ids::task_id)
     }
 }
 

@@ -193,7 +193,7 @@ impl LocalProvider {
     }
 
     /// The environment of the shell to keep waiting for the next command into sandbox `id`:
-    /// the sandbox's, with a new task tag, which the next command takes ([`Self::task_tag`]).
+    /// the sandbox's, with a new task tag, which the next command takes ([`Self::waiting_tag`]).
     fn next_env(&self, id: &str, meta: &Meta) -> Vec<(String, String)> {
         let tag = crate::ids::task_id();
         let env = self.env_for(id, meta, &BTreeMap::from([(TASK_TAG_VAR.to_string(), tag.clone())]));
@@ -201,11 +201,10 @@ impl LocalProvider {
         env
     }
 
-    /// The task tag (and task id, if it becomes one) of the next command into sandbox `id`: the
-    /// one the shell waiting for it carries, else a new one.
-    pub(super) fn task_tag(&self, id: &str) -> String {
-        let taken = self.next_tags.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(id);
-        taken.unwrap_or_else(crate::ids::task_id)
+    /// The task tag of the shell sandbox `id`'s spawner keeps waiting for the next command, as
+    /// this server asked for it, taken by that command (which must be able to run there).
+    pub(super) fn waiting_tag(&self, id: &str) -> Option<String> {
+        self.next_tags.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(id)
     }
 
     /// Runs `req` like `exec`; with `promotion`, a command still running at its time is adopted by

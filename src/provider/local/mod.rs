@@ -879,11 +879,12 @@ run the server where user namespaces work (--isolation namespaces) to serve port
     fn exec(&self, sandbox_id: &str, req: &ExecRequest, touch: Touch) -> Result<ExecOutput, ProviderError> {
         let tagged;
         let mut req = req;
-        if req.envs.is_empty() && req.cwd.is_none() && self.warm(&req.argv, &BTreeMap::new()) {
-            // A command that will never be a task carries a tag all the same, so that it can run
-            // in the shell waiting for the sandbox's next command (whose environment has one).
+        let eligible = req.envs.is_empty() && req.cwd.is_none() && self.warm(&req.argv, &BTreeMap::new());
+        if let Some(tag) = eligible.then(|| self.waiting_tag(sandbox_id)).flatten() {
+            // A command that will never be a task carries the tag all the same, so that it runs
+            // in the shell waiting for the sandbox's next command (whose environment has it).
             let mut with_tag = req.clone();
-            with_tag.envs.insert(TASK_TAG_VAR.to_string(), self.task_tag(sandbox_id));
+            with_tag.envs.insert(TASK_TAG_VAR.to_string(), tag);
             tagged = with_tag;
             req = &tagged;
         }

@@ -15,7 +15,9 @@
 //! 2. The init starts the command (stdin the third descriptor, else `/dev/null`; a process group
 //!    of its own; the working directory inside the sandbox, the home when none) and answers
 //!    `started <pid>` (the pid inside the sandbox; an init of an older version answers `started`)
-//!    or `error <what failed>`.
+//!    or `error <what failed>`. A request with `"next_env"` may instead run in the shell kept
+//!    waiting for it ([`super::warm_shell`]): the answer is then `started <pid> pipes`, with that
+//!    shell's stdout and stderr read ends attached, which replace the ones the server sent.
 //! 3. The server may send `kill`: the init sends SIGKILL to the command's process group, while the
 //!    command is not reaped yet (so the group id is still the command's).
 //! 4. When the init reaps the command it sends `exit <code> <members>` or

@@ -921,7 +921,7 @@ fn start_cold(request: &Request, fds: Stdio3, record: Started, conn: &UnixStream
     Ok(pid)
 }
 
-/// Runs the script of `request` (`bash -c <script>`) in the shell waiting for it, if one waits
+/// Runs the script of `request` (`bash -c SCRIPT`) in the shell waiting for it, if one waits
 /// for this program, environment and working directory and takes the script; answers
 /// `started <pid> pipes` with the shell's stdout and stderr attached. `Ok(Err(record))`: start
 /// it cold.

@@ -2,12 +2,13 @@
 //! bash to start: the exec, the dynamic loader, the locale, bash's own start take about 1 ms
 //! here, several times what the rest of a `run_command` costs.
 //!
-//! After a spawner starts a `bash -c <script>` command whose request allows it
-//! ([`fits`], and the server's `warm` flag: no per-call environment, the default working
-//! directory), it starts one more bash with the same program, environment and working directory,
+//! When a `bash -c SCRIPT` command whose request allows it has ended ([`fits`], and the
+//! request's `next_env`, which the server names only without per-call environment or working
+//! directory), the spawner starts one more bash of the same program and working directory, with
+//! the environment `next_env` names (the sandbox's, with the task tag of the next command),
 //! running [`WAITING`]: it reads its script from its stdin, a pipe the spawner holds, until end of
-//! file. The next such request with the same program, environment and working directory takes
-//! it: the spawner writes the script into the pipe at once (at most [`SCRIPT_MAX`] bytes, atomic),
+//! file. The next request with that program, environment and working directory takes it: the
+//! spawner writes the script into the pipe at once (at most [`SCRIPT_MAX`] bytes, atomic),
 //! closes it, and answers with the shell's own stdout and stderr pipes in place of the server's.
 //! A request that differs makes the spawner drop the waiting shell: its pipe closes empty and it
 //! exits 0 having run nothing.
@@ -51,9 +52,9 @@ pub const WAITING: &str = r#"IFS= read -r -N 4096 BASH_EXECUTION_STRING; [ "$?" 
 const STARTUP_VARIABLES: &[&str] =
     &["SHELLOPTS", "BASHOPTS", "BASH_ENV", "ENV", "TMOUT", "POSIXLY_CORRECT", "BASH_XTRACEFD", "PS4", "BASH_COMPAT", "_"];
 
-/// Whether a command `argv` with environment `env` may run in a waiting shell: `bash -c
-/// <script>`, a script of at most [`SCRIPT_MAX`] bytes without a NUL (which `bash -c` refuses and
-/// `read` would drop), and none of the [`STARTUP_VARIABLES`] nor an exported function
+/// Whether a command `argv` with environment `env` may run in a waiting shell: `bash -c SCRIPT`,
+/// a script of at most [`SCRIPT_MAX`] bytes without a NUL (which `bash -c` refuses and `read`
+/// would drop), and none of the startup variables (`STARTUP_VARIABLES`) nor an exported function
 /// (`BASH_FUNC_*`) in the environment.
 pub fn fits(argv: &[String], env: &[(String, String)]) -> bool {
     let [program, flag, script] = argv else { return false };

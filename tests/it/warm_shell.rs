@@ -45,6 +45,11 @@ fn run(m: &mut Mcp, sandbox: &str, command: &str, extra: Value) -> (i64, String,
 /// The processes of sandbox `id` (by its tag), as (pid inside the sandbox, command line,
 /// environment).
 fn processes(id: &str) -> Vec<(u32, String, String)> {
+    processes_with_parents(id).into_iter().map(|(_, _, inside, cmdline, environ)| (inside, cmdline, environ)).collect()
+}
+
+/// [`processes`], each with its host pid and its parent's host pid first.
+fn processes_with_parents(id: &str) -> Vec<(u32, u32, u32, String, String)> {
     let tag = format!("SANDBOX_MCP_SANDBOX={id}");
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -57,22 +62,30 @@ fn processes(id: &str) -> Vec<(u32, String, String)> {
         if !environ.split(|b| *b == 0).any(|v| v == tag.as_bytes()) {
             continue;
         }
-        let inside = status.lines().find_map(|l| l.strip_prefix("NSpid:")).and_then(|l| l.split_whitespace().last()?.parse().ok());
+        let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).map(str::split_whitespace);
+        let inside = field("NSpid:").and_then(|mut pids| pids.next_back()?.parse().ok());
+        let host = field("Pid:").and_then(|mut pids| pids.next()?.parse().ok());
+        let parent = field("PPid:").and_then(|mut pids| pids.next()?.parse().ok());
         let text = |b: Vec<u8>| String::from_utf8_lossy(&b).replace('\0', " ");
-        if let Some(inside) = inside {
-            found.push((inside, text(cmdline), text(environ)));
+        if let (Some(inside), Some(host), Some(parent)) = (inside, host, parent) {
+            found.push((host, parent, inside, text(cmdline), text(environ)));
         }
     }
     found
 }
 
-/// The pid inside the sandbox of the shell waiting for its next command, once there is one.
+/// The pid inside the sandbox of the shell waiting for its next command, once there is one: a
+/// shell of the waiting command line without children (a command running in such a shell that
+/// has started a program has one).
 fn waiting_shell(id: &str, who: &str) -> u32 {
     wait_for(Duration::from_secs(10), &format!("{who}: a shell waiting for the next command"), || {
-        let waiting: Vec<u32> = processes(id)
-            .into_iter()
-            .filter(|(_, cmdline, _)| cmdline.contains("read -r -N 4096 BASH_EXECUTION_STRING"))
-            .map(|p| p.0)
+        let all = processes_with_parents(id);
+        let waiting: Vec<u32> = all
+            .iter()
+            .filter(|(host, _, _, cmdline, _)| {
+                cmdline.contains("read -r -N 4096 BASH_EXECUTION_STRING") && !all.iter().any(|(_, parent, ..)| parent == host)
+            })
+            .map(|p| p.2)
             .collect();
         (waiting.len() == 1).then(|| waiting[0])
     })
@@ -157,6 +170,35 @@ while time.time() < end:
         for _ in 0..3 {
             assert_eq!(run(&mut m, &id, "echo hi", json!({})), (0, "hi\n".into(), String::new()), "{who}");
         }
+        m.ok("kill_sandbox", json!({"sandbox_id": id}));
+        m.close();
+    }
+}
+
+/// Two commands at once: a command that ends after a newer one leaves the newer one's waiting
+/// shell alone, whose tag the server gives the next command (before, it put a shell with its own,
+/// already taken tag in its place, and the next command started cold).
+#[test]
+fn a_command_that_ends_after_a_newer_one_leaves_the_newer_shell_waiting() {
+    for home in homes("warm-order") {
+        let who = who(&home);
+        let mut m = home.stdio();
+        let id = m.ok("create_sandbox", json!({"timeout": 120}))["sandbox_id"].as_str().unwrap().to_string();
+        run(&mut m, &id, "true", json!({}));
+        waiting_shell(&id, &who);
+        // The older command runs in the waiting shell and names the next shell's tag...
+        let slow = json!({"jsonrpc": "2.0", "id": "slow", "method": "tools/call",
+            "params": {"name": "run_command", "arguments": {"sandbox_id": id, "command": "sleep 0.5"}}});
+        m.client.send_line(&slow.to_string()).unwrap();
+        wait_for(Duration::from_secs(10), &format!("{who}: the older command to take the waiting shell"), || {
+            processes(&id).iter().any(|(_, cmdline, _)| cmdline.starts_with("sleep 0.5")).then_some(())
+        });
+        // ...which a newer one takes (no shell has it yet: it starts cold) and ends first.
+        assert_eq!(run(&mut m, &id, "true", json!({})).0, 0, "{who}");
+        let newest = waiting_shell(&id, &who);
+        let done = m.client.recv_response(&json!("slow"), Duration::from_secs(30)).unwrap();
+        assert_eq!(done["result"]["structuredContent"]["exit_code"], json!(0), "{who}: {done}");
+        assert_eq!(run(&mut m, &id, "echo $$", json!({})).1.trim(), newest.to_string(), "{who}: the newest shell was replaced");
         m.ok("kill_sandbox", json!({"sandbox_id": id}));
         m.close();
     }

@@ -549,6 +549,10 @@ struct Children {
     /// A shell waiting for the next command (see [`super::warm_shell`]). Lock it after
     /// `by_pid`, never before.
     warm: Mutex<Option<WarmShell>>,
+    /// The environment the newest command asked its successor's waiting shell for (the task tag
+    /// the server gives the next command): a command that ends after a newer one started keeps no
+    /// shell with its older, already taken tag. Locked only while `by_pid` is.
+    newest_next: Mutex<Option<Vec<(String, String)>>>,
 }
 
 /// A command started and not reaped yet.
@@ -571,14 +575,27 @@ struct Next {
 }
 
 impl Children {
-    /// Keeps a shell waiting for the next command of `next`, unless one does already; drops one
-    /// made for another (it exits having run nothing). A shell that cannot start (a full process
-    /// limit) is not retried until the next command.
+    /// Records command `pid` in `by_pid` (held); where it names a shell for its successor, that
+    /// is now the newest.
+    fn record(&self, by_pid: &mut HashMap<i32, Started>, pid: i32, started: Started) {
+        if let Some(next) = &started.next {
+            *self.newest_next.lock().unwrap_or_else(PoisonError::into_inner) = Some(next.env.clone());
+        }
+        by_pid.insert(pid, started);
+    }
+
+    /// Keeps a shell waiting for the next command of `next`, unless one does already or a newer
+    /// command has named another (whose tag the server gives next); drops one made for another
+    /// (it exits having run nothing). A shell that cannot start (a full process limit) is not
+    /// retried until the next command.
     fn prepare(&self, next: &Next) {
         let by_pid = self.by_pid.lock().unwrap_or_else(PoisonError::into_inner);
         // A command that took this environment's tag and started cold (two commands at once)
         // still runs: a shell carrying its tag would look like a process of its task.
         if by_pid.values().any(|started| started.env.as_ref() == Some(&next.env)) {
+            return;
+        }
+        if self.newest_next.lock().unwrap_or_else(PoisonError::into_inner).as_ref() != Some(&next.env) {
             return;
         }
         // (`by_pid` stays locked while the shell starts, so that no such command starts meanwhile.)
@@ -642,6 +659,7 @@ pub fn serve(listener: UnixListener, home: PathBuf, key: Option<String>) -> ! {
         key,
         waiting: Waiting::default(),
         warm: Mutex::new(None),
+        newest_next: Mutex::new(None),
     });
     let reaper = children.clone();
     if std::thread::Builder::new().name("reaper".into()).stack_size(64 * 1024).spawn(move || reap(&reaper)).is_err() {
@@ -914,7 +932,7 @@ fn start_cold(request: &Request, fds: Stdio3, record: Started, conn: &UnixStream
     // The child is never waited for through `Child`: the reaper reaps it.
     let child = cmd.spawn().map_err(|e| io::Error::new(e.kind(), format!("could not start {program}: {e}")))?;
     let pid = i32::try_from(child.id()).map_err(io::Error::other)?;
-    by_pid.insert(pid, record);
+    children.record(&mut by_pid, pid, record);
     (conn as &UnixStream).write_all(format!("started {pid}\n").as_bytes())?;
     drop(by_pid);
     children.started.notify_one();
@@ -938,7 +956,7 @@ fn start_waiting(request: &Request, record: Started, conn: &UnixStream, children
     let pid = shell.pid();
     // All or nothing: a shell that did not take its script runs none of it.
     let Ok((stdout, stderr)) = shell.hand(script) else { return Ok(Err(record)) };
-    by_pid.insert(pid, record);
+    children.record(&mut by_pid, pid, record);
     let fds = [stdout.as_fd(), stderr.as_fd()];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
     let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);

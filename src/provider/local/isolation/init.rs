@@ -19,12 +19,11 @@
 //! outside), and the kernel then ends every process inside.
 
 use super::rootfs::{self, Plan};
-use super::{seccomp, spawner, IsolationError, Tools};
+use super::{fd_passing, seccomp, spawner, IsolationError, Tools};
 use crate::provider::process;
 use std::fs::File;
-use std::io::{self, IoSlice, IoSliceMut, Read, Write};
-use std::mem::MaybeUninit;
-use std::os::fd::OwnedFd;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -289,17 +288,11 @@ pub(super) fn read_answer(conn: &UnixStream, budget: Duration) -> (Answer, Optio
         if line.len() as u64 > ANSWER_MAX || conn.set_read_timeout(Some(left)).is_err() {
             return (Answer::Closed, None);
         }
-        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-        let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
-        match rustix::net::recvmsg(conn, &mut [IoSliceMut::new(&mut buf)], &mut control, rustix::net::RecvFlags::CMSG_CLOEXEC) {
-            Ok(msg) if msg.bytes == 0 => return (Answer::Closed, None),
-            Ok(msg) => {
-                line.extend_from_slice(&buf[..msg.bytes]);
-                for message in control.drain() {
-                    if let rustix::net::RecvAncillaryMessage::ScmRights(mut fds) = message {
-                        got = got.or_else(|| fds.next());
-                    }
-                }
+        match fd_passing::recv_with_fds(conn, &mut buf, 1) {
+            Ok((0, _)) => return (Answer::Closed, None),
+            Ok((n, fds)) => {
+                line.extend_from_slice(&buf[..n]);
+                got = got.or_else(|| fds.into_iter().next());
             }
             Err(rustix::io::Errno::INTR) => {}
             Err(rustix::io::Errno::AGAIN) => return (Answer::TimedOut, None),
@@ -324,46 +317,13 @@ fn read_within(pipe: impl io::Read + Send + 'static, max: u64, budget: Duration)
 
 /// Sends one descriptor over `conn` (one byte of data carries it).
 pub(super) fn send_fd(conn: &UnixStream, fd: impl std::os::fd::AsFd) -> io::Result<()> {
-    let fds = [fd.as_fd()];
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-    let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
-    if !control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)) {
-        return Err(io::Error::other("no room for the descriptor"));
-    }
-    rustix::net::sendmsg(conn, &[IoSlice::new(b"L")], &mut control, rustix::net::SendFlags::empty())?;
-    Ok(())
-}
-
-/// Sends `data` on `conn` with descriptor `fd` attached, and the rest of `data` after it.
-pub(super) fn send_with_fd(conn: impl std::os::fd::AsFd, data: &[u8], fd: impl std::os::fd::AsFd) -> io::Result<()> {
-    let fds = [fd.as_fd()];
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-    let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
-    if !control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)) {
-        return Err(io::Error::other("no room for the descriptor"));
-    }
-    let sent = rustix::net::sendmsg(&conn, &[IoSlice::new(data)], &mut control, rustix::net::SendFlags::empty())?;
-    let mut rest = &data[sent..];
-    while !rest.is_empty() {
-        let n = rustix::io::write(&conn, rest)?;
-        rest = &rest[n..];
-    }
-    Ok(())
+    fd_passing::send_with_fds(conn, b"L", &[fd.as_fd()])
 }
 
 /// Receives the one descriptor [`send_fd`] sent on `conn` (close-on-exec).
 pub(super) fn receive_fd(conn: impl std::os::fd::AsFd) -> io::Result<OwnedFd> {
-    let mut byte = [0u8; 1];
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-    let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
-    rustix::net::recvmsg(conn, &mut [IoSliceMut::new(&mut byte)], &mut control, rustix::net::RecvFlags::CMSG_CLOEXEC)?;
-    let mut got = None;
-    for message in control.drain() {
-        if let rustix::net::RecvAncillaryMessage::ScmRights(mut fds) = message {
-            got = got.or_else(|| fds.next());
-        }
-    }
-    got.ok_or_else(|| io::Error::other("the keeper sent no spawner socket"))
+    let (_, fds) = fd_passing::recv_with_fds(conn, &mut [0u8; 1], 1)?;
+    fds.into_iter().next().ok_or_else(|| io::Error::other("the keeper sent no spawner socket"))
 }
 
 /// The first child of process `pid` (the init forked by `unshare`), from `/proc`.
@@ -564,7 +524,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     };
     match egress {
         // The keeper serves the proxy on this socket; the init keeps no copy.
-        Some(egress) => send_with_fd(io::stdout(), format!("ready {pid} {start}\n").as_bytes(), egress)?,
+        Some(egress) => fd_passing::send_with_fds(io::stdout(), format!("ready {pid} {start}\n").as_bytes(), &[egress.as_fd()])?,
         None => {
             writeln!(out, "ready {pid} {start}")?;
             out.flush()?;

@@ -259,7 +259,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     let answers = args.iter().any(|a| a == EGRESS_FLAG || a == ANSWER_FLAG || a == JOIN_FLAG);
     let key = match ready {
         Ok((Some(egress), key)) => {
-            init::send_with_fd(&answer, b"ready\n", egress)?;
+            super::fd_passing::send_with_fds(&answer, b"ready\n", &[egress.as_fd()])?;
             key
         }
         Ok((None, key)) => {

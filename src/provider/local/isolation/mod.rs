@@ -20,6 +20,7 @@ pub mod cgroup;
 pub mod diagnosis;
 pub mod disk;
 pub mod enter;
+pub mod fd_passing;
 pub mod files;
 pub mod init;
 pub mod landlock;

@@ -35,8 +35,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, IoSlice, IoSliceMut, Read, Write};
-use std::mem::MaybeUninit;
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
@@ -46,6 +45,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use super::fd_passing;
 use super::warm_shell::{self, WarmShell};
 
 /// The spawner's socket, in a sandbox's directory.
@@ -207,16 +207,8 @@ pub fn dial(to: &Endpoint, port: u16) -> io::Result<std::net::TcpStream> {
     (&conn).write_all(&request.framed()?)?;
     conn.set_read_timeout(Some(DIAL_BUDGET + ANSWER_BUDGET))?;
     let mut line = [0u8; MAX_LINE];
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-    let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
-    let got = rustix::net::recvmsg(&conn, &mut [IoSliceMut::new(&mut line)], &mut control, rustix::net::RecvFlags::CMSG_CLOEXEC)?;
-    let mut fds: Vec<OwnedFd> = Vec::new();
-    for message in control.drain() {
-        if let rustix::net::RecvAncillaryMessage::ScmRights(received) = message {
-            fds.extend(received);
-        }
-    }
-    let first_line = line[..got.bytes].split(|b| *b == b'\n').next().unwrap_or_default();
+    let (got, mut fds) = fd_passing::recv_with_fds(&conn, &mut line, 1)?;
+    let first_line = line[..got].split(|b| *b == b'\n').next().unwrap_or_default();
     let text = plain(first_line);
     let text = text.trim_end();
     match (text, fds.pop(), fds.is_empty()) {
@@ -301,13 +293,7 @@ impl Remote {
         let message = Request { argv: argv.to_vec(), env, cwd: cwd.map(str::to_string), dial: None, key, next_env }.framed()?;
         let mut fds = vec![stdout.as_fd(), stderr.as_fd()];
         fds.extend(stdin);
-        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(3))];
-        let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
-        if !control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)) {
-            return Err(io::Error::other("no room to pass the command's pipes"));
-        }
-        let sent = rustix::net::sendmsg(&conn, &[IoSlice::new(&message)], &mut control, rustix::net::SendFlags::empty())?;
-        (&conn).write_all(&message[sent..])?;
+        fd_passing::send_with_fds(&conn, &message, &fds)?;
         let mut remote = Remote { conn, pending: Vec::new(), ended: None, pid: None };
         let deadline = Instant::now() + ANSWER_BUDGET;
         let passed = remote.receive_first(deadline)?;
@@ -337,23 +323,15 @@ impl Remote {
     /// `deadline`.
     fn receive_first(&mut self, deadline: Instant) -> io::Result<Vec<OwnedFd>> {
         let mut buf = [0u8; MAX_LINE];
-        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(io::Error::new(io::ErrorKind::TimedOut, "the sandbox's init did not answer in time"));
             }
             self.conn.set_read_timeout(Some(left))?;
-            let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
-            match rustix::net::recvmsg(&self.conn, &mut [IoSliceMut::new(&mut buf)], &mut control, rustix::net::RecvFlags::CMSG_CLOEXEC) {
-                Ok(got) => {
-                    self.pending.extend_from_slice(&buf[..got.bytes]);
-                    let mut fds = Vec::new();
-                    for message in control.drain() {
-                        if let rustix::net::RecvAncillaryMessage::ScmRights(received) = message {
-                            fds.extend(received);
-                        }
-                    }
+            match fd_passing::recv_with_fds(&self.conn, &mut buf, 2) {
+                Ok((got, fds)) => {
+                    self.pending.extend_from_slice(&buf[..got]);
                     return Ok(fds);
                 }
                 Err(rustix::io::Errno::INTR) => {}
@@ -787,12 +765,7 @@ fn answer_dial(conn: &UnixStream, port: u16) {
     for ip in [std::net::IpAddr::from([127, 0, 0, 1]), std::net::IpAddr::from(std::net::Ipv6Addr::LOCALHOST)] {
         match std::net::TcpStream::connect_timeout(&std::net::SocketAddr::new(ip, port), DIAL_BUDGET) {
             Ok(stream) => {
-                let fds = [stream.as_fd()];
-                let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-                let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
-                if control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)) {
-                    let _ = rustix::net::sendmsg(conn, &[IoSlice::new(b"dialed\n")], &mut control, rustix::net::SendFlags::empty());
-                }
+                let _ = fd_passing::send_with_fds(conn, b"dialed\n", &[stream.as_fd()]);
                 return;
             }
             Err(err) => {
@@ -848,15 +821,7 @@ fn receive(
     let first = if opening.is_some() { deadline.min(Instant::now() + KEY_BUDGET) } else { deadline };
     budget_reads(conn, first)?;
     let mut buf = vec![0u8; 64 * 1024];
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(3))];
-    let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
-    let got = rustix::net::recvmsg(conn, &mut [IoSliceMut::new(&mut buf)], &mut control, rustix::net::RecvFlags::CMSG_CLOEXEC)?;
-    let mut fds: Vec<OwnedFd> = Vec::new();
-    for message in control.drain() {
-        if let rustix::net::RecvAncillaryMessage::ScmRights(received) = message {
-            fds.extend(received);
-        }
-    }
+    let (got, mut fds) = fd_passing::recv_with_fds(conn, &mut buf, 3)?;
     let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, format!("malformed spawn request: {what}"));
     let stdin = if fds.len() == 3 { fds.pop() } else { None };
     let stdio = match (fds.pop(), fds.pop(), fds.is_empty()) {
@@ -864,7 +829,7 @@ fn receive(
         (None, None, true) => None,
         _ => return Err(bad("it must carry two or three descriptors")),
     };
-    let mut data = buf[..got.bytes].to_vec();
+    let mut data = buf[..got].to_vec();
     if let Some(opening) = &opening {
         fill(conn, first, &mut data, 4 + opening.len(), &mut buf)?;
         if !same_key(data.get(4..4 + opening.len()), opening) {
@@ -957,15 +922,7 @@ fn start_waiting(request: &Request, record: Started, conn: &UnixStream, children
     // All or nothing: a shell that did not take its script runs none of it.
     let Ok((stdout, stderr)) = shell.hand(script) else { return Ok(Err(record)) };
     children.record(&mut by_pid, pid, record);
-    let fds = [stdout.as_fd(), stderr.as_fd()];
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
-    let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
-    if !control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)) {
-        return Err(io::Error::other("no room to pass the command's pipes"));
-    }
-    let line = format!("started {pid} pipes\n");
-    let sent = rustix::net::sendmsg(conn, &[IoSlice::new(line.as_bytes())], &mut control, rustix::net::SendFlags::empty())?;
-    (conn as &UnixStream).write_all(&line.as_bytes()[sent..])?;
+    fd_passing::send_with_fds(conn, format!("started {pid} pipes\n").as_bytes(), &[stdout.as_fd(), stderr.as_fd()])?;
     drop(by_pid);
     children.started.notify_one();
     Ok(Ok(pid))
@@ -986,16 +943,8 @@ mod tests {
             let (conn, _) = listener.accept().unwrap();
             let (request, stdio) = receive(&conn, Instant::now() + ANSWER_BUDGET, None, || true).unwrap();
             assert_eq!((request.dial, stdio.is_none()), (Some(8000), true));
-            match fd {
-                Some(fd) => {
-                    let fds = [fd.as_fd()];
-                    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-                    let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
-                    assert!(control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)));
-                    rustix::net::sendmsg(&conn, &[IoSlice::new(answer)], &mut control, rustix::net::SendFlags::empty()).unwrap();
-                }
-                None => (&conn).write_all(answer).unwrap(),
-            }
+            let fds: Vec<_> = fd.iter().map(|fd| fd.as_fd()).collect();
+            fd_passing::send_with_fds(&conn, answer, &fds).unwrap();
         });
         (dir, t)
     }
@@ -1012,10 +961,7 @@ mod tests {
             let (request, stdio) = receive(&conn, Instant::now() + ANSWER_BUDGET, None, || true).unwrap();
             assert!(request.next_env.is_some() && stdio.is_some());
             let borrowed: Vec<_> = fds.iter().map(|fd| fd.as_fd()).collect();
-            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(3))];
-            let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
-            assert!(control.push(rustix::net::SendAncillaryMessage::ScmRights(&borrowed)));
-            rustix::net::sendmsg(&conn, &[IoSlice::new(answer)], &mut control, rustix::net::SendFlags::empty()).unwrap();
+            fd_passing::send_with_fds(&conn, answer, &borrowed).unwrap();
             conn.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
             let mut line = String::new();
             let _ = BufReader::new(&conn).read_line(&mut line);

@@ -29,11 +29,33 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The namespaces every isolated sandbox gets (and a network namespace, which `Site::host_network`
-/// could leave out and no sandbox of this version does; the cgroup namespace where the kernel has
-/// one).
-pub const UNSHARE_FLAGS: &[&str] =
-    &["--user", "--map-root-user", "--mount", "--pid", "--fork", "--ipc", "--uts", "--propagation", "private"];
+/// Each namespace of an isolated sandbox, as `unshare(2)` makes it (the stage) and as util-linux
+/// `unshare` names it: the one list both ways of starting an init read. The network namespace
+/// can be left out (`Site::host_network`; no sandbox of this version does), and the cgroup one is
+/// made where the kernel has it.
+const NAMESPACES: [(rustix::thread::UnshareFlags, &str); 7] = {
+    use rustix::thread::UnshareFlags as Ns;
+    [
+        (Ns::NEWUSER, "--user"),
+        (Ns::NEWNS, "--mount"),
+        (Ns::NEWPID, "--pid"),
+        (Ns::NEWIPC, "--ipc"),
+        (Ns::NEWUTS, "--uts"),
+        (Ns::NEWNET, "--net"),
+        (Ns::NEWCGROUP, "--cgroup"),
+    ]
+};
+
+/// The namespaces of a sandbox: all of [`NAMESPACES`], but the network one only with `net` and
+/// the cgroup one only with `cgroup`.
+pub fn sandbox_namespaces(net: bool, cgroup: bool) -> impl Iterator<Item = (rustix::thread::UnshareFlags, &'static str)> {
+    use rustix::thread::UnshareFlags as Ns;
+    NAMESPACES.into_iter().filter(move |(ns, _)| (net || *ns != Ns::NEWNET) && (cgroup || *ns != Ns::NEWCGROUP))
+}
+
+/// util-linux `unshare`'s options besides the namespaces: root inside is the caller, the program
+/// is forked as pid 1 of the new pid namespace, mounts are private.
+pub const UNSHARE_OPTIONS: &[&str] = &["--map-root-user", "--fork", "--propagation", "private"];
 
 /// The subcommand of this binary that runs as the sandbox's init.
 pub const SUBCOMMAND: &str = "sandbox-init";
@@ -121,13 +143,7 @@ fn start_init(tools: &Tools, exe: &Path, site: &Site<'_>, spawner: Option<UnixLi
         c
     } else {
         let mut c = super::sandbox_command(tools, &tools.unshare, site.owner);
-        c.args(UNSHARE_FLAGS);
-        if !host_network {
-            c.arg("--net");
-        }
-        if has_cgroup_namespace() {
-            c.arg("--cgroup");
-        }
+        c.args(UNSHARE_OPTIONS).args(sandbox_namespaces(!host_network, has_cgroup_namespace()).map(|(_, option)| option));
         c.arg("--");
         c
     };
@@ -398,13 +414,7 @@ pub fn run_stage(args: &[String]) -> anyhow::Result<()> {
     let none = rustix::thread::CapabilitySet::empty();
     rustix::thread::set_capabilities(None, rustix::thread::CapabilitySets { effective: none, permitted: none, inheritable: none })
         .map_err(|e| fail(format!("cannot drop the capabilities: {e}")))?;
-    let mut namespaces = Ns::NEWUSER | Ns::NEWNS | Ns::NEWPID | Ns::NEWIPC | Ns::NEWUTS;
-    if net {
-        namespaces |= Ns::NEWNET;
-    }
-    if has_cgroup_namespace() {
-        namespaces |= Ns::NEWCGROUP;
-    }
+    let namespaces = sandbox_namespaces(net, has_cgroup_namespace()).fold(Ns::empty(), |all, (ns, _)| all | ns);
     unshare(namespaces).map_err(|e| fail(format!("cannot make the sandbox's namespaces: {e}")))?;
     // Root inside is UID and GID outside, and nothing else is mapped (setgroups is denied first:
     // the kernel requires it of an unprivileged gid map). The uid change made this process

@@ -178,7 +178,8 @@ fn find_tools() -> Result<Tools, String> {
 fn run_probe() -> Result<(), String> {
     let tools = find_tools()?;
     let mut cmd = sandbox_command(&tools, &tools.unshare, sandbox_owner());
-    cmd.args(init::UNSHARE_FLAGS).arg("--net").arg("--").arg("/bin/sh").arg("-c").arg(":");
+    cmd.args(init::UNSHARE_OPTIONS).args(init::sandbox_namespaces(true, false).map(|(_, option)| option));
+    cmd.arg("--").arg("/bin/sh").arg("-c").arg(":");
     let out = cmd.env_clear().env("LC_ALL", "C").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).output();
     match out {
         Ok(out) if out.status.success() => Ok(()),

@@ -96,7 +96,7 @@ fn the_next_command_runs_in_a_waiting_shell_as_bash_c_would_run_it() {
     for home in homes("warm") {
         let who = who(&home);
         let mut m = home.stdio();
-        let id = m.ok("create_sandbox", json!({"timeout": 120}))["sandbox_id"].as_str().unwrap().to_string();
+        let id = m.create();
         assert_eq!(run(&mut m, &id, "true", json!({})).0, 0, "{who}");
         // The command runs in the shell that was waiting before it was asked for.
         let waiting = waiting_shell(&id, &who);
@@ -183,7 +183,7 @@ fn a_command_that_ends_after_a_newer_one_leaves_the_newer_shell_waiting() {
     for home in homes("warm-order") {
         let who = who(&home);
         let mut m = home.stdio();
-        let id = m.ok("create_sandbox", json!({"timeout": 120}))["sandbox_id"].as_str().unwrap().to_string();
+        let id = m.create();
         run(&mut m, &id, "true", json!({}));
         waiting_shell(&id, &who);
         // The older command runs in the waiting shell and names the next shell's tag...

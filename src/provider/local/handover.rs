@@ -41,13 +41,15 @@ impl Adopter for LocalProvider {
     fn task_id(&self, sandbox_id: &str, req: &ExecRequest, command: &str) -> String {
         // The waiting shell's tag goes only to a command that can run there: the check `launch`
         // makes of what `exec_or_promote` builds (a task directory's path is as long for every
-        // id).
-        let fits = || {
-            let dir = self.task_dir(sandbox_id, &"0".repeat(32))?;
-            Some(self.warm(&self.shell(&adoptable(command, &dir)), &BTreeMap::new()))
+        // id), made only where such a shell waits.
+        let runs_there = || {
+            req.envs.is_empty()
+                && req.cwd.is_none()
+                && self
+                    .task_dir(sandbox_id, &"0".repeat(32))
+                    .is_some_and(|dir| self.warm(&self.shell(&adoptable(command, &dir)), &BTreeMap::new()))
         };
-        let waiting = if req.envs.is_empty() && req.cwd.is_none() && fits() == Some(true) { self.waiting_tag(sandbox_id) } else { None };
-        waiting.unwrap_or_else(crate::ids::task_id)
+        self.waiting_tag(sandbox_id, runs_there).unwrap_or_else(crate::ids::task_id)
     }
 }
 

@@ -98,6 +98,10 @@ impl LocalProvider {
         let not_a_dir = |c: &Path| ProviderError::Rejected(format!("cwd {c:?} is not an existing directory in the sandbox"));
         // Only a command the server starts itself joins the cgroups (a spawner's are in them).
         let cgroups = || if meta.limits.cgroups() { cgroup::procs_files(id) } else { Vec::new() };
+        // What a spawner keeps waiting for the next command after this one, where this one may
+        // run in such a shell (its whole environment `env` suits one too).
+        let warm = cwd.is_none() && self.warm(argv, envs);
+        let next_env = |env: &[(String, String)]| (warm && warm_shell::fits(argv, env)).then(|| self.next_env(id, &meta));
         let (mut cmd, adoptable) = match init {
             Some(init) => {
                 let cwd = match cwd {
@@ -114,8 +118,7 @@ impl LocalProvider {
                 if spawner && to.socket.exists() {
                     // The init's children are in its namespaces and cgroups already.
                     let env = self.env_for(id, &meta, envs);
-                    let next_env =
-                        (cwd.is_none() && self.warm(argv, envs) && warm_shell::fits(argv, &env)).then(|| self.next_env(id, &meta));
+                    let next_env = next_env(&env);
                     return Ok(Launch::Spawner { to, argv: argv.to_vec(), env, cwd: cwd.map(str::to_string), next_env });
                 }
                 (enter::command(self.tools()?, &self.exe, init, !meta.host_network, argv, cwd, &cgroups()), false)
@@ -136,8 +139,7 @@ impl LocalProvider {
                         )));
                     }
                     let env = self.env_for(id, &meta, envs);
-                    let next_env =
-                        (cwd.is_none() && self.warm(argv, envs) && warm_shell::fits(argv, &env)).then(|| self.next_env(id, &meta));
+                    let next_env = next_env(&env);
                     let cwd = dir.to_str().ok_or_else(|| not_a_dir(&dir))?.to_string();
                     return Ok(Launch::Spawner {
                         to: spawner::Endpoint::in_dir(&self.dir(id), true),
@@ -202,9 +204,14 @@ impl LocalProvider {
     }
 
     /// The task tag of the shell sandbox `id`'s spawner keeps waiting for the next command, as
-    /// this server asked for it, taken by that command (which must be able to run there).
-    pub(super) fn waiting_tag(&self, id: &str) -> Option<String> {
-        self.next_tags.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(id)
+    /// this server asked for it, taken by that command when `runs_there` says it can run there
+    /// (asked only where there is such a shell).
+    pub(super) fn waiting_tag(&self, id: &str, runs_there: impl FnOnce() -> bool) -> Option<String> {
+        let tags = || self.next_tags.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !tags().contains_key(id) || !runs_there() {
+            return None;
+        }
+        tags().remove(id)
     }
 
     /// Runs `req` like `exec`; with `promotion`, a command still running at its time is adopted by

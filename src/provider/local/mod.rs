@@ -879,8 +879,8 @@ run the server where user namespaces work (--isolation namespaces) to serve port
     fn exec(&self, sandbox_id: &str, req: &ExecRequest, touch: Touch) -> Result<ExecOutput, ProviderError> {
         let tagged;
         let mut req = req;
-        let eligible = req.envs.is_empty() && req.cwd.is_none() && self.warm(&req.argv, &BTreeMap::new());
-        if let Some(tag) = eligible.then(|| self.waiting_tag(sandbox_id)).flatten() {
+        let runs_there = || req.envs.is_empty() && req.cwd.is_none() && self.warm(&req.argv, &BTreeMap::new());
+        if let Some(tag) = self.waiting_tag(sandbox_id, runs_there) {
             // A command that will never be a task carries the tag all the same, so that it runs
             // in the shell waiting for the sandbox's next command (whose environment has it).
             let mut with_tag = req.clone();

@@ -262,9 +262,17 @@ fn settle(sb: &str) {
     }
 }
 
-/// Processes of a local sandbox (the local provider tags each with `SANDBOX_MCP_SANDBOX`).
+/// Processes of a local sandbox (the local provider tags each with `SANDBOX_MCP_SANDBOX`), but
+/// the shell an isolated sandbox keeps waiting for its next command (there from its create on).
 fn sandbox_procs(sb: &str) -> Vec<u32> {
+    let waiting = sandbox_mcp::provider::local::isolation::warm_shell::WAITING.as_bytes();
     tagged(&format!("SANDBOX_MCP_SANDBOX={sb}"))
+        .into_iter()
+        .filter(|p| {
+            let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+            !cmd.split(|b| *b == 0).any(|arg| arg == waiting)
+        })
+        .collect()
 }
 
 /// Processes of a task (the supervisor tags the task's with `SANDBOX_MCP_TASK`).

@@ -92,6 +92,25 @@ fn waiting_shell(id: &str, who: &str) -> u32 {
 }
 
 #[test]
+fn the_first_command_runs_in_a_shell_made_ready_at_create() {
+    for home in homes("warm-first") {
+        let who = who(&home);
+        let mut m = home.stdio();
+        let id = m.create();
+        // Waiting before any command was asked for (before, only once a command had ended).
+        let waiting = waiting_shell(&id, &who);
+        let listing = "echo $$; env | grep -v -e '^SANDBOX_MCP_TASK=' -e '^_=' | sort";
+        let (code, first, err) = run(&mut m, &id, listing, json!({}));
+        assert_eq!(code, 0, "{who}: {err}");
+        let (pid, env) = first.split_once('\n').unwrap_or_default();
+        assert_eq!(pid, waiting.to_string(), "{who}: the first command did not run in the waiting shell");
+        // With the environment a command started for its call gets.
+        let (_, cold, _) = run(&mut m, &id, listing, json!({"cwd": "."}));
+        assert_eq!(cold.split_once('\n').unwrap_or_default().1, env, "{who}");
+    }
+}
+
+#[test]
 fn the_next_command_runs_in_a_waiting_shell_as_bash_c_would_run_it() {
     for home in homes("warm") {
         let who = who(&home);

@@ -3,7 +3,7 @@
 //! the sweep that ends expired sandboxes and restarts missing keepers at server start.
 
 use super::isolation::enter::Init;
-use super::isolation::{cgroup, init, landlock_spawner, passage, seccomp, spawner, Isolation};
+use super::isolation::{cgroup, init, landlock_spawner, passage, seccomp, spawner, stage, Isolation};
 use super::{check_local_id, LocalProvider, CREATING_PREFIX, KILL_SCAN_BUDGET};
 use crate::egress;
 use crate::provider::process;
@@ -85,26 +85,27 @@ impl LocalProvider {
         drop(cmd);
         match started {
             Ok(status) if status.success() => Ok(()),
-            Ok(status) => Err(ProviderError::Unavailable(format!("could not start the keeper of sandbox {id}: its shell {status}"))),
+            Ok(status) => Err(ProviderError::Unavailable(format!("could not start the keeper of sandbox {id}: it {status}"))),
             Err(err) => Err(ProviderError::Unavailable(format!("could not start the keeper of sandbox {id}: {err}"))),
         }
     }
 
-    /// The command that starts the keeper of `id` detached. The intermediate shell exits at once,
-    /// so the keeper is re-parented to init (no zombie under a long-running server) and sits in
-    /// its own process group, out of reach of group signals aimed at the server (the Python SDK
-    /// signals the server's whole group). `out` is what the keeper's stdout is.
+    /// The command that starts the keeper of `id` detached. The process started forks the keeper
+    /// and exits at once ([`detach`]), so the keeper is re-parented to init (no zombie under a
+    /// long-running server) and is out of reach of group signals aimed at the server (the Python
+    /// SDK signals the server's whole group): the process started leads a group of its own, and
+    /// the keeper then starts a session of its own. `out` is what the keeper's stdout is.
     fn keeper_command(&self, id: &str, out: KeeperOut) -> Command {
-        let script = match out {
-            KeeperOut::Nothing => r#""$@" </dev/null >/dev/null 2>&1 &"#,
-            KeeperOut::Answer | KeeperOut::Spawner(_) => r#""$@" </dev/null 2>/dev/null &"#,
-        };
-        let mut cmd = Command::new(&self.shell);
-        cmd.args(["-c", script, "sh"]).arg(&self.exe).arg(KEEPER_COMMAND).arg(&self.root).arg(id).arg(&self.shell);
+        let mut cmd = Command::new(&self.exe);
+        cmd.arg(KEEPER_COMMAND).arg(&self.root).arg(id).arg(&self.shell);
+        let mut stdin = Stdio::null();
         let stdout = match out {
             KeeperOut::Nothing => Stdio::null(),
-            KeeperOut::Answer => {
+            KeeperOut::Answer(listener) => {
                 cmd.arg(START_INIT_FLAG);
+                if let Some(listener) = listener {
+                    stdin = Stdio::from(std::os::fd::OwnedFd::from(listener));
+                }
                 Stdio::piped()
             }
             KeeperOut::Spawner(listener) => {
@@ -115,18 +116,22 @@ impl LocalProvider {
         cmd.env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into()))
             .envs(self.egress.to_env())
-            .stdin(Stdio::null())
+            .stdin(stdin)
             .stdout(stdout)
             .stderr(Stdio::null())
             .process_group(0);
         cmd
     }
 
-    /// Starts the keeper of isolated sandbox `id` and waits for its init to be ready.
-    pub(super) fn start_isolated(&self, id: &str) -> Result<Init, ProviderError> {
+    /// Starts the keeper of isolated sandbox `id` and waits for its init to be ready; the init
+    /// serves spawn requests on `spawner` (bound by the keeper when `None`).
+    pub(super) fn start_isolated(&self, id: &str, spawner: Option<std::os::unix::net::UnixListener>) -> Result<Init, ProviderError> {
         let unavailable = |why: String| ProviderError::Unavailable(format!("could not start the isolated sandbox: {why}"));
-        let mut child =
-            self.keeper_command(id, KeeperOut::Answer).spawn().map_err(|e| unavailable(format!("could not start its keeper: {e}")))?;
+        let mut cmd = self.keeper_command(id, KeeperOut::Answer(spawner));
+        let spawned = cmd.spawn();
+        // The command holds our copy of the spawner's socket until dropped (the keeper has its own).
+        drop(cmd);
+        let mut child = spawned.map_err(|e| unavailable(format!("could not start its keeper: {e}")))?;
         let budget = init::START_BUDGET + Duration::from_secs(1);
         let answer = match child.stdout.take() {
             Some(out) => init::read_line_within(out, budget),
@@ -150,8 +155,8 @@ enum KeeperOut {
     /// Nothing (`/dev/null`).
     Nothing,
     /// A pipe to the server, on which it says whether the sandbox's init started (`ready` or
-    /// `error ...`).
-    Answer,
+    /// `error ...`); its stdin is then the listening socket of the init's spawner, where given.
+    Answer(Option<std::os::unix::net::UnixListener>),
     /// The listening socket of a Landlock-tier sandbox's spawner.
     Spawner(std::os::unix::net::UnixListener),
 }
@@ -204,8 +209,19 @@ pub fn run_internal(args: &[String]) -> Option<anyhow::Result<()>> {
         [command, rest @ ..] if command == init::SUBCOMMAND => Some(init::run(rest)),
         [command, rest @ ..] if command == landlock_spawner::SUBCOMMAND => Some(landlock_spawner::run(rest)),
         [command, rest @ ..] if command == seccomp::FILTER_SUBCOMMAND => Some(seccomp::run_filtered(rest)),
-        [command, rest @ ..] if command == init::STAGE_SUBCOMMAND => Some(init::run_stage(rest)),
         _ => None,
+    }
+}
+
+/// Forks: the parent, which the server started and waits for, exits at once; the child goes on
+/// as the keeper, re-parented to init (or the nearest subreaper). This is a shell's `cmd &`
+/// without the shell's start, which cost every create about a millisecond.
+fn detach() -> io::Result<()> {
+    // `run_internal` runs first in every program that embeds the provider, before anything
+    // starts a thread: the keeper has one thread here.
+    match stage::fork()? {
+        Some(_) => std::process::exit(0),
+        None => Ok(()),
     }
 }
 
@@ -225,19 +241,31 @@ enum Start {
 /// running, and waits for the sandbox's expiry (honouring renewals) and kills it; exits early
 /// when the sandbox is gone or another keeper owns it.
 fn run_keeper(root: &Path, id: &str, shell: &Path, start: Start) -> anyhow::Result<()> {
+    if let Err(err) = detach() {
+        let why = format!("the keeper could not leave the server's process: {err}");
+        let _ = writeln!(io::stdout(), "error {why}");
+        anyhow::bail!("sandbox {id}: {why}");
+    }
     let start_init = start == Start::Init;
     // The spawner's socket, taken off stdout before anything could write there.
-    let handed = match start {
+    let mut handed = match start {
         Start::Spawner => {
             let listener = std::os::fd::AsFd::as_fd(&io::stdout()).try_clone_to_owned().map(std::os::unix::net::UnixListener::from)?;
             rustix::stdio::dup2_stdout(fs::File::options().write(true).open("/dev/null")?)?;
+            Some(listener)
+        }
+        // The init's spawner socket, where the server bound it (stdin is a socket then).
+        Start::Init if rustix::net::sockopt::socket_type(io::stdin()).is_ok() => {
+            let listener = std::os::fd::AsFd::as_fd(&io::stdin()).try_clone_to_owned().map(std::os::unix::net::UnixListener::from)?;
+            rustix::stdio::dup2_stdin(fs::File::open("/dev/null")?)?;
             Some(listener)
         }
         Start::Nothing | Start::Init => None,
     };
     // A session of its own, without the controlling terminal of whoever started the server: the
     // init and every sandbox process descend from here, and none may reach an operator's
-    // terminal. (The keeper is never a group leader here: its starting shell leads the group.)
+    // terminal. (The keeper is never a group leader here: the process that forked it leads the
+    // group.)
     if let Err(err) = rustix::process::setsid() {
         let why = format!("the keeper could not start a session of its own: {err}");
         let _ = writeln!(io::stdout(), "error {why}");
@@ -263,9 +291,12 @@ fn run_keeper(root: &Path, id: &str, shell: &Path, start: Start) -> anyhow::Resu
     drop(pid_file);
     // Exposed ports live in the keeper, which outlives the servers (ready before the sandbox is
     // reported created); a restarted keeper listens again on what the one before it exposed.
-    if provider.load(id).is_ok_and(|m| m.isolation == Isolation::Namespaces && !m.host_network) {
-        super::ports::Relays::serve(&dir);
-    }
+    // Their thread starts after the init: the keeper forks the stage while it has one thread.
+    let serve_relays = || {
+        if provider.load(id).is_ok_and(|m| m.isolation == Isolation::Namespaces && !m.host_network) {
+            super::ports::Relays::serve(&dir);
+        }
+    };
     // An isolated sandbox's init is started once, by its first keeper; a later keeper (restarted by
     // a sweep) never starts another: a sandbox whose init died stays gone.
     let mut holder = None;
@@ -278,7 +309,8 @@ fn run_keeper(root: &Path, id: &str, shell: &Path, start: Start) -> anyhow::Resu
                 let owner = meta.owner.unwrap_or_else(super::isolation::sandbox_owner);
                 let scratch = meta.limits.disk_mb.is_some();
                 let site = init::Site { home: &home, host_network: meta.host_network, shell, cgroups: &cgroups, owner, scratch };
-                init::start(tools, &provider.exe, &site, spawner::bind(&dir)).map_err(|e| e.0)
+                let listener = handed.take().or_else(|| spawner::bind(&dir));
+                init::start(tools, &provider.exe, &site, listener).map_err(|e| e.0)
             });
             match started {
                 Ok(started) => {
@@ -287,6 +319,7 @@ fn run_keeper(root: &Path, id: &str, shell: &Path, start: Start) -> anyhow::Resu
                     if let Some(listener) = started.egress {
                         serve_egress(&provider, id, listener);
                     }
+                    serve_relays();
                     let _ = writeln!(answer, "ready");
                 }
                 Err(why) => {
@@ -296,6 +329,7 @@ fn run_keeper(root: &Path, id: &str, shell: &Path, start: Start) -> anyhow::Resu
             }
         }
         _ => {
+            serve_relays();
             let _ = writeln!(answer, "ready");
         }
     }

@@ -194,6 +194,33 @@ impl LocalProvider {
             && warm_shell::fits(argv, &[])
     }
 
+    /// Asks the spawner of new sandbox `id` (bound, perhaps not serving yet: the request waits in
+    /// its socket's backlog) to keep a shell waiting for its first command, as it does for every
+    /// command after, where the sandbox's environment suits one. Best effort: a first command
+    /// that finds no shell waiting starts cold.
+    pub(super) fn prepare_first_shell(&self, id: &str, meta: &Meta) {
+        let Some(shell) = self.command_shell.to_str() else { return };
+        let argv = [shell.to_string(), "-c".to_string(), String::new()];
+        let none = BTreeMap::new();
+        if !self.warm(&argv, &none) || !warm_shell::fits(&argv, &self.env_for(id, meta, &none)) {
+            return;
+        }
+        // Where `launch` starts a command with no `cwd`: the namespace tier's init knows its home.
+        let home = self.home(id);
+        let (keyed, cwd) = match meta.isolation {
+            Isolation::Namespaces => (false, None),
+            Isolation::Landlock => (true, home.to_str()),
+            Isolation::None => return,
+        };
+        if keyed && cwd.is_none() {
+            return;
+        }
+        let to = spawner::Endpoint::in_dir(&self.dir(id), keyed);
+        if let Err(err) = spawner::prepare(&to, shell, cwd, self.next_env(id, meta)) {
+            log::debug!("sandbox {id}: no shell waits for the first command: {err}");
+        }
+    }
+
     /// The environment of the shell to keep waiting for the next command into sandbox `id`:
     /// the sandbox's, with a new task tag, which the next command takes ([`Self::waiting_tag`]).
     fn next_env(&self, id: &str, meta: &Meta) -> Vec<(String, String)> {

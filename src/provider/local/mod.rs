@@ -689,11 +689,18 @@ since {why}; leave network out, or run the server as root or where user namespac
                         self.dir(&id).display()
                     )))
                 })?;
+                self.prepare_first_shell(&id, &meta);
                 self.start_keeper_with(&id, listener).map_err(fail)?;
             }
             // The init joins the sandbox's cgroups itself, before its cgroup namespace exists.
             Isolation::Namespaces => {
-                self.start_isolated(&id).map_err(fail)?;
+                // Bound here too, so that the request for the first command's shell waits in its
+                // backlog and is the first the init takes.
+                let listener = isolation::spawner::bind(&self.dir(&id));
+                if listener.is_some() {
+                    self.prepare_first_shell(&id, &meta);
+                }
+                self.start_isolated(&id, listener).map_err(fail)?;
             }
         }
         Ok(meta.info())

@@ -30,20 +30,51 @@ const OVERFLOW_ID: u32 = 65_534;
 /// One sandbox's file tree as the emulator reaches it from the host.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tree {
-    /// The host path of the sandbox's `/`: `/` without isolation, `/proc/<init>/root` with it.
+    /// The host path of the sandbox's `/`: `/` without isolation; with it, `/proc/<init>/root`,
+    /// or that directory held open by the emulator ([`Tree::held`]).
     root: PathBuf,
     /// The sandbox's home, as a sandbox path.
     home: PathBuf,
     /// The host uid and gid of the sandbox's root, for isolated sandboxes (see [`Tree::act`]).
     owner: Option<(u32, u32)>,
+    /// `/proc/<init>` of an isolated sandbox (its id maps).
+    proc_dir: PathBuf,
+    /// The sandbox's `/`, opened by the emulator itself (see [`Tree::held`]).
+    held: Option<Held>,
 }
+
+/// A directory the emulator holds open, compared by identity.
+#[derive(Debug, Clone)]
+struct Held(std::sync::Arc<fs::File>);
+
+impl PartialEq for Held {
+    fn eq(&self, other: &Held) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Held {}
 
 impl Tree {
     /// A tree whose `/` is the host path `root` (`/` for an unisolated sandbox), whose home is
     /// the sandbox path `home`, and whose root is host uid and gid `owner` (isolated sandboxes;
     /// file operations take that identity, see [`Tree::act`]).
     pub fn new(root: PathBuf, home: PathBuf, owner: Option<(u32, u32)>) -> Tree {
-        Tree { root, home, owner }
+        let proc_dir = root.parent().unwrap_or(Path::new("/")).to_path_buf();
+        Tree { root, home, owner, proc_dir, held: None }
+    }
+
+    /// [`Tree::new`], with the isolated sandbox's `/` (`/proc/<init>/root`) opened now, with the
+    /// emulator's own rights, and reached through `/proc/self/fd` from then on. Following
+    /// `/proc/<init>/root` takes the right to trace the sandbox's init, which the sandbox root's
+    /// identity ([`Tree::act`]) does not have: the init is not dumpable, and it is the host's
+    /// user namespace that guards it.
+    pub fn held(root: PathBuf, home: PathBuf, owner: (u32, u32)) -> io::Result<Tree> {
+        use std::os::fd::AsRawFd;
+        let dir = fs::File::open(&root)?;
+        let proc_dir = root.parent().unwrap_or(Path::new("/")).to_path_buf();
+        let via = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
+        Ok(Tree { root: via, home, owner: Some(owner), proc_dir, held: Some(Held(std::sync::Arc::new(dir))) })
     }
 
     /// Whether the sandbox's `/` is not the host's (its paths must be resolved in [`Tree::reach`]).
@@ -149,8 +180,7 @@ impl Tree {
         if !self.isolated() {
             return (user_name(uid), group_name(gid));
         }
-        let proc_dir = self.root.parent().unwrap_or(Path::new("/"));
-        let inside = |map: &str, id: u32| map_id(&fs::read_to_string(proc_dir.join(map)).unwrap_or_default(), id);
+        let inside = |map: &str, id: u32| map_id(&fs::read_to_string(self.proc_dir.join(map)).unwrap_or_default(), id);
         let file = |name: &str| self.reach(Path::new(name), true).unwrap_or_else(|_| PathBuf::from("/nonexistent"));
         (name_from(&file("/etc/passwd"), inside("uid_map", uid)), name_from(&file("/etc/group"), inside("gid_map", gid)))
     }

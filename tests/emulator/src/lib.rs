@@ -145,7 +145,8 @@ impl State {
             return Ok(Tree::new(root, home, None));
         }
         let owner = self.provider.load(local_id)?.owner.unwrap_or_else(isolation::sandbox_owner);
-        Ok(Tree::new(root, home, Some(owner)))
+        Tree::held(root, home, owner)
+            .map_err(|e| ProviderError::Unavailable(format!("cannot open the root of sandbox {local_id}: {e}; it may have ended")))
     }
 }
 

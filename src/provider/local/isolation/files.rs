@@ -70,7 +70,7 @@ impl SandboxFs {
         let inside = self.inside(path)?;
         let _as = act_as(self.owner)?;
         let flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK;
-        let fd = self.open_at(&inside, flags, Mode::empty()).map_err(|e| errno_error(path, e))?;
+        let fd = self.open_at(&inside, flags, Mode::empty()).map_err(|e| self.refused(&inside, path, e))?;
         let st = fstat(&fd).map_err(|e| errno_error(path, e))?;
         match FileType::from_raw_mode(st.st_mode) {
             FileType::RegularFile => {}
@@ -176,6 +176,19 @@ impl SandboxFs {
             return Err(ProviderError::Rejected("path must be a non-empty string without NUL bytes".into()));
         }
         Ok(if path.starts_with('/') { path.to_string() } else { format!("{}/{path}", self.base) })
+    }
+
+    /// The error of an open of `inside` (tool path `path`) that failed with `errno`: a file of
+    /// /proc or /sys the kernel refused (the init's own, say) is named as such.
+    fn refused(&self, inside: &str, path: &str, errno: Errno) -> ProviderError {
+        if errno == Errno::ACCESS || errno == Errno::PERM {
+            if let Ok(fd) = self.open_at(inside, OFlags::PATH | OFlags::CLOEXEC, Mode::empty()) {
+                if let Err(err) = refuse_kernel_fs(&fd, path) {
+                    return err;
+                }
+            }
+        }
+        errno_error(path, errno)
     }
 
     fn open_at(&self, inside: &str, flags: OFlags, mode: Mode) -> rustix::io::Result<OwnedFd> {

@@ -3,30 +3,29 @@
 //! An unprivileged keeper runs `unshare` (namespaces, `--fork`) with this binary's `sandbox-init`
 //! subcommand; the forked child is pid 1 of the new pid namespace. Its stdin is this binary,
 //! opened by the keeper (`O_PATH`) and executed as `/proc/self/fd/0`, so the init starts even
-//! when the binary lies in a directory the sandbox's uid cannot traverse (a clone under `/root`);
-//! its stdout is one end of a socket pair with the keeper, which carries the spawner's listening
-//! socket in (`SCM_RIGHTS`) and the answer line out; its stderr is a pipe, read only when the
-//! start fails (what the stage, `unshare` or the init said). When the server runs as root, the
-//! sandbox's uid cannot reach the home inside the private state root: a first, privileged step,
-//! `sandbox-stage`, takes `unshare`'s place. In a mount namespace of its own it joins the cgroups,
-//! binds the home onto [`HANDOFF`], drops to the sandbox's uid, and only then makes the sandbox's
-//! namespaces and forks the init (two `unshare` execs fewer on the way). The init starts a session of its
-//! own (no controlling terminal: see the keeper), assembles the root filesystem, brings up the
-//! loopback interface of a private network namespace, answers one line — `ready <host pid>
-//! <start time>` or `error <what failed>` — and from then on serves the sandbox's spawner (commands
-//! started on request, see [`spawner`](super::spawner)) and reaps orphans, forever: the sandbox
-//! ends when something sends this init SIGKILL (no other signal reaches a pid-namespace init from
-//! outside), and the kernel then ends every process inside.
+//! when the binary lies in a directory the sandbox's uid cannot traverse (a clone under `/root`).
+//! When the server runs as root, the sandbox's uid cannot reach the home inside the private state
+//! root: the keeper forks a privileged first step, the stage ([`super::stage`]), which hands the
+//! home over and makes the namespaces itself, then forks the init without executing anything.
+//! Either way the init's stdout is one end of a socket pair with the keeper, which carries the
+//! spawner's listening socket in (`SCM_RIGHTS`) and the answer line out, and its stderr a pipe,
+//! read only when the start fails (what the stage, `unshare` or the init said). The init starts a
+//! session of its own (no controlling terminal: see the keeper), assembles the root filesystem,
+//! brings up the loopback interface of a private network namespace, answers one line — `ready
+//! <host pid> <start time>` or `error <what failed>` — and from then on serves the sandbox's
+//! spawner (commands started on request, see [`spawner`](super::spawner)) and reaps orphans,
+//! forever: the sandbox ends when something sends this init SIGKILL (no other signal reaches a
+//! pid-namespace init from outside), and the kernel then ends every process inside.
 
 use super::rootfs::{self, Plan};
-use super::{fd_passing, seccomp, spawner, IsolationError, Tools};
+use super::{fd_passing, seccomp, spawner, stage, IsolationError, Tools};
 use crate::provider::process;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Each namespace of an isolated sandbox, as `unshare(2)` makes it (the stage) and as util-linux
@@ -60,12 +59,6 @@ pub const UNSHARE_OPTIONS: &[&str] = &["--map-root-user", "--fork", "--propagati
 /// The subcommand of this binary that runs as the sandbox's init.
 pub const SUBCOMMAND: &str = "sandbox-init";
 
-/// The subcommand that hands the home over when the server runs as root (see the module doc).
-pub const STAGE_SUBCOMMAND: &str = "sandbox-stage";
-
-/// Where `sandbox-stage` binds the home, in its private mount namespace.
-pub const HANDOFF: &str = "/mnt";
-
 /// How long the keeper waits for the init's answer.
 pub const START_BUDGET: Duration = Duration::from_secs(10);
 
@@ -76,7 +69,7 @@ pub struct Started {
     /// Its start time (clock ticks since boot), which identifies it against pid reuse.
     pub start: u64,
     /// The process that forked it, the stage or `unshare` (it waits for the init and reaps it).
-    pub holder: Child,
+    pub holder: Holder,
     /// The listening socket of the sandbox's egress proxy, bound on its loopback interface (none
     /// for a sandbox on the host's network).
     pub egress: Option<std::net::TcpListener>,
@@ -118,79 +111,134 @@ pub fn start(tools: &Tools, exe: &Path, site: &Site<'_>, spawner: Option<UnixLis
     start_init(tools, exe, site, spawner).map_err(IsolationError)
 }
 
-/// [`start`], its error as a sentence.
-fn start_init(tools: &Tools, exe: &Path, site: &Site<'_>, spawner: Option<UnixListener>) -> Result<Started, String> {
-    let Site { home, host_network, shell, cgroups, scratch, .. } = *site;
+/// The keeper's child that forked the init, the stage or `unshare`: it exits with the init.
+pub struct Holder {
+    pid: rustix::process::Pid,
+    /// Whether it was waited for (its pid may name another process since).
+    reaped: bool,
+}
+
+impl Holder {
+    /// Its pid.
+    pub fn id(&self) -> u32 {
+        self.pid.as_raw_nonzero().get().unsigned_abs()
+    }
+
+    /// Sends it SIGKILL, unless it was reaped.
+    pub fn kill(&self) {
+        if !self.reaped {
+            let _ = rustix::process::kill_process(self.pid, rustix::process::Signal::KILL);
+        }
+    }
+
+    /// Waits for it to exit.
+    pub fn wait(&mut self) -> io::Result<std::process::ExitStatus> {
+        loop {
+            match self.wait_with(rustix::process::WaitOptions::empty()) {
+                Ok(Some(status)) => return Ok(status),
+                Ok(None) | Err(_) if self.reaped => return Err(io::Error::other("it was reaped already")),
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Ok(None) => {}
+                Err(err) => return Err(err),
+            }
+        }
+    }
+
+    /// Its exit status, if it has exited.
+    pub fn try_wait(&mut self) -> io::Result<Option<std::process::ExitStatus>> {
+        if self.reaped {
+            return Err(io::Error::other("it was reaped already"));
+        }
+        self.wait_with(rustix::process::WaitOptions::NOHANG)
+    }
+
+    fn wait_with(&mut self, options: rustix::process::WaitOptions) -> io::Result<Option<std::process::ExitStatus>> {
+        let waited = rustix::process::waitpid(Some(self.pid), options)?;
+        Ok(waited.map(|(_, status)| {
+            self.reaped = true;
+            std::os::unix::process::ExitStatusExt::from_raw(status.as_raw())
+        }))
+    }
+}
+
+/// Starts `cmd` (the stage or `unshare`, which execute the init as `/proc/self/fd/0`) with this
+/// program `exe` as its stdin, `answer` as its stdout and a pipe as its stderr; `what` names it
+/// in an error.
+fn exec_holder(mut cmd: Command, exe: &Path, answer: UnixStream, what: &str) -> Result<(Holder, Option<File>), String> {
     // Opened here, with the keeper's rights, and inherited as stdin through every exec up to the
     // init's own (a duplicate without close-on-exec; the original closes at the first exec): the
     // sandbox's uid needs no path to this binary.
     let exe_fd = rustix::fs::open(exe, rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
         .map_err(|e| format!("could not open this program ({}) to start the sandbox's init: {e}", exe.display()))?;
-    let as_root = rustix::process::getuid().is_root();
-    let mut cmd = if as_root {
-        // The stage joins the cgroups, hands the home over, drops to the sandbox's uid and makes
-        // the namespaces itself: each program less on the way is an exec less (about 0.9 ms for
-        // each `unshare`, 2 for setpriv, 1 for a shell on the machine measured).
-        let mut c = Command::new(EXE_FROM_STDIN);
-        c.arg(STAGE_SUBCOMMAND).arg(format!("--owner={}:{}", site.owner.0, site.owner.1));
-        for file in cgroups {
-            c.arg("--cgroup").arg(file);
-        }
-        if !host_network {
-            c.arg(STAGE_NET_FLAG);
-        }
-        c.arg(home).arg("--");
-        c
-    } else {
-        let mut c = super::sandbox_command(tools, &tools.unshare, site.owner);
-        c.args(UNSHARE_OPTIONS).args(sandbox_namespaces(!host_network, has_cgroup_namespace()).map(|(_, option)| option));
-        c.arg("--");
-        c
-    };
-    cmd.args([EXE_FROM_STDIN, SUBCOMMAND]);
-    if as_root {
-        cmd.arg("--home").arg(HANDOFF);
-    }
-    if !super::visible_inside(shell) {
-        cmd.arg("--bind-file").arg(shell);
-    }
-    if !host_network {
-        cmd.arg("--loopback").arg(EGRESS_FLAG);
-    }
-    if spawner.is_some() {
-        cmd.arg(SPAWNER_FLAG);
-    }
-    if scratch {
-        cmd.arg(SCRATCH_FLAG);
-    }
-    if !cgroups.is_empty() && !as_root {
-        // The first process joins the cgroup leaves before anything makes a namespace: the
-        // init's cgroup namespace is rooted there (as root, the stage is that process).
-        let mut joined = super::enter::joined(cgroups, Path::new(cmd.get_program()));
-        joined.args(cmd.get_args());
-        cmd = joined;
-    }
-    let (ours, theirs) = UnixStream::pair().map_err(|e| format!("could not make the init's answer socket: {e}"))?;
-    let mut holder = cmd
-        .env_clear()
+    let mut child = cmd
         .env("LC_ALL", "C")
-        // Not root: the home's host path reaches the init in its environment, which sandbox code
-        // cannot read (the init is not dumpable), rather than in its argv (`/proc/1/cmdline`).
-        .envs((!as_root).then_some((HOME_VAR, home)))
         .stdin(Stdio::from(exe_fd))
-        .stdout(Stdio::from(OwnedFd::from(theirs)))
+        .stdout(Stdio::from(OwnedFd::from(answer)))
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| {
-            format!(
-                "could not run {}: {e}",
-                if as_root { "this program's sandbox stage".into() } else { tools.unshare.display().to_string() }
-            )
-        })?;
+        .map_err(|e| format!("could not run {what}: {e}"))?;
+    let stderr = child.stderr.take().map(|e| File::from(OwnedFd::from(e)));
+    let pid = rustix::process::Pid::from_child(&child);
     // The command holds our copy of the init's end: without dropping it, an init that exits
-    // early would look like one that never answers.
+    // early would look like one that never answers. (The child is reaped through its pid.)
     drop(cmd);
-    let stderr = holder.stderr.take();
+    Ok((Holder { pid, reaped: false }, stderr))
+}
+
+/// [`start`], its error as a sentence.
+fn start_init(tools: &Tools, exe: &Path, site: &Site<'_>, spawner: Option<UnixListener>) -> Result<Started, String> {
+    start_init_as(rustix::process::getuid().is_root(), tools, exe, site, spawner)
+}
+
+/// [`start_init`] through the stage when `as_root`, else through `unshare`.
+fn start_init_as(as_root: bool, tools: &Tools, exe: &Path, site: &Site<'_>, spawner: Option<UnixListener>) -> Result<Started, String> {
+    let Site { home, host_network, shell, cgroups, scratch, .. } = *site;
+    let text = |path: &Path| path.to_str().map(str::to_string).ok_or_else(|| format!("the path {} is not UTF-8", path.display()));
+    // The init's arguments (after `sandbox-init`).
+    let mut init_args = Vec::new();
+    if as_root {
+        init_args.extend(["--home".to_string(), stage::HANDOFF.to_string()]);
+    }
+    if !super::visible_inside(shell) {
+        init_args.extend(["--bind-file".to_string(), text(shell)?]);
+    }
+    if !host_network {
+        init_args.extend(["--loopback".to_string(), EGRESS_FLAG.to_string()]);
+    }
+    if spawner.is_some() {
+        init_args.push(SPAWNER_FLAG.to_string());
+    }
+    if scratch {
+        init_args.push(SCRATCH_FLAG.to_string());
+    }
+    let (ours, theirs) = UnixStream::pair().map_err(|e| format!("could not make the init's answer socket: {e}"))?;
+    let (mut holder, stderr) = if as_root {
+        // The stage joins the cgroups, hands the home over, drops to the sandbox's uid, makes the
+        // namespaces and forks the init itself: each program less on the way is an exec less.
+        let cgroups = cgroups.iter().map(|file| text(file)).collect::<Result<Vec<_>, _>>()?;
+        let stage = stage::Stage { owner: site.owner, cgroups, net: !host_network, home: text(home)?, init: init_args };
+        // (Nothing in the keeper starts a thread before the init: this holds unless that changes.)
+        if !stage::may_fork() {
+            return Err("internal error: the keeper runs more than one thread where it forks the stage; report this".into());
+        }
+        let (pid, stderr) = stage::fork_stage(stage, theirs).map_err(|e| format!("could not fork the sandbox's stage: {e}"))?;
+        (Holder { pid, reaped: false }, Some(stderr))
+    } else {
+        let mut cmd = super::sandbox_command(tools, &tools.unshare, site.owner);
+        cmd.args(UNSHARE_OPTIONS).args(sandbox_namespaces(!host_network, has_cgroup_namespace()).map(|(_, option)| option));
+        cmd.args(["--", EXE_FROM_STDIN, SUBCOMMAND]).args(&init_args);
+        if !cgroups.is_empty() {
+            // The first process joins the cgroup leaves before anything makes a namespace: the
+            // init's cgroup namespace is rooted there (as root, the stage is that process).
+            let mut joined = super::enter::joined(cgroups, Path::new(cmd.get_program()));
+            joined.args(cmd.get_args());
+            cmd = joined;
+        }
+        // The home's host path reaches the init in its environment, which sandbox code cannot
+        // read (the init is not dumpable), rather than in its argv (`/proc/1/cmdline`).
+        cmd.env_clear().env(HOME_VAR, home);
+        exec_holder(cmd, exe, theirs, &tools.unshare.display().to_string())?
+    };
     let sent = match &spawner {
         Some(listener) => send_fd(&ours, listener).map_err(|e| format!("could not pass the spawner's socket to the init: {e}")),
         None => Ok(()),
@@ -221,7 +269,7 @@ fn start_init(tools: &Tools, exe: &Path, site: &Site<'_>, spawner: Option<UnixLi
     if let Some(pid) = child_of(holder.id()) {
         let _ = process::signal_pids(Path::new("/bin/sh"), "KILL", &[pid]);
     }
-    let _ = holder.kill();
+    holder.kill();
     let status = holder.wait().ok();
     // Every writer of the pipe is gone now: what it holds is what they said, read within a bound.
     let said = stderr.map(|e| read_within(e, STDERR_KEPT, Duration::from_secs(1))).unwrap_or_default();
@@ -346,113 +394,6 @@ pub(super) fn receive_fd(conn: impl std::os::fd::AsFd) -> io::Result<OwnedFd> {
 fn child_of(pid: u32) -> Option<u32> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
     text.split_whitespace().next()?.parse().ok()
-}
-
-/// The stage's flag for a network namespace of the sandbox's own.
-const STAGE_NET_FLAG: &str = "--net";
-
-/// The body of `sandbox-mcp sandbox-stage --owner=UID:GID [--cgroup FILE]... [--net] HOME --
-/// PROGRAM ARGS...` (root only), what `unshare` did around it before: in a private mount
-/// namespace of its own, joins the sandbox's cgroups (writing each `cgroup.procs` FILE), binds
-/// HOME onto [`HANDOFF`], drops to UID and GID without supplementary groups or capabilities, then
-/// makes the sandbox's namespaces (user, mapping root to UID and GID alone; mount, private; pid;
-/// ipc; uts; network with `--net`; cgroup where the kernel has it) and starts PROGRAM as pid 1 of
-/// the new pid namespace. It waits for PROGRAM and exits as it did (128 + N for signal N).
-pub fn run_stage(args: &[String]) -> anyhow::Result<()> {
-    const USAGE: &str = "usage: sandbox-stage --owner=UID:GID [--cgroup FILE]... [--net] HOME -- PROGRAM ARGS...";
-    let fail = |msg: String| {
-        println!("error {msg}");
-        anyhow::anyhow!(msg)
-    };
-    let mut owner = None;
-    let mut cgroups = Vec::new();
-    let mut net = false;
-    let mut rest = args;
-    loop {
-        match rest {
-            [flag, more @ ..] if flag == STAGE_NET_FLAG => {
-                net = true;
-                rest = more;
-            }
-            [flag, file, more @ ..] if flag == "--cgroup" => {
-                cgroups.push(file);
-                rest = more;
-            }
-            [flag, more @ ..] if flag.starts_with("--owner=") => {
-                let ids =
-                    flag["--owner=".len()..].split_once(':').and_then(|(u, g)| Some((u.parse::<u32>().ok()?, g.parse::<u32>().ok()?)));
-                owner = Some(ids.ok_or_else(|| anyhow::anyhow!(USAGE))?);
-                rest = more;
-            }
-            _ => break,
-        }
-    }
-    let ([home, dash, program, rest @ ..], Some((uid, gid))) = (rest, owner) else {
-        anyhow::bail!(USAGE);
-    };
-    anyhow::ensure!(dash == "--", USAGE);
-    use rustix::mount::MountPropagationFlags as Propagation;
-    use rustix::thread::UnshareFlags as Ns;
-    // As `unshare` did: the init must be able to wait for its children whatever the server was
-    // started with.
-    default_child_signal();
-    // A mount namespace of its own for the handover, seen by nothing outside.
-    unshare(Ns::NEWNS).map_err(|e| fail(format!("cannot make a mount namespace: {e}")))?;
-    rustix::mount::mount_change("/", Propagation::PRIVATE | Propagation::REC)
-        .map_err(|e| fail(format!("cannot make the mounts private: {e}")))?;
-    // The first process of the sandbox: its cgroups before any namespace but this mount one.
-    for file in cgroups {
-        std::fs::write(file, "0\n").map_err(|e| fail(format!("cannot join the sandbox's cgroup {file}: {e}")))?;
-    }
-    rustix::mount::mount_bind(home.as_str(), HANDOFF).map_err(|e| fail(format!("cannot hand over the sandbox home {home}: {e}")))?;
-    // One thread: these per-thread calls are the whole process's. From root to another uid the
-    // kernel clears the permitted and effective capabilities; the inheritable ones go too.
-    let (u, g) = (rustix::process::Uid::from_raw(uid), rustix::process::Gid::from_raw(gid));
-    rustix::thread::set_thread_groups(&[]).map_err(|e| fail(format!("cannot drop the supplementary groups: {e}")))?;
-    rustix::thread::set_thread_res_gid(g, g, g).map_err(|e| fail(format!("cannot take gid {gid}: {e}")))?;
-    rustix::thread::set_thread_res_uid(u, u, u).map_err(|e| fail(format!("cannot take uid {uid}: {e}")))?;
-    let none = rustix::thread::CapabilitySet::empty();
-    rustix::thread::set_capabilities(None, rustix::thread::CapabilitySets { effective: none, permitted: none, inheritable: none })
-        .map_err(|e| fail(format!("cannot drop the capabilities: {e}")))?;
-    let namespaces = sandbox_namespaces(net, has_cgroup_namespace()).fold(Ns::empty(), |all, (ns, _)| all | ns);
-    unshare(namespaces).map_err(|e| fail(format!("cannot make the sandbox's namespaces: {e}")))?;
-    // Root inside is UID and GID outside, and nothing else is mapped (setgroups is denied first:
-    // the kernel requires it of an unprivileged gid map). The uid change made this process
-    // non-dumpable, which gives its /proc files to root: dumpable while it writes its own maps,
-    // then not again (the init makes itself non-dumpable too).
-    use rustix::process::{set_dumpable_behavior, DumpableBehavior};
-    set_dumpable_behavior(DumpableBehavior::Dumpable).map_err(|e| fail(format!("cannot become dumpable to write the id maps: {e}")))?;
-    for (file, text) in [("setgroups", "deny".to_string()), ("gid_map", format!("0 {gid} 1")), ("uid_map", format!("0 {uid} 1"))] {
-        std::fs::write(format!("/proc/self/{file}"), text).map_err(|e| fail(format!("cannot write /proc/self/{file}: {e}")))?;
-    }
-    set_dumpable_behavior(DumpableBehavior::NotDumpable).map_err(|e| fail(format!("cannot become non-dumpable again: {e}")))?;
-    rustix::mount::mount_change("/", Propagation::PRIVATE | Propagation::REC)
-        .map_err(|e| fail(format!("cannot make the sandbox's mounts private: {e}")))?;
-    // The next child is pid 1 of the new pid namespace.
-    let mut child = Command::new(program).args(rest).spawn().map_err(|e| fail(format!("cannot run {program}: {e}")))?;
-    let status = child.wait().map_err(|e| anyhow::anyhow!("waiting for {program}: {e}"))?;
-    std::process::exit(status.code().unwrap_or_else(|| 128 + std::os::unix::process::ExitStatusExt::signal(&status).unwrap_or(9)))
-}
-
-/// `unshare(2)` of the calling process.
-#[allow(unsafe_code)]
-fn unshare(namespaces: rustix::thread::UnshareFlags) -> io::Result<()> {
-    debug_assert!(!namespaces.contains(rustix::thread::UnshareFlags::FILES));
-    // SAFETY: the call is unsafe only for `UnshareFlags::FILES` (threads would stop sharing their
-    // descriptor table), which is never passed; the stage runs on one thread.
-    unsafe { rustix::thread::unshare_unsafe(namespaces) }.map_err(io::Error::from)
-}
-
-/// SIGCHLD back to its default, as util-linux `unshare` sets it: an ignored SIGCHLD, inherited
-/// from whatever started the server, would make every wait of the stage and of the init fail.
-/// (Blocking signals here, as `unshare --fork` does in its waiting parent, would not do: the
-/// mask passes to the init and on to every command, which then could not be stopped by SIGTERM.)
-#[allow(unsafe_code)]
-fn default_child_signal() {
-    // SAFETY: one call in a process of one thread; SIG_DFL installs no handler.
-    unsafe {
-        libc::signal(libc::SIGCHLD, libc::SIG_DFL);
-    }
 }
 
 /// The variable that gives the init its home's host path when it is not given as `--home`.
@@ -647,9 +588,11 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     /// A start that fails says what failed: what `unshare` wrote and how it exited, not a
-    /// time-out that never happened.
+    /// time-out that never happened. (The stage is forked by the keeper, a process of one
+    /// thread, which a test harness is not: its answers go the same way, `error ...` on the
+    /// answer socket, what it wrote on the pipe.)
     #[test]
-    fn a_failed_start_reports_what_the_stage_or_unshare_said() {
+    fn a_failed_start_reports_what_unshare_said() {
         let dir = std::env::temp_dir().join(format!("smcp-init-{}", crate::ids::random_hex(4)));
         std::fs::create_dir_all(&dir).unwrap();
         let fake = dir.join("unshare");
@@ -665,8 +608,7 @@ mod tests {
             owner: super::super::sandbox_owner(),
             scratch: false,
         };
-        // As root the stage (this program) makes the namespaces, else `unshare`: both are the fake.
-        let err = start(&tools, &fake, &site, None).err().unwrap().0;
+        let err = start_init_as(false, &tools, &fake, &site, None).err().unwrap();
         assert!(err.contains("exited before it was ready") && err.contains("No space left on device"), "{err}");
         assert!(begun.elapsed() < START_BUDGET / 2, "it waited {:?}", begun.elapsed());
         std::fs::remove_dir_all(&dir).unwrap();

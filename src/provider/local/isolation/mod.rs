@@ -29,6 +29,7 @@ pub mod passage;
 pub mod rootfs;
 pub mod seccomp;
 pub mod spawner;
+pub mod stage;
 pub mod uids;
 pub mod warm_shell;
 

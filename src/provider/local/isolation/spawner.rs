@@ -24,6 +24,12 @@
 //!    `signal <number> <members>`, `<members>` being 1 when processes of the command's group
 //!    remain (they may hold its pipes), else 0.
 //!
+//! A request `{"prepare": true, "argv": [bash, "-c", ""], "next_env": [...], "cwd": ...}`,
+//! without descriptors, sent once as the sandbox is created (it may wait in the socket's backlog
+//! until the spawner serves), asks for nothing but the shell the first command will run in
+//! ([`super::warm_shell`]); the spawner answers nothing, and ignores it once a command has named
+//! the shell for its successor.
+//!
 //! A request `{"dial": <port>}`, without descriptors, asks instead for a TCP connection to the
 //! port on the sandbox's own loopback interface (127.0.0.1, else ::1, within [`DIAL_BUDGET`]):
 //! the init answers `dialed` with the connected socket attached, or `error <what failed>`. This
@@ -83,7 +89,7 @@ const MAX_LINE: usize = 256;
 pub const DIAL_BUDGET: Duration = Duration::from_secs(2);
 
 /// What the server asks the init to start (or, with `dial`, to connect to).
-#[derive(serde::Serialize, serde::Deserialize)]
+#[derive(Default, serde::Serialize, serde::Deserialize)]
 struct Request {
     /// The sandbox's spawner key ([`KEY_FILE`] beside the socket), where it has one. First, so
     /// that it opens the serialized request (see [`key_opening`]).
@@ -103,6 +109,11 @@ struct Request {
     /// value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     next_env: Option<Vec<(String, String)>>,
+    /// With this (and `next_env`, and no descriptors): start nothing, only keep the shell of
+    /// `argv` waiting with `next_env` for the sandbox's first command. Sent once, at create; a
+    /// spawner where a command has named the shell for its successor already ignores it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    prepare: bool,
 }
 
 impl Request {
@@ -203,7 +214,7 @@ pub fn connect_within(path: &Path, budget: Duration) -> io::Result<UnixStream> {
 /// interface. The error says what failed (nothing listens, the sandbox is gone...).
 pub fn dial(to: &Endpoint, port: u16) -> io::Result<std::net::TcpStream> {
     let conn = connect(to, ANSWER_BUDGET)?;
-    let request = Request { argv: Vec::new(), env: Vec::new(), cwd: None, dial: Some(port), key: to.key.clone(), next_env: None };
+    let request = Request { dial: Some(port), key: to.key.clone(), ..Request::default() };
     (&conn).write_all(&request.framed()?)?;
     conn.set_read_timeout(Some(DIAL_BUDGET + ANSWER_BUDGET))?;
     let mut line = [0u8; MAX_LINE];
@@ -224,6 +235,28 @@ pub fn dial(to: &Endpoint, port: u16) -> io::Result<std::net::TcpStream> {
         ("", _, _) => Err(io::Error::new(io::ErrorKind::NotFound, "the sandbox's init is gone")),
         _ => Err(io::Error::other("the sandbox's init gave an answer that is not one")),
     }
+}
+
+/// How long the server gives a spawner to take a request to prepare a shell (a fresh spawner,
+/// which no sandbox code has run beside yet, takes it at once).
+const PREPARE_BUDGET: Duration = Duration::from_secs(1);
+
+/// Asks the spawner at `to` to keep `program` (a bash) waiting, in `cwd` and with `next_env`
+/// (the sandbox's environment and the task tag the server gives its first command), for the
+/// sandbox's first command, so that it starts as the ones after it do. Sent once, right after
+/// the create; nothing is read back (the spawner answers nothing), so this costs the create a
+/// connect and a write.
+pub fn prepare(to: &Endpoint, program: &str, cwd: Option<&str>, next_env: Vec<(String, String)>) -> io::Result<()> {
+    let conn = connect(to, PREPARE_BUDGET)?;
+    let request = Request {
+        key: to.key.clone(),
+        argv: vec![program.to_string(), "-c".to_string(), String::new()],
+        cwd: cwd.map(str::to_string),
+        next_env: Some(next_env),
+        prepare: true,
+        ..Request::default()
+    };
+    (&conn).write_all(&request.framed()?)
 }
 
 /// A line from an init or spawner as text fit for a log or an answer: sandbox code that took its
@@ -290,7 +323,7 @@ impl Remote {
         let conn = connect(to, ANSWER_BUDGET)?;
         let key = to.key.clone();
         let Job { argv, env, cwd, next_env } = job;
-        let message = Request { argv: argv.to_vec(), env, cwd: cwd.map(str::to_string), dial: None, key, next_env }.framed()?;
+        let message = Request { argv: argv.to_vec(), env, cwd: cwd.map(str::to_string), key, next_env, ..Request::default() }.framed()?;
         let mut fds = vec![stdout.as_fd(), stderr.as_fd()];
         fds.extend(stdin);
         fd_passing::send_with_fds(&conn, &message, &fds)?;
@@ -562,6 +595,21 @@ impl Children {
         by_pid.insert(pid, started);
     }
 
+    /// Keeps a shell waiting for the sandbox's first command with `next`, unless a command has
+    /// named the shell for its successor already (whose tag is newer).
+    fn prepare_first(&self, next: &Next) {
+        {
+            let _by_pid = self.by_pid.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut newest = self.newest_next.lock().unwrap_or_else(PoisonError::into_inner);
+            if newest.is_some() {
+                return;
+            }
+            *newest = Some(next.env.clone());
+        }
+        // (A command that names a newer shell meanwhile makes this one ask for nothing.)
+        self.prepare(next);
+    }
+
     /// Keeps a shell waiting for the next command of `next`, unless one does already or a newer
     /// command has named another (whose tag the server gives next); drops one made for another
     /// (it exits having run nothing). A shell that cannot start (a full process limit) is not
@@ -722,6 +770,12 @@ fn answer(conn: UnixStream, ticket: u64, children: &Children) {
     }
     if let Ok((Request { dial: Some(port), .. }, _)) = &received {
         answer_dial(&conn, *port);
+        return;
+    }
+    if let Ok((request @ Request { prepare: true, next_env: Some(env), .. }, None)) = &received {
+        if let Some(program) = request.argv.first().filter(|_| warm_shell::fits(&request.argv, env)) {
+            children.prepare_first(&Next { program: program.clone(), env: env.clone(), cwd: request.cwd.clone() });
+        }
         return;
     }
     let started = received.and_then(|(request, fds)| match fds {
@@ -1095,7 +1149,7 @@ mod tests {
         let key = crate::ids::random_hex(16);
         // The server's own request: the key first, as it serializes.
         let (theirs, ours) = UnixStream::pair().unwrap();
-        let request = Request { key: Some(key.clone()), argv: Vec::new(), env: Vec::new(), cwd: None, dial: Some(8000), next_env: None };
+        let request = Request { key: Some(key.clone()), dial: Some(8000), ..Request::default() };
         (&theirs).write_all(&request.framed().unwrap()).unwrap();
         let mut proven = false;
         let Ok((got, fds)) = receive(&ours, Instant::now() + Duration::from_secs(5), Some(&key), || {
@@ -1166,7 +1220,7 @@ mod tests {
     #[test]
     fn a_request_pushed_out_after_it_was_sent_is_not_served() {
         let key = crate::ids::random_hex(16);
-        let request = Request { key: Some(key.clone()), argv: Vec::new(), env: Vec::new(), cwd: None, dial: Some(8000), next_env: None };
+        let request = Request { key: Some(key.clone()), dial: Some(8000), ..Request::default() };
         for keyed in [true, false] {
             let waiting = Waiting::default();
             let (theirs, ours) = UnixStream::pair().unwrap();

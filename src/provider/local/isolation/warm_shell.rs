@@ -7,7 +7,8 @@
 //! directory), the spawner starts one more bash of the same program and working directory, with
 //! the environment `next_env` names (the sandbox's, with the task tag of the next command),
 //! running [`WAITING`]: it reads its script from its stdin, a pipe the spawner holds, until end of
-//! file. The next request with that program, environment and working directory takes it: the
+//! file. The sandbox's first command finds one too: the server asks for it with the create, in a
+//! request that starts nothing else (`prepare`). The next request with that program, environment and working directory takes it: the
 //! spawner writes the script into the pipe at once (at most [`SCRIPT_MAX`] bytes, atomic),
 //! closes it, and answers with the shell's own stdout and stderr pipes in place of the server's.
 //! A request that differs makes the spawner drop the waiting shell: its pipe closes empty and it

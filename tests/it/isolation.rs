@@ -702,6 +702,51 @@ fn isolated_sandboxes_start_from_a_binary_in_a_private_directory() {
     assert_eq!(call("kill_sandbox", json!({"sandbox_id": sb}))["killed"], true);
 }
 
+/// As root the keeper forks the stage, which hands the home over and makes the namespaces: a
+/// stage that fails answers what failed, at once, on the keeper's answer, and nothing of the
+/// sandbox is left. (Here the state of a second sandbox is made by hand, without its home or its
+/// cgroups, and its keeper started as the server starts it.)
+#[test]
+fn a_failed_stage_says_what_failed() {
+    let Some(home) = isolated_home("stage-fails") else { return };
+    if !rustix_is_root() {
+        return;
+    }
+    let sb = home.create_detached(json!({}));
+    let other = format!("local-{}", sandbox_mcp::ids::random_hex(12));
+    let dir = home.sandbox_dir(&other);
+    std::fs::create_dir(&dir).unwrap();
+    let meta = std::fs::read_to_string(home.sandbox_dir(&sb).join("meta.json")).unwrap().replace(&sb, &other);
+    std::fs::write(dir.join("meta.json"), meta).unwrap();
+    let begun = Instant::now();
+    let mut keeper = std::process::Command::new(bin())
+        .args(["keeper", home.path.to_str().unwrap(), &other, "/bin/sh", "--start-init"])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = keeper.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = out.read_to_string(&mut text);
+        let _ = tx.send(text);
+    });
+    let answer = rx.recv_timeout(Duration::from_secs(15)).expect("the keeper's answer, and the end of its output");
+    keeper.wait().unwrap();
+    assert!(
+        answer.starts_with("error cannot join the sandbox's cgroup") || answer.starts_with("error cannot hand over the sandbox home"),
+        "{answer}"
+    );
+    assert!(begun.elapsed() < Duration::from_secs(5), "it took {:?}", begun.elapsed());
+    assert!(!dir.join("init.pid").exists(), "an init was recorded");
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(home.call_cli("kill_sandbox", json!({"sandbox_id": sb})).0, 0);
+}
+
 /// A sandbox whose state directory disappears (an operator cleans the state root, a test removes
 /// its temporary home) ends within seconds: its keeper ends it, instead of leaving it running out
 /// of every tool's reach. With and without isolation.

@@ -218,7 +218,7 @@ pub fn run_internal(args: &[String]) -> Option<anyhow::Result<()>> {
 /// without the shell's start, which cost every create about a millisecond.
 fn detach() -> io::Result<()> {
     // `run_internal` runs first in every program that embeds the provider, before anything
-    // starts a thread: the keeper has one thread here.
+    // starts a thread: the keeper has one thread here (`fork` checks).
     match stage::fork()? {
         Some(_) => std::process::exit(0),
         None => Ok(()),

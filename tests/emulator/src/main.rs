@@ -79,6 +79,9 @@ fn parse(args: &[String]) -> Result<Cli, String> {
 }
 
 fn main() -> ExitCode {
+    // As sandbox-mcp's own main: nothing this process inherited beyond its stdio may reach a
+    // sandbox.
+    sandbox_mcp::descriptors::close_inherited_on_exec();
     let args: Vec<String> = std::env::args().skip(1).collect();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).target(env_logger::Target::Stderr).init();
     // Started detached by the local provider (this program is its current executable).

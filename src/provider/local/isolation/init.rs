@@ -217,10 +217,7 @@ fn start_init_as(as_root: bool, tools: &Tools, exe: &Path, site: &Site<'_>, spaw
         // namespaces and forks the init itself: each program less on the way is an exec less.
         let cgroups = cgroups.iter().map(|file| text(file)).collect::<Result<Vec<_>, _>>()?;
         let stage = stage::Stage { owner: site.owner, cgroups, net: !host_network, home: text(home)?, init: init_args };
-        // (Nothing in the keeper starts a thread before the init: this holds unless that changes.)
-        if !stage::may_fork() {
-            return Err("internal error: the keeper runs more than one thread where it forks the stage; report this".into());
-        }
+        // (Nothing in the keeper starts a thread before the init; `fork` checks.)
         let (pid, stderr) = stage::fork_stage(stage, theirs).map_err(|e| format!("could not fork the sandbox's stage: {e}"))?;
         (Holder { pid, reaped: false }, Some(stderr))
     } else {
@@ -267,7 +264,7 @@ fn start_init_as(as_root: bool, tools: &Tools, exe: &Path, site: &Site<'_>, spaw
     }
     // Whatever it got to, the namespaces end with the init; the holder follows.
     if let Some(pid) = child_of(holder.id()) {
-        let _ = process::signal_pids(Path::new("/bin/sh"), "KILL", &[pid]);
+        kill_child_of(holder.id(), pid);
     }
     holder.kill();
     let status = holder.wait().ok();
@@ -390,7 +387,17 @@ pub(super) fn receive_fd(conn: impl std::os::fd::AsFd) -> io::Result<OwnedFd> {
     fds.into_iter().next().ok_or_else(|| io::Error::other("the keeper sent no spawner socket"))
 }
 
-/// The first child of process `pid` (the init forked by `unshare`), from `/proc`.
+/// Sends SIGKILL to process `pid` if it is a child of `parent`, checked once a pidfd holds it: a
+/// pid reused since it was read is never signalled (the parent, unreaped, forks one child).
+fn kill_child_of(parent: u32, pid: u32) {
+    let Some(target) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw) else { return };
+    let Ok(pidfd) = rustix::process::pidfd_open(target, rustix::process::PidfdFlags::empty()) else { return };
+    if process::proc_stat(pid).is_some_and(|st| st.ppid == parent) {
+        let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
+    }
+}
+
+/// The first child of process `pid` (the init forked by the stage or `unshare`), from `/proc`.
 fn child_of(pid: u32) -> Option<u32> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
     text.split_whitespace().next()?.parse().ok()

@@ -247,7 +247,6 @@ const PREPARE_BUDGET: Duration = Duration::from_secs(1);
 /// the create; nothing is read back (the spawner answers nothing), so this costs the create a
 /// connect and a write.
 pub fn prepare(to: &Endpoint, program: &str, cwd: Option<&str>, next_env: Vec<(String, String)>) -> io::Result<()> {
-    let conn = connect(to, PREPARE_BUDGET)?;
     let request = Request {
         key: to.key.clone(),
         argv: vec![program.to_string(), "-c".to_string(), String::new()],
@@ -256,8 +255,17 @@ pub fn prepare(to: &Endpoint, program: &str, cwd: Option<&str>, next_env: Vec<(S
         prepare: true,
         ..Request::default()
     };
-    (&conn).write_all(&request.framed()?)
+    let bytes = request.framed()?;
+    // Nobody reads the socket yet: what a fresh socket's buffer takes at once, never a wait.
+    if bytes.len() > PREPARE_MAX {
+        return Err(io::Error::other(format!("the environment is large ({} bytes); the first command starts its own shell", bytes.len())));
+    }
+    let conn = connect(to, PREPARE_BUDGET)?;
+    (&conn).write_all(&bytes)
 }
+
+/// The largest request to prepare a shell sent (far below what a unix socket's buffer holds).
+const PREPARE_MAX: usize = 64 << 10;
 
 /// A line from an init or spawner as text fit for a log or an answer: sandbox code that took its
 /// init over chooses these bytes, and models read them. Printable ASCII stays, and so do letters

@@ -17,10 +17,11 @@
 //! `CAP_SYS_PTRACE` there may trace it or open its `/proc` files that need that right (`root`,
 //! `fd`, `environ`, `mem`).
 //!
-//! `unsafe` is allowed in four calls here, each with its reason beside it: `fork` (of a process
-//! of one thread), `unshare` (rustix marks it unsafe for one flag, sharing no descriptor table,
-//! never passed), SIGCHLD back to its default (neither std nor rustix wraps it safely) and
-//! `close_range` of what the keeper held.
+//! `unsafe` is allowed in four functions here, each with its reason beside it: `fork` (of a
+//! process of one thread, checked), `unshare` (rustix marks it unsafe for one flag, sharing no
+//! descriptor table, never passed), SIGCHLD back to its default (neither std nor rustix wraps it
+//! safely) and `close_range` of what the keeper held (or `close`, one at a time, on a kernel
+//! without it).
 
 use super::init::{self, sandbox_namespaces};
 use std::io;
@@ -50,13 +51,20 @@ fn answer_error(msg: String) -> anyhow::Error {
     anyhow::anyhow!(msg)
 }
 
-/// Whether the keeper may fork the stage: only while it runs on one thread (the child of a fork
-/// may run any code only then).
-pub(super) fn may_fork() -> bool {
+/// Whether this process runs on one thread (the child of a fork may run any code only then).
+fn one_thread() -> bool {
     std::fs::read_dir("/proc/self/task").is_ok_and(|tasks| tasks.count() == 1)
 }
 
-/// Forks the stage of `stage` (see [`may_fork`]): its stdout `answer`, its stderr a new pipe,
+/// Runs `body` as the whole of a forked child's life and exits with its code: a panic is caught
+/// here (exit status 101), so that it never unwinds into the frames the child shares with its
+/// parent, whose objects hold descriptors the child has closed.
+pub(crate) fn exit_child(body: impl FnOnce() -> i32) -> ! {
+    let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).unwrap_or(101);
+    std::process::exit(code)
+}
+
+/// Forks the stage of `stage` (the keeper must run on one thread: [`fork`]): its stdout `answer`, its stderr a new pipe,
 /// whose read end is returned with the stage's pid; nothing else the keeper holds stays open in
 /// it. Its command line becomes the init's (`sandbox-init ARGS`), its environment blank, as
 /// sandbox code sees them in `/proc/1` ([`name_command_line`]).
@@ -65,7 +73,7 @@ pub(super) fn fork_stage(stage: Stage, answer: UnixStream) -> io::Result<(rustix
     let null = std::fs::File::open("/dev/null")?;
     match fork()? {
         Some(pid) => Ok((pid, std::fs::File::from(err_read))),
-        None => {
+        None => exit_child(move || {
             let set_up = rustix::stdio::dup2_stdin(&null)
                 .and_then(|()| rustix::stdio::dup2_stdout(&answer))
                 .and_then(|()| rustix::stdio::dup2_stderr(&err_write));
@@ -81,8 +89,8 @@ pub(super) fn fork_stage(stage: Stage, answer: UnixStream) -> io::Result<(rustix
             if let Err(err) = result {
                 eprintln!("sandbox-mcp stage: {err:#}");
             }
-            std::process::exit(1)
-        }
+            1
+        }),
     }
 }
 
@@ -132,14 +140,13 @@ fn stage_and_init(stage: Stage) -> anyhow::Result<()> {
     // exec.
     let Some(child) = fork().map_err(|e| fail(format!("cannot start the init: {e}")))? else {
         // The init: `run` returns only on a failed setup, which it has answered.
-        let code = match init::run(&init_args) {
+        exit_child(|| match init::run(&init_args) {
             Ok(()) => 0,
             Err(err) => {
                 eprintln!("sandbox-mcp {}: {err:#}", init::SUBCOMMAND);
                 1
             }
-        };
-        std::process::exit(code);
+        })
     };
     loop {
         match rustix::process::waitpid(Some(child), rustix::process::WaitOptions::empty()) {
@@ -157,12 +164,17 @@ fn stage_and_init(stage: Stage) -> anyhow::Result<()> {
     }
 }
 
-/// `fork(2)`: `None` in the child, the child's pid in the parent. For a process that runs on one
-/// thread only (the keeper as it starts, the stage).
+/// `fork(2)`: `None` in the child, the child's pid in the parent. Only for a process that runs on
+/// one thread (the keeper as it starts, the stage); refused otherwise. The child must end with
+/// [`exit_child`], never by returning into the frames it shares with its parent.
 #[allow(unsafe_code)]
 pub(crate) fn fork() -> io::Result<Option<rustix::process::Pid>> {
-    // SAFETY: callers run on one thread, so the child may run any code after the fork, as a
-    // process started afresh would (no lock is held by a thread that does not exist there).
+    if !one_thread() {
+        return Err(io::Error::other("this process runs more than one thread, so it cannot fork safely; report this"));
+    }
+    // SAFETY: this process runs on one thread (checked above; no thread starts meanwhile, as
+    // nothing else runs), so the child may run any code after the fork, as a process started
+    // afresh would (no lock is held by a thread that does not exist there).
     match unsafe { libc::fork() } {
         -1 => Err(io::Error::last_os_error()),
         0 => Ok(None),
@@ -176,7 +188,7 @@ pub(crate) fn fork() -> io::Result<Option<rustix::process::Pid>> {
 fn close_from_3() {
     // SAFETY: called in the forked stage before anything of its own is opened; the descriptors
     // closed belong to objects of the keeper's frames, which this process never returns to (it
-    // exits), so none is used or closed again.
+    // exits, a panic included: `exit_child`), so none is used or closed again.
     let closed = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
     if closed != 0 {
         // A kernel before 5.9: one at a time, up to the limit.

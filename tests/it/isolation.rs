@@ -702,6 +702,43 @@ fn isolated_sandboxes_start_from_a_binary_in_a_private_directory() {
     assert_eq!(call("kill_sandbox", json!({"sandbox_id": sb}))["killed"], true);
 }
 
+/// A `run_command` command starts with SIGINT and SIGQUIT at their default: Ctrl-C-like signals
+/// reach it.
+/// (Keepers used to start through a shell's `cmd &`, which left SIGINT and SIGQUIT ignored in the
+/// keeper, the init and every command.) Both isolated tiers, as root and as the unprivileged user.
+#[test]
+fn commands_start_with_no_signal_ignored() {
+    let mut all = homes("sigign");
+    if sandbox_mcp::provider::local::isolation::landlock::available().is_ok() {
+        all.push(Home::new("sigign-landlock").with_isolation("landlock"));
+        if let Some(uid) = unprivileged_uid() {
+            all.push(Home::new("sigign-landlock-user").with_isolation("landlock").run_as(uid));
+        }
+    }
+    // SIGINT is bit 1 of the mask, SIGQUIT bit 2.
+    let interrupt_ignored = |status: &Value| {
+        let line = status["stdout"].as_str().unwrap_or_default().trim().to_string();
+        let mask = line.strip_prefix("SigIgn:").map(str::trim).and_then(|hex| u64::from_str_radix(hex, 16).ok());
+        mask.map(|mask| mask & 0b110 != 0).unwrap_or_else(|| panic!("no SigIgn line: {status}"))
+    };
+    for home in all {
+        let who = format!("{} {:?}", home.isolation, home.run_as);
+        let mut m = home.stdio();
+        let sb = m.create();
+        // The first command (in the shell made ready at create) and a command that starts its own
+        // shell. (A task starts in the background of the supervisor's shell, which POSIX starts
+        // with SIGINT and SIGQUIT ignored, as before.)
+        for cwd in [None, Some(".")] {
+            let mut call = json!({"sandbox_id": sb, "command": "grep SigIgn /proc/self/status", "timeout": 60});
+            if let Some(cwd) = cwd {
+                call["cwd"] = json!(cwd);
+            }
+            let out = m.ok("run_command", call);
+            assert!(!interrupt_ignored(&out), "{who}, cwd {cwd:?}: {out}");
+        }
+    }
+}
+
 /// As root the keeper forks the stage, which hands the home over and makes the namespaces: a
 /// stage that fails answers what failed, at once, on the keeper's answer, and nothing of the
 /// sandbox is left. (Here the state of a second sandbox is made by hand, without its home or its

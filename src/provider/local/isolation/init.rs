@@ -161,9 +161,8 @@ impl Holder {
     }
 }
 
-/// Starts `cmd` (the stage or `unshare`, which execute the init as `/proc/self/fd/0`) with this
-/// program `exe` as its stdin, `answer` as its stdout and a pipe as its stderr; `what` names it
-/// in an error.
+/// Starts `cmd` (`unshare`, which executes the init as `/proc/self/fd/0`) with this program `exe`
+/// as its stdin, `answer` as its stdout and a pipe as its stderr; `what` names it in an error.
 fn exec_holder(mut cmd: Command, exe: &Path, answer: UnixStream, what: &str) -> Result<(Holder, Option<File>), String> {
     // Opened here, with the keeper's rights, and inherited as stdin through every exec up to the
     // init's own (a duplicate without close-on-exec; the original closes at the first exec): the

@@ -243,8 +243,9 @@ const PREPARE_BUDGET: Duration = Duration::from_secs(1);
 
 /// Asks the spawner at `to` to keep `program` (a bash) waiting, in `cwd` and with `next_env`
 /// (the sandbox's environment and the task tag the server gives its first command), for the
-/// sandbox's first command, so that it starts as the ones after it do. Sent once, right after
-/// the create; nothing is read back (the spawner answers nothing), so this costs the create a
+/// sandbox's first command, so that it starts as the ones after it do. Sent once, while the
+/// sandbox is created, before its keeper starts the spawner (the request waits in the socket's
+/// backlog); nothing is read back (the spawner answers nothing), so this costs the create a
 /// connect and a write.
 pub fn prepare(to: &Endpoint, program: &str, cwd: Option<&str>, next_env: Vec<(String, String)>) -> io::Result<()> {
     let request = Request {

@@ -217,6 +217,12 @@ fn name_command_line(title: &[&str]) -> io::Result<()> {
     let (Some(arg_start), Some(arg_end), Some(env_start), Some(env_end)) = (field(48), field(49), field(50), field(51)) else {
         return Err(io::Error::other("/proc/self/stat does not show where the arguments are"));
     };
+    // (The kernel shows zeros to a reader it does not trust: fail rather than rewrite nothing.)
+    if !(0 < arg_start && arg_start < arg_end && arg_end <= env_start && env_start <= env_end) {
+        return Err(io::Error::other(format!(
+            "/proc/self/stat shows no usable place for the arguments ({arg_start} {arg_end} {env_start} {env_end})"
+        )));
+    }
     let room = usize::try_from(arg_end.saturating_sub(arg_start)).map_err(io::Error::other)?;
     let mut args = Vec::with_capacity(room);
     for arg in title {

@@ -375,7 +375,8 @@ struct HostChild<'a> {
     pgid: u32,
 }
 
-fn status_code(status: std::process::ExitStatus) -> i32 {
+/// The exit code of `status`: its code, or 128 + N for signal N.
+pub(crate) fn status_code(status: std::process::ExitStatus) -> i32 {
     status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }
 

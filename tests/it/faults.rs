@@ -263,20 +263,9 @@ fn settle(sb: &str) {
 }
 
 /// Processes of a local sandbox (the local provider tags each with `SANDBOX_MCP_SANDBOX`), but
-/// the shell an isolated sandbox keeps waiting for its next command (there from its create on):
-/// a shell of the waiting command line whose stdin is still the pipe its script comes through.
-/// (Once it runs a command its stdin is `/dev/null`, and so is that of a subshell it forks, which
-/// shows the same command line until it executes something.)
+/// the shell an isolated sandbox keeps waiting for its next command (there from its create on).
 fn sandbox_procs(sb: &str) -> Vec<u32> {
-    let waiting = sandbox_mcp::provider::local::isolation::warm_shell::WAITING.as_bytes();
-    tagged(&format!("SANDBOX_MCP_SANDBOX={sb}"))
-        .into_iter()
-        .filter(|p| {
-            let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
-            let stdin = std::fs::read_link(format!("/proc/{p}/fd/0")).unwrap_or_default();
-            !(cmd.split(|b| *b == 0).any(|arg| arg == waiting) && stdin.to_string_lossy().starts_with("pipe:"))
-        })
-        .collect()
+    tagged(&format!("SANDBOX_MCP_SANDBOX={sb}")).into_iter().filter(|p| !is_waiting_shell(*p)).collect()
 }
 
 /// Processes of a task (the supervisor tags the task's with `SANDBOX_MCP_TASK`).

@@ -277,6 +277,17 @@ pub fn unique_sleep() -> String {
     format!("300.{}", u32::from_str_radix(&sandbox_mcp::ids::random_hex(3), 16).unwrap())
 }
 
+/// Whether host process `pid` is a shell an isolated sandbox keeps waiting for its next command:
+/// the waiting command line, its stdin still the pipe its script comes through. (Once it runs a
+/// command its stdin is `/dev/null`, and so is that of a subshell it forks, which shows the same
+/// command line until it executes something.)
+pub fn is_waiting_shell(pid: u32) -> bool {
+    let waiting = sandbox_mcp::provider::local::isolation::warm_shell::WAITING.as_bytes();
+    let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let stdin = std::fs::read_link(format!("/proc/{pid}/fd/0")).unwrap_or_default();
+    cmd.split(|b| *b == 0).any(|arg| arg == waiting) && stdin.to_string_lossy().starts_with("pipe:")
+}
+
 /// Host pids of the live processes whose argv is exactly `argv`.
 pub fn pids_of_argv(argv: &[&str]) -> Vec<u32> {
     let want: Vec<u8> = argv.iter().flat_map(|a| a.bytes().chain(std::iter::once(0))).collect();

@@ -74,19 +74,11 @@ fn processes_with_parents(id: &str) -> Vec<(u32, u32, u32, String, String)> {
     found
 }
 
-/// The pid inside the sandbox of the shell waiting for its next command, once there is one: a
-/// shell of the waiting command line without children (a command running in such a shell that
-/// has started a program has one).
+/// The pid inside the sandbox of the shell waiting for its next command, once there is one
+/// ([`is_waiting_shell`]).
 fn waiting_shell(id: &str, who: &str) -> u32 {
     wait_for(Duration::from_secs(10), &format!("{who}: a shell waiting for the next command"), || {
-        let all = processes_with_parents(id);
-        let waiting: Vec<u32> = all
-            .iter()
-            .filter(|(host, _, _, cmdline, _)| {
-                cmdline.contains("read -r -N 4096 BASH_EXECUTION_STRING") && !all.iter().any(|(_, parent, ..)| parent == host)
-            })
-            .map(|p| p.2)
-            .collect();
+        let waiting: Vec<u32> = processes_with_parents(id).into_iter().filter(|(host, ..)| is_waiting_shell(*host)).map(|p| p.2).collect();
         (waiting.len() == 1).then(|| waiting[0])
     })
 }

@@ -119,6 +119,11 @@ pub struct Holder {
 }
 
 impl Holder {
+    /// The holder of pid `pid`, a child of this process not waited for yet.
+    pub(super) fn of(pid: rustix::process::Pid) -> Holder {
+        Holder { pid, reaped: false }
+    }
+
     /// Its pid.
     pub fn id(&self) -> u32 {
         self.pid.as_raw_nonzero().get().unsigned_abs()
@@ -181,7 +186,7 @@ fn exec_holder(mut cmd: Command, exe: &Path, answer: UnixStream, what: &str) -> 
     // The command holds our copy of the init's end: without dropping it, an init that exits
     // early would look like one that never answers. (The child is reaped through its pid.)
     drop(cmd);
-    Ok((Holder { pid, reaped: false }, stderr))
+    Ok((Holder::of(pid), stderr))
 }
 
 /// [`start`], its error as a sentence.
@@ -218,7 +223,7 @@ fn start_init_as(as_root: bool, tools: &Tools, exe: &Path, site: &Site<'_>, spaw
         let stage = stage::Stage { owner: site.owner, cgroups, net: !host_network, home: text(home)?, init: init_args };
         // (Nothing in the keeper starts a thread before the init; `fork` checks.)
         let (pid, stderr) = stage::fork_stage(stage, theirs).map_err(|e| format!("could not fork the sandbox's stage: {e}"))?;
-        (Holder { pid, reaped: false }, Some(stderr))
+        (Holder::of(pid), Some(stderr))
     } else {
         let mut cmd = super::sandbox_command(tools, &tools.unshare, site.owner);
         cmd.args(UNSHARE_OPTIONS).args(sandbox_namespaces(!host_network, has_cgroup_namespace()).map(|(_, option)| option));

@@ -64,9 +64,9 @@ pub(crate) fn exit_child(body: impl FnOnce() -> i32) -> ! {
     std::process::exit(code)
 }
 
-/// Forks the stage of `stage` (the keeper must run on one thread: [`fork`]): its stdout `answer`, its stderr a new pipe,
-/// whose read end is returned with the stage's pid; nothing else the keeper holds stays open in
-/// it. Its command line becomes the init's (`sandbox-init ARGS`), its environment blank, as
+/// Forks the stage of `stage` (the keeper must run on one thread: [`fork`]): its stdout
+/// `answer`, its stderr a new pipe, whose read end is returned with the stage's pid; nothing else
+/// the keeper holds stays open in it. Its command line becomes the init's (`sandbox-init ARGS`), its environment blank, as
 /// sandbox code sees them in `/proc/1` ([`name_command_line`]).
 pub(super) fn fork_stage(stage: Stage, answer: UnixStream) -> io::Result<(rustix::process::Pid, std::fs::File)> {
     let (err_read, err_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
@@ -148,25 +148,14 @@ fn stage_and_init(stage: Stage) -> anyhow::Result<()> {
             }
         })
     };
-    loop {
-        match rustix::process::waitpid(Some(child), rustix::process::WaitOptions::empty()) {
-            Ok(Some((_, status))) => {
-                let code = match (status.exit_status(), status.terminating_signal()) {
-                    (Some(code), _) => code,
-                    (None, Some(signal)) => 128 + signal,
-                    (None, None) => 128 + 9,
-                };
-                std::process::exit(code)
-            }
-            Err(rustix::io::Errno::INTR) => {}
-            Ok(None) | Err(_) => anyhow::bail!("waiting for the init failed"),
-        }
-    }
+    let status = init::Holder::of(child).wait().map_err(|e| anyhow::anyhow!("waiting for the init failed: {e}"))?;
+    std::process::exit(crate::provider::process::status_code(status))
 }
 
 /// `fork(2)`: `None` in the child, the child's pid in the parent. Only for a process that runs on
-/// one thread (the keeper as it starts, the stage); refused otherwise. The child must end with
-/// [`exit_child`], never by returning into the frames it shares with its parent.
+/// one thread (the keeper as it starts, the stage); refused otherwise. A child that closes what
+/// its parent held (the stage, the init) must end with [`exit_child`], never by returning into
+/// the frames it shares with its parent; the keeper's `detach` has the parent exit instead.
 #[allow(unsafe_code)]
 pub(crate) fn fork() -> io::Result<Option<rustix::process::Pid>> {
     if !one_thread() {

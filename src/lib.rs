@@ -37,6 +37,7 @@ pub mod descriptors;
 pub mod memory;
 
 pub mod egress;
+pub mod relay;
 
 pub mod base64;
 pub mod client;

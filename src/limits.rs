@@ -155,5 +155,5 @@ pub const NETWORK_BLOCKED_MAX: usize = 16;
 pub const EXPOSED_PORTS_MAX: usize = 16;
 /// Connections one exposed port relays at once; more are closed at once.
 pub const EXPOSED_PORT_MAX_CONNECTIONS: usize = 32;
-/// A relayed connection of an exposed port with no byte in one direction for this long ends.
+/// A relayed connection of an exposed port with no byte in either direction for this long ends.
 pub const EXPOSED_PORT_IDLE_BUDGET: Duration = Duration::from_secs(300);

@@ -9,7 +9,6 @@ pub mod blocks;
 pub mod dial;
 pub mod policy;
 pub mod proxy;
-pub mod relay;
 pub mod request;
 pub mod socks;
 

@@ -7,7 +7,6 @@
 use super::blocks::{Block, BlockLog};
 use super::dial::{self, DialError, Dialed};
 use super::policy::{Network, Refusal};
-use super::relay::{forward_body, pump, relay};
 use super::request::{read_head, Request};
 use super::{socks, Settings};
 use std::io::{self, Read, Write};
@@ -166,7 +165,7 @@ fn http(conn: TcpStream, first: u8, proxy: &Proxy, deadline: Instant) {
     }
     if tunnel {
         if (&upstream).write_all(&rest).is_ok() {
-            relay(conn, upstream);
+            crate::relay::relay(conn, upstream, IDLE_BUDGET, "egress-relay");
         }
         return;
     }
@@ -175,8 +174,37 @@ fn http(conn: TcpStream, first: u8, proxy: &Proxy, deadline: Instant) {
     if (&upstream).write_all(&out_head).is_err() || !forward_body(&conn, &upstream, &rest, body) {
         return;
     }
-    let _ = upstream.set_read_timeout(Some(IDLE_BUDGET));
-    pump(upstream, conn);
+    crate::relay::pump(upstream, conn, IDLE_BUDGET);
+}
+
+/// The buffer of a plain-HTTP request's body on its way to the destination.
+const BODY_BUFFER: usize = 64 * 1024;
+
+/// Forwards exactly `length` bytes of request body: what came with the head (`early`), then the
+/// rest from `client`. `false` when the client or the destination failed.
+fn forward_body(client: &TcpStream, upstream: &TcpStream, early: &[u8], length: u64) -> bool {
+    let first = early.len().min(usize::try_from(length).unwrap_or(usize::MAX));
+    if (&*upstream).write_all(&early[..first]).is_err() {
+        return false;
+    }
+    let mut left = length - first as u64;
+    let _ = client.set_read_timeout(Some(IDLE_BUDGET));
+    let mut buf = vec![0u8; BODY_BUFFER];
+    while left > 0 {
+        let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        match (&*client).read(&mut buf[..want]) {
+            Ok(0) => return false,
+            Ok(n) => {
+                if (&*upstream).write_all(&buf[..n]).is_err() {
+                    return false;
+                }
+                left -= n as u64;
+            }
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return false,
+        }
+    }
+    true
 }
 
 /// Answers with `status` and a plain-text body, then closes.

@@ -4,7 +4,6 @@
 
 use super::dial::Dialed;
 use super::proxy::Proxy;
-use super::relay::relay;
 use super::request::valid_host;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Ipv6Addr, TcpStream};
@@ -27,7 +26,7 @@ pub fn handle(conn: TcpStream, proxy: &Proxy, deadline: Instant) {
     match proxy.reach(&host, port, true) {
         Ok(Dialed::Direct(up)) | Ok(Dialed::Upstream(up)) => {
             if reply(&conn, SUCCEEDED) {
-                relay(conn, up);
+                crate::relay::relay(conn, up, super::proxy::IDLE_BUDGET, "egress-relay");
             }
         }
         Err(Ok(_blocked)) => {

@@ -45,9 +45,17 @@ pub fn stop_child(child: &mut Child, wait: Duration) {
 
 /// The resident set size of `pid`, in KiB.
 pub fn rss_kb(pid: u32) -> Result<u64> {
+    status_kb(pid, "VmRSS")
+}
+
+/// Kilobytes of one `/proc/<pid>/status` field (`VmRSS`, `RssAnon`, ...).
+pub fn status_kb(pid: u32, field: &str) -> Result<u64> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).with_context(|| format!("reading /proc/{pid}/status"))?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).ok_or_else(|| anyhow!("no VmRSS for pid {pid}"))?;
-    line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).ok_or_else(|| anyhow!("unreadable VmRSS line {line:?}"))
+    let line = status
+        .lines()
+        .find(|l| l.strip_prefix(field).is_some_and(|rest| rest.starts_with(':')))
+        .ok_or_else(|| anyhow!("no {field} for pid {pid}"))?;
+    line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).ok_or_else(|| anyhow!("unreadable {field} line {line:?}"))
 }
 
 /// Whether `pid` exists and is not a zombie.

@@ -12,8 +12,8 @@
 //!
 //! Each connection accepted on a host listener is relayed to a socket that the sandbox's init
 //! connects inside the sandbox's network namespace and hands over (`spawner::dial`). The sandbox
-//! is hostile: the relay's buffers are fixed ([`RELAY_BUFFER`] per direction), every read and
-//! write has the idle budget, a port serves at most [`MAX_CONNECTIONS`] connections at once
+//! is hostile: the relay ([`crate::relay`]) bounds its buffers for the whole keeper, every read
+//! and write has the idle budget, a port serves at most [`MAX_CONNECTIONS`] connections at once
 //! (more are closed at once), and each connection has its own threads, so one that stalls or
 //! floods costs only itself.
 
@@ -43,11 +43,8 @@ pub const MAX_PORTS: usize = limits::EXPOSED_PORTS_MAX;
 /// Connections one exposed port relays at once.
 pub const MAX_CONNECTIONS: usize = limits::EXPOSED_PORT_MAX_CONNECTIONS;
 
-/// A relayed connection with no byte moving in one direction for this long ends.
+/// A relayed connection with no byte moving in either direction for this long ends.
 const IDLE_BUDGET: Duration = limits::EXPOSED_PORT_IDLE_BUDGET;
-
-/// Bytes buffered per direction of a relayed connection.
-const RELAY_BUFFER: usize = 128 * 1024;
 
 /// The longest request line the keeper reads, and answer line the server reads.
 const MAX_LINE: usize = 512;
@@ -293,7 +290,7 @@ fn accept(
         let (open, to) = (conns.clone(), to.clone());
         let spawned = std::thread::Builder::new().name(format!("port-{port}-conn")).stack_size(128 * 1024).spawn(move || {
             match spawner::dial(&to, port) {
-                Ok(inside) => relay(client, inside),
+                Ok(inside) => crate::relay::relay(client, inside, IDLE_BUDGET, "port-relay"),
                 Err(err) => log::debug!("port {port}: could not reach it inside the sandbox: {err}"),
             }
             open.lock().unwrap_or_else(PoisonError::into_inner).remove(&id);
@@ -302,46 +299,6 @@ fn accept(
             conns.lock().unwrap_or_else(PoisonError::into_inner).remove(&id);
         }
     }
-}
-
-/// Copies both ways between the host's connection and the sandbox's until both ends are done,
-/// one fails, or nothing moves one way for [`IDLE_BUDGET`].
-pub fn relay(client: TcpStream, inside: TcpStream) {
-    for s in [&client, &inside] {
-        let _ = s.set_nodelay(true);
-        let _ = s.set_read_timeout(Some(IDLE_BUDGET));
-        let _ = s.set_write_timeout(Some(IDLE_BUDGET));
-    }
-    let (Ok(client2), Ok(inside2)) = (client.try_clone(), inside.try_clone()) else { return };
-    let back = std::thread::Builder::new().name("port-relay".into()).stack_size(128 * 1024).spawn(move || pump(&inside2, &client2));
-    pump(&client, &inside);
-    if let Ok(back) = back {
-        let _ = back.join();
-    }
-}
-
-/// Copies `from` into `to` until the end (then closes `to` for writing) or a failure or the idle
-/// budget (then ends both directions of both). A copy through a buffer: `splice` through a pipe
-/// measured no faster here (docs/benchmarks.md).
-fn pump(from: &TcpStream, to: &TcpStream) {
-    let mut buf = vec![0u8; RELAY_BUFFER];
-    loop {
-        match (&*from).read(&mut buf) {
-            Ok(0) => {
-                let _ = to.shutdown(Shutdown::Write);
-                return;
-            }
-            Ok(n) => {
-                if (&*to).write_all(&buf[..n]).is_err() {
-                    break;
-                }
-            }
-            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => break,
-        }
-    }
-    let _ = from.shutdown(Shutdown::Both);
-    let _ = to.shutdown(Shutdown::Both);
 }
 
 #[cfg(test)]

@@ -129,6 +129,14 @@ pub const MAX_WAITING_CALLS: usize = 64;
 /// that one client parking many waits leaves the others room to wait.
 pub const MAX_WAITING_CALLS_PER_CLIENT: usize = 16;
 
+/// Calls that wait for a process in a sandbox (`run_command`) running at once on threads of their
+/// own rather than on workers; one more runs on its worker. Over HTTP each holds a listener
+/// thread, so the server adds this many.
+pub const MAX_RUNNING_CALLS: usize = 64;
+
+/// Of those, the most one client may hold.
+pub const MAX_RUNNING_CALLS_PER_CLIENT: usize = 16;
+
 /// How often a waiting call reads its task again: the local provider (a shell started on the
 /// host) and E2B (one request to the sandbox per read).
 pub const WAIT_POLL_LOCAL: Duration = Duration::from_millis(20);
@@ -157,3 +165,9 @@ pub const EXPOSED_PORTS_MAX: usize = 16;
 pub const EXPOSED_PORT_MAX_CONNECTIONS: usize = 32;
 /// A relayed connection of an exposed port with no byte in either direction for this long ends.
 pub const EXPOSED_PORT_IDLE_BUDGET: Duration = Duration::from_secs(300);
+/// Each direction's copy buffer of a relayed connection (egress proxy, exposed port) at first.
+pub const RELAY_BUFFER_START: usize = 64 * 1024;
+/// The most one direction's buffer grows to while a transfer fills it.
+pub const RELAY_BUFFER_MAX: usize = 2 * 1024 * 1024;
+/// Bytes all relays of one process (a sandbox's keeper) may hold beyond their first buffers.
+pub const RELAY_GROWTH_BUDGET: usize = 16 * 1024 * 1024;

@@ -7,8 +7,8 @@
 //! request's in-flight guard) is dropped while the panic unwinds.
 //!
 //! A handler may also answer [`Step::Later`]: it hands the job's reply over (as a [`Respond`])
-//! to whatever will answer it, so a call that waits (a `get_task` with `wait`) does not hold the
-//! worker while it waits.
+//! to whatever will answer it, so a call that waits (a `get_task` with `wait`, parked with the
+//! waiter; a `run_command`, handed to a runner) does not hold the worker while it waits.
 
 use crate::jsonrpc::{self, code, RpcError};
 use crossbeam_channel::Sender;
@@ -145,17 +145,8 @@ where
     S: Into<Step>,
     H: Fn(T) -> S,
 {
-    let step = panic::catch_unwind(AssertUnwindSafe(|| handler(work).into())).unwrap_or_else(|payload| {
-        let what = payload
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "unknown panic".into());
-        log::error!("a tool call panicked: {what}");
-        let err =
-            RpcError::new(code::INTERNAL_ERROR, "internal error while running the tool; the server is still running, retry or report this");
-        Step::Done(Outcome::Answer(jsonrpc::error(&id, &err)))
-    });
+    let step = panic::catch_unwind(AssertUnwindSafe(|| handler(work).into()))
+        .unwrap_or_else(|payload| Step::Done(panicked(&id, payload.as_ref())));
     match step {
         // The receiver is gone when the client went away; nothing left to do then.
         Step::Done(outcome) => {
@@ -165,6 +156,20 @@ where
             let _ = reply.send(R::from(outcome));
         })),
     }
+}
+
+/// The answer to call `id` whose work panicked with `payload` (logged): -32603, and the server
+/// goes on.
+pub fn panicked(id: &Value, payload: &(dyn std::any::Any + Send)) -> Outcome {
+    let what = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into());
+    log::error!("a tool call panicked: {what}");
+    let err =
+        RpcError::new(code::INTERNAL_ERROR, "internal error while running the tool; the server is still running, retry or report this");
+    Outcome::Answer(jsonrpc::error(id, &err))
 }
 
 type Shared<T, R> = Arc<(Mutex<Lanes<Job<T, R>>>, Condvar)>;

@@ -19,13 +19,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Each direction's buffer at first.
-pub const BUFFER_START: usize = 64 * 1024;
+pub const BUFFER_START: usize = crate::limits::RELAY_BUFFER_START;
 
 /// The most one direction's buffer grows to.
-pub const BUFFER_MAX: usize = 2 * 1024 * 1024;
+pub const BUFFER_MAX: usize = crate::limits::RELAY_BUFFER_MAX;
 
 /// Bytes all relays of this process may hold beyond their first buffers, together.
-pub const GROWTH_BUDGET: usize = 16 * 1024 * 1024;
+pub const GROWTH_BUDGET: usize = crate::limits::RELAY_GROWTH_BUDGET;
 
 /// The kernel's send and receive buffer asked for on each relayed socket (the kernel caps it at
 /// `net.core.rmem_max` / `wmem_max`). A larger window than autotuning starts with lets a relay

@@ -9,16 +9,18 @@
 
 use crate::app::App;
 use crate::config::Config;
-use crate::limits::{MAX_BODY_BYTES, MAX_WAITING_CALLS};
+use crate::limits::{MAX_BODY_BYTES, MAX_RUNNING_CALLS, MAX_WAITING_CALLS};
 use crate::mcp::protocol::{self, Executed, Work, WorkQueue};
 use crate::mcp::session::{self, Session, Sessions};
 use crate::mcp::subscription;
 use crate::queue::{self, Outcome, Step};
+use crate::runners::Runners;
 use crate::transport::http::{HttpServer, Listener};
 use crate::transport::stdio::{self, Out};
 use crate::waiter::Waiter;
 use anyhow::{Context, Result};
 use crossbeam_channel::{Receiver, Sender};
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -45,14 +47,28 @@ impl std::fmt::Display for Stop {
 /// are shared between clients.
 fn start_workers<R: From<Outcome> + Send + 'static>(app: &Arc<App>, waiter: Waiter, sharing: queue::Sharing) -> Result<WorkQueue<R>> {
     let handler_app = app.clone();
-    let (queue, _handles) =
-        queue::spawn_workers(sharing, app.config.queue_capacity, move |work: Work| match protocol::execute(&handler_app, work) {
+    let runners = Runners::new();
+    let (queue, _handles) = queue::spawn_workers(sharing, app.config.queue_capacity, move |work: Work| {
+        let (id, client) = (work.call.id.clone(), work.call.in_flight.client());
+        match protocol::execute(&handler_app, work) {
             Executed::Now(outcome) => Step::Done(outcome),
             Executed::Wait(watch) => {
                 let waiter = waiter.clone();
                 Step::Later(Box::new(move |respond| waiter.park_or_answer(watch, respond)))
             }
-        });
+            Executed::Blocking(call) => {
+                let runners = runners.clone();
+                Step::Later(Box::new(move |respond| {
+                    // No runner place left: the call runs on this worker, as every call once did.
+                    if let Err((call, respond)) = runners.run(id.clone(), client, call, respond) {
+                        let outcome =
+                            panic::catch_unwind(AssertUnwindSafe(call)).unwrap_or_else(|payload| queue::panicked(&id, payload.as_ref()));
+                        respond(outcome);
+                    }
+                }))
+            }
+        }
+    });
     // Workers are not joined: they exit with the process, after shutdown has ended the sessions
     // and killed the commands they wait for.
     Ok(queue)
@@ -160,7 +176,7 @@ pub fn run_http(config: Config) -> Result<()> {
     let listen = app.config.listen;
     // One listener per job that can be in flight (queued, running or waiting) plus spare ones, so
     // a cheap request (ping, tools/list, a 503) always finds a free listener.
-    let n_threads = app.config.workers + app.config.queue_capacity + MAX_WAITING_CALLS + 4;
+    let n_threads = app.config.workers + app.config.queue_capacity + MAX_WAITING_CALLS + MAX_RUNNING_CALLS + 4;
     let listener = Listener::new(app.clone(), sessions.clone(), queue, waiter, listen.ip().is_loopback());
     let server = HttpServer::start(listen, n_threads, listener)?;
     log::info!("listening on http://{}/mcp ({} provider)", server.addr, app.provider.name());

@@ -489,6 +489,9 @@ pub enum Executed {
     Now(Outcome),
     /// The call waits (a `get_task` with `wait`): park it with the waiter, which answers it.
     Wait(Box<dyn Watch>),
+    /// The call waits for a process in a sandbox (a `run_command`): run it on a thread of its own
+    /// ([`crate::runners`]), or on this worker when no runner is free.
+    Blocking(crate::runners::Call),
 }
 
 impl Executed {
@@ -496,6 +499,7 @@ impl Executed {
     pub fn now(self) -> Outcome {
         match self {
             Executed::Now(outcome) => outcome,
+            Executed::Blocking(call) => call(),
             Executed::Wait(mut watch) => loop {
                 if let Some(outcome) = watch.check() {
                     return outcome;
@@ -526,13 +530,26 @@ pub fn execute(app: &Arc<App>, work: Work) -> Executed {
     }
     let tool = match &call.op {
         Op::Tool { task: TaskMode::Asked, .. } => return Executed::Now(task_asked(app, &session, &call)),
-        Op::Tool { task: TaskMode::Offered, .. } => return Executed::Now(task_offered(app, &session, &call)),
+        // run_command, answered as a protocol task once it outlives `--task-after`.
+        Op::Tool { task: TaskMode::Offered, .. } => {
+            let app = app.clone();
+            return Executed::Blocking(Box::new(move || task_offered(&app, &session, &call)));
+        }
         Op::Tool { tool, .. } => *tool,
         Op::Tasks(method) => {
             let method = method.clone();
             return tasks_method(app, &session, call, method);
         }
     };
+    if tools::WAITS_FOR_A_PROCESS.contains(&tool.name) {
+        let app = app.clone();
+        return Executed::Blocking(Box::new(move || call_tool(&app, session, call, tool).now()));
+    }
+    call_tool(app, session, call, tool)
+}
+
+/// Runs one `tools/call` of `tool`.
+fn call_tool(app: &Arc<App>, session: Arc<Session>, call: ToolCall, tool: &'static Tool) -> Executed {
     let ctx = Ctx { app, session: session.as_ref(), cancel: call.in_flight.flag() };
     let result = match tools::call(&ctx, tool, &call.arguments) {
         Reply::Now(result) => result,

@@ -180,6 +180,10 @@ pub struct Tool {
     pub run: fn(&Ctx<'_>, &Args) -> Result<Reply, ToolError>,
 }
 
+/// The tools whose call waits for a process in a sandbox until it ends (up to the call's timeout
+/// or `--task-after`): the server runs them on a thread of their own, never holding a worker.
+pub const WAITS_FOR_A_PROCESS: &[&str] = &["run_command"];
+
 /// The tools that run commands, which reach the outside network when the sandbox has it
 /// (`openWorldHint`).
 pub const OPEN_WORLD: &[&str] = &["run_command", "start_task"];

@@ -455,6 +455,59 @@ fn a_greedy_client_does_not_starve_the_others() {
     }
 }
 
+/// Names of the server's threads as the kernel shows them (cut to 15 bytes).
+fn thread_names(pid: u32) -> Vec<String> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+    tasks.flatten().filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok()).map(|c| c.trim_end().to_string()).collect()
+}
+
+/// A run_command that is only waiting for its process holds no worker: with one worker, twelve
+/// long commands of one client run at once, each on a runner thread, no worker is added for
+/// them, and another client's quick call answers at once. Before, each held a worker: at most
+/// four ran (the one worker and the three added beside it) and the rest waited.
+#[test]
+fn a_waiting_run_command_holds_no_worker() {
+    let home = Home::new("http-runners");
+    let h = Http::start(&home, &["--workers", "1"], &[]);
+    let greedy = h.initialize();
+    let sb = h.call(&greedy, "create_sandbox", json!({}))["result"]["structuredContent"]["sandbox_id"].as_str().unwrap().to_string();
+    let nap = unique_sleep();
+    let addr = h.addr;
+    let long: Vec<_> = (0..12)
+        .map(|i| {
+            let (sid, sb, command) = (greedy.clone(), sb.clone(), format!("sleep {nap}"));
+            let call = std::thread::spawn(move || {
+                let mut c = Conn::open(addr);
+                let body = json!({"jsonrpc": "2.0", "id": 100 + i, "method": "tools/call",
+                    "params": {"name": "run_command", "arguments": {"sandbox_id": sb, "command": command, "timeout": 20}}});
+                c.send("POST", "/mcp", &[("Mcp-Session-Id", &sid)], body.to_string().as_bytes());
+                c.read().status
+            });
+            // One connection at a time (tiny_http's pool, ARCHITECTURE.md "Known limitation").
+            let want = i as usize + 1;
+            wait_for(Duration::from_secs(10), "the call's command to run", || (pids_of_argv(&["sleep", &nap]).len() >= want).then_some(()));
+            call
+        })
+        .collect();
+    let names = thread_names(h.child.id());
+    let workers = names.iter().filter(|n| n.starts_with("sandbox-mcp-wor")).count();
+    let runners = names.iter().filter(|n| n.as_str() == "sandbox-mcp-run").count();
+    assert_eq!(workers, 1, "no worker was added for the waiting commands: {names:?}");
+    assert!(runners >= 12, "each waiting command has a runner: {names:?}");
+    let other = h.initialize();
+    let t0 = std::time::Instant::now();
+    let created = h.call(&other, "create_sandbox", json!({}));
+    let own = created["result"]["structuredContent"]["sandbox_id"].as_str().unwrap().to_string();
+    let quick = h.call(&other, "run_command", json!({"sandbox_id": own, "command": "true"}));
+    assert_eq!(quick["result"]["structuredContent"]["exit_code"], 0, "{quick}");
+    assert!(t0.elapsed() < Duration::from_secs(2), "the other client waited {:?}", t0.elapsed());
+    let killed = h.call(&greedy, "kill_sandbox", json!({"sandbox_id": sb}));
+    assert_eq!(killed["result"]["structuredContent"]["killed"], true, "{killed}");
+    for t in long {
+        assert_eq!(t.join().unwrap(), 200);
+    }
+}
+
 /// Hostile clients: 48 concurrent 3.8 MB bodies of many small keys. Parsed JSON costs about
 /// fifteen times its bytes, so the byte budget alone let the server reach 751 MiB of RSS and keep
 /// 717 MiB after. The budget now charges each body's parsed cost before it is parsed, and the

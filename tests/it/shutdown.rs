@@ -124,32 +124,42 @@ fn sigterm_under_http_load_answers_every_accepted_request_and_exits_within_5_s()
     assert_eq!(s["state"], "running", "{s}");
 }
 
+/// SIGTERM while calls run and one waits for a worker: every call is answered before the server
+/// exits. With one worker, a call waits once the client's runner places are taken (each long
+/// run_command has a thread of its own) and the worker runs the next long one.
 #[test]
 fn sigterm_in_stdio_answers_the_running_and_the_queued_call() {
     let home = Home::new("termstdio");
     let mut m = home.stdio_with(&[("SANDBOX_MCP_WORKERS", "1")]);
     let sb = m.create();
-    let (inside, mark) = home.marker(&sb, "slow-started");
-    let slow = call_body(1, "run_command", json!({"sandbox_id": sb, "command": format!("touch {inside}; sleep 30")}));
-    m.client.send_line(&slow).unwrap();
-    wait_started(&mark);
-    m.client.send_line(&call_body(2, "run_command", json!({"sandbox_id": sb, "command": "echo queued"}))).unwrap();
-    m.client.send_line(r#"{"jsonrpc":"2.0","id":3,"method":"ping"}"#).unwrap();
+    let slow = sandbox_mcp::limits::MAX_RUNNING_CALLS_PER_CLIENT as u64 + 1;
+    for id in 1..=slow {
+        let (inside, mark) = home.marker(&sb, &format!("slow-started-{id}"));
+        let call = call_body(id, "run_command", json!({"sandbox_id": sb, "command": format!("touch {inside}; sleep 30")}));
+        m.client.send_line(&call).unwrap();
+        wait_started(&mark);
+    }
+    let queued = slow + 1;
+    m.client.send_line(&call_body(queued, "run_command", json!({"sandbox_id": sb, "command": "echo queued"}))).unwrap();
+    m.client.send_line(r#"{"jsonrpc":"2.0","id":999,"method":"ping"}"#).unwrap();
     let pong: Value = serde_json::from_str(&m.client.recv_line(TIMEOUT).unwrap()).unwrap();
-    assert_eq!(pong["id"], 3);
+    assert_eq!(pong["id"], 999, "the queued call was answered before the signal: {pong}");
 
     let t0 = Instant::now();
     let pid = m.client.pid();
     term(pid);
     let mut got = Vec::new();
-    while got.len() < 2 {
+    while got.len() < queued as usize {
         let line = m.client.recv_line(Duration::from_secs(5)).expect("every call gets an answer before exit");
         got.push(serde_json::from_str::<Value>(&line).unwrap());
     }
     got.sort_by_key(|v| v["id"].as_u64());
-    assert_eq!(got[0]["result"]["isError"], true, "{}", got[0]);
-    assert!(got[0]["result"]["content"][0]["text"].as_str().unwrap().contains("shutting down"), "{}", got[0]);
-    assert_eq!(got[1]["error"]["code"], -32000, "{}", got[1]);
+    for running in &got[..slow as usize] {
+        assert_eq!(running["result"]["isError"], true, "{running}");
+        assert!(running["result"]["content"][0]["text"].as_str().unwrap().contains("shutting down"), "{running}");
+    }
+    assert_eq!(got[slow as usize]["id"], queued);
+    assert_eq!(got[slow as usize]["error"]["code"], -32000, "{}", got[slow as usize]);
     wait_for(Duration::from_secs(5), "the server to exit", || (!pid_alive(pid)).then_some(()));
     assert!(t0.elapsed() < Duration::from_secs(5), "exit took {:?}", t0.elapsed());
     assert!(!home.sandbox_dir(&sb).exists());

@@ -138,14 +138,27 @@ fn limits_from_the_code() -> Vec<(&'static str, String)> {
         ("get_task wait", format!("0–{MAX_WAIT_S} s")),
         ("calls waiting at once", format!("{MAX_WAITING_CALLS} (one more is answered at once)")),
         ("calls of one client waiting at once", format!("{MAX_WAITING_CALLS_PER_CLIENT} (one more is answered at once)")),
+        (
+            "run_command calls running on threads of their own",
+            format!("{MAX_RUNNING_CALLS} at once, {MAX_RUNNING_CALLS_PER_CLIENT} of one client (more run on workers)"),
+        ),
         ("network policy", format!("{NETWORK_POLICY_MAX_ENTRIES} entries, {} of JSON", size(NETWORK_POLICY_MAX_BYTES))),
         ("egress proxy connections per sandbox", format!("{EGRESS_MAX_CONNECTIONS} at once (closed beyond)")),
         ("egress proxy request head", format!("{} within {} s", size(EGRESS_MAX_HEAD_BYTES), EGRESS_HEAD_BUDGET.as_secs())),
-        ("egress proxy idle connection", format!("{} s", EGRESS_IDLE_BUDGET.as_secs())),
+        ("egress proxy idle connection", format!("{} s (no byte either way)", EGRESS_IDLE_BUDGET.as_secs())),
         ("network_blocked entries per result", NETWORK_BLOCKED_MAX.to_string()),
         ("exposed ports per sandbox", EXPOSED_PORTS_MAX.to_string()),
         ("connections per exposed port", format!("{EXPOSED_PORT_MAX_CONNECTIONS} at once (closed beyond)")),
-        ("exposed port idle connection", format!("{} s (no byte one way)", EXPOSED_PORT_IDLE_BUDGET.as_secs())),
+        ("exposed port idle connection", format!("{} s (no byte either way)", EXPOSED_PORT_IDLE_BUDGET.as_secs())),
+        (
+            "relay buffers (egress proxy and exposed ports together, per keeper)",
+            format!(
+                "{} per direction of a connection, growing to {} while a transfer fills it; {} of growth at once",
+                size(RELAY_BUFFER_START),
+                size(RELAY_BUFFER_MAX),
+                size(RELAY_GROWTH_BUDGET)
+            ),
+        ),
     ]
 }
 

@@ -5,8 +5,8 @@
 //! (`cli`, `server`) and the transports; the MCP layer ([`mcp`]: protocol eras, sessions,
 //! subscriptions, protocol tasks); the tools ([`tools`], with the shared [`app::App`]); the task
 //! supervisor and the providers. Beside them, used by every layer and knowing neither MCP nor
-//! providers: the work [`queue`], the [`waiter`] and the [`runners`], [`jsonrpc`], configuration and
-//! limits, the byte [`relay`], and small helpers. ARCHITECTURE.md has the map and the invariants.
+//! providers: the work [`queue`] and the [`waiter`], [`jsonrpc`], configuration and limits, the
+//! byte [`relay`], and small helpers. ARCHITECTURE.md has the map and the invariants.
 
 // `unsafe` is refused everywhere but in `descriptors`, `memory` and
 // `provider::local::isolation::landlock`, whose reasons are written there.
@@ -28,7 +28,6 @@ pub mod supervisor;
 
 pub mod jsonrpc;
 pub mod queue;
-pub mod runners;
 pub mod waiter;
 
 pub mod config;

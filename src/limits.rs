@@ -129,9 +129,9 @@ pub const MAX_WAITING_CALLS: usize = 64;
 /// that one client parking many waits leaves the others room to wait.
 pub const MAX_WAITING_CALLS_PER_CLIENT: usize = 16;
 
-/// Calls that wait for a process in a sandbox (`run_command`) running at once on threads of their
-/// own rather than on workers; one more runs on its worker. Over HTTP each holds a listener
-/// thread, so the server adds this many.
+/// Calls that wait for a process in a sandbox (`run_command`) running at once outside the worker
+/// pool (their thread leaves it meanwhile); one more runs as a worker's job. Over HTTP each
+/// holds a listener thread, so the server adds this many.
 pub const MAX_RUNNING_CALLS: usize = 64;
 
 /// Of those, the most one client may hold.

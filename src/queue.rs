@@ -11,11 +11,13 @@
 //! waiter; a `run_command`, handed to a runner) does not hold the worker while it waits.
 
 use crate::jsonrpc::{self, code, RpcError};
+use crate::limits::{MAX_RUNNING_CALLS, MAX_RUNNING_CALLS_PER_CLIENT};
 use crossbeam_channel::Sender;
 use serde_json::Value;
 use std::collections::{HashMap, VecDeque};
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 
 /// How a job ended: the JSON-RPC response, and whether the client had cancelled the request.
@@ -50,6 +52,11 @@ pub enum Step {
     /// The answer comes later: the worker passes the job's [`Respond`] to this, which must not
     /// block (it parks the call somewhere that answers it), and goes on with the next job.
     Later(Box<dyn FnOnce(Respond) + Send>),
+    /// The job waits for a process in a sandbox until it ends (a `run_command`): the worker's
+    /// thread runs it to its end, but leaves the pool meanwhile, as a runner, and another worker
+    /// starts if work is waiting. At most [`Sharing::runners`] jobs run so, at most
+    /// [`Sharing::runners_per_client`] of one client's; beyond that it runs as a worker's job.
+    Blocking(Box<dyn FnOnce() -> Outcome + Send>),
 }
 
 impl From<Outcome> for Step {
@@ -89,15 +96,27 @@ pub struct Sharing {
     pub per_client: usize,
     /// The most calls of one client that wait for a worker; one more is answered busy.
     pub per_client_queue: usize,
+    /// The most [`Step::Blocking`] jobs running outside the pool at once.
+    pub runners: usize,
+    /// Of those, the most of one client's.
+    pub runners_per_client: usize,
 }
 
 impl Sharing {
     /// `workers` kept, up to four times as many when clients keep them busy; one client runs at
     /// most `workers` calls at once and queues at most `capacity` (what the whole queue held for
-    /// everyone before clients had lanes of their own).
+    /// everyone before clients had lanes of their own). Blocking jobs leave the pool up to the
+    /// server's limits ([`MAX_RUNNING_CALLS`], [`MAX_RUNNING_CALLS_PER_CLIENT`]).
     pub fn for_workers(workers: usize, capacity: usize) -> Sharing {
         let workers = workers.max(1);
-        Sharing { workers, max_workers: workers * 4, per_client: workers, per_client_queue: capacity.max(1) }
+        Sharing {
+            workers,
+            max_workers: workers * 4,
+            per_client: workers,
+            per_client_queue: capacity.max(1),
+            runners: MAX_RUNNING_CALLS,
+            runners_per_client: MAX_RUNNING_CALLS_PER_CLIENT,
+        }
     }
 }
 
@@ -110,6 +129,9 @@ struct Lanes<J> {
     idle: usize,
     workers: usize,
     closed: bool,
+    /// Blocking jobs running outside the pool, in all and per client.
+    runners: usize,
+    runners_of: HashMap<String, usize>,
 }
 
 impl<J> Lanes<J> {
@@ -129,32 +151,33 @@ impl<J> Lanes<J> {
     }
 
     fn finished(&mut self, key: &str) {
-        if let Some(n) = self.running.get_mut(key) {
-            *n -= 1;
-            if *n == 0 {
-                self.running.remove(key);
-            }
+        leave(&mut self.running, key);
+    }
+
+    /// Takes a runner's place for a blocking job of `key`; `false` when none is left.
+    fn enter_runner(&mut self, key: &str, sharing: &Sharing) -> bool {
+        let mine = self.runners_of.get(key).copied().unwrap_or(0);
+        if self.runners >= sharing.runners || mine >= sharing.runners_per_client {
+            return false;
         }
+        self.runners += 1;
+        *self.runners_of.entry(key.to_string()).or_insert(0) += 1;
+        true
+    }
+
+    fn leave_runner(&mut self, key: &str) {
+        self.runners = self.runners.saturating_sub(1);
+        leave(&mut self.runners_of, key);
     }
 }
 
-/// Runs one job and sends its answer (at once, or later through [`Step::Later`]).
-fn run_job<T, R, S, H>(handler: &H, Job { id, work, reply }: Job<T, R>)
-where
-    R: From<Outcome> + Send + 'static,
-    S: Into<Step>,
-    H: Fn(T) -> S,
-{
-    let step = panic::catch_unwind(AssertUnwindSafe(|| handler(work).into()))
-        .unwrap_or_else(|payload| Step::Done(panicked(&id, payload.as_ref())));
-    match step {
-        // The receiver is gone when the client went away; nothing left to do then.
-        Step::Done(outcome) => {
-            let _ = reply.send(R::from(outcome));
+/// Counts one less for `key`, forgetting it at zero.
+fn leave(counts: &mut HashMap<String, usize>, key: &str) {
+    if let Some(n) = counts.get_mut(key) {
+        *n -= 1;
+        if *n == 0 {
+            counts.remove(key);
         }
-        Step::Later(park) => park(Box::new(move |outcome| {
-            let _ = reply.send(R::from(outcome));
-        })),
     }
 }
 
@@ -172,45 +195,152 @@ pub fn panicked(id: &Value, payload: &(dyn std::any::Any + Send)) -> Outcome {
     Outcome::Answer(jsonrpc::error(id, &err))
 }
 
-type Shared<T, R> = Arc<(Mutex<Lanes<Job<T, R>>>, Condvar)>;
-
-fn lock<J>(m: &Mutex<Lanes<J>>) -> std::sync::MutexGuard<'_, Lanes<J>> {
-    // Every update leaves the lanes consistent, so a lock poisoned by a panic elsewhere is fine.
-    m.lock().unwrap_or_else(|p| p.into_inner())
+/// The workers, their lanes and their handler, shared by the workers and the dispatcher.
+struct Pool<T, R, H> {
+    lanes: Mutex<Lanes<Job<T, R>>>,
+    ready: Condvar,
+    handler: H,
+    sharing: Sharing,
+    /// Workers started so far (for their names).
+    started: AtomicUsize,
 }
 
-/// A worker: takes jobs round-robin between clients until the queue is closed and empty.
-fn work<T, R, S, H>(shared: &Shared<T, R>, handler: &H, per_client: usize)
+impl<T, R, S, H> Pool<T, R, H>
 where
+    T: Send + 'static,
     R: From<Outcome> + Send + 'static,
     S: Into<Step>,
-    H: Fn(T) -> S,
+    H: Fn(T) -> S + Send + Sync + 'static,
 {
-    let (lanes, ready) = &**shared;
-    let mut guard = lock(lanes);
-    loop {
-        if let Some((key, job)) = guard.take(per_client) {
-            drop(guard);
-            run_job(handler, job);
-            guard = lock(lanes);
-            guard.finished(&key);
-            // A client under its limit again may have work waiting.
-            ready.notify_one();
-            continue;
+    fn lock(&self) -> MutexGuard<'_, Lanes<Job<T, R>>> {
+        // Every update leaves the lanes consistent, so a lock poisoned by a panic elsewhere is fine.
+        self.lanes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts one more worker thread (the caller has counted it in `workers`).
+    fn start_worker(self: &Arc<Self>) -> std::io::Result<JoinHandle<()>> {
+        let i = self.started.fetch_add(1, Ordering::Relaxed);
+        let pool = self.clone();
+        thread::Builder::new().name(format!("sandbox-mcp-worker-{i}")).spawn(move || pool.work())
+    }
+
+    /// A worker: takes jobs round-robin between clients until the queue is closed and empty. A
+    /// worker whose job left the pool ([`Step::Blocking`]) comes back to it after the job, unless
+    /// the pool has grown to `max_workers` meanwhile: then its thread ends.
+    fn work(self: Arc<Self>) {
+        let mut guard = self.lock();
+        loop {
+            if let Some((key, job)) = guard.take(self.sharing.per_client) {
+                drop(guard);
+                let stayed = self.run_job(&key, job);
+                guard = self.lock();
+                if stayed {
+                    guard.finished(&key);
+                    // A client under its limit again may have work waiting.
+                    self.ready.notify_one();
+                    continue;
+                }
+                if guard.workers >= self.sharing.max_workers {
+                    return;
+                }
+                guard.workers += 1;
+                set_thread_name(&thread_name());
+                continue;
+            }
+            if guard.closed && guard.lanes.is_empty() {
+                guard.workers -= 1;
+                self.ready.notify_all();
+                return;
+            }
+            guard.idle += 1;
+            guard = self.ready.wait(guard).unwrap_or_else(|p| p.into_inner());
+            guard.idle -= 1;
         }
-        if guard.closed && guard.lanes.is_empty() {
-            guard.workers -= 1;
-            ready.notify_all();
-            return;
+    }
+
+    /// Runs one job of client `key` and sends its answer (at once, or later through
+    /// [`Step::Later`]). `false` when the job left the pool ([`Step::Blocking`]): this thread is
+    /// then no longer counted as a worker.
+    fn run_job(self: &Arc<Self>, key: &str, Job { id, work, reply }: Job<T, R>) -> bool {
+        let step = panic::catch_unwind(AssertUnwindSafe(|| (self.handler)(work).into()))
+            .unwrap_or_else(|payload| Step::Done(panicked(&id, payload.as_ref())));
+        match step {
+            // The receiver is gone when the client went away; nothing left to do then.
+            Step::Done(outcome) => {
+                let _ = reply.send(R::from(outcome));
+                true
+            }
+            Step::Later(park) => {
+                park(Box::new(move |outcome| {
+                    let _ = reply.send(R::from(outcome));
+                }));
+                true
+            }
+            Step::Blocking(call) => {
+                let left = self.leave_pool(key);
+                let outcome = panic::catch_unwind(AssertUnwindSafe(call)).unwrap_or_else(|payload| panicked(&id, payload.as_ref()));
+                if left {
+                    // The place is given back before the answer goes out, so that a client that
+                    // sends its next call on the answer finds it free.
+                    self.lock().leave_runner(key);
+                }
+                let _ = reply.send(R::from(outcome));
+                !left
+            }
         }
-        guard.idle += 1;
-        guard = ready.wait(guard).unwrap_or_else(|p| p.into_inner());
-        guard.idle -= 1;
+    }
+
+    /// Takes this worker out of the pool for a blocking job of `key`, when a runner's place is
+    /// left: its client's running count and the pool's worker count drop at once, and another
+    /// worker starts when work waits and no worker is idle. `false`: no place left, the job runs
+    /// as a worker's.
+    fn leave_pool(self: &Arc<Self>, key: &str) -> bool {
+        let mut guard = self.lock();
+        if !guard.enter_runner(key, &self.sharing) {
+            return false;
+        }
+        guard.finished(key);
+        guard.workers -= 1;
+        let replace = !guard.lanes.is_empty() && guard.idle == 0 && guard.workers < self.sharing.max_workers;
+        if replace {
+            guard.workers += 1;
+        }
+        drop(guard);
+        set_thread_name(RUNNER_NAME);
+        // The client's next job may run now that this one no longer counts.
+        self.ready.notify_one();
+        if replace {
+            if let Err(err) = self.start_worker() {
+                log::error!("could not start a worker in place of one running a long call: {err}");
+                self.lock().workers -= 1;
+            }
+        }
+        true
+    }
+}
+
+/// The name a worker's thread takes while it runs a blocking job outside the pool (as the kernel
+/// shows it: at most 15 bytes).
+pub const RUNNER_NAME: &str = "sandbox-mcp-run";
+
+/// This thread's name as Rust knows it (a worker's), for the kernel's view.
+fn thread_name() -> String {
+    thread::current().name().unwrap_or("sandbox-mcp-worker").to_string()
+}
+
+/// Sets the kernel's name of this thread (what `ps -L` and `/proc/<pid>/task/<tid>/comm` show).
+/// A name the kernel refuses leaves the old one.
+fn set_thread_name(name: &str) {
+    let mut bytes: Vec<u8> = name.bytes().filter(|b| *b != 0).take(15).collect();
+    bytes.push(0);
+    if let Ok(name) = std::ffi::CStr::from_bytes_with_nul(&bytes) {
+        let _ = rustix::thread::set_name(name);
     }
 }
 
 /// Starts the workers that run `handler` on each job from a queue of `capacity` and send
-/// `R::from(outcome)` on the job's reply channel (at once, or later through [`Step::Later`]).
+/// `R::from(outcome)` on the job's reply channel (at once, later through [`Step::Later`], or
+/// from outside the pool for a [`Step::Blocking`] job).
 ///
 /// Workers are shared between clients ([`Client`]) as `sharing` says: jobs wait in one lane per
 /// client and are taken round-robin, a client runs at most `per_client` at once, and when every
@@ -227,35 +357,33 @@ where
     H: Fn(T) -> S + Send + Sync + 'static,
 {
     let (tx, rx) = crossbeam_channel::bounded::<Job<T, R>>(capacity);
-    let handler = Arc::new(handler);
-    let shared: Shared<T, R> = Arc::new((
-        Mutex::new(Lanes { lanes: HashMap::new(), ring: VecDeque::new(), running: HashMap::new(), idle: 0, workers: 0, closed: false }),
-        Condvar::new(),
-    ));
-    let start_worker = {
-        let (shared, handler) = (shared.clone(), handler.clone());
-        move |i: usize| {
-            let (shared, handler) = (shared.clone(), handler.clone());
-            thread::Builder::new().name(format!("sandbox-mcp-worker-{i}")).spawn(move || work(&shared, &*handler, sharing.per_client))
-        }
+    let lanes = Lanes {
+        lanes: HashMap::new(),
+        ring: VecDeque::new(),
+        running: HashMap::new(),
+        idle: 0,
+        workers: 0,
+        closed: false,
+        runners: 0,
+        runners_of: HashMap::new(),
     };
+    let pool = Arc::new(Pool { lanes: Mutex::new(lanes), ready: Condvar::new(), handler, sharing, started: AtomicUsize::new(0) });
     let mut handles = Vec::with_capacity(sharing.workers + 1);
-    for i in 0..sharing.workers {
-        match start_worker(i) {
-            Ok(h) => {
-                lock(&shared.0).workers += 1;
-                handles.push(h);
+    for _ in 0..sharing.workers {
+        pool.lock().workers += 1;
+        match pool.start_worker() {
+            Ok(h) => handles.push(h),
+            Err(err) => {
+                log::error!("could not start a worker: {err}");
+                pool.lock().workers -= 1;
             }
-            Err(err) => log::error!("could not start worker {i}: {err}"),
         }
     }
     // The dispatcher moves jobs from the bounded queue into the clients' lanes.
     let dispatcher = thread::Builder::new().name("sandbox-mcp-dispatch".into()).spawn(move || {
-        let (lanes, ready) = &*shared;
-        let mut started = sharing.workers;
         for job in rx {
             let key = job.work.client();
-            let mut guard = lock(lanes);
+            let mut guard = pool.lock();
             let waiting = guard.lanes.get(&key).map_or(0, VecDeque::len);
             if waiting >= sharing.per_client_queue {
                 drop(guard);
@@ -277,17 +405,16 @@ where
                 guard.workers += 1;
             }
             drop(guard);
-            ready.notify_one();
+            pool.ready.notify_one();
             if grow {
-                if let Err(err) = start_worker(started) {
-                    log::error!("could not start worker {started}: {err}");
-                    lock(lanes).workers -= 1;
+                if let Err(err) = pool.start_worker() {
+                    log::error!("could not start a worker: {err}");
+                    pool.lock().workers -= 1;
                 }
-                started += 1;
             }
         }
-        lock(lanes).closed = true;
-        ready.notify_all();
+        pool.lock().closed = true;
+        pool.ready.notify_all();
     });
     match dispatcher {
         Ok(h) => handles.push(h),
@@ -316,7 +443,7 @@ mod tests {
         use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
         let running = Arc::new(AtomicUsize::new(0));
         let counter = running.clone();
-        let sharing = Sharing { workers: 4, max_workers: 16, per_client: 4, per_client_queue: 32 };
+        let sharing = Sharing { workers: 4, max_workers: 16, per_client: 4, per_client_queue: 32, runners: 0, runners_per_client: 0 };
         let (tx, _handles) = spawn_workers(sharing, 64, move |Of(_, release): Of| {
             counter.fetch_add(1, Ordering::SeqCst);
             while !release.load(Ordering::SeqCst) {
@@ -383,6 +510,96 @@ mod tests {
         let respond = park_rx.recv().unwrap();
         std::thread::spawn(move || respond(Outcome::Answer(json!("later")))).join().unwrap();
         assert_eq!(rrx.recv().unwrap(), Outcome::Answer(json!("later")));
+        drop(tx);
+        for h in handles {
+            h.join().unwrap();
+        }
+    }
+
+    /// Work for the blocking tests: a client, whether the job blocks, and when it may end.
+    struct Call(&'static str, bool, Arc<std::sync::atomic::AtomicBool>);
+
+    impl Client for Call {
+        fn client(&self) -> String {
+            self.0.to_string()
+        }
+    }
+
+    /// A blocking job leaves the pool: with one worker (and at most two), one client's blocking
+    /// jobs run beside each other up to its runner share, the next one runs as a worker's job, and
+    /// another client's quick job is still answered at once; at the end the pool is whole.
+    #[test]
+    fn blocking_jobs_leave_the_pool_up_to_the_runner_share() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        use std::time::{Duration, Instant};
+        let running = Arc::new(AtomicUsize::new(0));
+        let counter = running.clone();
+        let sharing = Sharing { workers: 1, max_workers: 2, per_client: 1, per_client_queue: 32, runners: 8, runners_per_client: 3 };
+        let (tx, handles) = spawn_workers(sharing, 64, move |Call(_, blocks, release): Call| {
+            if !blocks {
+                return Step::Done(Outcome::Answer(json!("quick")));
+            }
+            let counter = counter.clone();
+            Step::Blocking(Box::new(move || {
+                counter.fetch_add(1, Ordering::SeqCst);
+                while !release.load(Ordering::SeqCst) {
+                    thread::sleep(Duration::from_millis(1));
+                }
+                counter.fetch_sub(1, Ordering::SeqCst);
+                Outcome::Answer(json!("long"))
+            }))
+        });
+        let (rtx, rrx) = crossbeam_channel::unbounded::<Outcome>();
+        let hold = Arc::new(AtomicBool::new(false));
+        let wait_running = |n: usize| {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while running.load(Ordering::SeqCst) < n && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(1));
+            }
+            running.load(Ordering::SeqCst)
+        };
+        for i in 0..3 {
+            tx.send(Job { id: json!(i), work: Call("greedy", true, hold.clone()), reply: rtx.clone() }).unwrap();
+        }
+        assert_eq!(wait_running(3), 3, "three blocking jobs run at once, with one worker kept");
+        tx.send(Job { id: json!(3), work: Call("greedy", true, hold.clone()), reply: rtx.clone() }).unwrap();
+        assert_eq!(wait_running(4), 4, "a fourth runs as a worker's job");
+        tx.send(Job { id: json!("other"), work: Call("other", false, hold.clone()), reply: rtx.clone() }).unwrap();
+        assert_eq!(rrx.recv_timeout(Duration::from_secs(5)).unwrap(), Outcome::Answer(json!("quick")), "another worker served it");
+        hold.store(true, Ordering::SeqCst);
+        for _ in 0..4 {
+            assert_eq!(rrx.recv_timeout(Duration::from_secs(5)).unwrap(), Outcome::Answer(json!("long")));
+        }
+        // The runner places are free again: three more leave the pool at once.
+        let again = Arc::new(AtomicBool::new(false));
+        for i in 10..13 {
+            tx.send(Job { id: json!(i), work: Call("greedy", true, again.clone()), reply: rtx.clone() }).unwrap();
+        }
+        assert_eq!(wait_running(3), 3);
+        again.store(true, Ordering::SeqCst);
+        for _ in 0..3 {
+            rrx.recv_timeout(Duration::from_secs(5)).unwrap();
+        }
+        drop(tx);
+        for h in handles {
+            h.join().unwrap();
+        }
+    }
+
+    /// A blocking job that panics is answered -32603, and its runner place comes back.
+    #[test]
+    fn a_panicking_blocking_job_is_answered_and_gives_its_place_back() {
+        let sharing = Sharing { runners: 1, runners_per_client: 1, ..Sharing::for_workers(1, 4) };
+        let (tx, handles) = spawn_workers(sharing, 4, |work: &str| {
+            let boom = work == "boom";
+            Step::Blocking(Box::new(move || if boom { panic!("boom") } else { Outcome::Answer(json!("fine")) }))
+        });
+        let (rtx, rrx) = crossbeam_channel::unbounded::<Outcome>();
+        tx.send(Job { id: json!(1), work: "boom", reply: rtx.clone() }).unwrap();
+        let first = rrx.recv().unwrap().into_response();
+        assert_eq!((first["id"].clone(), first["error"]["code"].clone()), (json!(1), json!(-32603)), "{first}");
+        tx.send(Job { id: json!(2), work: "fine", reply: rtx }).unwrap();
+        assert_eq!(rrx.recv().unwrap(), Outcome::Answer(json!("fine")));
         drop(tx);
         for h in handles {
             h.join().unwrap();

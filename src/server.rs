@@ -14,13 +14,11 @@ use crate::mcp::protocol::{self, Executed, Work, WorkQueue};
 use crate::mcp::session::{self, Session, Sessions};
 use crate::mcp::subscription;
 use crate::queue::{self, Outcome, Step};
-use crate::runners::Runners;
 use crate::transport::http::{HttpServer, Listener};
 use crate::transport::stdio::{self, Out};
 use crate::waiter::Waiter;
 use anyhow::{Context, Result};
 use crossbeam_channel::{Receiver, Sender};
-use std::panic::{self, AssertUnwindSafe};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -47,28 +45,15 @@ impl std::fmt::Display for Stop {
 /// are shared between clients.
 fn start_workers<R: From<Outcome> + Send + 'static>(app: &Arc<App>, waiter: Waiter, sharing: queue::Sharing) -> Result<WorkQueue<R>> {
     let handler_app = app.clone();
-    let runners = Runners::new();
-    let (queue, _handles) = queue::spawn_workers(sharing, app.config.queue_capacity, move |work: Work| {
-        let (id, client) = (work.call.id.clone(), work.call.in_flight.client());
-        match protocol::execute(&handler_app, work) {
+    let (queue, _handles) =
+        queue::spawn_workers(sharing, app.config.queue_capacity, move |work: Work| match protocol::execute(&handler_app, work) {
             Executed::Now(outcome) => Step::Done(outcome),
             Executed::Wait(watch) => {
                 let waiter = waiter.clone();
                 Step::Later(Box::new(move |respond| waiter.park_or_answer(watch, respond)))
             }
-            Executed::Blocking(call) => {
-                let runners = runners.clone();
-                Step::Later(Box::new(move |respond| {
-                    // No runner place left: the call runs on this worker, as every call once did.
-                    if let Err((call, respond)) = runners.run(id.clone(), client, call, respond) {
-                        let outcome =
-                            panic::catch_unwind(AssertUnwindSafe(call)).unwrap_or_else(|payload| queue::panicked(&id, payload.as_ref()));
-                        respond(outcome);
-                    }
-                }))
-            }
-        }
-    });
+            Executed::Blocking(call) => Step::Blocking(call),
+        });
     // Workers are not joined: they exit with the process, after shutdown has ended the sessions
     // and killed the commands they wait for.
     Ok(queue)

@@ -489,9 +489,9 @@ pub enum Executed {
     Now(Outcome),
     /// The call waits (a `get_task` with `wait`): park it with the waiter, which answers it.
     Wait(Box<dyn Watch>),
-    /// The call waits for a process in a sandbox (a `run_command`): run it on a thread of its own
-    /// ([`crate::runners`]), or on this worker when no runner is free.
-    Blocking(crate::runners::Call),
+    /// The call waits for a process in a sandbox (a `run_command`): the worker runs it outside
+    /// the pool ([`crate::queue::Step::Blocking`]).
+    Blocking(Box<dyn FnOnce() -> Outcome + Send>),
 }
 
 impl Executed {

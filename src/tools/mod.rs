@@ -181,7 +181,7 @@ pub struct Tool {
 }
 
 /// The tools whose call waits for a process in a sandbox until it ends (up to the call's timeout
-/// or `--task-after`): the server runs them on a thread of their own, never holding a worker.
+/// or `--task-after`): the thread that runs one leaves the worker pool meanwhile.
 pub const WAITS_FOR_A_PROCESS: &[&str] = &["run_command"];
 
 /// The tools that run commands, which reach the outside network when the sandbox has it

@@ -462,9 +462,9 @@ fn thread_names(pid: u32) -> Vec<String> {
 }
 
 /// A run_command that is only waiting for its process holds no worker: with one worker, twelve
-/// long commands of one client run at once, each on a runner thread, no worker is added for
-/// them, and another client's quick call answers at once. Before, each held a worker: at most
-/// four ran (the one worker and the three added beside it) and the rest waited.
+/// long commands of one client run at once, each on a thread that left the worker pool (named
+/// `sandbox-mcp-run`), the pool is no larger than configured, and another client's quick call
+/// answers at once. Before, each held a worker and the client ran one call at a time.
 #[test]
 fn a_waiting_run_command_holds_no_worker() {
     let home = Home::new("http-runners");
@@ -492,8 +492,8 @@ fn a_waiting_run_command_holds_no_worker() {
     let names = thread_names(h.child.id());
     let workers = names.iter().filter(|n| n.starts_with("sandbox-mcp-wor")).count();
     let runners = names.iter().filter(|n| n.as_str() == "sandbox-mcp-run").count();
-    assert_eq!(workers, 1, "no worker was added for the waiting commands: {names:?}");
-    assert!(runners >= 12, "each waiting command has a runner: {names:?}");
+    assert!(workers <= 1, "no worker was added for the waiting commands: {names:?}");
+    assert!(runners >= 12, "each waiting command runs outside the worker pool: {names:?}");
     let other = h.initialize();
     let t0 = std::time::Instant::now();
     let created = h.call(&other, "create_sandbox", json!({}));

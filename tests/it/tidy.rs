@@ -139,8 +139,8 @@ fn limits_from_the_code() -> Vec<(&'static str, String)> {
         ("calls waiting at once", format!("{MAX_WAITING_CALLS} (one more is answered at once)")),
         ("calls of one client waiting at once", format!("{MAX_WAITING_CALLS_PER_CLIENT} (one more is answered at once)")),
         (
-            "run_command calls running on threads of their own",
-            format!("{MAX_RUNNING_CALLS} at once, {MAX_RUNNING_CALLS_PER_CLIENT} of one client (more run on workers)"),
+            "run_command calls running outside the worker pool",
+            format!("{MAX_RUNNING_CALLS} at once, {MAX_RUNNING_CALLS_PER_CLIENT} of one client (more hold a worker)"),
         ),
         ("network policy", format!("{NETWORK_POLICY_MAX_ENTRIES} entries, {} of JSON", size(NETWORK_POLICY_MAX_BYTES))),
         ("egress proxy connections per sandbox", format!("{EGRESS_MAX_CONNECTIONS} at once (closed beyond)")),

@@ -130,11 +130,17 @@ pub const MAX_WAITING_CALLS: usize = 64;
 pub const MAX_WAITING_CALLS_PER_CLIENT: usize = 16;
 
 /// Calls that wait for a process in a sandbox (`run_command`) running at once outside the worker
-/// pool (their thread leaves it meanwhile); one more runs as a worker's job. Over HTTP each
-/// holds a listener thread, so the server adds this many.
+/// pool (their thread leaves it meanwhile): this many per worker (`--workers`), at most
+/// [`MAX_RUNNING_CALLS`]; one more runs as a worker's job. Over HTTP each holds a listener
+/// thread, so the server adds that many.
+pub const RUNNING_CALLS_PER_WORKER: usize = 8;
+/// See [`RUNNING_CALLS_PER_WORKER`].
 pub const MAX_RUNNING_CALLS: usize = 64;
 
-/// Of those, the most one client may hold.
+/// Of those, the most one client may hold: this many per worker, at most
+/// [`MAX_RUNNING_CALLS_PER_CLIENT`].
+pub const RUNNING_CALLS_PER_CLIENT_PER_WORKER: usize = 2;
+/// See [`RUNNING_CALLS_PER_CLIENT_PER_WORKER`].
 pub const MAX_RUNNING_CALLS_PER_CLIENT: usize = 16;
 
 /// How often a waiting call reads its task again: the local provider (a shell started on the

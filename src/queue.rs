@@ -11,7 +11,7 @@
 //! waiter; a `run_command`, handed to a runner) does not hold the worker while it waits.
 
 use crate::jsonrpc::{self, code, RpcError};
-use crate::limits::{MAX_RUNNING_CALLS, MAX_RUNNING_CALLS_PER_CLIENT};
+use crate::limits::{MAX_RUNNING_CALLS, MAX_RUNNING_CALLS_PER_CLIENT, RUNNING_CALLS_PER_CLIENT_PER_WORKER, RUNNING_CALLS_PER_WORKER};
 use crossbeam_channel::Sender;
 use serde_json::Value;
 use std::collections::{HashMap, VecDeque};
@@ -105,8 +105,10 @@ pub struct Sharing {
 impl Sharing {
     /// `workers` kept, up to four times as many when clients keep them busy; one client runs at
     /// most `workers` calls at once and queues at most `capacity` (what the whole queue held for
-    /// everyone before clients had lanes of their own). Blocking jobs leave the pool up to the
-    /// server's limits ([`MAX_RUNNING_CALLS`], [`MAX_RUNNING_CALLS_PER_CLIENT`]).
+    /// everyone before clients had lanes of their own). Blocking jobs leave the pool up to limits
+    /// that grow with `workers` ([`RUNNING_CALLS_PER_WORKER`] and
+    /// [`RUNNING_CALLS_PER_CLIENT_PER_WORKER`] each, at most [`MAX_RUNNING_CALLS`] and
+    /// [`MAX_RUNNING_CALLS_PER_CLIENT`]), so `--workers` still bounds what runs at once.
     pub fn for_workers(workers: usize, capacity: usize) -> Sharing {
         let workers = workers.max(1);
         Sharing {
@@ -114,8 +116,8 @@ impl Sharing {
             max_workers: workers * 4,
             per_client: workers,
             per_client_queue: capacity.max(1),
-            runners: MAX_RUNNING_CALLS,
-            runners_per_client: MAX_RUNNING_CALLS_PER_CLIENT,
+            runners: (workers * RUNNING_CALLS_PER_WORKER).min(MAX_RUNNING_CALLS),
+            runners_per_client: (workers * RUNNING_CALLS_PER_CLIENT_PER_WORKER).min(MAX_RUNNING_CALLS_PER_CLIENT),
         }
     }
 }

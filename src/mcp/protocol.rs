@@ -517,7 +517,8 @@ impl Executed {
 /// refused, and one stopped by the shutdown is answered, never dropped as cancelled. A call the
 /// client cancelled while it waited in the queue never starts. The work is consumed: its guard
 /// unregisters the request id when this returns, before the reply is sent, unless the call
-/// waits: then the guard moves into the [`Watch`] and is dropped when the waiter answers.
+/// waits: then the guard moves into the [`Watch`] and is dropped when the waiter answers, or
+/// into the [`Executed::Blocking`] call, dropped when that call returns.
 pub fn execute(app: &Arc<App>, work: Work) -> Executed {
     let Work { session, call } = work;
     if app.is_draining() {

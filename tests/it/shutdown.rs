@@ -52,8 +52,25 @@ fn sigterm_under_http_load_answers_every_accepted_request_and_exits_within_5_s()
     assert_eq!(task["result"]["isError"], false, "{task}");
     let (mut probe, mut late_conn) = (ready_conn(&http, &a), ready_conn(&http, &a));
 
-    // Both workers busy with long commands (one per sandbox), then calls that wait in the queue.
+    // Each session's places outside the worker pool taken by long commands, then one long
+    // command per session on a worker, then calls that wait in the queue.
     let mut pending = Vec::new();
+    let places = sandbox_mcp::queue::Sharing::for_workers(2, 64).runners_per_client;
+    for (s, (session, sb)) in [(&a, &sb_a), (&b, &sb_b)].into_iter().enumerate() {
+        for i in 0..places {
+            let name = format!("slow-fill-{s}-{i}");
+            let (inside, mark) = home.marker(sb, &name);
+            let body = call_body(
+                300 + (s * places + i) as u64,
+                "run_command",
+                json!({"sandbox_id": sb, "command": format!("touch {inside}; sleep 30")}),
+            );
+            let mut conn = Conn::open(addr);
+            conn.send("POST", "/mcp", &[("Mcp-Session-Id", session)], body.as_bytes());
+            pending.push((name, conn));
+            wait_started(&mark);
+        }
+    }
     for (i, (session, sb)) in [(&a, &sb_a), (&b, &sb_b)].into_iter().enumerate() {
         let (inside, mark) = home.marker(sb, &format!("slow-{i}"));
         let body = call_body(100 + i as u64, "run_command", json!({"sandbox_id": sb, "command": format!("touch {inside}; sleep 30")}));
@@ -132,7 +149,7 @@ fn sigterm_in_stdio_answers_the_running_and_the_queued_call() {
     let home = Home::new("termstdio");
     let mut m = home.stdio_with(&[("SANDBOX_MCP_WORKERS", "1")]);
     let sb = m.create();
-    let slow = sandbox_mcp::limits::MAX_RUNNING_CALLS_PER_CLIENT as u64 + 1;
+    let slow = sandbox_mcp::queue::Sharing::for_workers(1, 64).runners_per_client as u64 + 1;
     for id in 1..=slow {
         let (inside, mark) = home.marker(&sb, &format!("slow-started-{id}"));
         let call = call_body(id, "run_command", json!({"sandbox_id": sb, "command": format!("touch {inside}; sleep 30")}));

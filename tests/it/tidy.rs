@@ -140,7 +140,9 @@ fn limits_from_the_code() -> Vec<(&'static str, String)> {
         ("calls of one client waiting at once", format!("{MAX_WAITING_CALLS_PER_CLIENT} (one more is answered at once)")),
         (
             "run_command calls running outside the worker pool",
-            format!("{MAX_RUNNING_CALLS} at once, {MAX_RUNNING_CALLS_PER_CLIENT} of one client (more hold a worker)"),
+            format!(
+                "{RUNNING_CALLS_PER_WORKER} × --workers at once, at most {MAX_RUNNING_CALLS}; {RUNNING_CALLS_PER_CLIENT_PER_WORKER} × --workers of one client, at most {MAX_RUNNING_CALLS_PER_CLIENT} (more hold a worker)"
+            ),
         ),
         ("network policy", format!("{NETWORK_POLICY_MAX_ENTRIES} entries, {} of JSON", size(NETWORK_POLICY_MAX_BYTES))),
         ("egress proxy connections per sandbox", format!("{EGRESS_MAX_CONNECTIONS} at once (closed beyond)")),

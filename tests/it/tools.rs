@@ -362,6 +362,15 @@ fn a_full_queue_still_reads_pings_and_cancellations() {
     let home = Home::new("fullq");
     let mut m = home.stdio_with(&[("SANDBOX_MCP_WORKERS", "1"), ("SANDBOX_MCP_QUEUE", "1")]);
     let sb = m.create();
+    // The client's places outside the worker pool taken first (2 with one worker), so that a
+    // holds the worker, b fills the queue and c waits behind it.
+    let places = sandbox_mcp::queue::Sharing::for_workers(1, 1).runners_per_client;
+    for i in 0..places {
+        let (inside, mark) = home.marker(&sb, &format!("filler-{i}"));
+        let call = json!({"jsonrpc": "2.0", "id": format!("filler-{i}"), "method": "tools/call", "params": {"name": "run_command", "arguments": {"sandbox_id": sb, "command": format!("touch {inside}; sleep 8")}}});
+        m.client.send_line(&call.to_string()).unwrap();
+        wait_for(TIMEOUT, "a filler to start", || mark.exists().then_some(()));
+    }
     for id in ["a", "b", "c"] {
         let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": "run_command", "arguments": {"sandbox_id": sb, "command": "sleep 8"}}});
         m.client.send_line(&call.to_string()).unwrap();
@@ -373,9 +382,17 @@ fn a_full_queue_still_reads_pings_and_cancellations() {
     let r: serde_json::Value = serde_json::from_str(&m.client.recv_line(TIMEOUT).unwrap()).unwrap();
     assert_eq!(r["id"], "p");
     assert!(t0.elapsed() < Duration::from_secs(2), "ping waited {:?}", t0.elapsed());
-    // a and c were cancelled (a stopped, c never started): only b answers, after about 8 s.
-    let r: serde_json::Value = serde_json::from_str(&m.client.recv_line(Duration::from_secs(30)).unwrap()).unwrap();
-    assert_eq!(r["id"], "b");
+    // a and c were cancelled (a stopped, c never started): only b and the fillers answer, after
+    // about 8 s.
+    let mut ids = Vec::new();
+    for _ in 0..places + 1 {
+        let r: serde_json::Value = serde_json::from_str(&m.client.recv_line(Duration::from_secs(30)).unwrap()).unwrap();
+        ids.push(r["id"].as_str().unwrap_or_default().to_string());
+    }
+    ids.sort();
+    let mut expected: Vec<String> = (0..places).map(|i| format!("filler-{i}")).chain(["b".to_string()]).collect();
+    expected.sort();
+    assert_eq!(ids, expected);
     assert!(m.client.recv_line(Duration::from_millis(500)).is_err());
 }
 

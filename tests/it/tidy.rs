@@ -155,7 +155,7 @@ fn limits_from_the_code() -> Vec<(&'static str, String)> {
         (
             "relay buffers (egress proxy and exposed ports together, per keeper)",
             format!(
-                "{} per direction of a connection, growing to {} while a transfer fills it; {} of growth at once",
+                "{} per direction of a connection, growing to {} while a transfer fills it; {} of growth at once beyond the first buffers",
                 size(RELAY_BUFFER_START),
                 size(RELAY_BUFFER_MAX),
                 size(RELAY_GROWTH_BUDGET)

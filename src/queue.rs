@@ -8,7 +8,9 @@
 //!
 //! A handler may also answer [`Step::Later`]: it hands the job's reply over (as a [`Respond`])
 //! to whatever will answer it, so a call that waits (a `get_task` with `wait`, parked with the
-//! waiter; a `run_command`, handed to a runner) does not hold the worker while it waits.
+//! waiter) does not hold the worker while it waits. A handler answers [`Step::Blocking`] for a
+//! call that waits for its process (a `run_command`): the worker's thread runs it, but leaves
+//! the pool meanwhile.
 
 use crate::jsonrpc::{self, code, RpcError};
 use crate::limits::{MAX_RUNNING_CALLS, MAX_RUNNING_CALLS_PER_CLIENT, RUNNING_CALLS_PER_CLIENT_PER_WORKER, RUNNING_CALLS_PER_WORKER};
@@ -56,8 +58,11 @@ pub enum Step {
     /// thread runs it to its end, but leaves the pool meanwhile, as a runner, and another worker
     /// starts if work is waiting. At most [`Sharing::runners`] jobs run so, at most
     /// [`Sharing::runners_per_client`] of one client's; beyond that it runs as a worker's job.
-    Blocking(Box<dyn FnOnce() -> Outcome + Send>),
+    Blocking(Call),
 }
+
+/// A call that runs to its answer on the thread that calls it ([`Step::Blocking`]).
+pub type Call = Box<dyn FnOnce() -> Outcome + Send>;
 
 impl From<Outcome> for Step {
     fn from(outcome: Outcome) -> Step {
@@ -185,7 +190,7 @@ fn leave(counts: &mut HashMap<String, usize>, key: &str) {
 
 /// The answer to call `id` whose work panicked with `payload` (logged): -32603, and the server
 /// goes on.
-pub fn panicked(id: &Value, payload: &(dyn std::any::Any + Send)) -> Outcome {
+fn panicked(id: &Value, payload: &(dyn std::any::Any + Send)) -> Outcome {
     let what = payload
         .downcast_ref::<&str>()
         .map(|s| s.to_string())
@@ -219,11 +224,19 @@ where
         self.lanes.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Starts one more worker thread (the caller has counted it in `workers`).
-    fn start_worker(self: &Arc<Self>) -> std::io::Result<JoinHandle<()>> {
+    /// Starts one more worker thread, which the caller has counted in `workers`; when the
+    /// thread cannot start, says so and takes the count back.
+    fn start_worker(self: &Arc<Self>) -> Option<JoinHandle<()>> {
         let i = self.started.fetch_add(1, Ordering::Relaxed);
         let pool = self.clone();
-        thread::Builder::new().name(format!("sandbox-mcp-worker-{i}")).spawn(move || pool.work())
+        match thread::Builder::new().name(format!("sandbox-mcp-worker-{i}")).spawn(move || pool.work()) {
+            Ok(handle) => Some(handle),
+            Err(err) => {
+                log::error!("could not start worker {i}: {err}");
+                self.lock().workers -= 1;
+                None
+            }
+        }
     }
 
     /// A worker: takes jobs round-robin between clients until the queue is closed and empty. A
@@ -312,10 +325,7 @@ where
         // The client's next job may run now that this one no longer counts.
         self.ready.notify_one();
         if replace {
-            if let Err(err) = self.start_worker() {
-                log::error!("could not start a worker in place of one running a long call: {err}");
-                self.lock().workers -= 1;
-            }
+            self.start_worker();
         }
         true
     }
@@ -373,13 +383,7 @@ where
     let mut handles = Vec::with_capacity(sharing.workers + 1);
     for _ in 0..sharing.workers {
         pool.lock().workers += 1;
-        match pool.start_worker() {
-            Ok(h) => handles.push(h),
-            Err(err) => {
-                log::error!("could not start a worker: {err}");
-                pool.lock().workers -= 1;
-            }
-        }
+        handles.extend(pool.start_worker());
     }
     // The dispatcher moves jobs from the bounded queue into the clients' lanes.
     let dispatcher = thread::Builder::new().name("sandbox-mcp-dispatch".into()).spawn(move || {
@@ -409,10 +413,7 @@ where
             drop(guard);
             pool.ready.notify_one();
             if grow {
-                if let Err(err) = pool.start_worker() {
-                    log::error!("could not start a worker: {err}");
-                    pool.lock().workers -= 1;
-                }
+                pool.start_worker();
             }
         }
         pool.lock().closed = true;

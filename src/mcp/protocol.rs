@@ -491,7 +491,7 @@ pub enum Executed {
     Wait(Box<dyn Watch>),
     /// The call waits for a process in a sandbox (a `run_command`): the worker runs it outside
     /// the pool ([`crate::queue::Step::Blocking`]).
-    Blocking(Box<dyn FnOnce() -> Outcome + Send>),
+    Blocking(crate::queue::Call),
 }
 
 impl Executed {

@@ -492,7 +492,7 @@ fn a_waiting_run_command_holds_no_worker() {
         .collect();
     let names = thread_names(h.child.id());
     let workers = names.iter().filter(|n| n.starts_with("sandbox-mcp-wor")).count();
-    let runners = names.iter().filter(|n| n.as_str() == "sandbox-mcp-run").count();
+    let runners = names.iter().filter(|n| n.as_str() == sandbox_mcp::queue::RUNNER_NAME).count();
     assert!(workers <= 8, "no worker was added for the waiting commands: {names:?}");
     assert!(runners >= 12, "each waiting command runs outside the worker pool: {names:?}");
     let other = h.initialize();

@@ -3,8 +3,10 @@
 //!
 //! One thread per direction copies through a buffer of its own. A connection ends when both
 //! directions reached their end (each end is passed on as a half close), when a read or write
-//! fails, or when no byte moved in either direction for the idle budget: a long download whose
-//! other direction is silent is not idle.
+//! fails, when no byte moved in either direction for the idle budget (a long download whose
+//! other direction is silent is not idle), or when its owner cuts it ([`Link::cut`]). Only the
+//! first is a clean end: every other one resets both peers' connections, so that a transfer cut
+//! short never looks complete to the side that reads it.
 //!
 //! Bulk transfers go through at close to loopback speed: a direction whose reads fill its buffer
 //! doubles it, up to [`BUFFER_MAX`], while the process's relays together hold at most
@@ -16,7 +18,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -118,34 +120,141 @@ impl Activity {
     }
 }
 
-/// Relays both ways between `a` and `b` until both directions ended, one failed, or nothing moved
-/// either way for `idle`; the second direction runs on a thread named `thread_name`. Both
-/// connections are closed when it returns.
-pub fn relay(a: TcpStream, b: TcpStream, idle: Duration, thread_name: &str) {
-    for s in [&a, &b] {
-        prepare(s, idle);
+/// One relayed connection: its two sockets, when a byte last moved either way, and whether it
+/// was cut. Both directions share it, and so may whoever must be able to cut it (an exposed
+/// port's `unexpose_port`).
+pub struct Link {
+    a: TcpStream,
+    b: TcpStream,
+    activity: Activity,
+    cut: AtomicBool,
+    /// Whether each direction ([`AB`], [`BA`]) is in a write, which a cut must wake.
+    writing: [AtomicBool; 2],
+}
+
+/// The direction `a` → `b` of a [`Link`].
+const AB: usize = 0;
+/// The direction `b` → `a`.
+const BA: usize = 1;
+
+impl Link {
+    /// A link between `a` and `b`, whose sockets get the relay's timeouts (`idle`), no delay and
+    /// socket buffers.
+    pub fn new(a: TcpStream, b: TcpStream, idle: Duration) -> Arc<Link> {
+        for s in [&a, &b] {
+            prepare(s, idle);
+        }
+        Arc::new(Link {
+            a,
+            b,
+            activity: Activity::new(),
+            cut: AtomicBool::new(false),
+            writing: [AtomicBool::new(false), AtomicBool::new(false)],
+        })
     }
-    let (Ok(a2), Ok(b2)) = (a.try_clone(), b.try_clone()) else { return };
-    let activity = Arc::new(Activity::new());
-    let theirs = activity.clone();
-    let back = std::thread::Builder::new().name(thread_name.into()).stack_size(128 * 1024).spawn(move || copy(&b2, &a2, idle, &theirs));
-    let Ok(back) = back else {
-        // The other direction cannot be relayed: end the connection rather than serve half of it.
-        let _ = a.shutdown(Shutdown::Both);
-        let _ = b.shutdown(Shutdown::Both);
-        return;
-    };
-    copy(&a, &b, idle, &activity);
-    let _ = back.join();
+
+    /// Ends the connection at once, both ways: each peer sees a reset, never a clean end of
+    /// data, since a transfer cut short must not look complete. Blocked reads and writes of the
+    /// relay wake; the sockets are reset when the link's last holder drops it.
+    pub fn cut(&self) {
+        if self.cut.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        for s in [&self.a, &self.b] {
+            // Closed with a zero linger, a socket is reset rather than ended with a FIN.
+            let _ = rustix::net::sockopt::set_socket_linger(s, Some(Duration::ZERO));
+            // Wakes a blocked read (which then sees an end) without telling the peer anything.
+            let _ = s.shutdown(Shutdown::Read);
+        }
+        for dir in [AB, BA] {
+            if self.writing[dir].load(Ordering::SeqCst) {
+                // A write blocked on a peer that does not read wakes only this way; the FIN
+                // this queues waits behind the unread bytes, which the reset drops.
+                let _ = self.ends(dir).1.shutdown(Shutdown::Write);
+            }
+        }
+    }
+
+    fn is_cut(&self) -> bool {
+        self.cut.load(Ordering::SeqCst)
+    }
+
+    /// The socket direction `dir` reads from and the one it writes to.
+    fn ends(&self, dir: usize) -> (&TcpStream, &TcpStream) {
+        if dir == AB {
+            (&self.a, &self.b)
+        } else {
+            (&self.b, &self.a)
+        }
+    }
+
+    /// Relays both ways until both directions ended, one failed, nothing moved either way for
+    /// `idle`, or the link was cut; the direction `b` → `a` runs on a thread named
+    /// `thread_name`.
+    pub fn relay(self: Arc<Link>, idle: Duration, thread_name: &str) {
+        let theirs = self.clone();
+        let back = std::thread::Builder::new().name(thread_name.into()).stack_size(128 * 1024).spawn(move || theirs.copy(BA, idle));
+        let Ok(back) = back else {
+            // The other direction cannot be relayed: end the connection rather than serve half of it.
+            self.cut();
+            return;
+        };
+        self.copy(AB, idle);
+        let _ = back.join();
+    }
+
+    /// Copies direction `dir`. At its source's end, closes its destination for writing (a half
+    /// close: the other direction goes on). A failed read or write, or a wait for a read longer
+    /// than `idle` with no byte moved either way meanwhile, cuts the link.
+    fn copy(&self, dir: usize, idle: Duration) {
+        let (from, to) = self.ends(dir);
+        let mut buf = Buffer::new();
+        loop {
+            match (&*from).read(&mut buf.bytes) {
+                Ok(0) => {
+                    if !self.is_cut() {
+                        let _ = to.shutdown(Shutdown::Write);
+                    }
+                    return;
+                }
+                Ok(n) => {
+                    self.activity.moved();
+                    self.writing[dir].store(true, Ordering::SeqCst);
+                    // A cut that came before the flag was set did not wake this write: look.
+                    let written = !self.is_cut() && (&*to).write_all(&buf.bytes[..n]).is_ok();
+                    self.writing[dir].store(false, Ordering::SeqCst);
+                    if !written {
+                        break;
+                    }
+                    self.activity.moved();
+                    if n == buf.bytes.len() {
+                        buf.filled();
+                    }
+                }
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(err) if matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                    // This direction was quiet for `idle`; the other one may not have been.
+                    if self.activity.quiet_for() >= idle {
+                        break;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        self.cut();
+    }
+}
+
+/// Relays both ways between `a` and `b` ([`Link::relay`]). Both connections are closed when it
+/// returns.
+pub fn relay(a: TcpStream, b: TcpStream, idle: Duration, thread_name: &str) {
+    Link::new(a, b, idle).relay(idle, thread_name);
 }
 
 /// Relays `from` into `to` only (the other direction is not read), until `from` ends, a read or
-/// write fails, or nothing moves for `idle`.
+/// write fails, or nothing moves for `idle`; a failure resets both, as [`Link::cut`] does.
 pub fn pump(from: TcpStream, to: TcpStream, idle: Duration) {
-    for s in [&from, &to] {
-        prepare(s, idle);
-    }
-    copy(&from, &to, idle, &Activity::new());
+    Link::new(from, to, idle).copy(AB, idle);
 }
 
 /// Sets the relay's timeouts, no delay and socket buffers on one connection. A refused option
@@ -162,41 +271,6 @@ fn prepare(s: &TcpStream, idle: Duration) {
     if host_allows("/proc/sys/net/core/wmem_max", &SEND) {
         let _ = rustix::net::sockopt::set_socket_send_buffer_size(s, SOCKET_BUFFER);
     }
-}
-
-/// Copies `from` into `to`. At `from`'s end, closes `to` for writing (a half close: the other
-/// direction goes on). A failed read or write, or a wait for a read longer than `idle` with no
-/// byte moved either way meanwhile, ends both directions of both connections.
-fn copy(from: &TcpStream, to: &TcpStream, idle: Duration, activity: &Activity) {
-    let mut buf = Buffer::new();
-    loop {
-        match (&*from).read(&mut buf.bytes) {
-            Ok(0) => {
-                let _ = to.shutdown(Shutdown::Write);
-                return;
-            }
-            Ok(n) => {
-                activity.moved();
-                if (&*to).write_all(&buf.bytes[..n]).is_err() {
-                    break;
-                }
-                activity.moved();
-                if n == buf.bytes.len() {
-                    buf.filled();
-                }
-            }
-            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
-            Err(err) if matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
-                // This direction was quiet for `idle`; the other one may not have been.
-                if activity.quiet_for() >= idle {
-                    break;
-                }
-            }
-            Err(_) => break,
-        }
-    }
-    let _ = from.shutdown(Shutdown::Both);
-    let _ = to.shutdown(Shutdown::Both);
 }
 
 #[cfg(test)]
@@ -247,18 +321,86 @@ mod tests {
         relay.join().unwrap();
     }
 
-    /// A connection with nothing moving either way ends at the idle budget.
+    /// Whether a read of `s` ends in a reset (after any bytes still buffered), not in a clean
+    /// end of data; it must end within ten seconds.
+    fn ends_in_a_reset(s: &mut TcpStream) -> bool {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut sink = Vec::new();
+        match s.read_to_end(&mut sink) {
+            Ok(_) => false,
+            Err(err) => {
+                assert_eq!(err.kind(), io::ErrorKind::ConnectionReset, "{err}");
+                true
+            }
+        }
+    }
+
+    /// A connection with nothing moving either way ends at the idle budget, as a reset.
     #[test]
     fn a_connection_idle_both_ways_ends_at_the_budget() {
         let idle = Duration::from_millis(200);
-        let (mut client, _server, relay) = relayed(idle);
+        let (mut client, mut server, relay) = relayed(idle);
         let started = Instant::now();
-        client.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut byte = [0u8; 1];
-        assert_eq!(client.read(&mut byte).unwrap_or(0), 0, "the relay sent a byte of its own");
+        assert!(ends_in_a_reset(&mut client), "the idle end looked like a clean end to the client");
         let took = started.elapsed();
         assert!(took >= idle && took < Duration::from_secs(5), "it ended after {took:?}");
+        assert!(ends_in_a_reset(&mut server), "the idle end looked like a clean end to the server");
         relay.join().unwrap();
+    }
+
+    /// A connection reset on one side mid-transfer is passed on as a reset: before, the other
+    /// side saw a clean end, so a download cut short looked complete.
+    #[test]
+    fn a_reset_on_one_side_is_passed_on_as_a_reset() {
+        let (mut client, mut server, relay) = relayed(Duration::from_secs(60));
+        client.write_all(b"GET").unwrap();
+        let mut asked = [0u8; 3];
+        server.read_exact(&mut asked).unwrap();
+        server.write_all(b"part of the answer").unwrap();
+        let mut first = [0u8; 18];
+        client.read_exact(&mut first).unwrap();
+        rustix::net::sockopt::set_socket_linger(&server, Some(Duration::ZERO)).unwrap();
+        drop(server);
+        assert!(ends_in_a_reset(&mut client), "the client saw a clean end of a cut answer");
+        relay.join().unwrap();
+    }
+
+    /// Cutting a link ends it at once, silent as it is, with a reset on both sides; a write
+    /// blocked on a peer that reads nothing wakes too.
+    #[test]
+    fn a_cut_ends_the_link_at_once_with_resets() {
+        let idle = Duration::from_secs(60);
+        let (mut client, relay_a) = pair();
+        let (relay_b, mut server) = pair();
+        let link = Link::new(relay_a, relay_b, idle);
+        let (done, ended) = std::sync::mpsc::channel();
+        let running = link.clone();
+        std::thread::spawn(move || {
+            running.relay(idle, "test-relay");
+            let _ = done.send(());
+        });
+        // The client sends more than the sockets on the way hold; the server reads nothing.
+        let mut writer = client.try_clone().unwrap();
+        let writer = std::thread::spawn(move || {
+            let chunk = vec![b'x'; 1 << 20];
+            loop {
+                if let Err(err) = writer.write_all(&chunk) {
+                    return err.kind();
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !link.writing[AB].load(Ordering::SeqCst) {
+            assert!(Instant::now() < deadline, "the relay never wrote");
+            std::thread::yield_now();
+        }
+        link.cut();
+        drop(link);
+        ended.recv_timeout(Duration::from_secs(5)).expect("the relay went on after its cut");
+        assert!(ends_in_a_reset(&mut server), "the server saw a clean end");
+        // The kernel reports a reset once, to the client's write or to its read.
+        let write_ended = writer.join().unwrap();
+        assert!(write_ended == io::ErrorKind::ConnectionReset || ends_in_a_reset(&mut client), "the client saw a clean end");
     }
 
     /// One direction's end is passed on as a half close; the other direction goes on, and a

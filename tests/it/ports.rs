@@ -9,8 +9,9 @@ use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::time::{Duration, Instant};
 
-/// Servers inside the sandbox: 8000 echoes, 9001 floods every connection, 9002 never reads.
-const SERVERS: &str = r#"import socket, threading
+/// Servers inside the sandbox: 8000 echoes, 9001 floods every connection, 9002 never reads,
+/// 9003 reads and records how its last connection ended (`eof` or `reset`) in `watched`.
+const SERVERS: &str = r#"import os, socket, threading
 def serve(port, handler):
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -36,7 +37,17 @@ def flood(c):
             c.sendall(b)
     except OSError:
         pass
-for port, h in ((9001, flood), (9002, never_read), (8000, echo)):
+def watch(c):
+    end = 'eof'
+    try:
+        while c.recv(65536):
+            open('watching', 'w').close()
+    except OSError:
+        end = 'reset'
+    with open('watched.tmp', 'w') as f:
+        f.write(end)
+    os.rename('watched.tmp', 'watched')
+for port, h in ((9001, flood), (9002, never_read), (9003, watch), (8000, echo)):
     threading.Thread(target=serve, args=(port, h), daemon=True).start()
 open('ready', 'w').close()
 threading.Event().wait()
@@ -117,6 +128,34 @@ fn an_exposed_port_outlives_its_server_until_unexpose_or_kill() {
     assert_eq!(echo(&again, b"x").unwrap(), b"x");
     b.ok("kill_sandbox", json!({"sandbox_id": sb}));
     wait_closed(&again, "kill_sandbox to close the exposed port");
+}
+
+/// unexpose_port cuts the port's open connections: the host's client and the sandbox's server
+/// both see a reset at once. Before, the client saw a clean end and the server an end of its
+/// request, and a server that stayed silent held its relay for the idle budget.
+#[test]
+fn unexpose_resets_open_connections_on_both_sides() {
+    let Some(home) = isolated("ports-cut") else { return };
+    let mut m = home.stdio();
+    let sb = m.create();
+    start_servers(&mut m, &sb);
+    let addr = address(&m.ok("expose_port", json!({"port": 9003}))["url"]);
+    let mut conn = TcpStream::connect(&addr).unwrap();
+    conn.write_all(b"hello").unwrap();
+    wait_for(Duration::from_secs(15), "the sandbox's server to read through the relay", || {
+        let out = m.ok("run_command", json!({"sandbox_id": sb, "command": "test -e watching && echo yes"}));
+        (out["stdout"] == "yes\n").then_some(())
+    });
+    m.ok("unexpose_port", json!({"sandbox_id": sb, "port": 9003}));
+    conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut rest = Vec::new();
+    let ended = conn.read_to_end(&mut rest);
+    assert_eq!(ended.map_err(|e| e.kind()), Err(std::io::ErrorKind::ConnectionReset), "the client saw a clean end");
+    let inside = wait_for(Duration::from_secs(10), "the sandbox's server to see its connection end", || {
+        let out = m.ok("run_command", json!({"sandbox_id": sb, "command": "cat watched 2>/dev/null"}));
+        out["stdout"].as_str().filter(|s| !s.is_empty()).map(str::to_string)
+    });
+    assert_eq!(inside, "reset", "the sandbox's server saw a clean end");
 }
 
 /// A keeper that dies takes its relays with it; the keeper a sweep starts in its place listens

@@ -5,8 +5,8 @@
 //! The keeper listens on a unix socket, [`SOCKET_FILE`] in the sandbox's directory (0600, out of
 //! the sandbox's sight), one request line per connection: `expose <port> <address>` binds a
 //! host listener on `<address>` (an ephemeral port) and answers `exposed <address:port>`;
-//! `unexpose <port>` closes the listener and the port's open connections and answers
-//! `unexposed`; failures answer `error <what failed>`. The keeper records what it exposes in
+//! `unexpose <port>` closes the listener, cuts the port's open connections (both sides see a
+//! reset) and answers `unexposed`; failures answer `error <what failed>`. The keeper records what it exposes in
 //! [`STATE_FILE`], which a keeper restarted by a sweep reads to listen again on the same host
 //! addresses.
 //!
@@ -19,11 +19,12 @@
 
 use super::isolation::spawner;
 use crate::limits;
+use crate::relay::Link;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -100,9 +101,14 @@ struct Exposure {
     host: SocketAddr,
     listener: Arc<TcpListener>,
     closed: Arc<AtomicBool>,
-    /// Its open connections (host side), to close with it.
-    conns: Arc<Mutex<BTreeMap<u64, TcpStream>>>,
+    /// Its open connections, to cut with it.
+    conns: Conns,
 }
+
+/// An exposed port's relayed connections by number; a connection whose relay has not started
+/// yet (its inside end is being dialled) has no link, and its relay looks at the port's
+/// `closed` flag before it starts.
+type Conns = Arc<Mutex<BTreeMap<u64, Option<Arc<Link>>>>>;
 
 /// The keeper's exposed ports.
 pub struct Relays {
@@ -227,8 +233,10 @@ impl Relays {
         e.closed.store(true, Ordering::SeqCst);
         // Wakes the accept (Linux ends a blocked accept on a shut-down listener).
         let _ = rustix::net::shutdown(&*e.listener, rustix::net::Shutdown::Both);
-        for conn in e.conns.lock().unwrap_or_else(PoisonError::into_inner).values() {
-            let _ = conn.shutdown(Shutdown::Both);
+        // Both sides of each open connection see it end at once, as a reset: the sandbox's
+        // server too, which would otherwise hold its relay until the idle budget.
+        for link in e.conns.lock().unwrap_or_else(PoisonError::into_inner).values().flatten() {
+            link.cut();
         }
         self.save();
         Ok(())
@@ -253,14 +261,7 @@ impl Relays {
 }
 
 /// Accepts the connections of one exposed port until it is closed.
-fn accept(
-    listener: &TcpListener,
-    closed: &AtomicBool,
-    conns: &Arc<Mutex<BTreeMap<u64, TcpStream>>>,
-    ids: &AtomicU64,
-    to: &spawner::Endpoint,
-    port: u16,
-) {
+fn accept(listener: &TcpListener, closed: &Arc<AtomicBool>, conns: &Conns, ids: &AtomicU64, to: &spawner::Endpoint, port: u16) {
     loop {
         let accepted = listener.accept();
         if closed.load(Ordering::SeqCst) {
@@ -282,15 +283,23 @@ fn accept(
                 // Full: this connection is closed at once; the ones open go on.
                 continue;
             }
-            match client.try_clone() {
-                Ok(copy) => open.insert(id, copy),
-                Err(_) => continue,
-            };
+            open.insert(id, None);
         }
-        let (open, to) = (conns.clone(), to.clone());
+        let (open, to, closed) = (conns.clone(), to.clone(), closed.clone());
         let spawned = std::thread::Builder::new().name(format!("port-{port}-conn")).stack_size(128 * 1024).spawn(move || {
             match spawner::dial(&to, port) {
-                Ok(inside) => crate::relay::relay(client, inside, IDLE_BUDGET, "port-relay"),
+                Ok(inside) => {
+                    let link = Link::new(client, inside, IDLE_BUDGET);
+                    {
+                        let mut open = open.lock().unwrap_or_else(PoisonError::into_inner);
+                        // Unexposed while it was dialled: `unexpose` did not see this link.
+                        if closed.load(Ordering::SeqCst) {
+                            link.cut();
+                        }
+                        open.insert(id, Some(link.clone()));
+                    }
+                    link.relay(IDLE_BUDGET, "port-relay");
+                }
                 Err(err) => log::debug!("port {port}: could not reach it inside the sandbox: {err}"),
             }
             open.lock().unwrap_or_else(PoisonError::into_inner).remove(&id);

@@ -14,7 +14,7 @@
 //! connects inside the sandbox's network namespace and hands over (`spawner::dial`). The sandbox
 //! is hostile: the relay ([`crate::relay`]) bounds its buffers for the whole keeper, every read
 //! and write has the idle budget, a port serves at most [`MAX_CONNECTIONS`] connections at once
-//! (more are closed at once), and each connection has its own threads, so one that stalls or
+//! (more are reset at once), and each connection has its own threads, so one that stalls or
 //! floods costs only itself.
 
 use super::isolation::spawner;
@@ -265,6 +265,9 @@ fn accept(listener: &TcpListener, closed: &Arc<AtomicBool>, conns: &Conns, ids: 
     loop {
         let accepted = listener.accept();
         if closed.load(Ordering::SeqCst) {
+            if let Ok((client, _)) = accepted {
+                crate::relay::refuse(client);
+            }
             return;
         }
         let client = match accepted {
@@ -280,7 +283,8 @@ fn accept(listener: &TcpListener, closed: &Arc<AtomicBool>, conns: &Conns, ids: 
         {
             let mut open = conns.lock().unwrap_or_else(PoisonError::into_inner);
             if open.len() >= MAX_CONNECTIONS {
-                // Full: this connection is closed at once; the ones open go on.
+                // Full: this connection is reset at once; the ones open go on.
+                crate::relay::refuse(client);
                 continue;
             }
             open.insert(id, None);
@@ -300,7 +304,10 @@ fn accept(listener: &TcpListener, closed: &Arc<AtomicBool>, conns: &Conns, ids: 
                     }
                     link.relay(IDLE_BUDGET, "port-relay");
                 }
-                Err(err) => log::debug!("port {port}: could not reach it inside the sandbox: {err}"),
+                Err(err) => {
+                    log::debug!("port {port}: could not reach it inside the sandbox: {err}");
+                    crate::relay::refuse(client);
+                }
             }
             open.lock().unwrap_or_else(PoisonError::into_inner).remove(&id);
         });

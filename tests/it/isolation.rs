@@ -480,6 +480,70 @@ fn kill_init(home: &Home, sb: &str) -> u32 {
     pid
 }
 
+/// The live keeper zygotes of the state root `home` (the process that forks keepers).
+fn zygotes(home: &Home) -> Vec<u32> {
+    let root = home.path.display().to_string();
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            (args.get(1) == Some(&&b"keeper-zygote"[..]) && args.get(2) == Some(&root.as_bytes()) && pid_alive(pid)).then_some(pid)
+        })
+        .collect()
+}
+
+/// The descriptors a process holds, as `/proc/PID/fd` links read.
+fn descriptors(pid: u32) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return Vec::new() };
+    dir.flatten().filter_map(|e| std::fs::read_link(e.path()).ok()).map(|l| l.display().to_string()).collect()
+}
+
+/// Keepers are forked by a zygote of one thread that the server starts once: each keeper names
+/// its sandbox in its command line and holds nothing of the zygote's socket (nor does the
+/// sandbox's init); a zygote that died is started again at the next create, which works.
+#[test]
+fn keepers_come_from_a_zygote_that_is_restarted_when_it_dies() {
+    let Some(home) = isolated_home("iso-zygote") else { return };
+    let mut m = home.stdio();
+    let first = m.create();
+    let zygote = wait_for(Duration::from_secs(5), "the keeper zygote", || zygotes(&home).first().copied());
+    let socket = std::fs::read_link(format!("/proc/{zygote}/fd/0")).unwrap().display().to_string();
+    assert!(socket.starts_with("socket:"), "the zygote's stdin is its request socket: {socket}");
+    let pid_in = |file: &str| -> u32 {
+        let text = std::fs::read_to_string(home.sandbox_dir(&first).join(file)).unwrap();
+        text.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    let (keeper, init) = (pid_in("keeper.pid"), pid_in("init.pid"));
+    let title = std::fs::read(format!("/proc/{keeper}/cmdline")).unwrap();
+    assert!(
+        title.split(|b| *b == 0).any(|arg| arg == first.as_bytes()),
+        "the keeper's command line names its sandbox: {:?}",
+        String::from_utf8_lossy(&title)
+    );
+    for pid in [keeper, init] {
+        let held = descriptors(pid);
+        assert!(!held.contains(&socket), "process {pid} holds the zygote's socket: {held:?}");
+    }
+    // The zygote's child that forks the keeper away is gone: the keeper is not the zygote's.
+    let parent = sandbox_mcp::provider::process::proc_stat(keeper).map(|st| st.ppid);
+    assert_ne!(parent, Some(zygote), "the keeper is still the zygote's child");
+    assert!(zygote > 1);
+    std::process::Command::new("/bin/sh").args(["-c", &format!("kill -s KILL {zygote}")]).status().unwrap();
+    wait_for(Duration::from_secs(5), "the zygote to die", || (!pid_alive(zygote)).then_some(()));
+    let second = m.create();
+    assert_eq!(sh_in(&mut m, &second, "echo hi").1, "hi\n");
+    let again = zygotes(&home);
+    assert!(again.len() == 1 && again[0] != zygote, "a new zygote: {again:?}");
+    for sb in [first, second] {
+        m.ok("kill_sandbox", json!({"sandbox_id": sb}));
+    }
+    // The zygote ends with the server.
+    m.close();
+    wait_for(Duration::from_secs(5), "the zygote to end with its server", || zygotes(&home).is_empty().then_some(()));
+}
+
 #[test]
 fn a_dead_init_reports_the_sandbox_gone_and_kill_sandbox_cleans_up() {
     let Some(home) = isolated_home("iso-deadinit") else { return };

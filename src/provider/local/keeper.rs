@@ -4,20 +4,20 @@
 
 use super::isolation::enter::Init;
 use super::isolation::{cgroup, init, landlock_spawner, passage, seccomp, spawner, stage, Isolation};
-use super::{check_local_id, LocalProvider, CREATING_PREFIX, KILL_SCAN_BUDGET};
+use super::{check_local_id, zygote, LocalProvider, CREATING_PREFIX, KILL_SCAN_BUDGET};
 use crate::egress;
 use crate::provider::process;
 use crate::provider::{unix_now, Provider, ProviderError};
 use std::fs;
 use std::io::{self, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
+
 use std::time::{Duration, Instant};
 
 /// The internal subcommand that runs a sandbox's keeper (see [`run_internal`]).
-const KEEPER_COMMAND: &str = "keeper";
+pub(super) const KEEPER_COMMAND: &str = "keeper";
 
 /// The keeper's flag that makes it start the init of a new isolated sandbox (only `create` passes
 /// it: a keeper restarted by a sweep never starts an init).
@@ -72,72 +72,52 @@ impl LocalProvider {
     }
 
     pub(super) fn spawn_keeper(&self, id: &str) {
-        if let Err(err) = self.keeper_command(id, KeeperOut::Nothing).status() {
+        let started = null().and_then(|(stdin, stdout)| self.launch_keeper(id, None, stdin, stdout));
+        if let Err(err) = started {
             log::warn!("could not start the keeper of sandbox {id}: {err}; it ends at the next server start after expiry");
         }
     }
 
     /// Starts the keeper of Landlock-tier sandbox `id`, handing it the spawner's `listener`.
     pub(super) fn start_keeper_with(&self, id: &str, listener: std::os::unix::net::UnixListener) -> Result<(), ProviderError> {
-        let mut cmd = self.keeper_command(id, KeeperOut::Spawner(listener));
-        let started = cmd.status();
-        // The command holds our copy of the socket until dropped (the keeper has its own).
-        drop(cmd);
-        match started {
-            Ok(status) if status.success() => Ok(()),
-            Ok(status) => Err(ProviderError::Unavailable(format!("could not start the keeper of sandbox {id}: it {status}"))),
-            Err(err) => Err(ProviderError::Unavailable(format!("could not start the keeper of sandbox {id}: {err}"))),
-        }
+        let started = null().and_then(|(stdin, _)| self.launch_keeper(id, Some(SPAWNER_FLAG), stdin, OwnedFd::from(listener)));
+        started.map_err(|err| ProviderError::Unavailable(format!("could not start the keeper of sandbox {id}: {err}")))
     }
 
-    /// The command that starts the keeper of `id` detached. The process started forks the keeper
+    /// Starts the keeper of `id` detached, through the provider's keeper zygote (`zygote.rs`),
+    /// with start flag `flag` and the given stdin and stdout. The zygote's child forks the keeper
     /// and exits at once ([`detach`]), so the keeper is re-parented to init (no zombie under a
     /// long-running server) and is out of reach of group signals aimed at the server (the Python
-    /// SDK signals the server's whole group): the process started leads a group of its own, and
-    /// the keeper then starts a session of its own. `out` is what the keeper's stdout is.
-    fn keeper_command(&self, id: &str, out: KeeperOut) -> Command {
-        let mut cmd = Command::new(&self.exe);
-        cmd.arg(KEEPER_COMMAND).arg(&self.root).arg(id).arg(&self.shell);
-        let mut stdin = Stdio::null();
-        let stdout = match out {
-            KeeperOut::Nothing => Stdio::null(),
-            KeeperOut::Answer(listener) => {
-                cmd.arg(START_INIT_FLAG);
-                if let Some(listener) = listener {
-                    stdin = Stdio::from(std::os::fd::OwnedFd::from(listener));
-                }
-                Stdio::piped()
-            }
-            KeeperOut::Spawner(listener) => {
-                cmd.arg(SPAWNER_FLAG);
-                Stdio::from(std::os::fd::OwnedFd::from(listener))
-            }
-        };
-        cmd.env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into()))
-            .envs(self.egress.to_env())
-            .stdin(stdin)
-            .stdout(stdout)
-            .stderr(Stdio::null())
-            .process_group(0);
-        cmd
+    /// SDK signals the server's whole group): that child leads a group of its own, and the
+    /// keeper then starts a session of its own. Fails with what went wrong when the child did not
+    /// exit with 0.
+    fn launch_keeper(&self, id: &str, flag: Option<&str>, stdin: OwnedFd, stdout: OwnedFd) -> io::Result<()> {
+        let mut env = vec![("PATH".to_string(), std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into()))];
+        env.extend(self.egress.to_env().into_iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        match self.zygote.launch(id, flag, stdin, stdout, &env)? {
+            zygote::Ended::Exit(0) => Ok(()),
+            ended => Err(io::Error::other(format!("the process starting it {ended}"))),
+        }
     }
 
     /// Starts the keeper of isolated sandbox `id` and waits for its init to be ready; the init
     /// serves spawn requests on `spawner` (bound by the keeper when `None`).
     pub(super) fn start_isolated(&self, id: &str, spawner: Option<std::os::unix::net::UnixListener>) -> Result<Init, ProviderError> {
         let unavailable = |why: String| ProviderError::Unavailable(format!("could not start the isolated sandbox: {why}"));
-        let mut cmd = self.keeper_command(id, KeeperOut::Answer(spawner));
-        let spawned = cmd.spawn();
-        // The command holds our copy of the spawner's socket until dropped (the keeper has its own).
-        drop(cmd);
-        let mut child = spawned.map_err(|e| unavailable(format!("could not start its keeper: {e}")))?;
-        let budget = init::START_BUDGET + Duration::from_secs(1);
-        let answer = match child.stdout.take() {
-            Some(out) => init::read_line_within(out, budget),
-            None => init::Answer::Failed("its keeper's answer pipe is missing".into()),
+        let (answer_read, answer_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+            .map_err(|e| unavailable(format!("could not make its keeper's answer pipe: {e}")))?;
+        let stdin = match spawner {
+            Some(listener) => OwnedFd::from(listener),
+            None => null().map_err(|e| unavailable(e.to_string()))?.0,
         };
-        let _ = child.wait();
+        // Our copy of the answer pipe's write end goes with the request: the answer's end is the
+        // keeper's (and its stage's) exit.
+        let started = self.launch_keeper(id, Some(START_INIT_FLAG), stdin, answer_write);
+        let budget = init::START_BUDGET + Duration::from_secs(1);
+        let answer = init::read_line_within(std::fs::File::from(answer_read), budget);
+        if let (Err(err), init::Answer::Closed) = (&started, &answer) {
+            return Err(unavailable(format!("could not start its keeper: {err}")));
+        }
         match answer {
             init::Answer::Line(line) if line == "ready" => {
                 Init::load(&self.dir(id)).ok_or_else(|| unavailable("its keeper did not record the init".into()))
@@ -150,15 +130,9 @@ impl LocalProvider {
     }
 }
 
-/// What a new keeper's stdout is.
-enum KeeperOut {
-    /// Nothing (`/dev/null`).
-    Nothing,
-    /// A pipe to the server, on which it says whether the sandbox's init started (`ready` or
-    /// `error ...`); its stdin is then the listening socket of the init's spawner, where given.
-    Answer(Option<std::os::unix::net::UnixListener>),
-    /// The listening socket of a Landlock-tier sandbox's spawner.
-    Spawner(std::os::unix::net::UnixListener),
+/// Two descriptors of `/dev/null`: a keeper's stdin and stdout where it needs neither.
+fn null() -> io::Result<(OwnedFd, OwnedFd)> {
+    Ok((fs::File::open("/dev/null")?.into(), fs::File::options().write(true).open("/dev/null")?.into()))
 }
 
 /// Serves the egress proxy of sandbox `id` on `listener` (bound on the sandbox's loopback
@@ -207,6 +181,7 @@ pub fn run_internal(args: &[String]) -> Option<anyhow::Result<()>> {
             Some(run_keeper(Path::new(root), id, Path::new(shell), Start::Spawner))
         }
         [command, rest @ ..] if command == init::SUBCOMMAND => Some(init::run(rest)),
+        [command, rest @ ..] if command == zygote::SUBCOMMAND => Some(zygote::run(rest)),
         [command, rest @ ..] if command == landlock_spawner::SUBCOMMAND => Some(landlock_spawner::run(rest)),
         [command, rest @ ..] if command == seccomp::FILTER_SUBCOMMAND => Some(seccomp::run_filtered(rest)),
         _ => None,

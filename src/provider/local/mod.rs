@@ -34,6 +34,7 @@ mod metadata;
 pub mod ports;
 mod scan;
 mod uid_claim;
+mod zygote;
 
 pub use host_files::resolve_inside;
 pub use keeper::run_internal;
@@ -97,6 +98,8 @@ pub struct LocalProvider {
     command_shell: PathBuf,
     /// The program started as the keeper (this binary).
     exe: PathBuf,
+    /// The process that forks new keepers, started on first use.
+    zygote: zygote::Zygote,
     inherited_env: Vec<(String, String)>,
     running: Running,
     /// How new sandboxes are isolated.
@@ -155,6 +158,7 @@ impl LocalProvider {
             .map_err(|err| ProviderError::Unavailable(format!("cannot find this program's own path for the keeper: {err}")))?;
         let inherited_env = ALLOWED_ENV.iter().filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v))).collect::<Vec<_>>();
         let provider = LocalProvider {
+            zygote: zygote::Zygote::new(&exe, root, shell),
             root: root.to_path_buf(),
             shell: shell.to_path_buf(),
             command_shell: command_shell(shell),

@@ -83,7 +83,8 @@ pub(super) fn fork_stage(stage: Stage, answer: UnixStream) -> io::Result<(rustix
                 .map_err(|e| answer_error(format!("cannot set up the stage's stdio: {e}")))
                 .and_then(|()| {
                     let title: Vec<&str> = [init::SUBCOMMAND].into_iter().chain(stage.init.iter().map(String::as_str)).collect();
-                    name_command_line(&title).map_err(|e| answer_error(format!("cannot rewrite the init's command line: {e}")))
+                    name_command_line(&title, Some(c"sandbox-init"), true)
+                        .map_err(|e| answer_error(format!("cannot rewrite the init's command line: {e}")))
                 })
                 .and_then(|()| stage_and_init(stage));
             if let Err(err) = result {
@@ -172,11 +173,12 @@ pub(crate) fn fork() -> io::Result<Option<rustix::process::Pid>> {
 }
 
 /// Closes every descriptor from 3 up: what the keeper held (its end of the answer socket, the
-/// spawner's socket, files) must not live on in the sandbox's init.
+/// spawner's socket, files) must not live on in the sandbox's init, nor the keeper zygote's
+/// request socket in a keeper it forks.
 #[allow(unsafe_code)]
-fn close_from_3() {
-    // SAFETY: called in the forked stage before anything of its own is opened; the descriptors
-    // closed belong to objects of the keeper's frames, which this process never returns to (it
+pub(crate) fn close_from_3() {
+    // SAFETY: called in the forked stage (or keeper) before anything of its own is opened; the
+    // descriptors closed belong to objects of the parent's frames, which this process never returns to (it
     // exits, a panic included: `exit_child`), so none is used or closed again.
     let closed = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
     if closed != 0 {
@@ -191,12 +193,13 @@ fn close_from_3() {
 
 /// Makes this process's command line, as `/proc/PID/cmdline` shows it (to sandbox code too, as
 /// `/proc/1/cmdline` of the init forked from here), read `title` (arguments, each NUL-ended), as
-/// much of it as the keeper's own arguments' place holds (whole arguments; NULs pad the rest),
-/// and blanks the environment the keeper was started with. Both are written in place through
-/// `/proc/self/mem`: they are the keeper's, which named the state root, and no Rust object
-/// refers to that memory (std copies its arguments and environment when asked). Also names the
-/// process (`comm`) after the init.
-fn name_command_line(title: &[&str]) -> io::Result<()> {
+/// much of it as the place of the arguments this process was started with holds (whole
+/// arguments; NULs pad the rest), and with `blank_env` blanks the environment it was started
+/// with (after which it has none). Both are written in place through `/proc/self/mem`: the stage's
+/// are the keeper's, which named the state root, and no Rust object refers to that memory (std
+/// copies its arguments when asked, and reads the environment there). Names the process
+/// (`comm`) `comm` where given.
+pub(crate) fn name_command_line(title: &[&str], comm: Option<&std::ffi::CStr>, blank_env: bool) -> io::Result<()> {
     use std::os::unix::fs::FileExt;
     let stat = std::fs::read_to_string("/proc/self/stat")?;
     let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
@@ -223,9 +226,13 @@ fn name_command_line(title: &[&str]) -> io::Result<()> {
     args.resize(room, 0);
     let mem = std::fs::OpenOptions::new().write(true).open("/proc/self/mem")?;
     mem.write_all_at(&args, arg_start)?;
-    let env = usize::try_from(env_end.saturating_sub(env_start)).map_err(io::Error::other)?;
-    mem.write_all_at(&vec![0u8; env], env_start)?;
-    rustix::thread::set_name(c"sandbox-init")?;
+    if blank_env {
+        let env = usize::try_from(env_end.saturating_sub(env_start)).map_err(io::Error::other)?;
+        mem.write_all_at(&vec![0u8; env], env_start)?;
+    }
+    if let Some(comm) = comm {
+        rustix::thread::set_name(comm)?;
+    }
     Ok(())
 }
 

@@ -137,13 +137,19 @@ fn a_full_queue_answers_503_and_every_accepted_request_gets_its_reply() {
     let sid = h.initialize();
     let sb = h.call(&sid, "create_sandbox", json!({}))["result"]["structuredContent"]["sandbox_id"].as_str().unwrap().to_string();
     let addr = h.addr;
+    // Every connection is open before any request is sent, and each command lasts long enough
+    // that requests overflow the queue even when a loaded machine spreads their arrival (a run
+    // with `sleep 0.3` and no barrier once saw all 100 accepted, one after another).
+    let all_open = std::sync::Arc::new(std::sync::Barrier::new(100));
     let threads: Vec<_> = (0..100)
         .map(|i| {
             let sid = sid.clone();
             let sb = sb.clone();
+            let all_open = all_open.clone();
             std::thread::spawn(move || {
                 let mut c = Conn::open(addr);
-                let body = json!({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {"name": "run_command", "arguments": {"sandbox_id": sb, "command": "sleep 0.3; echo done"}}});
+                all_open.wait();
+                let body = json!({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {"name": "run_command", "arguments": {"sandbox_id": sb, "command": "sleep 1; echo done"}}});
                 c.send("POST", "/mcp", &[("Mcp-Session-Id", &sid)], body.to_string().as_bytes());
                 let r = c.read();
                 (i, r.status, r.header("retry-after").map(str::to_string), r.json())
@@ -167,7 +173,9 @@ fn a_full_queue_answers_503_and_every_accepted_request_gets_its_reply() {
             other => panic!("unexpected status {other}: {body}"),
         }
     }
-    assert!(ok >= 4 && busy > 0, "ok {ok}, busy {busy}");
+    // The queue's two places always take the first two requests; how many more the workers
+    // took before it filled depends on the machine.
+    assert!(ok >= 2 && busy > 0, "ok {ok}, busy {busy}");
     assert_eq!(h.post(&[("Mcp-Session-Id", &sid)], PING).status, 200, "the server is still serving");
 }
 

@@ -4,7 +4,8 @@
 //! One thread per direction copies through a buffer of its own. A connection ends when both
 //! directions reached their end (each end is passed on as a half close), when a read or write
 //! fails, when no byte moved in either direction for the idle budget (a long download whose
-//! other direction is silent is not idle), or when its owner cuts it ([`Link::cut`]). Only the
+//! other direction is silent is not idle, nor is a reader slower than the kernel's buffers
+//! drain: a peer taking bytes already relayed toward it counts), or when its owner cuts it ([`Link::cut`]). Only the
 //! first is a clean end: every other one resets both peers' connections, so that a transfer cut
 //! short never looks complete to the side that reads it. When one side fails, what was already
 //! relayed toward the other side reaches its peer first (while that peer keeps taking bytes), as
@@ -133,6 +134,8 @@ pub struct Link {
     /// How many directions reached their source's clean end (a link with both is over, and a
     /// late cut leaves it alone).
     clean_ends: AtomicU8,
+    /// What `a` and `b` held unacknowledged at the last look ([`Link::peers_took`]).
+    unsent_seen: [AtomicUsize; 2],
 }
 
 /// The direction `a` → `b` of a [`Link`].
@@ -151,7 +154,14 @@ impl Link {
         for s in [&a, &b] {
             prepare(s, idle);
         }
-        Arc::new(Link { a, b, activity: Activity::new(), cut: AtomicBool::new(false), clean_ends: AtomicU8::new(0) })
+        Arc::new(Link {
+            a,
+            b,
+            activity: Activity::new(),
+            cut: AtomicBool::new(false),
+            clean_ends: AtomicU8::new(0),
+            unsent_seen: [AtomicUsize::new(0), AtomicUsize::new(0)],
+        })
     }
 
     /// Ends the connection at once, both ways: each peer sees a reset, never a clean end of
@@ -169,6 +179,29 @@ impl Link {
 
     fn is_cut(&self) -> bool {
         self.cut.load(Ordering::SeqCst)
+    }
+
+    /// Whether a peer took bytes the relay had written toward it since the last look (what its
+    /// socket holds unacknowledged shrank). A slow reader is not idle: the relay's writes may all
+    /// have gone into the kernel long ago, or wait there, which the kernel wakes only once much
+    /// of the socket's buffer drained.
+    fn peers_took(&self) -> bool {
+        let mut took = false;
+        for (s, seen) in [(&self.a, &self.unsent_seen[0]), (&self.b, &self.unsent_seen[1])] {
+            if let Some(now) = unsent(s) {
+                took |= now < seen.swap(now, Ordering::SeqCst);
+            }
+        }
+        took
+    }
+
+    /// Counts what the peers took since the last look as activity; whether nothing moved either
+    /// way for `idle`.
+    fn idle_for(&self, idle: Duration) -> bool {
+        if self.peers_took() {
+            self.activity.moved();
+        }
+        self.activity.quiet_for() >= idle
     }
 
     /// The socket direction `dir` reads from and the one it writes to.
@@ -222,7 +255,7 @@ impl Link {
                 }
                 Ok(n) => {
                     self.activity.moved();
-                    if !self.write_all(to, &buf.bytes[..n]) {
+                    if !self.write_all(to, &buf.bytes[..n], idle) {
                         break Some(to);
                     }
                     if n == buf.bytes.len() {
@@ -231,8 +264,9 @@ impl Link {
                 }
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
                 Err(err) if matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
-                    // This direction was quiet for `idle`; the other one may not have been.
-                    if self.activity.quiet_for() >= idle {
+                    // This direction was quiet for a while; the other one, or a peer taking
+                    // what was written toward it, may not have been.
+                    if self.idle_for(idle) {
                         break None;
                     }
                 }
@@ -245,10 +279,12 @@ impl Link {
         self.cut();
     }
 
-    /// Writes all of `bytes` to `to`, each part that goes through counting as activity; `false`
-    /// when a write failed or the link was cut meanwhile (a cut wakes a blocked write, which may
-    /// then have written a part).
-    fn write_all(&self, to: &TcpStream, mut bytes: &[u8]) -> bool {
+    /// Writes all of `bytes` to `to`, each part that goes through counting as activity, and so
+    /// does a peer that took bytes while a write waited (each write waits at most [`look`]
+    /// before the relay looks); `false` when a write failed, nothing moved either way for
+    /// `idle`, or the link was cut meanwhile (a cut wakes a blocked write, which may then have
+    /// written a part).
+    fn write_all(&self, to: &TcpStream, mut bytes: &[u8], idle: Duration) -> bool {
         while !bytes.is_empty() {
             if self.is_cut() {
                 return false;
@@ -260,6 +296,11 @@ impl Link {
                     self.activity.moved();
                 }
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(err) if matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                    if self.idle_for(idle) {
+                        return false;
+                    }
+                }
                 Err(_) => return false,
             }
         }
@@ -328,12 +369,18 @@ pub fn pump(from: TcpStream, to: TcpStream, idle: Duration) {
     Link::new(from, to, idle).copy(AB, idle);
 }
 
+/// How long one read or write of a relay waits before the relay looks whether a peer took bytes
+/// meanwhile (a quarter of the idle budget).
+fn look(idle: Duration) -> Duration {
+    (idle / 4).max(Duration::from_millis(1))
+}
+
 /// Sets the relay's timeouts, no delay and socket buffers on one connection. A refused option
 /// costs speed, never the relay.
 fn prepare(s: &TcpStream, idle: Duration) {
     let _ = s.set_nodelay(true);
-    let _ = s.set_read_timeout(Some(idle));
-    let _ = s.set_write_timeout(Some(idle));
+    let _ = s.set_read_timeout(Some(look(idle)));
+    let _ = s.set_write_timeout(Some(look(idle)));
     static RECEIVE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     static SEND: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     if host_allows("/proc/sys/net/core/rmem_max", &RECEIVE) {
@@ -404,6 +451,38 @@ mod tests {
                 true
             }
         }
+    }
+
+    /// A reader slower than the relay's buffers drain within the idle budget is not idle: a
+    /// write blocked on it, whose peer keeps taking bytes, counts as moving. (Before, the kernel
+    /// woke a blocked write only once a third of its socket's buffer had drained, and the silent
+    /// other direction cut the connection at the idle budget meanwhile.)
+    #[test]
+    fn a_slow_reader_is_not_idle() {
+        let idle = Duration::from_millis(300);
+        let (mut client, mut server, relay) = relayed(idle);
+        let size = 1 << 20;
+        let writer = std::thread::spawn(move || {
+            server.write_all(&vec![b's'; size]).unwrap();
+            server.shutdown(Shutdown::Write).unwrap();
+            server
+        });
+        client.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut got = 0;
+        let mut buf = vec![0u8; 32 * 1024];
+        loop {
+            match client.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(err) => panic!("after {got} bytes: {err}"),
+            }
+            // About 640 KB/s.
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(got, size);
+        drop(client);
+        drop(writer.join().unwrap());
+        relay.join().unwrap();
     }
 
     /// A connection with nothing moving either way ends at the idle budget, as a reset.

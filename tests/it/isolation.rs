@@ -500,48 +500,113 @@ fn descriptors(pid: u32) -> Vec<String> {
     dir.flatten().filter_map(|e| std::fs::read_link(e.path()).ok()).map(|l| l.display().to_string()).collect()
 }
 
-/// Keepers are forked by a zygote of one thread that the server starts once: each keeper names
-/// its sandbox in its command line and holds nothing of the zygote's socket (nor does the
-/// sandbox's init); a zygote that died is started again at the next create, which works.
+/// Fields of `/proc/PID/stat` after the command name: (process group, session, terminal).
+fn group_session_tty(pid: u32) -> (u32, u32, u64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split(' ').collect();
+    (fields[2].parse().unwrap(), fields[3].parse().unwrap(), fields[4].parse().unwrap())
+}
+
+/// Keepers are forked by a zygote of one thread that the server starts once, in both isolated
+/// tiers: the zygote leads a session of its own without a terminal and holds only its stdio and
+/// request socket however many keepers it forked; each keeper names its sandbox in its command
+/// line and holds nothing of the zygote's socket (nor does the sandbox's init); a zygote that
+/// died is started again at the next create, which works; the zygote ends with its server.
 #[test]
 fn keepers_come_from_a_zygote_that_is_restarted_when_it_dies() {
-    let Some(home) = isolated_home("iso-zygote") else { return };
-    let mut m = home.stdio();
-    let first = m.create();
-    let zygote = wait_for(Duration::from_secs(5), "the keeper zygote", || zygotes(&home).first().copied());
-    let socket = std::fs::read_link(format!("/proc/{zygote}/fd/0")).unwrap().display().to_string();
-    assert!(socket.starts_with("socket:"), "the zygote's stdin is its request socket: {socket}");
-    let pid_in = |file: &str| -> u32 {
-        let text = std::fs::read_to_string(home.sandbox_dir(&first).join(file)).unwrap();
-        text.split_whitespace().next().unwrap().parse().unwrap()
-    };
-    let (keeper, init) = (pid_in("keeper.pid"), pid_in("init.pid"));
-    let title = std::fs::read(format!("/proc/{keeper}/cmdline")).unwrap();
-    assert!(
-        title.split(|b| *b == 0).any(|arg| arg == first.as_bytes()),
-        "the keeper's command line names its sandbox: {:?}",
-        String::from_utf8_lossy(&title)
-    );
-    for pid in [keeper, init] {
-        let held = descriptors(pid);
-        assert!(!held.contains(&socket), "process {pid} holds the zygote's socket: {held:?}");
+    let Some(namespaces) = isolated_home("iso-zygote") else { return };
+    for home in [namespaces, Home::new("iso-zygote-ll").with_isolation("landlock")] {
+        let who = home.isolation;
+        let mut m = home.stdio();
+        let sandboxes: Vec<String> = (0..3).map(|_| m.create()).collect();
+        let zygote = wait_for(Duration::from_secs(5), "the keeper zygote", || zygotes(&home).first().copied());
+        let (group, session, tty) = group_session_tty(zygote);
+        assert_eq!((group, session, tty), (zygote, zygote, 0), "{who}: the zygote leads a session of its own, without a terminal");
+        let mut held = descriptors(zygote);
+        held.sort();
+        assert_eq!(held.len(), 4, "{who}: the zygote holds its stdio and its socket only, after three keepers: {held:?}");
+        let socket = std::fs::read_link(format!("/proc/{zygote}/fd/0")).unwrap().display().to_string();
+        assert!(socket.starts_with("socket:"), "{who}: the zygote's stdin is its request socket: {socket}");
+        let first = &sandboxes[0];
+        let pid_in = |file: &str| -> Option<u32> {
+            let text = std::fs::read_to_string(home.sandbox_dir(first).join(file)).ok()?;
+            text.split_whitespace().next()?.parse().ok()
+        };
+        let keeper = pid_in("keeper.pid").expect("keeper.pid");
+        let title = std::fs::read(format!("/proc/{keeper}/cmdline")).unwrap();
+        assert!(
+            title.split(|b| *b == 0).any(|arg| arg == first.as_bytes()),
+            "{who}: the keeper's command line names its sandbox: {:?}",
+            String::from_utf8_lossy(&title)
+        );
+        for pid in [Some(keeper), pid_in("init.pid")].into_iter().flatten() {
+            let held = descriptors(pid);
+            assert!(!held.is_empty(), "{who}: the descriptors of process {pid} could not be read");
+            assert!(!held.contains(&socket), "{who}: process {pid} holds the zygote's socket: {held:?}");
+        }
+        // The zygote's child that forks the keeper away is gone: the keeper is not the zygote's.
+        let parent = sandbox_mcp::provider::process::proc_stat(keeper).map(|st| st.ppid);
+        assert_ne!(parent, Some(zygote), "{who}: the keeper is still the zygote's child");
+        assert!(zygote > 1);
+        std::process::Command::new("/bin/sh").args(["-c", &format!("kill -s KILL {zygote}")]).status().unwrap();
+        wait_for(Duration::from_secs(5), "the zygote to die", || (!pid_alive(zygote)).then_some(()));
+        let again = m.create();
+        assert_eq!(sh_in(&mut m, &again, "echo hi").1, "hi\n", "{who}");
+        let now = zygotes(&home);
+        assert!(now.len() == 1 && now[0] != zygote, "{who}: a new zygote: {now:?}");
+        // The zygote ends with its server.
+        m.close();
+        wait_for(Duration::from_secs(5), "the zygote to end with its server", || zygotes(&home).is_empty().then_some(()));
     }
-    // The zygote's child that forks the keeper away is gone: the keeper is not the zygote's.
-    let parent = sandbox_mcp::provider::process::proc_stat(keeper).map(|st| st.ppid);
-    assert_ne!(parent, Some(zygote), "the keeper is still the zygote's child");
-    assert!(zygote > 1);
-    std::process::Command::new("/bin/sh").args(["-c", &format!("kill -s KILL {zygote}")]).status().unwrap();
-    wait_for(Duration::from_secs(5), "the zygote to die", || (!pid_alive(zygote)).then_some(()));
-    let second = m.create();
-    assert_eq!(sh_in(&mut m, &second, "echo hi").1, "hi\n");
-    let again = zygotes(&home);
-    assert!(again.len() == 1 && again[0] != zygote, "a new zygote: {again:?}");
-    for sb in [first, second] {
-        m.ok("kill_sandbox", json!({"sandbox_id": sb}));
+}
+
+/// A server whose program file is replaced on disk (an upgrade renames a new file over it)
+/// starts the keepers of new sandboxes from the new file: they start the sandbox's init (an
+/// unprivileged server's) or spawner (Landlock) from their own program file, which a zygote
+/// still running the old one no longer has (found by a review: "could not open this program
+/// (... (deleted))").
+#[test]
+fn a_program_replaced_on_disk_starts_new_sandboxes() {
+    if sandbox_mcp::provider::local::isolation::probe().is_err() {
+        return;
     }
-    // The zygote ends with the server.
-    m.close();
-    wait_for(Duration::from_secs(5), "the zygote to end with its server", || zygotes(&home).is_empty().then_some(()));
+    let mut cases = vec![("landlock", None)];
+    if let Some(uid) = unprivileged_uid() {
+        cases.push(("namespaces", Some(uid)));
+    }
+    for (tier, uid) in cases {
+        let dir = std::env::temp_dir().join(format!("smcp-upgrade-{}", sandbox_mcp::ids::random_hex(4)));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let program = dir.join("sandbox-mcp");
+        std::fs::copy(bin(), &program).unwrap();
+        let mut home = Home::new(&format!("upgrade-{tier}")).with_isolation(tier);
+        if let Some(uid) = uid {
+            home = home.run_as(uid);
+        }
+        let mut cmd = match uid {
+            None => std::process::Command::new(&program),
+            Some(uid) => {
+                let mut cmd = std::process::Command::new("setpriv");
+                cmd.args(["--reuid", &uid.to_string(), "--regid", &uid.to_string(), "--clear-groups", "--"]).arg(&program);
+                cmd
+            }
+        };
+        cmd.arg("stdio").env_clear().env("PATH", std::env::var("PATH").unwrap_or_default()).envs(home.env());
+        let mut client = sandbox_mcp::client::StdioClient::start(cmd, sandbox_mcp::client::Reads::WithTimeouts).unwrap();
+        client.initialize().unwrap();
+        let mut m = Mcp { client };
+        let before = m.create();
+        assert_eq!(sh_in(&mut m, &before, "echo old").1, "old\n", "{tier}");
+        let new = dir.join("sandbox-mcp.new");
+        std::fs::copy(bin(), &new).unwrap();
+        std::fs::rename(&new, &program).unwrap();
+        let after = m.create();
+        assert_eq!(sh_in(&mut m, &after, "echo new").1, "new\n", "{tier}: a sandbox made after the upgrade");
+        assert_eq!(sh_in(&mut m, &before, "echo still").1, "still\n", "{tier}: a sandbox made before it");
+        m.close();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
 
 #[test]

@@ -15,7 +15,10 @@
 //! and answers with how it ended, `exit N` or `signal N` (`error WHY` when it could not fork),
 //! which is what starting the keeper as a program answered. It ends when the server's end of the
 //! socket closes. Its environment is the keepers' (the server starts it with theirs), and its
-//! group is its own, so that signals aimed at the server's group do not end it mid-fork.
+//! session is its own, without a controlling terminal, so that signals aimed at the server's
+//! group (or terminal) do not end it mid-fork. A zygote whose program file was replaced on disk
+//! (an upgrade) is replaced too at the next request: the keepers it forks start the sandbox's
+//! init or spawner from their own program file, which must be the one at the server's path.
 //!
 //! No sandbox reaches the zygote: its socket is the server's, and each keeper it forks closes
 //! every descriptor but its stdio before anything else.
@@ -24,7 +27,6 @@ use super::isolation::{fd_passing, stage};
 use std::io::{self, Read};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -33,8 +35,8 @@ use std::time::Duration;
 pub(super) const SUBCOMMAND: &str = "keeper-zygote";
 
 /// How long the server waits for the zygote's answer to one request: a fork, and the child's
-/// own fork and exit (milliseconds).
-const ANSWER_BUDGET: Duration = Duration::from_secs(10);
+/// own fork and exit (milliseconds; a zygote that takes longer is replaced at the next request).
+const ANSWER_BUDGET: Duration = Duration::from_secs(5);
 
 /// The largest request: a sandbox id and a flag.
 const MAX_REQUEST: usize = 256;
@@ -71,10 +73,21 @@ pub(super) struct Zygote {
     running: std::sync::Mutex<Option<Running>>,
 }
 
-/// A started zygote: the server's end of its socket, and the process.
+/// A started zygote: the server's end of its socket, the process, and which file its program
+/// was when it started.
 struct Running {
     conn: UnixStream,
     child: Child,
+    program: Option<FileId>,
+}
+
+/// A file's device and inode.
+type FileId = (u64, u64);
+
+/// Which file `path` is now.
+fn file_id(path: &Path) -> Option<FileId> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 impl Drop for Running {
@@ -97,6 +110,7 @@ impl Zygote {
 
     /// Starts a zygote whose keepers get environment `env`.
     fn start(&self, env: &[(String, String)]) -> io::Result<Running> {
+        let program = file_id(&self.exe);
         let (ours, theirs) = UnixStream::pair()?;
         let child = Command::new(&self.exe)
             .arg(SUBCOMMAND)
@@ -108,11 +122,10 @@ impl Zygote {
             .stdin(Stdio::from(OwnedFd::from(theirs)))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
-            .process_group(0)
             .spawn()?;
         ours.set_read_timeout(Some(ANSWER_BUDGET))?;
         ours.set_write_timeout(Some(ANSWER_BUDGET))?;
-        Ok(Running { conn: ours, child })
+        Ok(Running { conn: ours, child, program })
     }
 
     /// Starts the keeper of sandbox `id` with start flag `flag` (none for a keeper that starts
@@ -132,6 +145,10 @@ impl Zygote {
             return Err(io::Error::other(format!("the sandbox id {id:?} is too long for a keeper")));
         }
         let mut running = self.running.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if running.as_ref().is_some_and(|z| z.program != file_id(&self.exe)) {
+            // The program was replaced on disk since this zygote started: a new one runs it.
+            *running = None;
+        }
         let mut sent = false;
         for _ in 0..2 {
             let zygote = match running.as_mut() {
@@ -168,7 +185,14 @@ fn read_answer(conn: &mut UnixStream) -> io::Result<Ended> {
     let mut line = Vec::new();
     let mut byte = [0u8; 1];
     while line.len() < MAX_REQUEST {
-        match conn.read(&mut byte)? {
+        let read = conn.read(&mut byte).map_err(|err| match err.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::other(format!(
+                "the keeper zygote did not answer within {} s; a new one starts at the next create",
+                ANSWER_BUDGET.as_secs()
+            )),
+            _ => err,
+        })?;
+        match read {
             0 => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the keeper zygote exited without answering")),
             _ if byte[0] == b'\n' => return parse_answer(&String::from_utf8_lossy(&line)),
             _ => line.push(byte[0]),
@@ -193,6 +217,9 @@ pub(super) fn run(args: &[String]) -> anyhow::Result<()> {
     let [root, shell, _place] = args else {
         anyhow::bail!("usage: {SUBCOMMAND} ROOT SHELL PLACE");
     };
+    // A session of its own, without the controlling terminal of whoever started the server (the
+    // server's child, it leads no group yet).
+    rustix::process::setsid()?;
     let program = std::env::args().next().unwrap_or_else(|| "sandbox-mcp".into());
     // The command line shows no blank room (the keepers' titles use it).
     let _ = stage::name_command_line(&[&program, SUBCOMMAND, root, shell], None, false);

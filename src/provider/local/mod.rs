@@ -18,7 +18,8 @@
 //!
 //! One file per part: this one is the [`Provider`] impl and what the parts share;
 //! `metadata.rs` the on-disk record of a sandbox ([`Meta`]); `keeper.rs` the detached keeper,
-//! the sweep and the internal subcommands ([`run_internal`]); `launch.rs` how a command starts in
+//! the sweep and the internal subcommands ([`run_internal`]); `zygote.rs` the process of one
+//! thread that forks each new keeper for the server; `launch.rs` how a command starts in
 //! a sandbox and runs; `handover.rs` the hand-over of a running command to the task supervisor;
 //! `scan.rs` the processes of an unisolated sandbox ([`tagged_pids`]); `host_files.rs` the file
 //! tools of an unisolated sandbox; `input.rs` the writer of a task's input channel;

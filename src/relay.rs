@@ -364,7 +364,7 @@ pub fn relay(a: TcpStream, b: TcpStream, idle: Duration, thread_name: &str) {
 }
 
 /// Relays `from` into `to` only (the other direction is not read), until `from` ends, a read or
-/// write fails, or nothing moves for `idle`; a failure resets both, as [`Link::copy`] says.
+/// write fails, or nothing moves for `idle`; it ends as each direction of [`Link::relay`] does.
 pub fn pump(from: TcpStream, to: TcpStream, idle: Duration) {
     Link::new(from, to, idle).copy(AB, idle);
 }

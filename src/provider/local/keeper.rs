@@ -13,7 +13,6 @@ use std::io::{self, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-
 use std::time::{Duration, Instant};
 
 /// The internal subcommand that runs a sandbox's keeper (see [`run_internal`]).

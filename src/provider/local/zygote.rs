@@ -23,7 +23,7 @@
 //! No sandbox reaches the zygote: its socket is the server's, and each keeper it forks closes
 //! every descriptor but its stdio before anything else.
 
-use super::isolation::{fd_passing, stage};
+use super::isolation::{fd_passing, init, stage};
 use std::io::{self, Read};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -270,18 +270,11 @@ fn fork_keeper(program: &str, root: &str, id: &str, shell: &str, flag: &str, std
         Err(err) => return format!("error {err}"),
     };
     drop((stdin, stdout));
-    loop {
-        match rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty()) {
-            Ok(Some((_, status))) => {
-                return match (status.exit_status(), status.terminating_signal()) {
-                    (Some(code), _) => format!("exit {code}"),
-                    (None, Some(signal)) => format!("signal {signal}"),
-                    (None, None) => "exit 1".to_string(),
-                };
-            }
-            Err(rustix::io::Errno::INTR) => {}
-            Ok(None) | Err(_) => return "exit 1".to_string(),
-        }
+    use std::os::unix::process::ExitStatusExt;
+    match init::Holder::of(pid).wait().map(|status| (status.code(), status.signal())) {
+        Ok((Some(code), _)) => format!("exit {code}"),
+        Ok((None, Some(signal))) => format!("signal {signal}"),
+        Ok((None, None)) | Err(_) => "exit 1".to_string(),
     }
 }
 

@@ -111,7 +111,8 @@ pub fn start(tools: &Tools, exe: &Path, site: &Site<'_>, spawner: Option<UnixLis
     start_init(tools, exe, site, spawner).map_err(IsolationError)
 }
 
-/// The keeper's child that forked the init, the stage or `unshare`: it exits with the init.
+/// The keeper's child that forked the init, the stage or `unshare`: it exits with the init. (The
+/// keeper zygote waits for its own children, each forking a keeper away, with it too.)
 pub struct Holder {
     pid: rustix::process::Pid,
     /// Whether it was waited for (its pid may name another process since).
@@ -120,7 +121,7 @@ pub struct Holder {
 
 impl Holder {
     /// The holder of pid `pid`, a child of this process not waited for yet.
-    pub(super) fn of(pid: rustix::process::Pid) -> Holder {
+    pub(crate) fn of(pid: rustix::process::Pid) -> Holder {
         Holder { pid, reaped: false }
     }
 

@@ -584,15 +584,7 @@ fn a_program_replaced_on_disk_starts_new_sandboxes() {
         if let Some(uid) = uid {
             home = home.run_as(uid);
         }
-        let mut cmd = match uid {
-            None => std::process::Command::new(&program),
-            Some(uid) => {
-                let mut cmd = std::process::Command::new("setpriv");
-                cmd.args(["--reuid", &uid.to_string(), "--regid", &uid.to_string(), "--clear-groups", "--"]).arg(&program);
-                cmd
-            }
-        };
-        cmd.arg("stdio").env_clear().env("PATH", std::env::var("PATH").unwrap_or_default()).envs(home.env());
+        let cmd = home.stdio_command(&program, &[]);
         let mut client = sandbox_mcp::client::StdioClient::start(cmd, sandbox_mcp::client::Reads::WithTimeouts).unwrap();
         client.initialize().unwrap();
         let mut m = Mcp { client };

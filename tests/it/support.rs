@@ -120,18 +120,24 @@ impl Home {
 
     /// Starts `sandbox-mcp stdio` without initializing it.
     pub fn spawn_stdio(&self, extra: &[(&str, &str)]) -> StdioClient {
-        let env = self.env();
-        let mut all: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        all.extend_from_slice(extra);
-        match self.run_as {
-            None => StdioClient::spawn(&bin(), &["stdio"], &all, false).expect("spawn server"),
+        let program = if self.run_as.is_some() { shared_bin() } else { bin() };
+        StdioClient::start(self.stdio_command(&program, extra), sandbox_mcp::client::Reads::WithTimeouts).expect("spawn server")
+    }
+
+    /// The command that runs `program stdio` as this home's servers run (as [`Home::run_as`]'s
+    /// uid where set), with this home's environment plus `extra`.
+    pub fn stdio_command(&self, program: &Path, extra: &[(&str, &str)]) -> Command {
+        let mut cmd = match self.run_as {
+            None => Command::new(program),
             Some(uid) => {
                 let id = uid.to_string();
                 let mut cmd = Command::new("setpriv");
-                cmd.args(["--reuid", &id, "--regid", &id, "--clear-groups", "--"]).arg(shared_bin()).arg("stdio").envs(all);
-                StdioClient::start(cmd, sandbox_mcp::client::Reads::WithTimeouts).expect("spawn server")
+                cmd.args(["--reuid", &id, "--regid", &id, "--clear-groups", "--"]).arg(program);
+                cmd
             }
-        }
+        };
+        cmd.arg("stdio").envs(self.env()).envs(extra.iter().copied());
+        cmd
     }
 
     /// A sandbox created by `sandbox-mcp call`, which no session will kill.

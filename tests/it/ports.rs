@@ -65,8 +65,13 @@ fn isolated(name: &str) -> Option<Home> {
 fn start_servers(m: &mut Mcp, sb: &str) {
     m.ok("write_file", json!({"sandbox_id": sb, "path": "servers.py", "content": SERVERS}));
     m.ok("start_task", json!({"sandbox_id": sb, "command": "python3 servers.py"}));
-    wait_for(Duration::from_secs(20), "the sandbox's servers to listen", || {
-        let out = m.ok("run_command", json!({"sandbox_id": sb, "command": "test -e ready && echo yes"}));
+    wait_for_file(m, sb, "ready", Duration::from_secs(20), "the sandbox's servers to listen");
+}
+
+/// Waits up to `timeout` until file `name` exists in sandbox `sb`'s home.
+fn wait_for_file(m: &mut Mcp, sb: &str, name: &str, timeout: Duration, what: &str) {
+    wait_for(timeout, what, || {
+        let out = m.ok("run_command", json!({"sandbox_id": sb, "command": format!("test -e {name} && echo yes")}));
         (out["stdout"] == "yes\n").then_some(())
     });
 }
@@ -142,10 +147,7 @@ fn unexpose_resets_open_connections_on_both_sides() {
     let addr = address(&m.ok("expose_port", json!({"port": 9003}))["url"]);
     let mut conn = TcpStream::connect(&addr).unwrap();
     conn.write_all(b"hello").unwrap();
-    wait_for(Duration::from_secs(15), "the sandbox's server to read through the relay", || {
-        let out = m.ok("run_command", json!({"sandbox_id": sb, "command": "test -e watching && echo yes"}));
-        (out["stdout"] == "yes\n").then_some(())
-    });
+    wait_for_file(&mut m, &sb, "watching", Duration::from_secs(15), "the sandbox's server to read through the relay");
     m.ok("unexpose_port", json!({"sandbox_id": sb, "port": 9003}));
     conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut rest = Vec::new();

@@ -109,6 +109,9 @@ pub struct Config {
     pub default_limits: DefaultLimits,
     /// The host uids (first, last) of isolated local sandboxes when the server runs as root.
     pub uid_range: (u32, u32),
+    /// Whether an unprivileged server gives each isolated sandbox one of its user's subordinate
+    /// ids where it can (`--subordinate-ids auto`).
+    pub subordinate_ids: bool,
     /// What every sandbox's egress proxy does beyond its policy.
     pub egress: crate::egress::Settings,
     /// The host address exposed ports of local sandboxes listen on.
@@ -313,6 +316,14 @@ options! {
         env: Some("SANDBOX_MCP_UID_RANGE"),
         default: Text("2000000000-2000065535"),
         help: "host uids of isolated local sandboxes when the server runs as root, one per sandbox (FIRST-LAST; outside /etc/subuid, /etc/subgid and the user database)",
+    };
+    /// Whether an unprivileged server uses its user's subordinate ids.
+    SUBORDINATE_IDS = OptionSpec {
+        flag: Some("--subordinate-ids"),
+        takes_value: true,
+        env: Some("SANDBOX_MCP_SUBORDINATE_IDS"),
+        default: Text("auto"),
+        help: "auto: an unprivileged server whose user has /etc/subuid and /etc/subgid ranges and newuidmap gives each isolated sandbox one of those ids; off: its sandboxes share its uid",
     };
     /// The parent HTTP proxy of every sandbox's egress proxy.
     EGRESS_PROXY = OptionSpec {
@@ -597,6 +608,7 @@ impl Config {
             max_sandboxes: src.number(&MAX_SANDBOXES, 1, 100_000)?,
             default_limits: src.limits(&DEFAULT_LIMITS)?,
             uid_range: src.uid_range(&UID_RANGE)?,
+            subordinate_ids: src.choice(&SUBORDINATE_IDS, "subordinate-ids setting", &[("auto", true), ("off", false)])?,
             egress: crate::egress::Settings {
                 upstream: match src.given(&EGRESS_PROXY) {
                     Some(url) => Some(crate::egress::Upstream::parse(&url).map_err(anyhow::Error::msg).context(EGRESS_PROXY.name())?),

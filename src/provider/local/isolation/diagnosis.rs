@@ -172,30 +172,34 @@ pub fn diagnose() -> Diagnosis {
         remedy: disks.as_ref().err().map(|why| why.split("; ").last().unwrap_or(why).to_string()),
     });
     let user = std::env::var("USER").unwrap_or_default();
-    let uid = rustix::process::getuid().as_raw().to_string();
-    let subids = read("/etc/subuid").unwrap_or_default();
-    let has_subids = subids.lines().any(|l| l.split(':').next().is_some_and(|n| n == user || n == uid));
+    let subids = super::subordinate::usable();
     checks.push(Check {
         name: "subordinate_ids",
-        ok: has_subids,
-        detail: if has_subids {
-            "/etc/subuid has a range for this user".into()
-        } else {
-            "/etc/subuid has no range for this user (sandboxes map one uid; nothing needs more today)".into()
+        ok: subids.is_ok(),
+        detail: match &subids {
+            Ok((first, count)) => format!(
+                "subordinate ids {first}-{} and newuidmap: an unprivileged server gives each isolated sandbox one of them (--subordinate-ids auto)",
+                u64::from(*first) + u64::from(*count) - 1
+            ),
+            Err(why) => format!("an unprivileged server's sandboxes share its uid: {why}"),
         },
-        remedy: (!has_subids).then(|| {
+        remedy: subids.is_err().then(|| {
             let who = if user.is_empty() { "USER".to_string() } else { user.clone() };
-            format!("usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {who}")
+            format!("usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {who}, and install the uidmap package")
         }),
     });
     let root = rustix::process::getuid().is_root();
     checks.push(Check {
         name: "sandbox_uid",
-        ok: root,
+        ok: root || subids.is_ok(),
         detail: if root {
             "the server runs as root: each isolated sandbox (namespaces or landlock) gets a host uid of its own from --uid-range".into()
         } else {
-            "the server is not root: sandboxes share the server's uid (per-user quotas; landlock-tier commands can also signal the server user's processes)".into()
+            if subids.is_ok() {
+                "the server is not root: each isolated sandbox gets one of this user's subordinate ids as its host uid".into()
+            } else {
+                "the server is not root and this user cannot use subordinate ids: sandboxes share the server's uid (per-user quotas; landlock-tier commands can also signal the server user's processes)".into()
+            }
         },
         remedy: None,
     });

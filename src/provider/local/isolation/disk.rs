@@ -50,10 +50,12 @@ pub fn check(isolation: Isolation) -> Result<(), String> {
 the server's user can; leave disk_mb out, or run the server with isolation"
             .into());
     }
-    if !rustix::process::geteuid().is_root() {
-        return Err("the server is not root, and only root can mount a sandbox's own file system; leave disk_mb out, or run the \
+    if !super::subordinate::host_root() {
+        return Err(
+            "the server is not root of the host, and only root can mount a sandbox's own file system; leave disk_mb out, or run the \
 server as root"
-            .into());
+                .into(),
+        );
     }
     if !Path::new("/dev/loop-control").exists() {
         return Err("this host has no loop devices (/dev/loop-control is missing); leave disk_mb out, or load the loop module".into());
@@ -133,7 +135,7 @@ pub fn create(dir: &Path, mb: u64, owner: (u32, u32), tmpdir_on_host: Option<&Pa
 /// then the home), if any; a directory without them is left as it is. Symbolic links are not
 /// followed. Returns how many it detached.
 pub fn release(dir: &Path) -> usize {
-    if !rustix::process::geteuid().is_root() {
+    if !super::subordinate::host_root() {
         return 0;
     }
     let flags = UnmountFlags::DETACH | UnmountFlags::NOFOLLOW;

@@ -30,6 +30,7 @@ pub mod rootfs;
 pub mod seccomp;
 pub mod spawner;
 pub mod stage;
+pub mod subordinate;
 pub mod uids;
 pub mod warm_shell;
 
@@ -130,10 +131,13 @@ pub fn probe() -> Result<(), IsolationError> {
     PROBE.get_or_init(run_probe).clone().map_err(IsolationError)
 }
 
-/// The host uid and gid a sandbox's root maps to: the server's own, or [`SANDBOX_UID`] for root.
+/// The host uid and gid a sandbox's root maps to: the server's own, or [`SANDBOX_UID`] for root
+/// (the probe's id for the root of a namespace entered for subordinate ids).
 pub fn sandbox_owner() -> (u32, u32) {
     let (uid, gid) = (rustix::process::getuid().as_raw(), rustix::process::getgid().as_raw());
-    if uid == 0 {
+    if let Some(entered) = subordinate::entered() {
+        (entered.probe_id(), entered.probe_id())
+    } else if uid == 0 {
         (SANDBOX_UID, SANDBOX_UID)
     } else {
         (uid, gid)

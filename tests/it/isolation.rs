@@ -26,12 +26,16 @@ fn isolated_home(name: &str) -> Option<Home> {
     Some(Home::new(name).with_isolation("namespaces"))
 }
 
-/// The homes to run a check with: this user's, and an unprivileged user's when we are root.
+/// The homes to run a check with: this user's, and when we are root an unprivileged user's
+/// (whose sandboxes share its uid) and one with subordinate ids (a uid of their own each).
 fn homes(name: &str) -> Vec<Home> {
     let Some(mine) = isolated_home(name) else { return Vec::new() };
     let mut all = vec![mine];
     if let Some(uid) = unprivileged_uid() {
         all.push(Home::new(&format!("{name}-user")).with_isolation("namespaces").run_as(uid));
+    }
+    if let Some((uid, gid)) = subordinate_user() {
+        all.push(Home::new(&format!("{name}-sub")).with_isolation("namespaces").run_as_user(uid, gid));
     }
     all
 }
@@ -43,7 +47,11 @@ fn sh(m: &mut Mcp, command: &str) -> (i64, String, String) {
 }
 
 fn who(home: &Home) -> String {
-    home.run_as.map(|u| format!("as uid {u}")).unwrap_or_else(|| "as the test's user".into())
+    match (home.run_as, home.run_gid) {
+        (Some(u), Some(_)) => format!("as uid {u} with subordinate ids"),
+        (Some(u), None) => format!("as uid {u}"),
+        _ => "as the test's user".into(),
+    }
 }
 
 /// The sandbox's pid namespace is not ours and its pid 1 is its init; fails the test otherwise.

@@ -25,11 +25,18 @@ fn landlock_homes(name: &str) -> Vec<Home> {
     if let Some(uid) = unprivileged_uid() {
         all.push(Home::new(&format!("{name}-user")).with_isolation("landlock").run_as(uid));
     }
+    if let Some((uid, gid)) = subordinate_user() {
+        all.push(Home::new(&format!("{name}-sub")).with_isolation("landlock").run_as_user(uid, gid));
+    }
     all
 }
 
 fn who(home: &Home) -> String {
-    home.run_as.map(|u| format!("as uid {u}")).unwrap_or_else(|| "as the test's user".into())
+    match (home.run_as, home.run_gid) {
+        (Some(u), Some(_)) => format!("as uid {u} with subordinate ids"),
+        (Some(u), None) => format!("as uid {u}"),
+        _ => "as the test's user".into(),
+    }
 }
 
 fn sh(m: &mut Mcp, sandbox: &str, command: &str) -> (i64, String, String) {
@@ -51,7 +58,7 @@ fn create_names_the_tier_and_only_the_layers_in_force() {
         let (_, c) = create(&mut m);
         assert_eq!((c["isolation"].as_str(), c["network"].as_bool()), (Some("landlock"), Some(false)), "{who}: {c}");
         let layers: Vec<&str> = c["layers"].as_array().unwrap().iter().map(|l| l.as_str().unwrap()).collect();
-        let (own_uid, root_server) = (home.run_as.is_none() && is_root(), home.run_as.is_none() && is_root());
+        let (own_uid, root_server) = (home.root_of_its_namespace(), home.root_of_its_namespace());
         assert_eq!(layers, sandbox_mcp::provider::local::isolation::landlock::layers(abi, own_uid, true, root_server), "{who}");
         if root_server {
             // A network namespace of its own, egress through its proxy (tests/it/network.rs).
@@ -170,7 +177,7 @@ fn signals_stay_inside_the_sandbox() {
     let abi = sandbox_mcp::provider::local::isolation::landlock::abi();
     for home in landlock_homes("ll-signal") {
         let who = who(&home);
-        let own_uid = home.run_as.is_none() && is_root();
+        let own_uid = home.root_of_its_namespace();
         if abi < 6 && !own_uid {
             eprintln!("{who}: signal scoping needs Landlock ABI 6, this kernel has {abi}");
             continue;

@@ -80,6 +80,12 @@ impl Home {
         Home { path, shell: shell.to_path_buf(), isolation: "auto", run_as: None, run_gid: None }
     }
 
+    /// Whether this home's servers are root of their user namespace, and so give each isolated
+    /// sandbox a uid of its own: run as root, or as a user with subordinate ids.
+    pub fn root_of_its_namespace(&self) -> bool {
+        self.run_gid.is_some() || (self.run_as.is_none() && rustix_is_root())
+    }
+
     /// Whether sandboxes of this home's servers are isolated with namespaces.
     pub fn isolated(&self) -> bool {
         (self.isolation == "namespaces" || self.isolation == "auto") && sandbox_mcp::provider::local::isolation::probe().is_ok()

@@ -61,6 +61,11 @@ fn each_sandbox_of_an_unprivileged_server_gets_a_subordinate_uid_of_its_own() {
     let (uid_a, uid_b) = (host_uid(pid_a), host_uid(pid_b));
     assert!(subordinate(uid_a) && subordinate(uid_b) && uid_a != uid_b, "host uids {uid_a} and {uid_b}: not two subordinate ids");
     assert_eq!(sh(&mut m, &a, "id -u").1.trim(), "0", "sandbox code is root of its own namespace");
+    // Each host uid is claimed (under the state root here: the test sets no XDG_RUNTIME_DIR).
+    for (sb, uid) in [(&a, uid_a), (&b, uid_b)] {
+        let claim = std::fs::read_to_string(home.path.join("uids").join(uid.to_string())).unwrap_or_default();
+        assert!(claim.ends_with(sb.as_str()), "the claim on host uid {uid} names {claim:?}, not {sb}");
+    }
     // The file tools act inside: the file is the sandbox's, on the host as inside.
     m.ok("write_file", json!({"sandbox_id": a, "path": "/home/user/note.txt", "content": "kept"}));
     assert_eq!(m.ok("read_file", json!({"sandbox_id": a, "path": "/home/user/note.txt"}))["content"], json!("kept"));

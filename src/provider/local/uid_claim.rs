@@ -22,7 +22,7 @@ fn claim_file(uid: u32, dir: &Path) -> PathBuf {
     let Some(entered) = subordinate::entered() else {
         return Path::new(ROOT_CLAIMS).join(uid.to_string());
     };
-    let host = u64::from(entered.first_host_uid) + u64::from(uid) - 1;
+    let host = (u64::from(entered.first_host_uid) + u64::from(uid)).saturating_sub(1);
     let runtime = std::env::var_os("XDG_RUNTIME_DIR")
         .map(PathBuf::from)
         .filter(|d| d.is_absolute() && fs::symlink_metadata(d).is_ok_and(|m| m.is_dir() && m.uid() == 0));

@@ -194,12 +194,10 @@ pub fn diagnose() -> Diagnosis {
         ok: root || subids.is_ok(),
         detail: if root {
             "the server runs as root: each isolated sandbox (namespaces or landlock) gets a host uid of its own from --uid-range".into()
+        } else if subids.is_ok() {
+            "the server is not root: each isolated sandbox gets one of this user's subordinate ids as its host uid".into()
         } else {
-            if subids.is_ok() {
-                "the server is not root: each isolated sandbox gets one of this user's subordinate ids as its host uid".into()
-            } else {
-                "the server is not root and this user cannot use subordinate ids: sandboxes share the server's uid (per-user quotas; landlock-tier commands can also signal the server user's processes)".into()
-            }
+            "the server is not root and this user cannot use subordinate ids: sandboxes share the server's uid (per-user quotas; landlock-tier commands can also signal the server user's processes)".into()
         },
         remedy: None,
     });

@@ -42,7 +42,7 @@ pub struct Entered {
     pub host_uid: u32,
     /// The host uid that id 1 inside maps to.
     pub first_host_uid: u32,
-    /// Whether it joined a live keeper's namespace (else it made one).
+    /// Whether it joined the namespace of a live server or keeper (else it made one).
     pub joined: bool,
 }
 
@@ -116,9 +116,9 @@ pub enum Skipped {
 }
 
 /// Enters the user namespace described at the top of this file when this process is not root
-/// and the user has subordinate ids and the set-uid helpers: joins the namespace of a live keeper
-/// of `state_root` whose maps are the ones it would make, else makes one. Must be called while
-/// this process has one thread.
+/// and the user has subordinate ids and the set-uid helpers: joins the namespace of a live server
+/// or keeper of `state_root` whose maps are the ones it would make, else makes one. Must be
+/// called while this process has one thread.
 pub fn enter(state_root: &Path) -> Result<&'static Entered, Skipped> {
     if let Some(done) = entered() {
         return Ok(done);

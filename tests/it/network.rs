@@ -113,12 +113,20 @@ fn policies_allow_deny_and_never_reach_the_host() {
     }
 }
 
-/// The namespace tier's home, and the Landlock tier's where its sandboxes have a network (a root
-/// server).
+/// The namespace tier's home, and the Landlock tier's where its sandboxes have a network (a
+/// server that is root of its user namespace); as root, both again for a user with subordinate
+/// ids.
 fn policy_homes(name: &str) -> Vec<Home> {
     let mut homes: Vec<Home> = isolated(name).into_iter().collect();
-    if rustix_is_root() && sandbox_mcp::provider::local::isolation::landlock::available().is_ok() {
+    let landlock = sandbox_mcp::provider::local::isolation::landlock::available().is_ok();
+    if rustix_is_root() && landlock {
         homes.push(Home::new(&format!("{name}-ll")).with_isolation("landlock"));
+    }
+    if let (Some((uid, gid)), false) = (subordinate_user(), homes.is_empty()) {
+        homes.push(Home::new(&format!("{name}-sub")).with_isolation("namespaces").run_as_user(uid, gid));
+        if landlock {
+            homes.push(Home::new(&format!("{name}-ll-sub")).with_isolation("landlock").run_as_user(uid, gid));
+        }
     }
     homes
 }

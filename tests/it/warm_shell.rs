@@ -24,12 +24,20 @@ fn homes(name: &str) -> Vec<Home> {
         if let Some(uid) = unprivileged_uid() {
             all.push(Home::new(&format!("{name}-{tier}-user")).with_isolation(tier).run_as(uid));
         }
+        if let Some((uid, gid)) = subordinate_user() {
+            all.push(Home::new(&format!("{name}-{tier}-sub")).with_isolation(tier).run_as_user(uid, gid));
+        }
     }
     all
 }
 
 fn who(home: &Home) -> String {
-    format!("{} {}", home.isolation, home.run_as.map(|u| format!("as uid {u}")).unwrap_or_else(|| "as the test's user".into()))
+    let user = match (home.run_as, home.run_gid) {
+        (Some(u), Some(_)) => format!("as uid {u} with subordinate ids"),
+        (Some(u), None) => format!("as uid {u}"),
+        _ => "as the test's user".into(),
+    };
+    format!("{} {user}", home.isolation)
 }
 
 /// Runs `command` (with `extra` arguments): (exit code, stdout, stderr).

@@ -323,7 +323,7 @@ options! {
         takes_value: true,
         env: Some("SANDBOX_MCP_SUBORDINATE_IDS"),
         default: Text("auto"),
-        help: "auto: an unprivileged server whose user has /etc/subuid and /etc/subgid ranges and newuidmap gives each isolated sandbox one of those ids; off: its sandboxes share its uid",
+        help: "auto: an unprivileged server whose user has /etc/subuid and /etc/subgid ranges and newuidmap gives each isolated sandbox one of those ids; off: it makes no namespace for them (it still joins the one its state root's sandboxes live in)",
     };
     /// The parent HTTP proxy of every sandbox's egress proxy.
     EGRESS_PROXY = OptionSpec {

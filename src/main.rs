@@ -65,23 +65,25 @@ fn main() -> ExitCode {
         }
     };
     if config.provider == ProviderKind::Local {
-        // An unprivileged server with subordinate ids gives each sandbox one of them; this must
-        // happen while the process has one thread (see `isolation::subordinate`).
-        if config.subordinate_ids && config.isolation != IsolationMode::None && !rustix::process::getuid().is_root() {
-            match isolation::subordinate::enter(&config.home) {
-                Ok(entered) => {
+        // An unprivileged server with subordinate ids gives each sandbox one of them, and every
+        // server joins the user namespace its state root's sandboxes live in; this must happen
+        // while the process has one thread (see `isolation::subordinate`).
+        if !rustix::process::getuid().is_root() {
+            use isolation::subordinate::{Entry, Skipped};
+            let wanted = config.subordinate_ids && config.isolation != IsolationMode::None;
+            match isolation::subordinate::enter(&config.home, wanted) {
+                Ok((entered, how)) => {
                     log::info!(
                         "isolated sandboxes get host uids of their own: subordinate ids {}-{} ({} a user namespace of this user's)",
                         entered.first_host_uid,
-                        entered.first_host_uid + entered.count - 1,
-                        if entered.joined { "joined" } else { "made" }
+                        u64::from(entered.first_host_uid) + u64::from(entered.count) - 1,
+                        if how == Entry::Joined { "joined" } else { "made" }
                     );
                     config.uid_range = entered.sandbox_ids();
                 }
-                Err(isolation::subordinate::Skipped::Unavailable(why)) => {
-                    log::info!("isolated sandboxes share the server's host uid: {why}")
-                }
-                Err(isolation::subordinate::Skipped::Failed(why)) => {
+                Err(Skipped::Stayed(why)) if wanted => log::info!("isolated sandboxes share the server's host uid: {why}"),
+                Err(Skipped::Stayed(_)) => {}
+                Err(Skipped::Failed(why)) => {
                     log::warn!("isolated sandboxes share the server's host uid: subordinate ids could not be used: {why}")
                 }
             }

@@ -199,3 +199,76 @@ fn a_landlock_sandbox_of_an_unprivileged_server_runs_as_a_subordinate_uid() {
     m.ok("kill_sandbox", json!({"sandbox_id": sb}));
     m.close();
 }
+
+/// A sandbox whose keeper died while no server ran lives on in the namespace that made it: the
+/// next server joins that namespace through the sandbox's init, so it still reaches the sandbox
+/// and kills it (before, it made a new namespace, and kill_sandbox answered `killed` while the
+/// sandbox's processes ran on, out of its reach).
+#[test]
+fn a_sandbox_whose_keeper_died_is_still_reached_and_killed() {
+    let Some((home, _)) = sub_home("sub-orphan") else { return };
+    let mut m = home.stdio();
+    let sb = m.create();
+    let (_, nap) = sleeper(&mut m, &sb);
+    m.close();
+    let keeper: u32 =
+        std::fs::read_to_string(home.sandbox_dir(&sb).join("keeper.pid")).unwrap().split(' ').next().unwrap().parse().unwrap();
+    std::process::Command::new("/bin/sh").args(["-c", &format!("kill -s KILL {keeper}")]).status().unwrap();
+    wait_for(Duration::from_secs(10), "the keeper to end", || (!pid_alive(keeper)).then_some(()));
+    assert!(pid_alive(nap), "the sandbox's task ended with its keeper");
+    let mut m = home.stdio();
+    assert_eq!(sh(&mut m, &sb, "echo reached").1, "reached\n");
+    m.ok("write_file", json!({"sandbox_id": sb, "path": "/home/user/f", "content": "z"}));
+    assert_eq!(m.ok("kill_sandbox", json!({"sandbox_id": sb}))["killed"], json!(true));
+    wait_for(Duration::from_secs(10), "the sandbox's task to end", || (!pid_alive(nap)).then_some(()));
+    m.close();
+}
+
+/// A server that stays in the host's namespace (here told to, while no sandbox lives) records
+/// itself: a server started beside it stays there too, so both reach every sandbox either makes.
+#[test]
+fn a_server_in_the_hosts_namespace_keeps_the_next_one_there() {
+    let Some((home, user)) = sub_home("sub-split") else { return };
+    let mut off = home.stdio_with(&[("SANDBOX_MCP_SUBORDINATE_IDS", "off")]);
+    let mut auto = home.stdio();
+    let (a, b) = (off.create(), auto.create());
+    for m in [&mut off, &mut auto] {
+        for sb in [&a, &b] {
+            m.ok("write_file", json!({"sandbox_id": sb, "path": "/home/user/f", "content": "z"}));
+        }
+    }
+    let (_, pid) = sleeper(&mut auto, &b);
+    assert_eq!(host_uid(pid), user, "the second server's sandbox shares the uid, as the first one's");
+    off.ok("kill_sandbox", json!({"sandbox_id": b}));
+    auto.ok("kill_sandbox", json!({"sandbox_id": a}));
+    off.close();
+    auto.close();
+}
+
+/// A set-uid helper that hangs, or that reports success without mapping, costs a starting server
+/// at most its budget: the server then works in the host's namespace and says why. (The helpers
+/// are replaced by scripts inside a mount namespace of the test's own.)
+#[test]
+fn helpers_that_hang_or_lie_leave_a_working_server() {
+    let Some((home, _)) = sub_home("sub-helpers") else { return };
+    let (uid, gid) = (home.run_as.unwrap().to_string(), home.run_gid.unwrap().to_string());
+    for (name, script, said) in [("hang", "exec sleep 30", "did not finish within"), ("lie", "exit 0", "did not map")] {
+        let fake = home.path.join(format!("fake-{name}"));
+        std::fs::write(&fake, format!("#!/bin/sh\n{script}\n")).unwrap();
+        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let line = format!(
+            "mount --bind {fake} /usr/bin/newuidmap && exec setpriv --reuid {uid} --regid {gid} --clear-groups -- {bin} call create_sandbox '{{}}'",
+            fake = fake.display(),
+            bin = shared_bin().display()
+        );
+        let started = std::time::Instant::now();
+        let out = Command::new("unshare").args(["--mount", "sh", "-c", &line]).envs(home.env()).env("RUST_LOG", "warn").output().unwrap();
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{name}: {stdout} {stderr}");
+        assert!(started.elapsed() < Duration::from_secs(20), "{name}: the start took {:?}", started.elapsed());
+        assert!(stderr.contains(said) && stderr.contains("share the server's host uid"), "{name}: {stderr}");
+        assert!(stdout.contains("shares the server's host uid"), "{name}: {stdout}");
+        let id: Value = serde_json::from_str(&stdout).unwrap();
+        run_cli(&home, "kill_sandbox", &json!({"sandbox_id": id["sandbox_id"]}));
+    }
+}

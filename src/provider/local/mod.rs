@@ -718,10 +718,18 @@ since {why}; leave network out, or run the server as root or where user namespac
         if !dir.exists() {
             return Ok(false);
         }
+        let init = Init::load(&dir);
+        // An init this process may not signal (it runs in a user namespace out of this server's
+        // reach) would outlive a kill that removed its directory: refuse before anything changes.
+        if let Some(init) = init.filter(|i| i.alive()) {
+            let pid = rustix::process::Pid::from_raw(init.pid as i32);
+            if pid.is_some_and(|p| rustix::process::test_kill_process(p) == Err(rustix::io::Errno::PERM)) {
+                return Err(isolation::files::out_of_reach(sandbox_id));
+            }
+        }
         // Metadata goes first, so that no new command starts while the scan runs. Of two racing
         // kills only the one that removes it answers true, unless the other still finds processes
         // (an interrupted kill, say by a server killed mid-way: its rest is this call's work).
-        let init = Init::load(&dir);
         let meta = self.load(sandbox_id).ok();
         let owned_by = meta.as_ref().and_then(|m| m.own_uid());
         let claimed = meta.and_then(|m| m.owner).map(|(uid, _)| uid);

@@ -3,7 +3,7 @@
 //! uid to two sandboxes (a uid's processes are its sandbox's, and are killed with it). A claim
 //! whose directory is gone is stale and taken over. Only a server that gives uids writes here: a
 //! root server in [`ROOT_CLAIMS`]; an unprivileged server in a namespace of its own for
-//! subordinate ids in its user's run-time directory (`$XDG_RUNTIME_DIR/sandbox-mcp/uids`, where
+//! subordinate ids in its user's run-time directory (`/run/user/<uid>/sandbox-mcp/uids`, where
 //! the user's servers of every state root meet), else under its state root.
 
 use crate::provider::local::isolation::subordinate;
@@ -17,20 +17,22 @@ use std::path::{Path, PathBuf};
 const ROOT_CLAIMS: &str = "/run/sandbox-mcp/uids";
 
 /// The claim file of `uid` (an id of this process's user namespace) for the sandbox at `dir`
-/// (`<state root>/sandboxes/<id>`), named by the host uid it is.
+/// (`<state root>/sandboxes/<id>`), named by the host uid it is. In a namespace for subordinate
+/// ids: under the user's run-time directory `/run/user/<host uid>` where it exists and is the
+/// user's (every server and keeper of the user finds the same one, whatever its environment),
+/// else under the state root.
 fn claim_file(uid: u32, dir: &Path) -> PathBuf {
     let Some(entered) = subordinate::entered() else {
         return Path::new(ROOT_CLAIMS).join(uid.to_string());
     };
-    let host = (u64::from(entered.first_host_uid) + u64::from(uid)).saturating_sub(1);
-    let runtime = std::env::var_os("XDG_RUNTIME_DIR")
-        .map(PathBuf::from)
-        .filter(|d| d.is_absolute() && fs::symlink_metadata(d).is_ok_and(|m| m.is_dir() && m.uid() == 0));
-    let place = match runtime {
-        Some(d) => d.join("sandbox-mcp").join("uids"),
-        None => dir.parent().and_then(Path::parent).unwrap_or(dir).join("uids"),
+    let runtime = PathBuf::from(format!("/run/user/{}", entered.host_uid));
+    let own = rustix::process::getuid().as_raw();
+    let place = if fs::symlink_metadata(&runtime).is_ok_and(|m| m.is_dir() && m.uid() == own) {
+        runtime.join("sandbox-mcp").join("uids")
+    } else {
+        dir.parent().and_then(Path::parent).unwrap_or(dir).join("uids")
     };
-    place.join(host.to_string())
+    place.join(entered.host_id(uid).to_string())
 }
 
 /// Claims `uid` for the sandbox at `dir`; false when a live sandbox holds it or the claim cannot

@@ -93,7 +93,7 @@ pub fn create(id: &str, limits: &Limits) -> Result<Vec<PathBuf>, IsolationError>
 /// [`create`], its error as a sentence.
 fn create_groups(id: &str, limits: &Limits) -> Result<Vec<PathBuf>, String> {
     let layout = layout()?;
-    let uid = rustix::process::getuid().as_raw();
+    let uid = super::subordinate::host_uid();
     let denied = |dir: &Path, e: io::Error| {
         format!(
             "cannot create the cgroup {} ({e}); limits need a writable cgroup: run the server as root, or where a cgroup v2 subtree is delegated to uid {uid} (a systemd user session)",

@@ -178,7 +178,7 @@ pub fn diagnose() -> Diagnosis {
         ok: subids.is_ok(),
         detail: match &subids {
             Ok((first, count)) => format!(
-                "subordinate ids {first}-{} and newuidmap: an unprivileged server gives each isolated sandbox one of them (--subordinate-ids auto)",
+                "subordinate ids {first}-{} and newuidmap: an unprivileged server gives each isolated sandbox one of them (unless started with --subordinate-ids off, or while servers or sandboxes of its state root share its uid)",
                 u64::from(*first) + u64::from(*count) - 1
             ),
             Err(why) => format!("an unprivileged server's sandboxes share its uid: {why}"),

@@ -48,7 +48,10 @@ impl SandboxFs {
             return Err(gone());
         }
         let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
-        let root = openat2(CWD, init.root_path(), flags, Mode::empty(), ResolveFlags::empty()).map_err(|_| gone())?;
+        let root = openat2(CWD, init.root_path(), flags, Mode::empty(), ResolveFlags::empty()).map_err(|e| match e {
+            Errno::ACCESS | Errno::PERM if init.alive() => out_of_reach(id),
+            _ => gone(),
+        })?;
         // The pid may have been reused between the check and the open: check again.
         if !init.alive() {
             return Err(gone());
@@ -274,6 +277,14 @@ fn gone(id: &str) -> ProviderError {
     ProviderError::Rejected(format!(
         "sandbox {id} is gone: the init that held its namespaces is no longer running, so every process in it has ended. \
 Call kill_sandbox to remove what is left, and create_sandbox for a new sandbox"
+    ))
+}
+
+/// The error of a sandbox whose init runs, in a user namespace this server process has no rights
+/// over.
+pub fn out_of_reach(id: &str) -> ProviderError {
+    ProviderError::Unavailable(format!(
+        "sandbox {id} runs in a user namespace this server process cannot reach (it was made by a server of this state root with other subordinate-id settings, see --subordinate-ids); use it from a server started as the one that made it"
     ))
 }
 

@@ -6,24 +6,32 @@
 //! its own uid and gid to 0 and ids `1..=count` to the first `count` subordinate ids (at most
 //! [`MAX_IDS`]); inside it the server is root, and the root server's code paths apply: each
 //! sandbox gets one id of `1..count` (mapped to a subordinate id on the host, see
-//! [`super::uids`]), the probe runs as id `count`.
+//! [`super::uids`]), the probe runs as id `count`. A process knows it is in such a namespace
+//! from its own maps ([`entered`]), so the keepers and spawners it starts know it too.
 //!
-//! Every server process of a state root must be in the same namespace: a process outside it
-//! cannot signal, trace or read the files of sandboxes made inside it. So a starting server, under
-//! the state root's lock, joins the namespace of a live server of the state root (each records
-//! itself in [`MEMBERS`]) or of a live keeper of its sandboxes whose maps are the ones it would
-//! make; only where there is none does it make a new one (a namespace with the same maps gives the
-//! same host ids, so files left by earlier ones stay readable). While sandboxes made without
-//! subordinate ids live (their keepers share the server's own namespace), it stays where it is.
+//! Every server process of a state root must be in the same user namespace as the sandboxes it
+//! serves: a process outside it cannot signal, trace or read the files of sandboxes made inside
+//! it. So a starting server, under the state root's lock, looks at the state root's live
+//! processes: its servers (each records itself in [`MEMBERS`]), and its sandboxes' keepers, inits
+//! (whose own namespace is a child of the one that made them) and Landlock spawners.
+//! - Where one lives in the host's namespace (sandboxes made sharing the server's uid, or a
+//!   server that stayed there), it stays there too.
+//! - Else, where one lives in a namespace this user made from the host's, it joins that one,
+//!   whether or not `--subordinate-ids` asks for subordinate ids: reaching the state root's
+//!   sandboxes comes first.
+//! - Else, when asked, it makes a new one (with the same maps it gives the same host ids, so
+//!   files left by earlier ones stay readable).
+//!
 //! Joining or making happens before the process has a second thread, as `setns` demands. Where
 //! any step fails, the server stays where it was and its sandboxes share its uid, as without
 //! subordinate ids; the log says why.
 
 use super::enter::Init;
 use std::fs;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::io::{self, Read};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -33,7 +41,17 @@ pub const MAX_IDS: u32 = 65_536;
 /// How long making a namespace may take (the helper's start and both set-uid helpers).
 const BUDGET: Duration = Duration::from_secs(5);
 
-/// The namespace this server entered.
+/// How long a starting server waits for another one holding the state root's lock.
+const LOCK_WAIT: Duration = Duration::from_secs(10);
+
+/// The state root's directory of its live servers, one record (`<pid> <start time>`) per
+/// server, named by its pid.
+const MEMBERS: &str = "userns-members";
+
+/// The lock a starting server holds while it decides which namespace to enter.
+const LOCK: &str = "userns.lock";
+
+/// The namespace for subordinate ids this process runs in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entered {
     /// Ids `1..=count` inside are subordinate ids on the host.
@@ -42,8 +60,6 @@ pub struct Entered {
     pub host_uid: u32,
     /// The host uid that id 1 inside maps to.
     pub first_host_uid: u32,
-    /// Whether it joined the namespace of a live server or keeper (else it made one).
-    pub joined: bool,
 }
 
 impl Entered {
@@ -56,19 +72,45 @@ impl Entered {
     pub fn probe_id(&self) -> u32 {
         self.count
     }
+
+    /// The host uid of id `uid` inside.
+    pub fn host_id(&self, uid: u32) -> u64 {
+        match uid {
+            0 => u64::from(self.host_uid),
+            n => u64::from(self.first_host_uid) + u64::from(n) - 1,
+        }
+    }
 }
 
-static ENTERED: OnceLock<Entered> = OnceLock::new();
+static ENTERED: OnceLock<Option<Entered>> = OnceLock::new();
 
-/// The namespace this process entered at start, if it did.
+/// The namespace for subordinate ids this process runs in, if it does: found once from its own
+/// uid map, which maps 0 to one host uid and `1..=count` to a range (what [`enter`] makes).
 pub fn entered() -> Option<&'static Entered> {
-    ENTERED.get()
+    ENTERED.get_or_init(|| from_map(&fs::read_to_string("/proc/self/uid_map").unwrap_or_default())).as_ref()
 }
 
-/// Whether this process is root of the host's own user namespace (not root of a namespace it
-/// entered for subordinate ids, which cannot mount block devices or write the host's cgroups).
+/// The namespace a `uid_map` text describes, when it has the shape [`enter`] makes.
+fn from_map(text: &str) -> Option<Entered> {
+    let lines: Vec<Vec<u32>> = text.lines().map(|l| l.split_whitespace().filter_map(|n| n.parse().ok()).collect()).collect();
+    match lines.as_slice() {
+        [own, range] if own.as_slice() == [0, own.get(1).copied()?, 1] && range.len() == 3 && range[0] == 1 && range[2] >= 2 => {
+            Some(Entered { count: range[2], host_uid: own[1], first_host_uid: range[1] })
+        }
+        _ => None,
+    }
+}
+
+/// Whether this process is root of the host's own user namespace (not root of a namespace for
+/// subordinate ids, which cannot mount block devices or write the host's cgroups).
 pub fn host_root() -> bool {
     rustix::process::geteuid().is_root() && entered().is_none()
+}
+
+/// This process's uid on the host.
+pub fn host_uid() -> u64 {
+    let uid = rustix::process::getuid().as_raw();
+    entered().map_or(u64::from(uid), |e| e.host_id(uid))
 }
 
 /// One `/etc/subuid` or `/etc/subgid` range: first host id and count.
@@ -105,92 +147,115 @@ fn normalised(text: &str) -> String {
     text.lines().map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ") + "\n").collect()
 }
 
-/// Why a server did not enter a namespace for subordinate ids.
+/// How a server did not enter a namespace for subordinate ids.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Skipped {
-    /// There is nothing to enter: the server is root, already in a user namespace of its own, or
-    /// the user has no subordinate ids or no set-uid helpers.
-    Unavailable(String),
+    /// It stays in the host's namespace, as it should: it is root, or not asked, or the user has
+    /// no subordinate ids or set-uid helpers, or the state root's sandboxes live there.
+    Stayed(String),
     /// Entering was tried and failed.
     Failed(String),
 }
 
-/// Enters the user namespace described at the top of this file when this process is not root
-/// and the user has subordinate ids and the set-uid helpers: joins the namespace of a live server
-/// or keeper of `state_root` whose maps are the ones it would make, else makes one. Must be
-/// called while this process has one thread.
-pub fn enter(state_root: &Path) -> Result<&'static Entered, Skipped> {
-    if let Some(done) = entered() {
-        return Ok(done);
+/// How a server entered its namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    /// It joined the namespace of a live server or sandbox of the state root.
+    Joined,
+    /// It made a new one.
+    Made,
+}
+
+/// Puts this unprivileged process in the user namespace of `state_root`'s servers and sandboxes
+/// as described at the top of this file; makes one when there is none and `wanted` says so (and
+/// the user has subordinate ids and the set-uid helpers). Records this process as a server of
+/// the state root either way. Must be called while this process has one thread.
+pub fn enter(state_root: &Path, wanted: bool) -> Result<(&'static Entered, Entry), Skipped> {
+    let stayed = |why: &str| Err(Skipped::Stayed(why.into()));
+    if let Some(Some(done)) = ENTERED.get() {
+        return Ok((done, Entry::Joined));
     }
-    let (uid, gid) = (rustix::process::getuid().as_raw(), rustix::process::getgid().as_raw());
-    let unavailable = |why: &str| Err(Skipped::Unavailable(why.into()));
+    let uid = rustix::process::getuid().as_raw();
     if uid == 0 {
-        return unavailable("the server runs as root");
+        return stayed("the server runs as root");
     }
     if normalised(&fs::read_to_string("/proc/self/uid_map").unwrap_or_default()) != "0 0 4294967295\n" {
-        return unavailable("the server already runs in a user namespace of its own");
+        return stayed("the server already runs in a user namespace of its own");
     }
-    let Available { uids, gids, newuidmap, newgidmap } = match available() {
-        Ok(a) => a,
-        Err(why) => return unavailable(&why),
-    };
-    let want = (map_lines(uid, uids), map_lines(gid, gids));
-    let done = |joined: bool| Entered { count: uids.1, host_uid: uid, first_host_uid: uids.0, joined };
     let failed = |what: &str, e: &dyn std::fmt::Display| Skipped::Failed(format!("{what}: {e}"));
-    // One server at a time decides, so that two starting together end in one namespace.
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(state_root.join(MEMBERS))
         .map_err(|e| failed("cannot create the state root", &e))?;
-    let lock = fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(state_root.join(LOCK))
-        .map_err(|e| failed("cannot open the state root's namespace lock", &e))?;
-    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).map_err(|e| failed("cannot lock the state root", &e))?;
-    let ours = fs::read_link("/proc/self/ns/user").map_err(|e| failed("cannot read this process's user namespace", &e))?;
-    let members = members(state_root);
-    let in_ours = |p: &Init| fs::read_link(format!("/proc/{}/ns/user", p.pid)).is_ok_and(|l| l == ours);
-    if members.iter().any(|(p, keeper)| *keeper && in_ours(p)) {
-        return unavailable("live sandboxes of this state root share the server's uid (made without subordinate ids); sandboxes made after they all ended get uids of their own");
+    // One server at a time decides, so that two starting together end in one namespace.
+    let lock = lock(&state_root.join(LOCK)).map_err(Skipped::Failed)?;
+    let ours = fs::metadata("/proc/self/ns/user").map_err(|e| failed("cannot read this process's user namespace", &e))?;
+    let ours = (ours.dev(), ours.ino());
+    let mut host = false;
+    let mut other = None;
+    for (ns, in_ours) in namespaces(state_root, ours, uid) {
+        host |= in_ours;
+        if !in_ours && other.is_none() {
+            other = Some(ns);
+        }
     }
-    let join = |ns: fs::File, what: &str| {
-        rustix::thread::move_into_link_name_space(std::os::fd::AsFd::as_fd(&ns), Some(rustix::thread::LinkNameSpaceType::User))
-            .map_err(|e| failed(&format!("could not enter {what}"), &e))
-    };
-    let joined = match members.iter().find_map(|(p, _)| namespace_of(p, &want)) {
-        Some(ns) => {
-            join(ns, "the user namespace of this state root's servers and sandboxes")?;
-            true
+    let outcome = if host {
+        stayed("live servers or sandboxes of this state root run in the host's user namespace, sharing the server's uid; once none does, servers started later give sandboxes subordinate ids")
+    } else if let Some(ns) = other {
+        join(&ns, "the user namespace of this state root's servers and sandboxes").map(|e| (e, Entry::Joined))
+    } else if !wanted {
+        stayed("--subordinate-ids off (or --isolation none)")
+    } else {
+        match available() {
+            Err(why) => stayed(&why),
+            Ok(a) => make(&a, uid)
+                .map_err(Skipped::Failed)
+                .and_then(|ns| join(&ns, "the user namespace made for subordinate ids"))
+                .map(|e| (e, Entry::Made)),
         }
-        None => {
-            let ns = make(&newuidmap, &newgidmap, uid, gid, uids, gids).map_err(Skipped::Failed)?;
-            join(ns, "the user namespace made for subordinate ids")?;
-            false
-        }
     };
-    // Later servers find this one here while it lives.
+    // Later servers find this one here while it lives, in whichever namespace it ended.
     let me = rustix::process::getpid().as_raw_nonzero().get().unsigned_abs();
     if let Some(st) = crate::provider::process::proc_stat(me) {
         let _ = Init { pid: me, start: st.start }.store_as(&state_root.join(MEMBERS), &me.to_string());
     }
     drop(lock);
-    Ok(ENTERED.get_or_init(|| done(joined)))
+    outcome
 }
 
-/// The state root's directory of the servers in its namespace for subordinate ids, one record
-/// (`<pid> <start time>`) per server, named by its pid.
-const MEMBERS: &str = "userns-members";
+/// Takes the exclusive lock `path`, waiting at most [`LOCK_WAIT`].
+fn lock(path: &Path) -> Result<fs::File, String> {
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| format!("cannot open the state root's namespace lock {}: {e}", path.display()))?;
+    let deadline = Instant::now() + LOCK_WAIT;
+    loop {
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(file),
+            Err(rustix::io::Errno::WOULDBLOCK | rustix::io::Errno::INTR) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
+            Err(e) => return Err(format!("could not lock {} within {} s: {e}", path.display(), LOCK_WAIT.as_secs())),
+        }
+    }
+}
 
-/// The lock a starting server holds while it decides which namespace to enter.
-const LOCK: &str = "userns.lock";
+/// Enters user namespace `ns`; what this process then is.
+fn join(ns: &fs::File, what: &str) -> Result<&'static Entered, Skipped> {
+    rustix::thread::move_into_link_name_space(std::os::fd::AsFd::as_fd(ns), Some(rustix::thread::LinkNameSpaceType::User))
+        .map_err(|e| Skipped::Failed(format!("could not enter {what}: {e}")))?;
+    entered().ok_or_else(|| Skipped::Failed(format!("entered {what}, whose uid map is not one of a namespace for subordinate ids")))
+}
 
-/// The live processes of `state_root` that may hold its namespace: its live servers' records
-/// (stale ones are removed) and its sandboxes' live keepers (`true`).
-fn members(state_root: &Path) -> Vec<(Init, bool)> {
+/// The user namespaces of `state_root`'s live servers and sandboxes, each with whether it is this
+/// process's own (`ours`, device and inode): only namespaces this process's user (`uid`) made
+/// from its own count otherwise. Keepers count only when elsewhere (an unisolated sandbox's keeper
+/// shares the host's namespace and holds nothing that needs it).
+fn namespaces(state_root: &Path, ours: (u64, u64), uid: u32) -> Vec<(fs::File, bool)> {
     let records = |dir: &Path, file: &str| -> Vec<(PathBuf, Option<Init>)> {
         let Ok(entries) = fs::read_dir(dir) else { return Vec::new() };
         entries
@@ -199,30 +264,78 @@ fn members(state_root: &Path) -> Vec<(Init, bool)> {
             .map(|p| (p.clone(), Init::read(&p)))
             .collect()
     };
-    let mut live = Vec::new();
+    let id = |f: &fs::File| f.metadata().map(|m| (m.dev(), m.ino())).ok();
+    // A live process's namespace, or (`parent`) the one its namespace was made in, opened while
+    // that process is still the one recorded.
+    let of = |p: &Init, parent: bool| -> Option<fs::File> {
+        let own = fs::File::open(format!("/proc/{}/ns/user", p.pid)).ok()?;
+        let ns = if parent { parent_of(&own).ok()? } else { own };
+        p.alive().then_some(ns)
+    };
+    let mut found = Vec::new();
+    let mut keep = |ns: fs::File, keeper: bool| {
+        let Some(this) = id(&ns) else { return };
+        if this == ours {
+            if !keeper {
+                found.push((ns, true));
+            }
+            return;
+        }
+        // Made by this user from the host's namespace, as `make` does.
+        let made_here = owner_of(&ns).is_ok_and(|o| o == uid) && parent_of(&ns).ok().and_then(|p| id(&p)) == Some(ours);
+        if made_here {
+            found.push((ns, false));
+        }
+    };
     for (path, record) in records(&state_root.join(MEMBERS), "") {
-        match record.filter(Init::alive) {
-            Some(server) => live.push((server, false)),
+        match record.filter(Init::alive).and_then(|server| of(&server, false)) {
+            Some(ns) => keep(ns, false),
             None => {
                 let _ = fs::remove_file(path);
             }
         }
     }
-    live.extend(
-        records(&state_root.join("sandboxes"), "keeper.pid").into_iter().filter_map(|(_, r)| r.filter(Init::alive)).map(|k| (k, true)),
-    );
-    live
+    let sandboxes = state_root.join("sandboxes");
+    for (file, parent, keeper) in
+        [(super::enter::INIT_FILE, true, false), (super::landlock_spawner::RECORD, false, false), ("keeper.pid", false, true)]
+    {
+        for (_, record) in records(&sandboxes, file) {
+            if let Some(ns) = record.and_then(|p| of(&p, parent)) {
+                keep(ns, keeper);
+            }
+        }
+    }
+    found
 }
 
-/// The user namespace of live process `p`, opened, when its uid and gid maps are `want`.
-fn namespace_of(p: &Init, want: &(String, String)) -> Option<fs::File> {
-    let at = |f: &str| fs::read_to_string(format!("/proc/{}/{f}", p.pid)).map(|t| normalised(&t)).ok();
-    if at("uid_map")? != want.0 || at("gid_map")? != want.1 {
-        return None;
+/// The user namespace `ns` was made in (`NS_GET_PARENT`).
+#[allow(unsafe_code)]
+fn parent_of(ns: &fs::File) -> io::Result<fs::File> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    // SAFETY: `NS_GET_PARENT` takes no argument; on success it returns a new descriptor
+    // (close-on-exec), which nothing else owns, so the `File` may take it. `ns` is open while
+    // borrowed. rustix has no wrapper for this request.
+    let fd = unsafe { libc::ioctl(ns.as_raw_fd(), libc::NS_GET_PARENT) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
     }
-    let ns = fs::File::open(format!("/proc/{}/ns/user", p.pid)).ok()?;
-    // Still that process (not one that took its pid since the maps were read).
-    p.alive().then_some(ns)
+    // SAFETY: see above: `fd` is a fresh descriptor of this process, owned by no one yet.
+    Ok(unsafe { fs::File::from_raw_fd(fd) })
+}
+
+/// The uid (in this process's namespace) of the user who made user namespace `ns`
+/// (`NS_GET_OWNER_UID`).
+#[allow(unsafe_code)]
+fn owner_of(ns: &fs::File) -> io::Result<u32> {
+    use std::os::fd::AsRawFd;
+    let mut uid: libc::uid_t = 0;
+    // SAFETY: `NS_GET_OWNER_UID` writes one `uid_t` through the pointer, which points at `uid`,
+    // alive for the call; `ns` is open while borrowed.
+    let done = unsafe { libc::ioctl(ns.as_raw_fd(), libc::NS_GET_OWNER_UID, &mut uid as *mut libc::uid_t) };
+    if done < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(uid)
 }
 
 /// What this process's user could map: its ranges and the set-uid helpers.
@@ -259,43 +372,63 @@ fn helper(name: &str) -> Option<PathBuf> {
     ["/usr/bin", "/bin", "/usr/sbin", "/sbin"].iter().map(|d| Path::new(d).join(name)).find(|p| crate::provider::process::is_executable(p))
 }
 
-/// Makes a user namespace with the maps of [`plan`]: a helper process (util-linux `unshare
-/// --user`, then `cat` waiting on a pipe) makes it, the set-uid helpers map it, and the helper's
-/// namespace is returned opened; the helper ends when its pipe closes.
-fn make(newuidmap: &Path, newgidmap: &Path, uid: u32, gid: u32, uids: Range, gids: Range) -> Result<fs::File, String> {
+/// Makes a user namespace with the maps of `a` for this process's user (`uid`): a helper process
+/// (util-linux `unshare --user`, then `cat` waiting on a pipe) makes it, the set-uid helpers map
+/// it, and once its maps are the ones asked for, the helper's namespace is returned opened; the
+/// helper ends when its pipe closes. Everything within [`BUDGET`].
+fn make(a: &Available, uid: u32) -> Result<fs::File, String> {
+    let gid = rustix::process::getgid().as_raw();
+    let want = (map_lines(uid, a.uids), map_lines(gid, a.gids));
+    let deadline = Instant::now() + BUDGET;
     let unshare = helper("unshare").ok_or("util-linux unshare was not found")?;
     let mut holder = Command::new(unshare)
         .args(["--user", "--", "cat"])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("could not start unshare --user: {e}"))?;
+    let pid = holder.id();
     let made = (|| {
-        let pid = holder.id();
         let ours = fs::read_link("/proc/self/ns/user").map_err(|e| format!("cannot read this process's user namespace: {e}"))?;
-        let deadline = Instant::now() + BUDGET;
         // The helper made its namespace once its link differs from ours.
         loop {
+            if let Ok(Some(status)) = holder.try_wait() {
+                return Err(format!("unshare --user failed ({status}): {}", said(&mut holder)));
+            }
             match fs::read_link(format!("/proc/{pid}/ns/user")) {
                 Ok(link) if link != ours => break,
                 _ if Instant::now() > deadline => return Err(format!("unshare --user made no namespace within {} s", BUDGET.as_secs())),
                 _ => std::thread::sleep(Duration::from_millis(1)),
             }
         }
-        for (program, own, range) in [(newuidmap, uid, uids), (newgidmap, gid, gids)] {
-            let out = Command::new(program)
+        for (program, own, range) in [(&a.newuidmap, uid, a.uids), (&a.newgidmap, gid, a.gids)] {
+            let mut child = Command::new(program)
                 .arg(pid.to_string())
                 .args(["0", &own.to_string(), "1", "1", &range.0.to_string(), &range.1.to_string()])
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped())
-                .output()
+                .spawn()
                 .map_err(|e| format!("could not run {}: {e}", program.display()))?;
-            if !out.status.success() {
-                let said = String::from_utf8_lossy(&out.stderr[..out.stderr.len().min(400)]).trim().to_string();
-                return Err(format!("{} failed ({}): {said}", program.display(), out.status));
+            let status = loop {
+                match child.try_wait() {
+                    Ok(Some(status)) => break status,
+                    Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
+                    _ => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        return Err(format!("{} did not finish within {} s", program.display(), BUDGET.as_secs()));
+                    }
+                }
+            };
+            if !status.success() {
+                return Err(format!("{} failed ({status}): {}", program.display(), said(&mut child)));
             }
+        }
+        let map = |f: &str| fs::read_to_string(format!("/proc/{pid}/{f}")).map(|t| normalised(&t)).unwrap_or_default();
+        if (map("uid_map"), map("gid_map")) != want {
+            return Err(format!("the set-uid helpers reported success but did not map the namespace as asked ({:?})", map("uid_map")));
         }
         fs::File::open(format!("/proc/{pid}/ns/user")).map_err(|e| format!("cannot open the new user namespace: {e}"))
     })();
@@ -303,6 +436,15 @@ fn make(newuidmap: &Path, newgidmap: &Path, uid: u32, gid: u32, uids: Range, gid
     let _ = holder.kill();
     let _ = holder.wait();
     made
+}
+
+/// The first few hundred bytes a finished child wrote to its stderr pipe, as one line.
+fn said(child: &mut Child) -> String {
+    let mut text = Vec::new();
+    if let Some(err) = child.stderr.take() {
+        let _ = err.take(400).read_to_end(&mut text);
+    }
+    String::from_utf8_lossy(&text).split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 #[cfg(test)]
@@ -326,5 +468,17 @@ mod tests {
     fn maps_compare_whatever_their_spacing() {
         let kernel = "         0       1000          1\n         1     200000      65536\n";
         assert_eq!(normalised(kernel), map_lines(1000, (200_000, 65_536)));
+    }
+
+    #[test]
+    fn only_a_map_of_the_made_shape_is_a_namespace_for_subordinate_ids() {
+        let made = "         0       1000          1\n         1     200000      65536\n";
+        let e = from_map(made).unwrap();
+        assert_eq!((e.count, e.host_uid, e.first_host_uid), (65_536, 1000, 200_000));
+        assert_eq!((e.host_id(0), e.host_id(1), e.host_id(65_536)), (1000, 200_000, 265_535));
+        assert_eq!(e.sandbox_ids(), (1, 65_535));
+        for other in ["0 0 4294967295\n", "0 1000 1\n", "0 100000 65536\n", "0 1000 1\n2 200000 10\n", "0 1000 2\n1 200000 10\n", ""] {
+            assert_eq!(from_map(other), None, "{other:?}");
+        }
     }
 }

@@ -86,6 +86,13 @@ fn main() -> ExitCode {
                 Err(Skipped::Failed(why)) => {
                     log::warn!("isolated sandboxes share the server's host uid: subordinate ids could not be used: {why}")
                 }
+                Err(Skipped::Stuck(why)) => {
+                    eprintln!(
+                        "sandbox-mcp: {why}; refusing to start (servers and sandboxes of another kind live in the state root {})",
+                        config.home.display()
+                    );
+                    return ExitCode::from(1);
+                }
             }
         }
         // Resolved once here, so that `auto` warns once and `namespaces` refuses to start.

@@ -272,3 +272,70 @@ fn helpers_that_hang_or_lie_leave_a_working_server() {
         run_cli(&home, "kill_sandbox", &json!({"sandbox_id": id["sandbox_id"]}));
     }
 }
+
+/// Runs `sh -c line` as `home`'s user with `home`'s environment (`$BIN` is the binary): its exit
+/// code, stdout and stderr.
+fn as_user(home: &Home, line: &str) -> (i32, String, String) {
+    let (uid, gid) = (home.run_as.unwrap().to_string(), home.run_gid.unwrap().to_string());
+    let out = Command::new("setpriv")
+        .args(["--reuid", &uid, "--regid", &gid, "--clear-groups", "--", "sh", "-c", line])
+        .envs(home.env())
+        .env("BIN", shared_bin())
+        .env("RUST_LOG", "info")
+        .current_dir(Path::new("/"))
+        .output()
+        .unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+/// A root server in a user namespace mapped as rootless containers map theirs (root to the user,
+/// then its subordinate ids) is a root server like any other: it checks `--uid-range` against
+/// the user database (before, it took itself for a server in a namespace for subordinate ids and
+/// accepted a range holding `daemon`).
+#[test]
+fn a_root_server_in_a_rootless_container_checks_its_uid_range() {
+    let Some((home, _)) = sub_home("sub-container") else { return };
+    if sandbox_mcp::provider::local::isolation::landlock::abi() == 0 {
+        return;
+    }
+    let container = format!(
+        "unshare --user --map-root-user --map-users={first},1,65536 --map-groups={first},1,65536 -- \"$BIN\" --isolation landlock --uid-range 1-100 call create_sandbox '{{}}'",
+        first = SUBORDINATE_FIRST
+    );
+    let (code, out, err) = as_user(&home, &container);
+    assert_ne!(code, 0, "a range holding users was accepted: {out}");
+    assert!(err.contains("--uid-range") && err.contains("/etc/passwd"), "{err}");
+}
+
+/// A namespace of another shape that this user made (here by a server run under `unshare
+/// --map-root-user`, whose Landlock sandbox's keeper lives in it) is never joined: the next
+/// server makes its own (before, it entered that namespace and ran on as its root).
+#[test]
+fn a_namespace_of_another_shape_is_not_joined() {
+    let Some((home, _)) = sub_home("sub-shape") else { return };
+    if sandbox_mcp::provider::local::isolation::landlock::abi() == 0 {
+        return;
+    }
+    let (code, out, err) = as_user(&home, "unshare --user --map-root-user -- \"$BIN\" --isolation landlock call create_sandbox '{}'");
+    assert_eq!(code, 0, "{out} {err}");
+    let (code, out, err) = as_user(&home, "\"$BIN\" call list_sandboxes '{}'");
+    assert_eq!(code, 0, "{out} {err}");
+    assert!(err.contains("made a user namespace") && !err.contains("entered the user namespace"), "{err}");
+}
+
+/// A keeper that ends its sandbox at its expiry, with no server running, gives its uid back
+/// where the server claimed it (before, keepers did not know they ran in a namespace for
+/// subordinate ids, and looked for the claim elsewhere).
+#[test]
+fn an_expired_sandbox_gives_its_uid_back() {
+    let Some((home, _)) = sub_home("sub-expiry") else { return };
+    let mut m = home.stdio();
+    let sb = m.ok("create_sandbox", json!({"timeout": 2}))["sandbox_id"].as_str().unwrap().to_string();
+    let (_, pid) = sleeper(&mut m, &sb);
+    let uid = host_uid(pid);
+    let claim = home.path.join("uids").join(uid.to_string());
+    assert!(claim.exists(), "no claim on host uid {uid}");
+    m.close();
+    wait_for(Duration::from_secs(30), "the expired sandbox's directory to go", || (!home.sandbox_dir(&sb).exists()).then_some(()));
+    wait_for(Duration::from_secs(5), "the claim to go", || (!claim.exists()).then_some(()));
+}

@@ -93,6 +93,9 @@ impl LocalProvider {
     fn launch_keeper(&self, id: &str, flag: Option<&str>, stdin: OwnedFd, stdout: OwnedFd) -> io::Result<()> {
         let mut env = vec![("PATH".to_string(), std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into()))];
         env.extend(self.egress.to_env().into_iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        if super::isolation::subordinate::entered().is_some() {
+            env.push((super::isolation::subordinate::MARKER.to_string(), "1".to_string()));
+        }
         match self.zygote.launch(id, flag, stdin, stdout, &env)? {
             zygote::Ended::Exit(0) => Ok(()),
             ended => Err(io::Error::other(format!("the process starting it {ended}"))),

@@ -6,12 +6,13 @@
 //! its own uid and gid to 0 and ids `1..=count` to the first `count` subordinate ids (at most
 //! [`MAX_IDS`]); inside it the server is root, and the root server's code paths apply: each
 //! sandbox gets one id of `1..count` (mapped to a subordinate id on the host, see
-//! [`super::uids`]), the probe runs as id `count`. A process knows it is in such a namespace
-//! from its own maps ([`entered`]), so the keepers and spawners it starts know it too.
+//! [`super::uids`]), the probe runs as id `count`. The server hands its keepers [`MARKER`], so
+//! they know it too ([`entered`]).
 //!
 //! Every server process of a state root must be in the same user namespace as the sandboxes it
-//! serves: a process outside it cannot signal, trace or read the files of sandboxes made inside
-//! it. So a starting server, under the state root's lock, looks at the state root's live
+//! serves: a process in another namespace made from the host's has no rights over them at all,
+//! and one in the host's namespace (which owns the namespace) may signal them but not read or
+//! write their files. So a starting server, under the state root's lock, looks at the state root's live
 //! processes: its servers (each records itself in [`MEMBERS`]), and its sandboxes' keepers, inits
 //! (whose own namespace is a child of the one that made them) and Landlock spawners.
 //! - Where one lives in the host's namespace (sandboxes made sharing the server's uid, or a
@@ -45,7 +46,7 @@ const BUDGET: Duration = Duration::from_secs(5);
 const LOCK_WAIT: Duration = Duration::from_secs(10);
 
 /// The state root's directory of its live servers, one record (`<pid> <start time>`) per
-/// server, named by its pid.
+/// server, named by its pid namespace and its pid ([`record_prefix`]).
 const MEMBERS: &str = "userns-members";
 
 /// The lock a starting server holds while it decides which namespace to enter.
@@ -84,10 +85,24 @@ impl Entered {
 
 static ENTERED: OnceLock<Option<Entered>> = OnceLock::new();
 
-/// The namespace for subordinate ids this process runs in, if it does: found once from its own
-/// uid map, which maps 0 to one host uid and `1..=count` to a range (what [`enter`] makes).
+/// The environment variable a server in a namespace for subordinate ids hands its keepers (which
+/// start with an environment of the server's choosing), so that they know it too. A map of the
+/// same shape alone says nothing: rootless containers map their root the same way.
+pub const MARKER: &str = "SANDBOX_MCP_SUBORDINATE_NAMESPACE";
+
+/// The namespace for subordinate ids this process runs in, if it does: the one [`enter`] put the
+/// server in, or, in a process the server started with [`MARKER`] set, the one its own uid map
+/// describes (0 mapped to one host uid and `1..=count` to a range).
 pub fn entered() -> Option<&'static Entered> {
-    ENTERED.get_or_init(|| from_map(&fs::read_to_string("/proc/self/uid_map").unwrap_or_default())).as_ref()
+    ENTERED
+        .get_or_init(|| handed(std::env::var_os(MARKER).is_some(), &fs::read_to_string("/proc/self/uid_map").unwrap_or_default()))
+        .as_ref()
+}
+
+/// The namespace a process started by a server sees itself in: only with the server's
+/// [`MARKER`] (`marked`), the one its uid map describes.
+fn handed(marked: bool, uid_map: &str) -> Option<Entered> {
+    marked.then(|| from_map(uid_map)).flatten()
 }
 
 /// The namespace a `uid_map` text describes, when it has the shape [`enter`] makes.
@@ -153,8 +168,11 @@ pub enum Skipped {
     /// It stays in the host's namespace, as it should: it is root, or not asked, or the user has
     /// no subordinate ids or set-uid helpers, or the state root's sandboxes live there.
     Stayed(String),
-    /// Entering was tried and failed.
+    /// Entering was tried and failed; the server is where it was.
     Failed(String),
+    /// The server entered a namespace that turned out not to be one for subordinate ids, and
+    /// cannot leave it: it must not go on.
+    Stuck(String),
 }
 
 /// How a server entered its namespace.
@@ -192,9 +210,10 @@ pub fn enter(state_root: &Path, wanted: bool) -> Result<(&'static Entered, Entry
     let lock = lock(&state_root.join(LOCK)).map_err(Skipped::Failed)?;
     let ours = fs::metadata("/proc/self/ns/user").map_err(|e| failed("cannot read this process's user namespace", &e))?;
     let ours = (ours.dev(), ours.ino());
+    let nsenter = helper("nsenter");
     let mut host = false;
     let mut other = None;
-    for (ns, in_ours) in namespaces(state_root, ours, uid) {
+    for (ns, in_ours) in namespaces(state_root, ours, uid, &nsenter) {
         host |= in_ours;
         if !in_ours && other.is_none() {
             other = Some(ns);
@@ -203,7 +222,7 @@ pub fn enter(state_root: &Path, wanted: bool) -> Result<(&'static Entered, Entry
     let outcome = if host {
         stayed("live servers or sandboxes of this state root run in the host's user namespace, sharing the server's uid; once none does, servers started later give sandboxes subordinate ids")
     } else if let Some(ns) = other {
-        join(&ns, "the user namespace of this state root's servers and sandboxes").map(|e| (e, Entry::Joined))
+        join(&ns, uid, "the user namespace of this state root's servers and sandboxes").map(|e| (e, Entry::Joined))
     } else if !wanted {
         stayed("--subordinate-ids off (or --isolation none)")
     } else {
@@ -211,17 +230,24 @@ pub fn enter(state_root: &Path, wanted: bool) -> Result<(&'static Entered, Entry
             Err(why) => stayed(&why),
             Ok(a) => make(&a, uid)
                 .map_err(Skipped::Failed)
-                .and_then(|ns| join(&ns, "the user namespace made for subordinate ids"))
+                .and_then(|ns| join(&ns, uid, "the user namespace made for subordinate ids"))
                 .map(|e| (e, Entry::Made)),
         }
     };
     // Later servers find this one here while it lives, in whichever namespace it ended.
     let me = rustix::process::getpid().as_raw_nonzero().get().unsigned_abs();
     if let Some(st) = crate::provider::process::proc_stat(me) {
-        let _ = Init { pid: me, start: st.start }.store_as(&state_root.join(MEMBERS), &me.to_string());
+        let _ = Init { pid: me, start: st.start }.store_as(&state_root.join(MEMBERS), &format!("{}{me}", record_prefix()));
     }
     drop(lock);
     outcome
+}
+
+/// The start of the names of server records written in this process's pid namespace (its
+/// inode, then `-`): a server reads, and removes when stale, only those, since a pid means
+/// nothing in another pid namespace.
+fn record_prefix() -> String {
+    fs::metadata("/proc/self/ns/pid").map(|m| format!("{}-", m.ino())).unwrap_or_default()
 }
 
 /// Takes the exclusive lock `path`, waiting at most [`LOCK_WAIT`].
@@ -244,18 +270,29 @@ fn lock(path: &Path) -> Result<fs::File, String> {
     }
 }
 
-/// Enters user namespace `ns`; what this process then is.
-fn join(ns: &fs::File, what: &str) -> Result<&'static Entered, Skipped> {
+/// Enters user namespace `ns` (its maps checked beforehand); what this process then is, from its
+/// own uid map, which must map 0 to `uid` (this process's host uid) and a range from 1.
+fn join(ns: &fs::File, uid: u32, what: &str) -> Result<&'static Entered, Skipped> {
     rustix::thread::move_into_link_name_space(std::os::fd::AsFd::as_fd(ns), Some(rustix::thread::LinkNameSpaceType::User))
         .map_err(|e| Skipped::Failed(format!("could not enter {what}: {e}")))?;
-    entered().ok_or_else(|| Skipped::Failed(format!("entered {what}, whose uid map is not one of a namespace for subordinate ids")))
+    let map = fs::read_to_string("/proc/self/uid_map").unwrap_or_default();
+    let found = from_map(&map).filter(|e| e.host_uid == uid);
+    if found.is_none() || ENTERED.set(found).is_err() {
+        return Err(Skipped::Stuck(format!(
+            "entered {what}, whose uid map ({}) is not one of a namespace for subordinate ids",
+            normalised(&map).trim()
+        )));
+    }
+    entered().ok_or_else(|| Skipped::Stuck(format!("entered {what}, then lost it")))
 }
 
 /// The user namespaces of `state_root`'s live servers and sandboxes, each with whether it is this
-/// process's own (`ours`, device and inode): only namespaces this process's user (`uid`) made
-/// from its own count otherwise. Keepers count only when elsewhere (an unisolated sandbox's keeper
-/// shares the host's namespace and holds nothing that needs it).
-fn namespaces(state_root: &Path, ours: (u64, u64), uid: u32) -> Vec<(fs::File, bool)> {
+/// process's own (`ours`, device and inode). Another one counts only when this process's user
+/// (`uid`) made it from this namespace and its maps have the shape [`enter`] makes (read from a
+/// process of it, or, for an init's parent namespace, by `nsenter` into it). Keepers count only
+/// when elsewhere (an unisolated sandbox's keeper shares the host's namespace and holds nothing
+/// that needs it).
+fn namespaces(state_root: &Path, ours: (u64, u64), uid: u32, nsenter: &Option<PathBuf>) -> Vec<(fs::File, bool)> {
     let records = |dir: &Path, file: &str| -> Vec<(PathBuf, Option<Init>)> {
         let Ok(entries) = fs::read_dir(dir) else { return Vec::new() };
         entries
@@ -265,15 +302,16 @@ fn namespaces(state_root: &Path, ours: (u64, u64), uid: u32) -> Vec<(fs::File, b
             .collect()
     };
     let id = |f: &fs::File| f.metadata().map(|m| (m.dev(), m.ino())).ok();
-    // A live process's namespace, or (`parent`) the one its namespace was made in, opened while
-    // that process is still the one recorded.
-    let of = |p: &Init, parent: bool| -> Option<fs::File> {
+    // A live process's namespace with its uid map, or (`parent`) the one its namespace was made
+    // in, opened while that process is still the one recorded.
+    let of = |p: &Init, parent: bool| -> Option<(fs::File, Option<String>)> {
         let own = fs::File::open(format!("/proc/{}/ns/user", p.pid)).ok()?;
-        let ns = if parent { parent_of(&own).ok()? } else { own };
-        p.alive().then_some(ns)
+        let (ns, map) =
+            if parent { (parent_of(&own).ok()?, None) } else { (own, fs::read_to_string(format!("/proc/{}/uid_map", p.pid)).ok()) };
+        p.alive().then_some((ns, map))
     };
     let mut found = Vec::new();
-    let mut keep = |ns: fs::File, keeper: bool| {
+    let mut keep = |(ns, map): (fs::File, Option<String>), keeper: bool| {
         let Some(this) = id(&ns) else { return };
         if this == ours {
             if !keeper {
@@ -281,15 +319,18 @@ fn namespaces(state_root: &Path, ours: (u64, u64), uid: u32) -> Vec<(fs::File, b
             }
             return;
         }
-        // Made by this user from the host's namespace, as `make` does.
+        // Made by this user from this namespace, with the maps `make` gives.
         let made_here = owner_of(&ns).is_ok_and(|o| o == uid) && parent_of(&ns).ok().and_then(|p| id(&p)) == Some(ours);
-        if made_here {
+        let map = || map.clone().or_else(|| nsenter.as_ref().and_then(|n| map_of(n, &ns)));
+        if made_here && map().and_then(|m| from_map(&m)).is_some_and(|e| e.host_uid == uid) {
             found.push((ns, false));
         }
     };
-    for (path, record) in records(&state_root.join(MEMBERS), "") {
+    let prefix = record_prefix();
+    let ours_only = |(path, _): &(PathBuf, Option<Init>)| path.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&prefix));
+    for (path, record) in records(&state_root.join(MEMBERS), "").into_iter().filter(ours_only) {
         match record.filter(Init::alive).and_then(|server| of(&server, false)) {
-            Some(ns) => keep(ns, false),
+            Some(found) => keep(found, false),
             None => {
                 let _ = fs::remove_file(path);
             }
@@ -300,12 +341,46 @@ fn namespaces(state_root: &Path, ours: (u64, u64), uid: u32) -> Vec<(fs::File, b
         [(super::enter::INIT_FILE, true, false), (super::landlock_spawner::RECORD, false, false), ("keeper.pid", false, true)]
     {
         for (_, record) in records(&sandboxes, file) {
-            if let Some(ns) = record.and_then(|p| of(&p, parent)) {
-                keep(ns, keeper);
+            if let Some(found) = record.and_then(|p| of(&p, parent)) {
+                keep(found, keeper);
             }
         }
     }
     found
+}
+
+/// The uid map of user namespace `ns` as a process inside it reads its own: `nsenter` (at
+/// `nsenter`) enters it through its stdin and runs `cat`, within [`BUDGET`].
+fn map_of(nsenter: &Path, ns: &fs::File) -> Option<String> {
+    let cat = helper("cat")?;
+    let mut child = Command::new(nsenter)
+        .args(["--user=/proc/self/fd/0", "--preserve-credentials", "--"])
+        .arg(cat)
+        .arg("/proc/self/uid_map")
+        .stdin(Stdio::from(ns.try_clone().ok()?))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let status = wait_within(&mut child, Instant::now() + BUDGET).ok()?;
+    let mut map = String::new();
+    child.stdout.take()?.take(4096).read_to_string(&mut map).ok()?;
+    status.success().then_some(map)
+}
+
+/// Waits for `child` until `deadline`, killing it (by its pid) then; its exit status, or why not.
+fn wait_within(child: &mut Child, deadline: Instant) -> Result<std::process::ExitStatus, String> {
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Ok(status),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("did not finish within {} s", BUDGET.as_secs()));
+            }
+        }
+    }
 }
 
 /// The user namespace `ns` was made in (`NS_GET_PARENT`).
@@ -411,17 +486,7 @@ fn make(a: &Available, uid: u32) -> Result<fs::File, String> {
                 .stderr(Stdio::piped())
                 .spawn()
                 .map_err(|e| format!("could not run {}: {e}", program.display()))?;
-            let status = loop {
-                match child.try_wait() {
-                    Ok(Some(status)) => break status,
-                    Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
-                    _ => {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                        return Err(format!("{} did not finish within {} s", program.display(), BUDGET.as_secs()));
-                    }
-                }
-            };
+            let status = wait_within(&mut child, deadline).map_err(|why| format!("{} {why}", program.display()))?;
             if !status.success() {
                 return Err(format!("{} failed ({status}): {}", program.display(), said(&mut child)));
             }
@@ -477,6 +542,10 @@ mod tests {
         assert_eq!((e.count, e.host_uid, e.first_host_uid), (65_536, 1000, 200_000));
         assert_eq!((e.host_id(0), e.host_id(1), e.host_id(65_536)), (1000, 200_000, 265_535));
         assert_eq!(e.sandbox_ids(), (1, 65_535));
+        // Rootless containers map their root the same way: without the server's marker, a
+        // process is in no namespace for subordinate ids.
+        assert_eq!(handed(false, made), None);
+        assert_eq!(handed(true, made), Some(e));
         for other in ["0 0 4294967295\n", "0 1000 1\n", "0 100000 65536\n", "0 1000 1\n2 200000 10\n", "0 1000 2\n1 200000 10\n", ""] {
             assert_eq!(from_map(other), None, "{other:?}");
         }

@@ -76,7 +76,7 @@ fn main() -> ExitCode {
                     log::info!(
                         "isolated sandboxes get host uids of their own: subordinate ids {}-{} ({} a user namespace of this user's)",
                         entered.first_host_uid,
-                        u64::from(entered.first_host_uid) + u64::from(entered.count) - 1,
+                        entered.host_id(entered.count),
                         if how == Entry::Joined { "joined" } else { "made" }
                     );
                     config.uid_range = entered.sandbox_ids();

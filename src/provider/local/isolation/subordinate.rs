@@ -210,15 +210,11 @@ pub fn enter(state_root: &Path, wanted: bool) -> Result<(&'static Entered, Entry
     let lock = lock(&state_root.join(LOCK)).map_err(Skipped::Failed)?;
     let ours = fs::metadata("/proc/self/ns/user").map_err(|e| failed("cannot read this process's user namespace", &e))?;
     let ours = (ours.dev(), ours.ino());
-    let nsenter = helper("nsenter");
-    let mut host = false;
-    let mut other = None;
-    for (ns, in_ours) in namespaces(state_root, ours, uid, &nsenter) {
-        host |= in_ours;
-        if !in_ours && other.is_none() {
-            other = Some(ns);
-        }
-    }
+    let prefix = record_prefix();
+    let found = namespaces(state_root, ours, &prefix);
+    let host = found.iter().any(|c| c.in_ours);
+    // Checked one by one, and only until one will do (checking an init's costs a process).
+    let other = if host { None } else { found.into_iter().find(|c| joinable(c, ours, uid)).map(|c| c.ns) };
     let outcome = if host {
         stayed("live servers or sandboxes of this state root run in the host's user namespace, sharing the server's uid; once none does, servers started later give sandboxes subordinate ids")
     } else if let Some(ns) = other {
@@ -237,7 +233,7 @@ pub fn enter(state_root: &Path, wanted: bool) -> Result<(&'static Entered, Entry
     // Later servers find this one here while it lives, in whichever namespace it ended.
     let me = rustix::process::getpid().as_raw_nonzero().get().unsigned_abs();
     if let Some(st) = crate::provider::process::proc_stat(me) {
-        let _ = Init { pid: me, start: st.start }.store_as(&state_root.join(MEMBERS), &format!("{}{me}", record_prefix()));
+        let _ = Init { pid: me, start: st.start }.store_as(&state_root.join(MEMBERS), &format!("{prefix}{me}"));
     }
     drop(lock);
     outcome
@@ -286,13 +282,22 @@ fn join(ns: &fs::File, uid: u32, what: &str) -> Result<&'static Entered, Skipped
     entered().ok_or_else(|| Skipped::Stuck(format!("entered {what}, then lost it")))
 }
 
-/// The user namespaces of `state_root`'s live servers and sandboxes, each with whether it is this
-/// process's own (`ours`, device and inode). Another one counts only when this process's user
-/// (`uid`) made it from this namespace and its maps have the shape [`enter`] makes (read from a
-/// process of it, or, for an init's parent namespace, by `nsenter` into it). Keepers count only
+/// The user namespace of a live server or sandbox process of a state root.
+struct Candidate {
+    ns: fs::File,
+    /// Whether it is the namespace of the process looking.
+    in_ours: bool,
+    /// Its uid map as a process of it reads it, where one was at hand (not for an init's parent
+    /// namespace).
+    map: Option<String>,
+}
+
+/// The user namespaces of `state_root`'s live servers (records named with `prefix`, stale ones
+/// removed), Landlock spawners, keepers and inits (the namespace an init's own was made in), in
+/// that order, each as found: `ours` (device and inode) is this process's. Keepers count only
 /// when elsewhere (an unisolated sandbox's keeper shares the host's namespace and holds nothing
 /// that needs it).
-fn namespaces(state_root: &Path, ours: (u64, u64), uid: u32, nsenter: &Option<PathBuf>) -> Vec<(fs::File, bool)> {
+fn namespaces(state_root: &Path, ours: (u64, u64), prefix: &str) -> Vec<Candidate> {
     let records = |dir: &Path, file: &str| -> Vec<(PathBuf, Option<Init>)> {
         let Ok(entries) = fs::read_dir(dir) else { return Vec::new() };
         entries
@@ -301,36 +306,20 @@ fn namespaces(state_root: &Path, ours: (u64, u64), uid: u32, nsenter: &Option<Pa
             .map(|p| (p.clone(), Init::read(&p)))
             .collect()
     };
-    let id = |f: &fs::File| f.metadata().map(|m| (m.dev(), m.ino())).ok();
     // A live process's namespace with its uid map, or (`parent`) the one its namespace was made
     // in, opened while that process is still the one recorded.
-    let of = |p: &Init, parent: bool| -> Option<(fs::File, Option<String>)> {
+    let of = |p: &Init, parent: bool| -> Option<Candidate> {
         let own = fs::File::open(format!("/proc/{}/ns/user", p.pid)).ok()?;
         let (ns, map) =
             if parent { (parent_of(&own).ok()?, None) } else { (own, fs::read_to_string(format!("/proc/{}/uid_map", p.pid)).ok()) };
-        p.alive().then_some((ns, map))
+        let in_ours = ns_id(&ns)? == ours;
+        p.alive().then_some(Candidate { ns, in_ours, map })
     };
     let mut found = Vec::new();
-    let mut keep = |(ns, map): (fs::File, Option<String>), keeper: bool| {
-        let Some(this) = id(&ns) else { return };
-        if this == ours {
-            if !keeper {
-                found.push((ns, true));
-            }
-            return;
-        }
-        // Made by this user from this namespace, with the maps `make` gives.
-        let made_here = owner_of(&ns).is_ok_and(|o| o == uid) && parent_of(&ns).ok().and_then(|p| id(&p)) == Some(ours);
-        let map = || map.clone().or_else(|| nsenter.as_ref().and_then(|n| map_of(n, &ns)));
-        if made_here && map().and_then(|m| from_map(&m)).is_some_and(|e| e.host_uid == uid) {
-            found.push((ns, false));
-        }
-    };
-    let prefix = record_prefix();
-    let ours_only = |(path, _): &(PathBuf, Option<Init>)| path.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&prefix));
+    let ours_only = |(path, _): &(PathBuf, Option<Init>)| path.file_name().is_some_and(|n| n.to_string_lossy().starts_with(prefix));
     for (path, record) in records(&state_root.join(MEMBERS), "").into_iter().filter(ours_only) {
         match record.filter(Init::alive).and_then(|server| of(&server, false)) {
-            Some(found) => keep(found, false),
+            Some(c) => found.push(c),
             None => {
                 let _ = fs::remove_file(path);
             }
@@ -338,15 +327,31 @@ fn namespaces(state_root: &Path, ours: (u64, u64), uid: u32, nsenter: &Option<Pa
     }
     let sandboxes = state_root.join("sandboxes");
     for (file, parent, keeper) in
-        [(super::enter::INIT_FILE, true, false), (super::landlock_spawner::RECORD, false, false), ("keeper.pid", false, true)]
+        [(super::landlock_spawner::RECORD, false, false), ("keeper.pid", false, true), (super::enter::INIT_FILE, true, false)]
     {
         for (_, record) in records(&sandboxes, file) {
-            if let Some(found) = record.and_then(|p| of(&p, parent)) {
-                keep(found, keeper);
-            }
+            found.extend(record.and_then(|p| of(&p, parent)).filter(|c| !(keeper && c.in_ours)));
         }
     }
     found
+}
+
+/// Device and inode of namespace `ns`, which identify it.
+fn ns_id(ns: &fs::File) -> Option<(u64, u64)> {
+    ns.metadata().map(|m| (m.dev(), m.ino())).ok()
+}
+
+/// Whether `c`, another namespace than this process's (`ours`), is one to join: this process's
+/// user (`uid`) made it from this namespace, and its maps have the shape [`enter`] makes (read by
+/// `nsenter` into it where no process of it was at hand).
+fn joinable(c: &Candidate, ours: (u64, u64), uid: u32) -> bool {
+    let made_here = owner_of(&c.ns).is_ok_and(|o| o == uid) && parent_of(&c.ns).ok().and_then(|p| ns_id(&p)) == Some(ours);
+    made_here
+        && c.map
+            .clone()
+            .or_else(|| helper("nsenter").and_then(|n| map_of(&n, &c.ns)))
+            .and_then(|m| from_map(&m))
+            .is_some_and(|e| e.host_uid == uid)
 }
 
 /// The uid map of user namespace `ns` as a process inside it reads its own: `nsenter` (at

@@ -534,6 +534,19 @@ mod tests {
         (link, ended)
     }
 
+    /// Waits until `moved` counts 1 MiB, then cuts `link` and waits for its relay to return
+    /// (`ended`); `what` names the bytes awaited in the failure message.
+    fn cut_after_a_mib(link: Arc<Link>, moved: &AtomicUsize, ended: &std::sync::mpsc::Receiver<()>, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while moved.load(Ordering::SeqCst) < 1 << 20 {
+            assert!(Instant::now() < deadline, "{what}");
+            std::thread::yield_now();
+        }
+        link.cut();
+        drop(link);
+        ended.recv_timeout(Duration::from_secs(5)).expect("the relay went on after its cut");
+    }
+
     /// Cutting a link ends it at once, silent as it is, with a reset on both sides; so does a
     /// link whose writes are blocked on a peer that reads nothing.
     #[test]
@@ -554,14 +567,7 @@ mod tests {
                 counted.fetch_add(chunk.len(), Ordering::SeqCst);
             }
         });
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while sent.load(Ordering::SeqCst) < 1 << 20 {
-            assert!(Instant::now() < deadline, "the relay took nothing");
-            std::thread::yield_now();
-        }
-        link.cut();
-        drop(link);
-        ended.recv_timeout(Duration::from_secs(5)).expect("the relay went on after its cut");
+        cut_after_a_mib(link, &sent, &ended, "the relay took nothing");
         assert!(read_all(&mut server).is_err(), "the server saw a clean end");
         // The kernel reports a reset once, to the client's write or to its read.
         let write_ended = writer.join().unwrap();
@@ -599,14 +605,7 @@ mod tests {
                     }
                 }
             });
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while got.load(Ordering::SeqCst) < 1 << 20 {
-                assert!(Instant::now() < deadline, "nothing arrived");
-                std::thread::yield_now();
-            }
-            link.cut();
-            drop(link);
-            ended.recv_timeout(Duration::from_secs(5)).expect("the relay went on after its cut");
+            cut_after_a_mib(link, &got, &ended, "nothing arrived");
             assert_eq!(reader.join().unwrap(), Err(io::ErrorKind::ConnectionReset), "round {round}: the reader saw a clean end");
             flood.join().unwrap();
         }

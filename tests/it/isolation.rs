@@ -742,7 +742,8 @@ fn call_on_a_terminal(home: &Home, tool: &str, args: &Value) -> Value {
     }
     match home.run_as {
         Some(uid) => {
-            line += &format!(" setpriv --reuid {uid} --regid {uid} --clear-groups -- {}", quoted(&shared_bin().display().to_string()))
+            let gid = home.run_gid.unwrap_or(uid);
+            line += &format!(" setpriv --reuid {uid} --regid {gid} --clear-groups -- {}", quoted(&shared_bin().display().to_string()))
         }
         None => line += &format!(" {}", quoted(&bin().display().to_string())),
     }

@@ -157,10 +157,8 @@ fn sandboxes_share_the_uid_when_told_or_while_shared_ones_live() {
 
 /// Runs `sandbox-mcp call TOOL ARGS` as `home`'s user: the result.
 fn run_cli(home: &Home, tool: &str, args: &Value) -> Value {
-    let (uid, gid) = (home.run_as.unwrap().to_string(), home.run_gid.unwrap().to_string());
-    let out = Command::new("setpriv")
-        .args(["--reuid", &uid, "--regid", &gid, "--clear-groups", "--"])
-        .arg(shared_bin())
+    let out = home
+        .command_as_its_user(&shared_bin())
         .args(["call", tool, &args.to_string()])
         .envs(home.env())
         .current_dir(Path::new("/"))
@@ -276,9 +274,9 @@ fn helpers_that_hang_or_lie_leave_a_working_server() {
 /// Runs `sh -c line` as `home`'s user with `home`'s environment (`$BIN` is the binary): its exit
 /// code, stdout and stderr.
 fn as_user(home: &Home, line: &str) -> (i32, String, String) {
-    let (uid, gid) = (home.run_as.unwrap().to_string(), home.run_gid.unwrap().to_string());
-    let out = Command::new("setpriv")
-        .args(["--reuid", &uid, "--regid", &gid, "--clear-groups", "--", "sh", "-c", line])
+    let out = home
+        .command_as_its_user(Path::new("sh"))
+        .args(["-c", line])
         .envs(home.env())
         .env("BIN", shared_bin())
         .env("RUST_LOG", "info")

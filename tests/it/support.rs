@@ -144,7 +144,15 @@ impl Home {
     /// The command that runs `program stdio` as this home's servers run (as [`Home::run_as`]'s
     /// uid where set), with this home's environment plus `extra`.
     pub fn stdio_command(&self, program: &Path, extra: &[(&str, &str)]) -> Command {
-        let mut cmd = match self.run_as {
+        let mut cmd = self.command_as_its_user(program);
+        cmd.arg("stdio").envs(self.env()).envs(extra.iter().copied());
+        cmd
+    }
+
+    /// A command that runs `program` as this home's servers run: as [`Home::run_as`]'s uid (and
+    /// group) through `setpriv` where set, else as this process.
+    pub fn command_as_its_user(&self, program: &Path) -> Command {
+        match self.run_as {
             None => Command::new(program),
             Some(uid) => {
                 let (id, gid) = (uid.to_string(), self.run_gid.unwrap_or(uid).to_string());
@@ -152,9 +160,7 @@ impl Home {
                 cmd.args(["--reuid", &id, "--regid", &gid, "--clear-groups", "--"]).arg(program);
                 cmd
             }
-        };
-        cmd.arg("stdio").envs(self.env()).envs(extra.iter().copied());
-        cmd
+        }
     }
 
     /// A sandbox created by `sandbox-mcp call`, which no session will kill.

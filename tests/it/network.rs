@@ -170,8 +170,10 @@ fn policies_hold(home: &Home) {
         (g["state"] != "running").then_some(g)
     });
     assert!(done["network_blocked"].as_array().unwrap().iter().any(|b| b["host"] == "blocked.test" && b["port"] == 80), "{done}");
-    // A second request pipelined after an allowed one never leaves the proxy.
-    let smuggle = "exec 3<>/dev/tcp/127.0.0.1/3128; printf 'GET http://pkgs.test/one HTTP/1.1\\r\\nHost: pkgs.test\\r\\n\\r\\nGET http://evil.test/two HTTP/1.1\\r\\nHost: evil.test\\r\\n\\r\\n' >&3; timeout 10 cat <&3";
+    // A second request pipelined after an allowed one never leaves the proxy. Both go in one
+    // write (`cat` of a here-string): bash's printf writes line by line, and a proxy that had
+    // answered the first and closed before the last line came would end bash with SIGPIPE.
+    let smuggle = "exec 3<>/dev/tcp/127.0.0.1/3128; r=\\$(printf 'GET http://pkgs.test/one HTTP/1.1\\r\\nHost: pkgs.test\\r\\n\\r\\nGET http://evil.test/two HTTP/1.1\\r\\nHost: evil.test\\r\\n\\r\\n'); cat <<<\\\"\\$r\\\" >&3; timeout 10 cat <&3";
     let r = sh(&mut m, &id, &format!("bash -c \"{smuggle}\""));
     assert!(out(&r).1.contains("hello pkgs.test /one"), "{r}");
     wait_for(Duration::from_secs(5), "the smuggled connection to end", || up.asked().iter().any(|h| h == "pkgs.test").then_some(()));

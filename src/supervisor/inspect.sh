@@ -161,16 +161,16 @@ emit_state() {
     state_keys
 }
 
-# page FILE SIZE OFFSET LIMIT: bytes [OFFSET, min(SIZE, OFFSET+LIMIT)) of FILE on stdout.
+# page FD SIZE OFFSET LIMIT: bytes [OFFSET, min(SIZE, OFFSET+LIMIT)) of the log open on FD, on
+# stdout.
 page() {
-    regular "$1" || return 0
     [ "$2" -gt "$3" ] 2>/dev/null || return 0
     _n=$(($2 - $3))
     [ "$_n" -gt "$4" ] && _n=$4
     if [ "$3" -eq 0 ]; then
-        dd if="$1" bs="$_n" count=1 2>/dev/null
-    elif ! dd if="$1" bs="$_n" skip="$3" iflag=skip_bytes count=1 2>/dev/null; then
-        { dd bs="$3" skip=1 count=0 2>/dev/null && dd bs="$_n" count=1 2>/dev/null; } <"$1"
+        dd bs="$_n" count=1 <&"$1" 2>/dev/null
+    elif ! dd bs="$_n" skip="$3" iflag=skip_bytes count=1 <&"$1" 2>/dev/null; then
+        { dd bs="$3" skip=1 count=0 2>/dev/null && dd bs="$_n" count=1 2>/dev/null; } <&"$1"
     fi
 }
 
@@ -199,23 +199,36 @@ log_sizes() {
 }
 
 # emit DIR OUT_OFF ERR_OFF LIMIT: emit_state, the saved sizes, `@end`, then the stdout page on
-# stdout and the stderr page on fd 3. Changes the working directory to DIR.
+# stdout and the stderr page on fd 3; `@none` alone for a finished task whose logs are gone.
+# Uses fds 5 and 6.
+#
+# The logs are opened before the state is read, and the pages come from those descriptors: a
+# finished task's state, whose sizes are its logs' final sizes, then always comes with its whole
+# logs, even when the directory is removed meanwhile (a run's clean-up, a delete_task). A
+# finished task always has both logs: one whose logs could not be opened is being removed, and
+# reads as removed.
 emit() {
-    emit_state "$1"
-    [ -n "$S_status" ] || return 0
-    if ! cd "$1" 2>/dev/null; then
-        printf 'out_size=0\nerr_size=0\n@end\n'
+    _l=
+    command exec 5</dev/null 6</dev/null
+    regular "$1/stdout.log" && command exec 5<"$1/stdout.log" && _l=o
+    regular "$1/stderr.log" && command exec 6<"$1/stderr.log" && _l=e$_l
+    if [ "$_l" != eo ] && read_state "$1" && is_final; then
+        echo @none
         return 0
     fi
+    emit_state "$1"
+    [ -n "$S_status" ] || return 0
     if [ -n "$S_out_bytes" ] && [ -n "$S_err_bytes" ]; then
         E_os=$S_out_bytes E_es=$S_err_bytes
-    else
+    elif cd "$1" 2>/dev/null; then
         log_sizes
+    else
+        E_os=0 E_es=0
     fi
     E_ot=${S_out_truncated:-0} E_et=${S_err_truncated:-0}
-    [ -e out.trunc ] && E_ot=1
-    [ -e err.trunc ] && E_et=1
+    [ -e "$1/out.trunc" ] && E_ot=1
+    [ -e "$1/err.trunc" ] && E_et=1
     printf 'out_size=%s\nerr_size=%s\nout_truncated=%s\nerr_truncated=%s\n@end\n' "$E_os" "$E_es" "$E_ot" "$E_et"
-    page stdout.log "$E_os" "$2" "$4"
-    page stderr.log "$E_es" "$3" "$4" >&3
+    page 5 "$E_os" "$2" "$4"
+    page 6 "$E_es" "$3" "$4" >&3
 }

@@ -477,6 +477,57 @@ mod tests {
         let _ = std::fs::remove_dir_all(&home);
     }
 
+    /// status.sh on task `id` with HOME at `home` and `path` as PATH: its stdout and stderr.
+    fn status(home: &std::path::Path, id: &str, path: &std::ffi::OsStr) -> (String, String) {
+        let out = Command::new("/bin/sh")
+            .args(["-c", Snippet::Status.source(), "sh", id, "0", "0", "16384"])
+            .env("HOME", home)
+            .env("PATH", path)
+            .output()
+            .expect("sh runs");
+        (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+
+    /// A finished task read while its directory is removed (a run's clean-up, a delete_task)
+    /// comes with its whole logs, or reads as removed; never as finished with logs cut short.
+    /// get_task answered a finished run's task with an empty page of its 4-byte log when the
+    /// run's clean-up removed the logs between the state's read and theirs.
+    #[test]
+    fn a_finished_task_removed_while_it_is_read_keeps_its_logs_or_is_gone() {
+        let home = std::env::temp_dir().join(format!("sandbox-mcp-removed-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&home);
+        let bin = home.join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let tasks = home.join(".sandbox-mcp/tasks");
+        let id = "0123456789abcdef0123456789abcde2";
+        let (out, _) = run_mode(&home, id, "printf out; printf err >&2; exit 4", "0");
+        assert!(out.starts_with(&format!("@task {id}\n")), "{out}");
+        let state = tasks.join(id).join("state");
+        assert!(until(|| std::fs::read_to_string(&state).is_ok_and(|s| s.contains("status=exited"))), "the task ends");
+        // The removal lands between the state's read and the logs': a `dd` that removes the
+        // directory first stands for it.
+        let real_dd = ["/bin/dd", "/usr/bin/dd"].into_iter().find(|p| std::path::Path::new(p).exists()).expect("dd");
+        let dd = bin.join("dd");
+        std::fs::write(&dd, format!("#!/bin/sh\nrm -rf '{}'\nexec {real_dd} \"$@\"\n", tasks.join(id).display())).unwrap();
+        std::fs::set_permissions(&dd, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let path = std::env::join_paths(std::iter::once(bin.clone()).chain(std::env::split_paths(&std::env::var_os("PATH").unwrap())));
+        let path = path.unwrap();
+        let (out, err) = status(&home, id, &path);
+        assert!(out.contains("status=exited\nexit_code=4\n") && out.contains("out_size=3\nerr_size=3\n"), "{out}");
+        assert!(out.ends_with("@end\nout"), "the whole stdout: {out}");
+        assert_eq!(err, "err", "the whole stderr");
+        assert!(!tasks.join(id).exists(), "the directory was removed during the read");
+        // Logs already gone while the state is still there: the task is being removed.
+        let id = "0123456789abcdef0123456789abcde3";
+        run_mode(&home, id, "printf out; exit 4", "0");
+        let state = tasks.join(id).join("state");
+        assert!(until(|| std::fs::read_to_string(&state).is_ok_and(|s| s.contains("status=exited"))), "the task ends");
+        std::fs::remove_file(tasks.join(id).join("stdout.log")).unwrap();
+        let (out, _) = status(&home, id, &std::env::var_os("PATH").unwrap());
+        assert_eq!(out, "@none\n");
+        let _ = std::fs::remove_dir_all(&home);
+    }
+
     /// Polls `f` for up to 10 seconds.
     fn until(mut f: impl FnMut() -> bool) -> bool {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);

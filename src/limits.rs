@@ -105,7 +105,13 @@ pub const SANDBOX_DISK_MB_MIN: i64 = 16;
 /// See [`SANDBOX_DISK_MB_MIN`].
 pub const SANDBOX_DISK_MB_MAX: i64 = 1_048_576;
 
-/// `subscriptions/listen` streams open at once over HTTP (each holds a listener thread).
+/// HTTP handler threads beyond one for every call the server admits (queued, running or
+/// waiting): for cheap requests, and for connections whose client sends its body or reads its
+/// answer slowly (each holds a thread meanwhile; tiny_http has no per-connection timeout). Past
+/// them all, a request waits for a thread to come free.
+pub const HTTP_SPARE_HANDLERS: usize = 1024;
+
+/// `subscriptions/listen` streams open at once over HTTP (each holds a handler thread).
 pub const MAX_HTTP_SUBSCRIPTIONS: usize = 16;
 
 /// Of those, the most one client (its address and declared clientInfo) may hold, so that one
@@ -122,7 +128,7 @@ pub const MAX_WAIT_S: i64 = 60;
 /// Calls waiting at once (a `get_task` with `wait`, a `tasks/result`, a 2026 run_command that
 /// may become a task, a subscription following tasks); one more is answered at once, as if its
 /// wait had ended (a subscription is ended with -32000). Over HTTP each waiting call holds a
-/// listener thread, so the server adds this many.
+/// handler thread, so the server allows this many more.
 pub const MAX_WAITING_CALLS: usize = 64;
 
 /// Of those, the most one client (a session, or a stateless request's connection) may hold, so
@@ -131,8 +137,8 @@ pub const MAX_WAITING_CALLS_PER_CLIENT: usize = 16;
 
 /// Calls that wait for a process in a sandbox (`run_command`) running at once outside the worker
 /// pool (their thread leaves it meanwhile): this many per worker (`--workers`), at most
-/// [`MAX_RUNNING_CALLS`]; one more runs as a worker's job. Over HTTP each holds a listener
-/// thread, so the server adds that many.
+/// [`MAX_RUNNING_CALLS`]; one more runs as a worker's job. Over HTTP each holds a handler
+/// thread, so the server allows that many more.
 pub const RUNNING_CALLS_PER_WORKER: usize = 8;
 /// See [`RUNNING_CALLS_PER_WORKER`].
 pub const MAX_RUNNING_CALLS: usize = 64;

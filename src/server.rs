@@ -4,12 +4,13 @@
 //! ```text
 //!  stdin ──► sandbox-mcp-stdin ──┐  (cheap methods answered here)         ┌──► sandbox-mcp-stdout ──► stdout
 //!                                ├──► bounded queue ──► sandbox-mcp-worker-N ─┤
-//!  tcp ──► tiny_http ──► sandbox-mcp-http-N ──┘   (each job carries its reply channel) └──► waiting http thread ──► tcp
+//!  tcp ──► tiny_http ──► sandbox-mcp-http ────┘   (each job carries its reply channel) └──► waiting http thread ──► tcp
+//!        (one handler thread per request being handled: transport/handlers.rs)
 //! ```
 
 use crate::app::App;
 use crate::config::Config;
-use crate::limits::{MAX_BODY_BYTES, MAX_RUNNING_CALLS, MAX_WAITING_CALLS};
+use crate::limits::{HTTP_SPARE_HANDLERS, MAX_BODY_BYTES, MAX_RUNNING_CALLS, MAX_WAITING_CALLS};
 use crate::mcp::protocol::{self, Executed, Work, WorkQueue};
 use crate::mcp::session::{self, Session, Sessions};
 use crate::mcp::subscription;
@@ -159,11 +160,11 @@ pub fn run_http(config: Config) -> Result<()> {
     let queue = start_workers::<Outcome>(&app, waiter.clone(), sharing)?;
     let sessions = Arc::new(Sessions::default());
     let listen = app.config.listen;
-    // One listener per job that can be in flight (queued, running or waiting) plus spare ones, so
-    // a cheap request (ping, tools/list, a 503) always finds a free listener.
-    let n_threads = app.config.workers + app.config.queue_capacity + MAX_WAITING_CALLS + MAX_RUNNING_CALLS + 4;
+    // A handler thread for every call that can be in flight (queued, running or waiting), plus
+    // spare ones for cheap requests and for clients that send or read slowly.
+    let max_handlers = app.config.workers + app.config.queue_capacity + MAX_WAITING_CALLS + MAX_RUNNING_CALLS + HTTP_SPARE_HANDLERS;
     let listener = Listener::new(app.clone(), sessions.clone(), queue, waiter, listen.ip().is_loopback());
-    let server = HttpServer::start(listen, n_threads, listener)?;
+    let server = HttpServer::start(listen, max_handlers, listener)?;
     log::info!("listening on http://{}/mcp ({} provider)", server.addr, app.provider.name());
     if !listen.ip().is_loopback() && app.config.http_token.is_none() {
         log::warn!("listening on a non-loopback address without SANDBOX_MCP_HTTP_TOKEN: anyone who can reach it can run commands");

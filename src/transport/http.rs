@@ -17,6 +17,7 @@ use crate::mcp::session::{Session, Sessions};
 use crate::mcp::subscription;
 use crate::memory;
 use crate::queue::Outcome;
+use crate::transport::handlers::Handlers;
 use crate::transport::headers;
 use crate::transport::stream_shares::{self, Slot, StreamShares};
 use crate::waiter::Waiter;
@@ -31,7 +32,7 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 use tiny_http::{Header, Method, Request, Response, StatusCode};
 
-/// The longest a listener thread waits for a worker's reply (every provider call has its own,
+/// The longest a handler thread waits for a worker's reply (every provider call has its own,
 /// shorter deadline; this only guards against a lost reply).
 const REPLY_WAIT: Duration = Duration::from_secs(3600 + 300);
 
@@ -58,7 +59,7 @@ pub fn bind_nodelay(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> 
     Ok(std::net::TcpListener::from(OwnedFd::from(as_stream)))
 }
 
-/// Everything a listener thread needs.
+/// Everything a handler thread needs.
 pub struct Listener {
     app: Arc<App>,
     sessions: Arc<Sessions>,
@@ -70,7 +71,7 @@ pub struct Listener {
     connections: Mutex<HashMap<SocketAddr, (Instant, Instant)>>,
     /// Requests being handled right now (shutdown waits for their answers to be written).
     busy: AtomicUsize,
-    /// `subscriptions/listen` streams open right now (each holds a listener thread), in all and
+    /// `subscriptions/listen` streams open right now (each holds a handler thread), in all and
     /// per client.
     streams: StreamShares,
     /// Follows the tasks a subscription names.
@@ -133,31 +134,30 @@ impl Listener {
 pub struct HttpServer {
     server: Arc<tiny_http::Server>,
     listener: Arc<Listener>,
-    threads: Vec<JoinHandle<()>>,
+    /// Takes each request from tiny_http and hands it to a handler thread ([`Handlers`]).
+    dispatcher: JoinHandle<()>,
     /// The bound address (the port is real even when 0 was asked for).
     pub addr: SocketAddr,
 }
 
 impl HttpServer {
-    /// Binds `addr` and starts `n_threads` listener threads.
-    pub fn start(addr: SocketAddr, n_threads: usize, listener: Listener) -> anyhow::Result<HttpServer> {
+    /// Binds `addr` and starts serving: each request is handled on a thread of its own while it
+    /// lasts, at most `max_handlers` at once ([`Handlers`]).
+    pub fn start(addr: SocketAddr, max_handlers: usize, listener: Listener) -> anyhow::Result<HttpServer> {
         let socket = bind_nodelay(addr).map_err(|err| anyhow::anyhow!("binding {addr}: {err}"))?;
         let server = tiny_http::Server::from_listener(socket, None).map_err(|err| anyhow::anyhow!("serving on {addr}: {err}"))?;
         let server = Arc::new(server);
         let bound = server.server_addr().to_ip().unwrap_or(addr);
         let listener = Arc::new(listener);
-        let mut threads = Vec::new();
-        for i in 0..n_threads {
-            let server = server.clone();
-            let listener = listener.clone();
-            let t = thread::Builder::new().name(format!("sandbox-mcp-http-{i}")).stack_size(256 * 1024).spawn(move || {
-                while let Ok(req) = server.recv() {
-                    listener.handle(req);
-                }
-            })?;
-            threads.push(t);
-        }
-        Ok(HttpServer { server, listener, threads, addr: bound })
+        let handling = listener.clone();
+        let handlers = Handlers::new("sandbox-mcp-http", max_handlers, move |req| handling.handle(req));
+        let source = server.clone();
+        let dispatcher = thread::Builder::new().name("http-dispatch".into()).stack_size(256 * 1024).spawn(move || {
+            while let Ok(req) = source.recv() {
+                handlers.dispatch(req);
+            }
+        })?;
+        Ok(HttpServer { server, listener, dispatcher, addr: bound })
     }
 
     /// Waits (until `deadline`) for the requests being handled to be answered.
@@ -167,12 +167,11 @@ impl HttpServer {
         }
     }
 
-    /// Stops accepting requests. Listener threads still waiting for a long tool call are not
+    /// Stops accepting requests. Handler threads still waiting for a long tool call are not
     /// joined: shutdown must not wait for them (the process exits after ending the sessions).
     pub fn stop(self) {
-        for _ in &self.threads {
-            self.server.unblock();
-        }
+        self.server.unblock();
+        drop(self.dispatcher);
     }
 }
 

@@ -1,6 +1,7 @@
 //! The two transports: stdio (one session per process) and HTTP (sessions by header).
 
 pub mod body_budget;
+pub mod handlers;
 pub mod headers;
 pub mod http;
 pub mod stdio;

@@ -464,6 +464,39 @@ fn a_greedy_client_does_not_starve_the_others() {
     }
 }
 
+/// Clients that send their bodies slowly cost a thread each, never another client's answer:
+/// with 240 connections stalled in their bodies, another client is answered, and once they
+/// leave, their threads end. Before, requests were handled by a fixed set of 204 threads (one per
+/// call the server admits, plus 4), and that many slow bodies stalled every other client.
+#[test]
+fn slow_clients_do_not_stall_the_others() {
+    use std::io::Write;
+    use std::net::TcpStream;
+    const SLOW: usize = 240;
+    let home = Home::new("http-slow");
+    let h = Http::start(&home, &[], &[]);
+    let pid = h.child.id();
+    let handlers = || thread_names(pid).iter().filter(|n| n.as_str() == "sandbox-mcp-htt").count();
+    // Bodies over 1 KiB, which tiny_http leaves to the handler to read; one connection at a time
+    // (tiny_http's pool, ARCHITECTURE.md "Known limitation").
+    let head = "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n{\"jsonrpc\"";
+    let mut slow = Vec::new();
+    for i in 0..SLOW {
+        let mut s = TcpStream::connect(h.addr).unwrap();
+        s.write_all(head.as_bytes()).unwrap();
+        slow.push(s);
+        wait_for(Duration::from_secs(20), "the slow connection to hold a handler thread", || (handlers() > i).then_some(()));
+    }
+    let t0 = std::time::Instant::now();
+    let sid = h.initialize();
+    assert_eq!(h.post(&[("Mcp-Session-Id", &sid)], PING).status, 200);
+    eprintln!("initialize + ping beside {SLOW} stalled bodies: {:?}", t0.elapsed());
+    drop(slow);
+    wait_for(Duration::from_secs(60), "the slow connections' threads to end", || {
+        (handlers() <= sandbox_mcp::transport::handlers::RESIDENT).then_some(())
+    });
+}
+
 /// Names of the server's threads as the kernel shows them (cut to 15 bytes).
 fn thread_names(pid: u32) -> Vec<String> {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };

@@ -303,7 +303,7 @@ fn http_subscriptions_are_acknowledged_bounded_and_closed_at_shutdown() {
     let ack = next_event(&mut first);
     assert_eq!(ack["method"], "notifications/subscriptions/acknowledged");
     assert_eq!(ack["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], 1);
-    // Each stream holds a listener thread: beyond the limit, 503 (each client holds at most
+    // Each stream holds a handler thread: beyond the limit, 503 (each client holds at most
     // its share, so the streams are opened by several).
     // (One after another: connections opened in a burst can wait behind tiny_http's pool race,
     // see ARCHITECTURE.md, and these never end on their own.)

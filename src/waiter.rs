@@ -10,9 +10,10 @@
 //! beyond that, and the caller answers it at once.
 //!
 //! A check reads a sandbox, which its code controls: it may be slow or stall until its own
-//! deadline (a FIFO put in place of a state file). Checks of one [`Watch::key`] (one sandbox)
-//! run one at a time, so a stalled sandbox holds at most one checker and delays only its own
-//! calls; the scheduler itself never runs a check. With `n` calls waiting, each is checked at
+//! deadline (a FIFO put in place of a state file). Checks that read one sandbox run one at a
+//! time ([`Watch::keys`]: a subscription's watch reads every sandbox it follows tasks in), so a
+//! stalled sandbox holds at most one checker and delays only the calls that read it; the
+//! scheduler itself never runs a check. With `n` calls waiting, each is checked at
 //! most every `max(every, n × MIN_GAP)`, so many waits cost a bounded share of the CPU.
 
 use crate::limits::{MAX_WAITING_CALLS, MAX_WAITING_CALLS_PER_CLIENT};
@@ -36,10 +37,11 @@ pub trait Watch: Send {
     fn until(&self) -> Instant;
     /// How long between two checks.
     fn every(&self) -> Duration;
-    /// What the check reads (the sandbox's id): checks of one key run one at a time. `None`:
-    /// a key of its own.
-    fn key(&self) -> Option<String> {
-        None
+    /// What the check reads (the ids of the sandboxes it reads): a check runs only while no
+    /// other check reads one of them, so a sandbox whose reads stall holds at most one checker.
+    /// Empty: a key of its own.
+    fn keys(&self) -> Vec<String> {
+        Vec::new()
     }
     /// The client the call comes from: one client holds at most
     /// [`MAX_WAITING_CALLS_PER_CLIENT`] of the waiting places. `None`: counted on its own.
@@ -89,7 +91,8 @@ struct Slot {
     next: Instant,
     until: Instant,
     every: Duration,
-    key: String,
+    /// What its checks read ([`Watch::keys`], or a key of its own).
+    keys: Vec<String>,
     client: Option<String>,
 }
 
@@ -229,7 +232,10 @@ impl Schedule<'_> {
     fn take(&mut self, p: Parked) {
         self.next_id += 1;
         let id = self.next_id;
-        let key = p.watch.key().unwrap_or_else(|| format!("#{id}"));
+        let mut keys = p.watch.keys();
+        if keys.is_empty() {
+            keys.push(format!("#{id}"));
+        }
         let slot = Slot {
             until: p.watch.until(),
             every: p.watch.every(),
@@ -237,7 +243,7 @@ impl Schedule<'_> {
             watch: Some(p.watch),
             respond: Some(p.respond),
             next: p.next,
-            key,
+            keys,
         };
         self.slots.insert(id, slot);
         log::debug!("call {id} waits ({} waiting)", self.slots.len());
@@ -248,7 +254,9 @@ impl Schedule<'_> {
         self.in_flight -= 1;
         let n = self.slots.len() as u32;
         let Some(slot) = self.slots.get_mut(&id) else { return };
-        self.busy_keys.remove(&slot.key);
+        for key in &slot.keys {
+            self.busy_keys.remove(key);
+        }
         match answer {
             Some(outcome) => {
                 if let Some(respond) = slot.respond.take() {
@@ -282,12 +290,12 @@ impl Schedule<'_> {
                 break;
             }
             let Some(slot) = self.slots.get_mut(&id) else { continue };
-            if self.busy_keys.contains(&slot.key) {
+            if slot.keys.iter().any(|k| self.busy_keys.contains(k)) {
                 continue;
             }
             let Some(watch) = slot.watch.take() else { continue };
             jobs.push(if Instant::now() >= slot.until { Job::GiveUp(id, watch) } else { Job::Check(id, watch) });
-            self.busy_keys.insert(slot.key.clone());
+            self.busy_keys.extend(slot.keys.iter().cloned());
             self.in_flight += 1;
         }
         jobs
@@ -300,7 +308,7 @@ impl Schedule<'_> {
 
     /// Whether a call waits here with no check out for it or its key.
     fn idle(&self, s: &Slot) -> bool {
-        s.watch.is_some() && !self.busy_keys.contains(&s.key)
+        s.watch.is_some() && !s.keys.iter().any(|k| self.busy_keys.contains(k))
     }
 }
 
@@ -379,8 +387,8 @@ mod tests {
         fn every(&self) -> Duration {
             Duration::from_millis(5)
         }
-        fn key(&self) -> Option<String> {
-            Some(self.key.to_string())
+        fn keys(&self) -> Vec<String> {
+            self.key.split(',').map(str::to_string).collect()
         }
     }
 
@@ -405,6 +413,32 @@ mod tests {
         stall.store(false, Ordering::SeqCst);
         for _ in 0..3 {
             assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), Outcome::Answer(json!("hostile")));
+        }
+        assert_eq!(waiter.waiting(), 0);
+    }
+
+    /// More calls on a stalled sandbox than there are checkers, some of them also reading
+    /// another sandbox, still hold one checker: a third sandbox's calls are answered at once.
+    #[test]
+    fn many_calls_on_a_stalled_sandbox_hold_one_checker() {
+        let waiter = Waiter::start().unwrap();
+        let (tx, rx) = crossbeam_channel::unbounded::<Outcome>();
+        let stall = Arc::new(AtomicBool::new(true));
+        let until = Instant::now() + Duration::from_secs(30);
+        for i in 0..2 * CHECKERS {
+            let key = if i % 2 == 0 { "hostile" } else { "hostile,other" };
+            waiter.park(Box::new(Stalled { key, stall: stall.clone(), until }), respond_to(&tx)).ok().unwrap();
+        }
+        let t0 = Instant::now();
+        for _ in 0..20 {
+            let free = Arc::new(AtomicBool::new(false));
+            waiter.park(Box::new(Stalled { key: "third", stall: free, until }), respond_to(&tx)).ok().unwrap();
+            assert_eq!(rx.recv_timeout(Duration::from_secs(2)).unwrap(), Outcome::Answer(json!("third")));
+        }
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+        stall.store(false, Ordering::SeqCst);
+        for _ in 0..2 * CHECKERS {
+            assert!(rx.recv_timeout(Duration::from_secs(5)).is_ok());
         }
         assert_eq!(waiter.waiting(), 0);
     }

@@ -686,8 +686,8 @@ impl Watch for ResultWatch {
         self.every
     }
 
-    fn key(&self) -> Option<String> {
-        Some(self.handle.sandbox_id.clone())
+    fn keys(&self) -> Vec<String> {
+        vec![self.handle.sandbox_id.clone()]
     }
 
     fn client(&self) -> Option<String> {
@@ -735,8 +735,8 @@ impl Watch for CallWatch {
         self.pending.every
     }
 
-    fn key(&self) -> Option<String> {
-        Some(self.pending.key.clone())
+    fn keys(&self) -> Vec<String> {
+        vec![self.pending.key.clone()]
     }
 
     fn client(&self) -> Option<String> {

@@ -278,6 +278,15 @@ impl Watch for TaskWatch {
     fn every(&self) -> Duration {
         self.every
     }
+
+    /// Each sandbox it follows tasks in: a sandbox whose reads stall holds one checker for all
+    /// the calls and subscriptions that read it, not one per subscription.
+    fn keys(&self) -> Vec<String> {
+        let mut sandboxes: Vec<String> = self.tasks.iter().map(|t| t.handle.sandbox_id.clone()).collect();
+        sandboxes.sort_unstable();
+        sandboxes.dedup();
+        sandboxes
+    }
 }
 
 /// Parks a [`TaskWatch`] for subscription `id` with the waiter. When [`MAX_WAITING_CALLS`]
@@ -399,5 +408,21 @@ mod tests {
         assert_eq!(unknown.following(), 0);
         assert!(sent.lock().unwrap().is_empty());
         assert!(unknown.every() <= Duration::from_secs(1) && unknown.until() > Instant::now() + Duration::from_secs(3600));
+    }
+
+    /// A watch is keyed by the sandboxes it reads, each once: the waiter then runs one check
+    /// per sandbox at a time. Without keys, each subscription following a task of a sandbox
+    /// whose reads stall took a checker of its own, and nine such subscriptions stalled every
+    /// waiting call of the server.
+    #[test]
+    fn a_task_watch_is_keyed_by_the_sandboxes_it_reads() {
+        let t = crate::app::testing::test_app("subscription-keys");
+        let app = t.app.clone();
+        let handle = |task: char, sandbox: char| {
+            tasks::parse_handle(&app, &format!("{}.local-{}", task.to_string().repeat(32), sandbox.to_string().repeat(24))).unwrap()
+        };
+        let sink = Sink::new(|_| true, Arc::new(AtomicBool::new(true)));
+        let watch = TaskWatch::new(app.clone(), json!(1), vec![handle('a', 'b'), handle('c', 'd'), handle('e', 'b')], sink);
+        assert_eq!(watch.keys(), vec![format!("local-{}", "b".repeat(24)), format!("local-{}", "d".repeat(24))]);
     }
 }

@@ -36,8 +36,11 @@ use tiny_http::{Header, Method, Request, Response, StatusCode};
 /// shorter deadline; this only guards against a lost reply).
 const REPLY_WAIT: Duration = Duration::from_secs(3600 + 300);
 
-/// A connection whose client stopped sending with more than this much of its announced body
-/// unread is abandoned: tiny_http would allocate the whole remainder at once to drain it.
+/// Connections abandoned so far ([`Body::Abandon`]).
+static ABANDONED: AtomicUsize = AtomicUsize::new(0);
+
+/// A body announced longer than this is never read, and its request never dropped
+/// ([`Body::Abandon`]): tiny_http would allocate the whole unread length at once.
 const MAX_DRAIN_BYTES: usize = 64 * 1024 * 1024;
 
 /// After this long, a connection is asked to reconnect (`Connection: close`). tiny_http 0.12 gives
@@ -132,7 +135,10 @@ impl Listener {
 
 /// A running HTTP server.
 pub struct HttpServer {
-    server: Arc<tiny_http::Server>,
+    /// The tiny_http server accepting connections now (a new one takes over when the accept loop
+    /// of the last one ended).
+    current: Arc<Mutex<Arc<tiny_http::Server>>>,
+    stopping: Arc<AtomicBool>,
     listener: Arc<Listener>,
     /// Takes each request from tiny_http and hands it to a handler thread ([`Handlers`]).
     dispatcher: JoinHandle<()>,
@@ -140,24 +146,35 @@ pub struct HttpServer {
     pub addr: SocketAddr,
 }
 
+/// How long an HTTP server replaced by a new one keeps serving the connections it has, once
+/// none of them sent a request.
+const REPLACED_IDLE: Duration = Duration::from_secs(60);
+
+/// Descriptors that must be free before a new tiny_http server takes over the listening socket
+/// (an accept needs one, and tiny_http takes a second for each connection).
+const ACCEPT_HEADROOM: usize = 16;
+
 impl HttpServer {
     /// Binds `addr` and starts serving: each request is handled on a thread of its own while it
     /// lasts, at most `max_handlers` at once ([`Handlers`]).
     pub fn start(addr: SocketAddr, max_handlers: usize, listener: Listener) -> anyhow::Result<HttpServer> {
         let socket = bind_nodelay(addr).map_err(|err| anyhow::anyhow!("binding {addr}: {err}"))?;
+        // Keeps the port listening when tiny_http's accept loop ends, for the next server.
+        let spare = socket.try_clone().map_err(|err| anyhow::anyhow!("serving on {addr}: {err}"))?;
         let server = tiny_http::Server::from_listener(socket, None).map_err(|err| anyhow::anyhow!("serving on {addr}: {err}"))?;
         let server = Arc::new(server);
         let bound = server.server_addr().to_ip().unwrap_or(addr);
         let listener = Arc::new(listener);
         let handling = listener.clone();
-        let handlers = Handlers::new("sandbox-mcp-http", max_handlers, move |req| handling.handle(req));
-        let source = server.clone();
-        let dispatcher = thread::Builder::new().name("http-dispatch".into()).stack_size(256 * 1024).spawn(move || {
-            while let Ok(req) = source.recv() {
-                handlers.dispatch(req);
-            }
-        })?;
-        Ok(HttpServer { server, listener, dispatcher, addr: bound })
+        let handlers = Arc::new(Handlers::new("sandbox-mcp-http", max_handlers, move |req| handling.handle(req)));
+        let current = Arc::new(Mutex::new(server.clone()));
+        let stopping = Arc::new(AtomicBool::new(false));
+        let (now, stop) = (current.clone(), stopping.clone());
+        let dispatcher = thread::Builder::new()
+            .name("http-dispatch".into())
+            .stack_size(256 * 1024)
+            .spawn(move || dispatch(server, &spare, &handlers, &now, &stop))?;
+        Ok(HttpServer { current, stopping, listener, dispatcher, addr: bound })
     }
 
     /// Waits (until `deadline`) for the requests being handled to be answered.
@@ -170,9 +187,72 @@ impl HttpServer {
     /// Stops accepting requests. Handler threads still waiting for a long tool call are not
     /// joined: shutdown must not wait for them (the process exits after ending the sessions).
     pub fn stop(self) {
-        self.server.unblock();
+        self.stopping.store(true, Ordering::SeqCst);
+        self.current.lock().unwrap_or_else(|p| p.into_inner()).unblock();
         drop(self.dispatcher);
     }
+}
+
+/// Hands every request of `server` to `handlers` until shutdown. tiny_http's accept loop ends for
+/// good at its first failed accept (the process out of descriptors, say, with many connections
+/// open), and the port would then refuse every client while the process lives on. Here a new
+/// server takes over the listening socket (`spare`) once descriptors are free again, and the old
+/// one keeps serving the connections it has until they fall quiet.
+fn dispatch(
+    mut server: Arc<tiny_http::Server>,
+    spare: &std::net::TcpListener,
+    handlers: &Arc<Handlers<Request>>,
+    current: &Mutex<Arc<tiny_http::Server>>,
+    stopping: &AtomicBool,
+) {
+    loop {
+        let err = loop {
+            match server.recv() {
+                Ok(req) => handlers.dispatch(req),
+                Err(err) => break err,
+            }
+        };
+        if stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        log::error!("the HTTP listener stopped accepting connections ({err}); it starts again once descriptors are free");
+        let (old, serving) = (server, handlers.clone());
+        let drained = thread::Builder::new().name("http-dispatch".into()).stack_size(256 * 1024).spawn(move || {
+            while let Ok(Some(req)) = old.recv_timeout(REPLACED_IDLE) {
+                serving.dispatch(req);
+            }
+        });
+        if let Err(err) = drained {
+            log::error!("could not start a thread for the replaced HTTP server's connections: {err}");
+        }
+        let mut pause = Duration::from_millis(100);
+        server = loop {
+            thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_secs(2));
+            if stopping.load(Ordering::SeqCst) {
+                return;
+            }
+            if !descriptors_free(ACCEPT_HEADROOM) {
+                continue;
+            }
+            match spare
+                .try_clone()
+                .map_err(|e| e.to_string())
+                .and_then(|l| tiny_http::Server::from_listener(l, None).map_err(|e| e.to_string()))
+            {
+                Ok(s) => break Arc::new(s),
+                Err(err) => log::warn!("the HTTP listener could not start again yet: {err}"),
+            }
+        };
+        *current.lock().unwrap_or_else(|p| p.into_inner()) = server.clone();
+        log::info!("the HTTP listener accepts connections again");
+    }
+}
+
+/// Whether this process can open `n` more descriptors now.
+fn descriptors_free(n: usize) -> bool {
+    let probes: Vec<_> = (0..n).map_while(|_| std::fs::File::open("/dev/null").ok()).collect();
+    probes.len() == n
 }
 
 fn header(name: &str, value: &str) -> Header {
@@ -286,8 +366,12 @@ impl Listener {
         let announced = req.body_length();
         let body = body_budget::read_body(req.as_reader(), announced, MAX_BODY_BYTES, MAX_DRAIN_BYTES, &self.budget);
         if let Body::Abandon = body {
-            // The client is gone; dropping the request would try to allocate the unread rest.
-            log::warn!("abandoning a connection that announced {:?} bytes and sent far fewer", req.body_length());
+            // Dropping the request would make tiny_http allocate the announced length. The
+            // connection and its pool thread stay held until the process ends.
+            let n = ABANDONED.fetch_add(1, Ordering::SeqCst) + 1;
+            if n.is_power_of_two() {
+                log::warn!("abandoned {n} connections so far that announced bodies over {MAX_DRAIN_BYTES} bytes (this one: {announced:?})");
+            }
             std::mem::forget(req);
             return;
         }

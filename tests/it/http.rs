@@ -80,6 +80,51 @@ fn bodies_over_4_mib_get_413_and_bad_hosts_403() {
     assert_eq!(r.status, 200);
 }
 
+/// A client that announces an absurd body length, sends a byte and closes does not end the
+/// server: reading to its end of data made tiny_http allocate the whole announced length at
+/// once, and 10^15 bytes aborted the process (no credentials needed).
+#[test]
+fn an_absurd_content_length_does_not_end_the_server() {
+    use std::io::Write;
+    let home = Home::new("http-absurd");
+    let h = Http::start(&home, &["--workers", "2"], &[]);
+    for length in ["1000000000000000", "100000000000", "70000000"] {
+        let mut s = std::net::TcpStream::connect(h.addr).unwrap();
+        let head = format!("POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n{{");
+        s.write_all(head.as_bytes()).unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        // The server reads the request, abandons it, and goes on.
+        let sid = h.initialize();
+        assert_eq!(h.post(&[("Mcp-Session-Id", &sid)], PING).status, 200, "after Content-Length {length}");
+    }
+    assert!(h.stderr.lock().unwrap().contains("abandoned 2 connections so far"), "{}", h.stderr.lock().unwrap());
+}
+
+/// A server out of descriptors accepts connections again once some are free: tiny_http's accept
+/// loop ended at its first failed accept, and the port then refused every client for as long as
+/// the process lived.
+#[test]
+fn the_listener_accepts_again_after_running_out_of_descriptors() {
+    let home = Home::new("http-emfile");
+    let h = Http::start_with_descriptors(&home, 64, &["--workers", "2"]);
+    let sid = h.initialize();
+    // Idle connections until the server's accepts fail (each takes two of its descriptors).
+    let mut idle = Vec::new();
+    wait_for(Duration::from_secs(30), "the server to run out of descriptors", || {
+        for _ in 0..4 {
+            if let Ok(s) = std::net::TcpStream::connect(h.addr) {
+                idle.push(s);
+            }
+        }
+        h.stderr.lock().unwrap().contains("stopped accepting connections").then_some(())
+    });
+    drop(idle);
+    wait_for(Duration::from_secs(30), "the listener to accept again", || {
+        h.stderr.lock().unwrap().contains("accepts connections again").then_some(())
+    });
+    assert_eq!(h.post(&[("Mcp-Session-Id", &sid)], PING).status, 200);
+}
+
 #[test]
 fn the_bearer_token_is_required_when_configured() {
     let home = Home::new("httptoken");

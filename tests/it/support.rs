@@ -388,7 +388,20 @@ pub struct Http {
 impl Http {
     pub fn start(home: &Home, args: &[&str], extra_env: &[(&str, &str)]) -> Http {
         let mut cmd = Command::new(bin());
-        cmd.args(["http", "--listen", "127.0.0.1:0"]).args(args).envs(home.env()).env("RUST_LOG", "info");
+        cmd.args(["http", "--listen", "127.0.0.1:0"]).args(args);
+        Http::spawn(cmd, home, extra_env)
+    }
+
+    /// [`Http::start`] with at most `descriptors` open files for the server (soft and hard).
+    pub fn start_with_descriptors(home: &Home, descriptors: u32, args: &[&str]) -> Http {
+        let mut cmd = Command::new("/bin/sh");
+        cmd.args(["-c", "ulimit -n \"$1\" && shift && exec \"$@\"", "sh", &descriptors.to_string()]);
+        cmd.arg(bin()).args(["http", "--listen", "127.0.0.1:0"]).args(args);
+        Http::spawn(cmd, home, &[])
+    }
+
+    fn spawn(mut cmd: Command, home: &Home, extra_env: &[(&str, &str)]) -> Http {
+        cmd.envs(home.env()).env("RUST_LOG", "info");
         cmd.envs(extra_env.iter().copied());
         let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
         let stderr = child.stderr.take().unwrap();

@@ -86,7 +86,17 @@ pub trait Client {
     fn client(&self) -> String {
         String::new()
     }
+    /// Whether the call stops something (`kill_sandbox`, a cancel): when every worker is busy,
+    /// it runs on a thread of its own ([`MAX_ENDERS`] at most), so that a saturated server can
+    /// still end what saturates it.
+    fn ends(&self) -> bool {
+        false
+    }
 }
+
+/// Calls that stop something running at once outside the pool while it is saturated
+/// ([`Client::ends`]); beyond them such a call waits for a worker like any other.
+pub const MAX_ENDERS: usize = 8;
 
 impl Client for &str {}
 
@@ -139,6 +149,8 @@ struct Lanes<J> {
     /// Blocking jobs running outside the pool, in all and per client.
     runners: usize,
     runners_of: HashMap<String, usize>,
+    /// Calls that stop something, running on threads of their own ([`MAX_ENDERS`]).
+    enders: usize,
 }
 
 impl<J> Lanes<J> {
@@ -305,6 +317,24 @@ where
         }
     }
 
+    /// Runs a job on a thread outside the pool, not counted as a worker's or a runner's, and
+    /// sends its answer.
+    fn run_outside(&self, Job { id, work, reply }: Job<T, R>) {
+        let step = panic::catch_unwind(AssertUnwindSafe(|| (self.handler)(work).into()))
+            .unwrap_or_else(|payload| Step::Done(panicked(&id, payload.as_ref())));
+        let outcome = match step {
+            Step::Done(outcome) => outcome,
+            Step::Later(park) => {
+                park(Box::new(move |outcome| {
+                    let _ = reply.send(R::from(outcome));
+                }));
+                return;
+            }
+            Step::Blocking(call) => panic::catch_unwind(AssertUnwindSafe(call)).unwrap_or_else(|payload| panicked(&id, payload.as_ref())),
+        };
+        let _ = reply.send(R::from(outcome));
+    }
+
     /// Takes this worker out of the pool for a blocking job of `key`, when a runner's place is
     /// left: its client's running count and the pool's worker count drop at once, and another
     /// worker starts when work waits and no worker is idle. `false`: no place left, the job runs
@@ -378,6 +408,7 @@ where
         closed: false,
         runners: 0,
         runners_of: HashMap::new(),
+        enders: 0,
     };
     let pool = Arc::new(Pool { lanes: Mutex::new(lanes), ready: Condvar::new(), handler, sharing, started: AtomicUsize::new(0) });
     let mut handles = Vec::with_capacity(sharing.workers + 1);
@@ -390,6 +421,20 @@ where
         for job in rx {
             let key = job.work.client();
             let mut guard = pool.lock();
+            if job.work.ends() && guard.idle == 0 && guard.workers >= sharing.max_workers && guard.enders < MAX_ENDERS {
+                guard.enders += 1;
+                drop(guard);
+                let ender = pool.clone();
+                let spawned = thread::Builder::new().name("sandbox-mcp-end".into()).spawn(move || {
+                    ender.run_outside(job);
+                    ender.lock().enders -= 1;
+                });
+                if let Err(err) = spawned {
+                    pool.lock().enders -= 1;
+                    log::error!("could not start a thread for a call that stops something ({err}); the call was dropped");
+                }
+                continue;
+            }
             let waiting = guard.lanes.get(&key).map_or(0, VecDeque::len);
             if waiting >= sharing.per_client_queue {
                 drop(guard);
@@ -470,6 +515,57 @@ mod tests {
         assert_eq!(running.load(Ordering::SeqCst), 4, "still only its share");
         hold.store(true, Ordering::SeqCst);
         for _ in 0..12 {
+            rrx.recv_timeout(std::time::Duration::from_secs(5)).unwrap();
+        }
+    }
+
+    /// A job that stops something.
+    struct Ends(&'static str);
+
+    impl Client for Ends {
+        fn client(&self) -> String {
+            self.0.to_string()
+        }
+        fn ends(&self) -> bool {
+            self.0 == "kill"
+        }
+    }
+
+    /// With every worker busy (many clients, each within its share), a call that stops
+    /// something still runs at once, on a thread of its own; another call waits for a worker.
+    /// Before, a kill_sandbox waited 20 s behind 100 connections' long calls.
+    #[test]
+    fn a_call_that_stops_something_runs_while_every_worker_is_busy() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let release = Arc::new(AtomicBool::new(false));
+        let running = Arc::new(AtomicUsize::new(0));
+        let (held, counter) = (release.clone(), running.clone());
+        let sharing = Sharing { workers: 2, max_workers: 4, per_client: 1, per_client_queue: 8, runners: 0, runners_per_client: 0 };
+        let (tx, _handles) = spawn_workers(sharing, 64, move |Ends(name): Ends| {
+            if name.starts_with("long") {
+                counter.fetch_add(1, Ordering::SeqCst);
+                while !held.load(Ordering::SeqCst) {
+                    thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+            Outcome::Answer(json!(name))
+        });
+        let (rtx, rrx) = crossbeam_channel::unbounded::<Outcome>();
+        // One after another, so that the pool grows to its most for them.
+        for (i, name) in ["long-1", "long-2", "long-3", "long-4", "long-5"].into_iter().enumerate() {
+            tx.send(Job { id: json!(name), work: Ends(name), reply: rtx.clone() }).unwrap();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while running.load(Ordering::SeqCst) < (i + 1).min(4) && std::time::Instant::now() < deadline {
+                thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+        assert_eq!(running.load(Ordering::SeqCst), 4, "every worker is busy");
+        tx.send(Job { id: json!("quick"), work: Ends("quick"), reply: rtx.clone() }).unwrap();
+        tx.send(Job { id: json!("kill"), work: Ends("kill"), reply: rtx.clone() }).unwrap();
+        assert_eq!(rrx.recv_timeout(std::time::Duration::from_secs(2)).unwrap(), Outcome::Answer(json!("kill")));
+        assert!(rrx.recv_timeout(std::time::Duration::from_millis(200)).is_err(), "the other call waits for a worker");
+        release.store(true, Ordering::SeqCst);
+        for _ in 0..6 {
             rrx.recv_timeout(std::time::Duration::from_secs(5)).unwrap();
         }
     }

@@ -105,16 +105,21 @@ impl crate::queue::Client for Work {
     /// The session: workers are shared fairly between sessions (a stateless request's session
     /// names its connection). Calls that end things (`kill_sandbox`, `cancel_task`,
     /// `tasks/cancel`) have a lane of their own beside the session's: a client whose long
-    /// calls fill its share can still stop them.
+    /// calls fill its share can still stop them; and while every worker is busy they run on
+    /// threads of their own ([`crate::queue::MAX_ENDERS`]).
     fn client(&self) -> String {
-        let ends = match &self.call.op {
-            Op::Tool { tool, .. } => matches!(tool.name, "kill_sandbox" | "cancel_task"),
-            Op::Tasks(method) => matches!(method, TaskMethod::Cancel(_)),
-        };
-        if ends {
+        if self.ends() {
             format!("{} (ending)", self.session.id)
         } else {
             self.session.id.clone()
+        }
+    }
+
+    /// `kill_sandbox`, `cancel_task` and `tasks/cancel`: they also run outside a saturated pool.
+    fn ends(&self) -> bool {
+        match &self.call.op {
+            Op::Tool { tool, .. } => matches!(tool.name, "kill_sandbox" | "cancel_task"),
+            Op::Tasks(method) => matches!(method, TaskMethod::Cancel(_)),
         }
     }
 }

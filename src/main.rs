@@ -21,6 +21,7 @@ fn main() -> ExitCode {
             }
         };
     }
+    sandbox_mcp::memory::fix_thresholds();
     if argv.first().map(String::as_str) == Some("doctor") {
         return match &argv[1..] {
             [] => ExitCode::from(sandbox_mcp::cli::doctor(false)),

@@ -386,11 +386,12 @@ impl Listener {
         let status = answer.status;
         let sse_only =
             get(&req, "Accept").is_some_and(|a| a.contains("text/event-stream") && !a.contains("application/json") && !a.contains("*/*"));
-        let (content_type, bytes) = match answer.body {
+        let (content_type, bytes): (_, Vec<u8>) = match answer.body {
             Some(v) if sse_only && status == 200 => (Some("text/event-stream"), format!("event: message\ndata: {v}\n\n").into_bytes()),
             Some(v) => (Some("application/json"), v.into_bytes()),
             None => (None, Vec::new()),
         };
+        let large = bytes.len() >= memory::RELEASE_AFTER_BYTES;
         let res = if answer.close {
             // tiny_http drops a `Connection` response header, so this answer is written raw.
             let mut head = format!("HTTP/1.1 {status} {}\r\nContent-Length: {}\r\nConnection: close\r\n", reason(status), bytes.len());
@@ -415,6 +416,10 @@ impl Listener {
         };
         if let Err(err) = res {
             log::debug!("could not send an HTTP {status} answer: {err}");
+        }
+        if large {
+            // The answer and the values it was made from are freed by now.
+            memory::release_free();
         }
     }
 

@@ -62,10 +62,20 @@ pub fn spawn_writer(replies: Receiver<Out>) -> io::Result<JoinHandle<()>> {
                 Out::Line(line) => Some(line.as_str()),
                 Out::Cancelled | Out::Flush(_) => None,
             }));
+            let mut written = 0;
             for out in &batch {
-                if let Out::Flush(done) = out {
-                    let _ = done.send(());
+                match out {
+                    Out::Flush(done) => {
+                        let _ = done.send(());
+                    }
+                    Out::Line(line) => written += line.len(),
+                    Out::Cancelled => {}
                 }
+            }
+            drop(batch);
+            if written >= crate::memory::RELEASE_AFTER_BYTES {
+                // The answers and the values they were made from are freed by now.
+                crate::memory::release_free();
             }
         }
     })

@@ -595,6 +595,45 @@ fn a_waiting_run_command_holds_no_worker() {
     }
 }
 
+/// Large answers give their memory back: eight concurrent run_command answers of 2 MiB of
+/// control bytes each (about 27 MB once escaped in the structured result and again in its text)
+/// left the server 178 MiB above its idle RSS for the rest of its life (glibc's raised mapping
+/// threshold; see memory.rs). Now it is back at its idle RSS.
+#[test]
+fn the_memory_of_large_answers_returns() {
+    let home = Home::new("http-large-answers");
+    let h = Http::start(&home, &[], &[]);
+    let pid = h.child.id();
+    let sid = h.initialize();
+    let sb = h.call(&sid, "create_sandbox", json!({}))["result"]["structuredContent"]["sandbox_id"].as_str().unwrap().to_string();
+    let idle = rss_kib(pid) >> 10;
+    let command = "head -c 1048576 /dev/zero | tr '\\0' '\\1'; head -c 1048576 /dev/zero | tr '\\0' '\\2' >&2";
+    let addr = h.addr;
+    let calls: Vec<_> = (0..8)
+        .map(|i| {
+            let (sid, sb) = (sid.clone(), sb.clone());
+            std::thread::spawn(move || {
+                let mut c = Conn::open(addr);
+                let body = json!({"jsonrpc": "2.0", "id": i, "method": "tools/call",
+                    "params": {"name": "run_command", "arguments": {"sandbox_id": sb, "command": command, "max_output": 1048576}}});
+                c.send("POST", "/mcp", &[("Mcp-Session-Id", &sid)], body.to_string().as_bytes());
+                let r = c.read();
+                (r.status, r.body.len())
+            })
+        })
+        .collect();
+    for c in calls {
+        let (status, len) = c.join().unwrap();
+        assert_eq!(status, 200);
+        assert!(len > 20 << 20, "the answer holds the whole output, escaped: {len} bytes");
+    }
+    let after = wait_for(Duration::from_secs(10), "the answers' memory to return", || {
+        let mib = rss_kib(pid) >> 10;
+        (mib <= idle + 24).then_some(mib)
+    });
+    eprintln!("RSS idle {idle} MiB, after eight 27 MB answers {after} MiB");
+}
+
 /// Hostile clients: 48 concurrent 3.8 MB bodies of many small keys. Parsed JSON costs about
 /// fifteen times its bytes, so the byte budget alone let the server reach 751 MiB of RSS and keep
 /// 717 MiB after. The budget now charges each body's parsed cost before it is parsed, and the

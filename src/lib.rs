@@ -43,3 +43,4 @@ pub mod base64;
 pub mod client;
 pub mod ids;
 pub mod mask;
+pub mod tally;

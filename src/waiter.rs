@@ -18,6 +18,7 @@
 
 use crate::limits::{MAX_WAITING_CALLS, MAX_WAITING_CALLS_PER_CLIENT};
 use crate::queue::{Outcome, Respond};
+use crate::tally::Tally;
 use crossbeam_channel::{Receiver, Sender};
 use std::collections::{HashMap, HashSet};
 use std::io;
@@ -156,7 +157,10 @@ impl Waiter {
     /// Parks `watch`, or answers it at once (with [`Watch::give_up`]) when the waiter is full.
     pub fn park_or_answer(&self, watch: Box<dyn Watch>, respond: Respond) {
         if let Err((watch, respond)) = self.park(watch, respond) {
-            log::warn!("the waiting places are taken ({MAX_WAITING_CALLS} in all, {MAX_WAITING_CALLS_PER_CLIENT} per client); answering one more at once");
+            static REFUSED: Tally = Tally::new();
+            if let Some(n) = REFUSED.add() {
+                log::warn!("the waiting places are taken ({MAX_WAITING_CALLS} in all, {MAX_WAITING_CALLS_PER_CLIENT} per client): {n} calls answered at once so far");
+            }
             respond(watch.give_up());
         }
     }

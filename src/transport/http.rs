@@ -17,6 +17,7 @@ use crate::mcp::session::{Session, Sessions};
 use crate::mcp::subscription;
 use crate::memory;
 use crate::queue::Outcome;
+use crate::tally::Tally;
 use crate::transport::handlers::Handlers;
 use crate::transport::headers;
 use crate::transport::stream_shares::{self, Slot, StreamShares};
@@ -37,7 +38,7 @@ use tiny_http::{Header, Method, Request, Response, StatusCode};
 const REPLY_WAIT: Duration = Duration::from_secs(3600 + 300);
 
 /// Connections abandoned so far ([`Body::Abandon`]).
-static ABANDONED: AtomicUsize = AtomicUsize::new(0);
+static ABANDONED: Tally = Tally::new();
 
 /// A body announced longer than this is never read, and its request never dropped
 /// ([`Body::Abandon`]): tiny_http would allocate the whole unread length at once.
@@ -368,8 +369,7 @@ impl Listener {
         if let Body::Abandon = body {
             // Dropping the request would make tiny_http allocate the announced length. The
             // connection and its pool thread stay held until the process ends.
-            let n = ABANDONED.fetch_add(1, Ordering::SeqCst) + 1;
-            if n.is_power_of_two() {
+            if let Some(n) = ABANDONED.add() {
                 log::warn!("abandoned {n} connections so far that announced bodies over {MAX_DRAIN_BYTES} bytes (this one: {announced:?})");
             }
             std::mem::forget(req);

@@ -426,6 +426,24 @@ fn commands_are_started_by_the_init_or_entered_without_its_spawner() {
     }
 }
 
+/// Sandbox root may put a FIFO at its own `/dev/null`: the init still starts commands (it opened
+/// the stdin it gives them before any command ran). It opened the path at each start, and a
+/// blocking open of the FIFO hung every later command's start (and one init thread each).
+#[test]
+fn a_fifo_at_dev_null_does_not_stop_the_init_starting_commands() {
+    let Some(home) = isolated_home("iso-null-fifo") else { return };
+    let mut m = home.stdio();
+    let sb = m.create();
+    let (code, out, err) = sh(&mut m, "mount -t tmpfs none /dev && mkfifo /dev/null && echo poisoned");
+    assert_eq!((code, out.as_str()), (0, "poisoned\n"), "{err}");
+    // A working directory of its own: started afresh by the init, not by a waiting shell.
+    let t0 = Instant::now();
+    let d = m.ok("run_command", json!({"command": "echo started", "cwd": "/tmp", "timeout": 20}));
+    assert_eq!((d["exit_code"].as_i64(), d["stdout"].as_str()), (Some(0), Some("started\n")), "{d}");
+    assert!(t0.elapsed() < Duration::from_secs(5), "the start took {:?}", t0.elapsed());
+    assert_eq!(m.ok("kill_sandbox", json!({"sandbox_id": sb}))["killed"], true);
+}
+
 /// A command that runs when its sandbox's init is killed ends its call at once, as killed by
 /// SIGKILL (137), rather than holding it until its timeout.
 #[test]

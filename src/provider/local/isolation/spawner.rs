@@ -566,6 +566,9 @@ struct Children {
     key: Option<String>,
     /// Connections that have not shown the key yet.
     waiting: Waiting,
+    /// `/dev/null`, opened once before any command ran: the stdin of a command that has none.
+    /// Sandbox root may later put a FIFO at that path, whose blocking open would hang each start.
+    null: Option<File>,
     /// A shell waiting for the next command (see [`super::warm_shell`]). Lock it after
     /// `by_pid`, never before.
     warm: Mutex<Option<WarmShell>>,
@@ -692,6 +695,7 @@ pub fn serve(listener: UnixListener, home: PathBuf, key: Option<String>) -> ! {
         started: Condvar::new(),
         home,
         key,
+        null: File::open("/dev/null").ok(),
         waiting: Waiting::default(),
         warm: Mutex::new(None),
         newest_next: Mutex::new(None),
@@ -949,9 +953,10 @@ fn start_cold(request: &Request, fds: Stdio3, record: Started, conn: &UnixStream
         .env_clear()
         .envs(request.env.iter().map(|(k, v)| (k, v)))
         .current_dir(request.cwd.as_deref().map_or(children.home.as_path(), Path::new))
-        .stdin(match fds.stdin {
-            Some(fd) => Stdio::from(fd),
-            None => Stdio::from(File::open("/dev/null")?),
+        .stdin(match (fds.stdin, &children.null) {
+            (Some(fd), _) => Stdio::from(fd),
+            (None, Some(null)) => Stdio::from(null.try_clone()?),
+            (None, None) => Stdio::null(),
         })
         .stdout(Stdio::from(fds.stdout))
         .stderr(Stdio::from(fds.stderr))

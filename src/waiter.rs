@@ -278,23 +278,27 @@ impl Schedule<'_> {
     }
 
     /// Takes out the checks due now, earliest first, one per free key and at most
-    /// [`CHECKERS`] out at once.
+    /// [`CHECKERS`] out at once. A due call whose keys are not all free holds the free ones for
+    /// this pass: later calls on them wait, so a call over several sandboxes is not starved by
+    /// checks that take turns on each of them.
     fn due_jobs(&mut self) -> Vec<Job> {
         let now = Instant::now();
         let mut due: Vec<(Instant, u64)> = self
             .slots
             .iter()
-            .filter(|(_, s)| self.idle(s) && s.next.min(s.until) <= now)
+            .filter(|(_, s)| s.watch.is_some() && s.next.min(s.until) <= now)
             .map(|(id, s)| (s.next.min(s.until), *id))
             .collect();
         due.sort();
         let mut jobs = Vec::new();
+        let mut held: HashSet<String> = HashSet::new();
         for (_, id) in due {
             if self.in_flight >= CHECKERS {
                 break;
             }
             let Some(slot) = self.slots.get_mut(&id) else { continue };
-            if slot.keys.iter().any(|k| self.busy_keys.contains(k)) {
+            if slot.keys.iter().any(|k| self.busy_keys.contains(k) || held.contains(k)) {
+                held.extend(slot.keys.iter().cloned());
                 continue;
             }
             let Some(watch) = slot.watch.take() else { continue };
@@ -447,7 +451,56 @@ mod tests {
         assert_eq!(waiter.waiting(), 0);
     }
 
-    /// A Flag of one client.
+    /// A call over two sandboxes is answered although single-sandbox calls on each keep taking
+    /// turns (each check takes a while): the free sandbox is held for it until the other is free.
+    #[test]
+    fn a_call_over_two_sandboxes_is_not_starved_by_calls_on_each() {
+        /// A check that takes 30 ms, then answers "again" (waits on) until the flag is set.
+        struct Slow {
+            keys: &'static str,
+            until: Instant,
+            done: Arc<AtomicBool>,
+        }
+        impl Watch for Slow {
+            fn check(&mut self) -> Option<Outcome> {
+                thread::sleep(Duration::from_millis(30));
+                (self.keys.contains(',') || self.done.load(Ordering::SeqCst)).then(|| Outcome::Answer(json!(self.keys)))
+            }
+            fn give_up(self: Box<Self>) -> Outcome {
+                Outcome::Answer(json!("late"))
+            }
+            fn until(&self) -> Instant {
+                self.until
+            }
+            fn every(&self) -> Duration {
+                Duration::from_millis(1)
+            }
+            fn keys(&self) -> Vec<String> {
+                self.keys.split(',').map(str::to_string).collect()
+            }
+        }
+        let waiter = Waiter::start().unwrap();
+        let (tx, rx) = crossbeam_channel::unbounded::<Outcome>();
+        let done = Arc::new(AtomicBool::new(false));
+        let until = Instant::now() + Duration::from_secs(20);
+        // The checks on "b" run half a check behind those on "a": never both free at once.
+        for keys in ["a", "a", "a", "a"] {
+            waiter.park(Box::new(Slow { keys, until, done: done.clone() }), respond_to(&tx)).ok().unwrap();
+        }
+        thread::sleep(Duration::from_millis(15));
+        for keys in ["b", "b", "b", "b"] {
+            waiter.park(Box::new(Slow { keys, until, done: done.clone() }), respond_to(&tx)).ok().unwrap();
+        }
+        thread::sleep(Duration::from_millis(40));
+        waiter.park(Box::new(Slow { keys: "a,b", until, done: done.clone() }), respond_to(&tx)).ok().unwrap();
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), Outcome::Answer(json!("a,b")));
+        done.store(true, Ordering::SeqCst);
+        for _ in 0..8 {
+            assert!(rx.recv_timeout(Duration::from_secs(5)).is_ok());
+        }
+    }
+
+    /// A Flag of one client.    /// A Flag of one client.
     struct Of(&'static str, Flag);
 
     impl Watch for Of {

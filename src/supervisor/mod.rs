@@ -402,6 +402,13 @@ fn started(out: &ExecOutput, task_id: &str, window: Window, what: &str) -> Resul
         };
         return Ok(Started::Refused(msg));
     }
+    if text.starts_with("@none") {
+        // A finished task whose logs were gone when the start read it (see inspect.sh's emit).
+        return Err(ProviderError::Unconfirmed {
+            what: what.into(),
+            detail: "the task's directory was removed (by delete_task, or by the task itself) before its answer was read".into(),
+        });
+    }
     match parse_one(out, task_id, window) {
         Some(snap) => Ok(Started::Observed(Box::new(snap))),
         None => Err(ProviderError::Unconfirmed {
@@ -707,6 +714,13 @@ mod tests {
 
     const ID: &str = "0123456789abcdef0123456789abcdef";
     const W: Window = Window { stdout_offset: 0, stderr_offset: 0, limit: 16384 };
+
+    /// A start whose task was removed before its answer was read says so, not "unreadable".
+    #[test]
+    fn a_start_whose_task_is_gone_says_so() {
+        let gone = started(&output("@none\n", ""), ID, W, "run_command");
+        assert!(matches!(&gone, Err(ProviderError::Unconfirmed { detail, .. }) if detail.contains("removed")), "{:?}", gone.as_ref().err());
+    }
 
     #[test]
     fn derives_states_honestly() {

@@ -76,10 +76,16 @@ impl<T: Send + 'static> Handlers<T> {
         let (waiting, handle, live) = (self.waiting.clone(), self.handle.clone(), self.live.clone());
         let (resident, idle) = (self.resident, self.idle);
         let spawned = std::thread::Builder::new().name(self.name.into()).stack_size(STACK).spawn(move || {
-            handle(job);
+            // A panicking job ends alone: the thread and its count stay.
+            let run = |job: T| {
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handle(job))).is_err() {
+                    log::error!("a handler of {} panicked; the thread goes on", std::thread::current().name().unwrap_or("a pool"));
+                }
+            };
+            run(job);
             loop {
                 match waiting.recv_timeout(idle) {
-                    Ok(job) => handle(job),
+                    Ok(job) => run(job),
                     Err(RecvTimeoutError::Timeout) => {
                         if live.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n > resident).then(|| n - 1)).is_ok() {
                             return;
@@ -95,6 +101,12 @@ impl<T: Send + 'static> Handlers<T> {
             self.live.fetch_sub(1, Ordering::SeqCst);
             log::error!("could not start an HTTP handler thread ({err}); the request was answered 500");
         }
+    }
+
+    /// Hands `job` to an idle thread only; `false` (and the job dropped) when none waits.
+    #[cfg(test)]
+    fn dispatch_idle(&self, job: T) -> bool {
+        self.handoff.try_send(job).is_ok()
     }
 
     /// Handler threads alive now.
@@ -170,6 +182,20 @@ mod tests {
         assert!(done.contains(&3), "the waiting job ran on the freed thread: {done:?}");
         fourth.join().unwrap();
         drop(release_tx);
+    }
+
+    /// A job that panics ends alone: its thread serves the next job and is still counted.
+    #[test]
+    fn a_panicking_job_leaves_its_thread_serving() {
+        let (done_tx, done_rx) = crossbeam_channel::unbounded::<u32>();
+        let pool = Handlers::with_limits("test-handler", 4, 4, Duration::from_secs(60), move |job: u32| {
+            assert!(job != 0, "job 0 panics");
+            let _ = done_tx.send(job);
+        });
+        pool.dispatch(0);
+        until("the panicking job's thread to wait for the next", || pool.live() == 1 && pool.dispatch_idle(1));
+        assert_eq!(done_rx.recv_timeout(Duration::from_secs(10)), Ok(1));
+        assert_eq!(pool.live(), 1, "the same thread took the next job");
     }
 
     /// Threads beyond the resident ones end once idle; dropping the pool ends the rest.

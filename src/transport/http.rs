@@ -18,6 +18,7 @@ use crate::mcp::subscription;
 use crate::memory;
 use crate::queue::Outcome;
 use crate::tally::Tally;
+use crate::transport::accept::Acceptor;
 use crate::transport::handlers::Handlers;
 use crate::transport::headers;
 use crate::transport::stream_shares::{self, Slot, StreamShares};
@@ -29,7 +30,7 @@ use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::{self, JoinHandle};
+use std::thread;
 use std::time::{Duration, Instant};
 use tiny_http::{Header, Method, Request, Response, StatusCode};
 
@@ -136,46 +137,23 @@ impl Listener {
 
 /// A running HTTP server.
 pub struct HttpServer {
-    /// The tiny_http server accepting connections now (a new one takes over when the accept loop
-    /// of the last one ended).
-    current: Arc<Mutex<Arc<tiny_http::Server>>>,
-    stopping: Arc<AtomicBool>,
+    /// The tiny_http servers on the listening socket ([`Acceptor`]).
+    acceptor: Arc<Acceptor>,
     listener: Arc<Listener>,
-    /// Takes each request from tiny_http and hands it to a handler thread ([`Handlers`]).
-    dispatcher: JoinHandle<()>,
     /// The bound address (the port is real even when 0 was asked for).
     pub addr: SocketAddr,
 }
-
-/// How long an HTTP server replaced by a new one keeps serving the connections it has, once
-/// none of them sent a request.
-const REPLACED_IDLE: Duration = Duration::from_secs(60);
-
-/// Descriptors that must be free before a new tiny_http server takes over the listening socket
-/// (an accept needs one, and tiny_http takes a second for each connection).
-const ACCEPT_HEADROOM: usize = 16;
 
 impl HttpServer {
     /// Binds `addr` and starts serving: each request is handled on a thread of its own while it
     /// lasts, at most `max_handlers` at once ([`Handlers`]).
     pub fn start(addr: SocketAddr, max_handlers: usize, listener: Listener) -> anyhow::Result<HttpServer> {
         let socket = bind_nodelay(addr).map_err(|err| anyhow::anyhow!("binding {addr}: {err}"))?;
-        // Keeps the port listening when tiny_http's accept loop ends, for the next server.
-        let spare = socket.try_clone().map_err(|err| anyhow::anyhow!("serving on {addr}: {err}"))?;
-        let server = tiny_http::Server::from_listener(socket, None).map_err(|err| anyhow::anyhow!("serving on {addr}: {err}"))?;
-        let server = Arc::new(server);
-        let bound = server.server_addr().to_ip().unwrap_or(addr);
         let listener = Arc::new(listener);
         let handling = listener.clone();
-        let handlers = Arc::new(Handlers::new("sandbox-mcp-http", max_handlers, move |req| handling.handle(req)));
-        let current = Arc::new(Mutex::new(server.clone()));
-        let stopping = Arc::new(AtomicBool::new(false));
-        let (now, stop) = (current.clone(), stopping.clone());
-        let dispatcher = thread::Builder::new()
-            .name("http-dispatch".into())
-            .stack_size(256 * 1024)
-            .spawn(move || dispatch(server, &spare, &handlers, &now, &stop))?;
-        Ok(HttpServer { current, stopping, listener, dispatcher, addr: bound })
+        let handlers = Handlers::new("sandbox-mcp-http", max_handlers, move |req| handling.handle(req));
+        let (acceptor, bound) = Acceptor::start(socket, move |req| handlers.dispatch(req))?;
+        Ok(HttpServer { acceptor, listener, addr: bound })
     }
 
     /// Waits (until `deadline`) for the requests being handled to be answered.
@@ -188,72 +166,8 @@ impl HttpServer {
     /// Stops accepting requests. Handler threads still waiting for a long tool call are not
     /// joined: shutdown must not wait for them (the process exits after ending the sessions).
     pub fn stop(self) {
-        self.stopping.store(true, Ordering::SeqCst);
-        self.current.lock().unwrap_or_else(|p| p.into_inner()).unblock();
-        drop(self.dispatcher);
+        self.acceptor.stop();
     }
-}
-
-/// Hands every request of `server` to `handlers` until shutdown. tiny_http's accept loop ends for
-/// good at its first failed accept (the process out of descriptors, say, with many connections
-/// open), and the port would then refuse every client while the process lives on. Here a new
-/// server takes over the listening socket (`spare`) once descriptors are free again, and the old
-/// one keeps serving the connections it has until they fall quiet.
-fn dispatch(
-    mut server: Arc<tiny_http::Server>,
-    spare: &std::net::TcpListener,
-    handlers: &Arc<Handlers<Request>>,
-    current: &Mutex<Arc<tiny_http::Server>>,
-    stopping: &AtomicBool,
-) {
-    loop {
-        let err = loop {
-            match server.recv() {
-                Ok(req) => handlers.dispatch(req),
-                Err(err) => break err,
-            }
-        };
-        if stopping.load(Ordering::SeqCst) {
-            return;
-        }
-        log::error!("the HTTP listener stopped accepting connections ({err}); it starts again once descriptors are free");
-        let (old, serving) = (server, handlers.clone());
-        let drained = thread::Builder::new().name("http-dispatch".into()).stack_size(256 * 1024).spawn(move || {
-            while let Ok(Some(req)) = old.recv_timeout(REPLACED_IDLE) {
-                serving.dispatch(req);
-            }
-        });
-        if let Err(err) = drained {
-            log::error!("could not start a thread for the replaced HTTP server's connections: {err}");
-        }
-        let mut pause = Duration::from_millis(100);
-        server = loop {
-            thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_secs(2));
-            if stopping.load(Ordering::SeqCst) {
-                return;
-            }
-            if !descriptors_free(ACCEPT_HEADROOM) {
-                continue;
-            }
-            match spare
-                .try_clone()
-                .map_err(|e| e.to_string())
-                .and_then(|l| tiny_http::Server::from_listener(l, None).map_err(|e| e.to_string()))
-            {
-                Ok(s) => break Arc::new(s),
-                Err(err) => log::warn!("the HTTP listener could not start again yet: {err}"),
-            }
-        };
-        *current.lock().unwrap_or_else(|p| p.into_inner()) = server.clone();
-        log::info!("the HTTP listener accepts connections again");
-    }
-}
-
-/// Whether this process can open `n` more descriptors now.
-fn descriptors_free(n: usize) -> bool {
-    let probes: Vec<_> = (0..n).map_while(|_| std::fs::File::open("/dev/null").ok()).collect();
-    probes.len() == n
 }
 
 fn header(name: &str, value: &str) -> Header {
@@ -358,9 +272,16 @@ fn constant_time_eq(given: &[u8], secret: &[u8]) -> bool {
 
 impl Listener {
     fn handle(&self, req: Request) {
+        /// Counts the request out however `serve` ends (a panic included).
+        struct Busy<'a>(&'a AtomicUsize);
+        impl Drop for Busy<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
         self.busy.fetch_add(1, Ordering::SeqCst);
+        let _busy = Busy(&self.busy);
         self.serve(req);
-        self.busy.fetch_sub(1, Ordering::SeqCst);
     }
 
     fn serve(&self, mut req: Request) {

@@ -1,5 +1,6 @@
 //! The two transports: stdio (one session per process) and HTTP (sessions by header).
 
+pub mod accept;
 pub mod body_budget;
 pub mod handlers;
 pub mod headers;

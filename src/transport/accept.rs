@@ -1,0 +1,207 @@
+//! The tiny_http servers on the HTTP listening socket, and the next one when the accept loop of
+//! the current one ends.
+//!
+//! tiny_http 0.12 accepts on one thread, which ends for good when an accept fails (it reports
+//! that once, through `recv`) and when it panics (an accepted connection whose descriptor cannot
+//! be cloned, a thread for its pool that cannot be made: the process out of descriptors or
+//! threads, which idle connections can cause). The port would then refuse every client while the
+//! process lives on. Here a watchdog hears of either end (the error from a dispatcher, the panic
+//! through a panic hook that looks only at tiny_http's accept-side files), checks that the port
+//! really stopped answering, and starts a new server on the same socket (a spare descriptor of
+//! it) once descriptors and a thread are free. Every server, replaced or not, keeps handing the
+//! requests of the connections it has to the sink until shutdown.
+
+use crossbeam_channel::{Receiver, Sender};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread;
+use std::time::Duration;
+use tiny_http::{Request, Server};
+
+/// Descriptors that must be free before a new server takes over the socket (an accept takes one,
+/// and tiny_http a second for each connection).
+const HEADROOM: usize = 16;
+
+/// How long the watchdog's own request to the port may take before the port counts as not
+/// answering.
+const PROBE: Duration = Duration::from_secs(2);
+
+/// Where every request goes (a handler thread).
+type Sink = Arc<dyn Fn(Request) + Send + Sync>;
+
+/// The servers on one listening socket.
+pub struct Acceptor {
+    /// Every server started, the current one last.
+    servers: Mutex<Vec<Arc<Server>>>,
+    stopping: AtomicBool,
+    /// A descriptor of the listening socket: keeps the port listening between servers.
+    spare: TcpListener,
+    /// Where the watchdog's probe connects (the port on loopback).
+    probe: SocketAddr,
+    sink: Sink,
+    /// Asks the watchdog to look whether the current server still accepts.
+    wake: Sender<()>,
+}
+
+impl Acceptor {
+    /// Serves `socket` with tiny_http, handing each request to `sink`; the bound address.
+    pub fn start(socket: TcpListener, sink: impl Fn(Request) + Send + Sync + 'static) -> anyhow::Result<(Arc<Acceptor>, SocketAddr)> {
+        let addr = socket.local_addr()?;
+        let spare = socket.try_clone()?;
+        let server = Server::from_listener(socket, None).map_err(|err| anyhow::anyhow!("serving on {addr}: {err}"))?;
+        let (wake, woken) = crossbeam_channel::unbounded();
+        let probe = match addr {
+            SocketAddr::V4(a) if a.ip().is_unspecified() => SocketAddr::from(([127, 0, 0, 1], a.port())),
+            SocketAddr::V6(a) if a.ip().is_unspecified() => SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, a.port())),
+            other => other,
+        };
+        let acceptor = Arc::new(Acceptor {
+            servers: Mutex::new(Vec::new()),
+            stopping: AtomicBool::new(false),
+            spare,
+            probe,
+            sink: Arc::new(sink),
+            wake,
+        });
+        watch_panics(acceptor.wake.clone());
+        if !acceptor.adopt(Arc::new(server))? {
+            anyhow::bail!("serving on {addr}: shutdown began");
+        }
+        let watched = acceptor.clone();
+        thread::Builder::new().name("http-watchdog".into()).stack_size(256 * 1024).spawn(move || watched.watch(&woken))?;
+        Ok((acceptor, addr))
+    }
+
+    /// Stops every server (their dispatchers end; the connections they hold get no more answers).
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        let _ = self.wake.send(());
+        for server in self.servers.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            server.unblock();
+        }
+    }
+
+    /// Records `server` and starts its dispatcher; `false` when shutdown began meanwhile (the
+    /// server is then dropped).
+    fn adopt(self: &Arc<Self>, server: Arc<Server>) -> std::io::Result<bool> {
+        let mut servers = self.servers.lock().unwrap_or_else(|p| p.into_inner());
+        if self.stopping.load(Ordering::SeqCst) {
+            return Ok(false);
+        }
+        let (me, serving) = (self.clone(), server.clone());
+        thread::Builder::new().name("http-dispatch".into()).stack_size(256 * 1024).spawn(move || me.dispatch(&serving))?;
+        servers.push(server);
+        Ok(true)
+    }
+
+    /// Hands every request of `server` to the sink until shutdown. An error from `recv` is the
+    /// end of the server's accept loop: the watchdog hears of it, and this goes on with the
+    /// requests of the connections the server has.
+    fn dispatch(&self, server: &Server) {
+        loop {
+            match server.recv() {
+                Ok(req) => (self.sink)(req),
+                Err(_) if self.stopping.load(Ordering::SeqCst) => return,
+                Err(err) => {
+                    log::error!("the HTTP listener stopped accepting connections: {err}");
+                    let _ = self.wake.send(());
+                }
+            }
+        }
+    }
+
+    /// The watchdog: on each wake-up, if the port does not answer, starts the next server.
+    fn watch(self: &Arc<Self>, woken: &Receiver<()>) {
+        while woken.recv().is_ok() {
+            // Wake-ups that came together are one.
+            thread::sleep(Duration::from_millis(100));
+            while woken.try_recv().is_ok() {}
+            if self.stopping.load(Ordering::SeqCst) {
+                return;
+            }
+            if answers(self.probe) {
+                continue;
+            }
+            log::error!("the HTTP listener does not accept connections; it starts again once descriptors and a thread are free");
+            if self.restart() {
+                log::info!("the HTTP listener accepts connections again");
+            }
+        }
+    }
+
+    /// Starts a new server on the socket, retrying until it runs or shutdown begins.
+    fn restart(self: &Arc<Self>) -> bool {
+        let mut pause = Duration::from_millis(100);
+        loop {
+            if self.stopping.load(Ordering::SeqCst) {
+                return false;
+            }
+            if descriptors_free(HEADROOM) {
+                if let Ok(socket) = self.spare.try_clone() {
+                    // tiny_http makes its accept thread with `thread::spawn`, which panics when
+                    // no thread can be made.
+                    match panic::catch_unwind(AssertUnwindSafe(|| Server::from_listener(socket, None))) {
+                        Ok(Ok(server)) => match self.adopt(Arc::new(server)) {
+                            Ok(adopted) => return adopted,
+                            Err(err) => log::warn!("the HTTP listener could not start again yet: {err}"),
+                        },
+                        Ok(Err(err)) => log::warn!("the HTTP listener could not start again yet: {err}"),
+                        Err(_) => log::warn!("the HTTP listener could not start again yet: no thread could be made"),
+                    }
+                }
+            }
+            thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_secs(2));
+        }
+    }
+}
+
+/// Whether something accepts and answers HTTP on `addr` within [`PROBE`].
+fn answers(addr: SocketAddr) -> bool {
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, PROBE) else { return false };
+    let _ = s.set_read_timeout(Some(PROBE));
+    let _ = s.set_write_timeout(Some(PROBE));
+    let mut head = [0u8; 8];
+    s.write_all(b"GET /healthz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").is_ok()
+        && s.read_exact(&mut head).is_ok()
+        && head.starts_with(b"HTTP/1.")
+}
+
+/// Whether this process can open `n` more descriptors now.
+fn descriptors_free(n: usize) -> bool {
+    let probes: Vec<_> = (0..n).map_while(|_| std::fs::File::open("/dev/null").ok()).collect();
+    probes.len() == n
+}
+
+/// Wakes the watchdog of every acceptor when a thread panics in tiny_http's accept-side code
+/// (the files whose panics end an accept loop); every panic still goes to the hook before.
+fn watch_panics(wake: Sender<()>) {
+    static WAKES: OnceLock<Mutex<Vec<Sender<()>>>> = OnceLock::new();
+    let mut first = false;
+    let wakes = WAKES.get_or_init(|| {
+        first = true;
+        Mutex::new(Vec::new())
+    });
+    wakes.lock().unwrap_or_else(|p| p.into_inner()).push(wake);
+    if !first {
+        return;
+    }
+    let before = panic::take_hook();
+    panic::set_hook(Box::new(move |info| {
+        before(info);
+        let accept_side = info.location().is_some_and(|l| {
+            let file = l.file();
+            file.contains("tiny_http") && (file.ends_with("refined_tcp_stream.rs") || file.ends_with("task_pool.rs"))
+        });
+        if accept_side {
+            if let Some(wakes) = WAKES.get() {
+                for wake in wakes.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                    let _ = wake.send(());
+                }
+            }
+        }
+    }));
+}

@@ -372,19 +372,16 @@ mod tests {
         })
     }
 
-    /// A check that stalls (a FIFO in place of a state file) for as long as `stall` is set.
-    struct Stalled {
-        key: &'static str,
-        stall: Arc<AtomicBool>,
+    /// A watch over the sandboxes `keys` (comma-separated) whose check is `check`, given them.
+    struct Scripted {
+        keys: &'static str,
         until: Instant,
+        check: Box<dyn FnMut(&'static str) -> Option<Outcome> + Send>,
     }
 
-    impl Watch for Stalled {
+    impl Watch for Scripted {
         fn check(&mut self) -> Option<Outcome> {
-            while self.stall.load(Ordering::SeqCst) {
-                thread::sleep(Duration::from_millis(5));
-            }
-            Some(Outcome::Answer(json!(self.key)))
+            (self.check)(self.keys)
         }
         fn give_up(self: Box<Self>) -> Outcome {
             Outcome::Answer(json!("late"))
@@ -393,91 +390,79 @@ mod tests {
             self.until
         }
         fn every(&self) -> Duration {
-            Duration::from_millis(5)
+            Duration::from_millis(1)
         }
         fn keys(&self) -> Vec<String> {
-            self.key.split(',').map(str::to_string).collect()
+            self.keys.split(',').map(str::to_string).collect()
         }
+    }
+
+    /// A watch whose check stalls (a FIFO in place of a state file) for as long as `stall` is
+    /// set, then answers its keys.
+    fn stalled(key: &'static str, stall: Arc<AtomicBool>, until: Instant) -> Scripted {
+        let check = move |keys: &'static str| {
+            while stall.load(Ordering::SeqCst) {
+                thread::sleep(Duration::from_millis(5));
+            }
+            Some(Outcome::Answer(json!(keys)))
+        };
+        Scripted { keys: key, until, check: Box::new(check) }
+    }
+
+    /// Parks a call over each of `keys` (comma-separated sandboxes) whose reads stall, then
+    /// checks that twenty calls on another sandbox are answered at once, and the stalled ones
+    /// once their reads return.
+    fn stalled_calls_cost_only_their_sandbox(keys: &[&'static str]) {
+        let waiter = Waiter::start().unwrap();
+        let (tx, rx) = crossbeam_channel::unbounded::<Outcome>();
+        let stall = Arc::new(AtomicBool::new(true));
+        let until = Instant::now() + Duration::from_secs(30);
+        for key in keys {
+            waiter.park(Box::new(stalled(key, stall.clone(), until)), respond_to(&tx)).ok().unwrap();
+        }
+        let t0 = Instant::now();
+        for _ in 0..20 {
+            let free = Arc::new(AtomicBool::new(false));
+            waiter.park(Box::new(stalled("third", free, until)), respond_to(&tx)).ok().unwrap();
+            assert_eq!(rx.recv_timeout(Duration::from_secs(2)).unwrap(), Outcome::Answer(json!("third")));
+        }
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+        stall.store(false, Ordering::SeqCst);
+        let mut answered: Vec<Outcome> = keys.iter().map(|_| rx.recv_timeout(Duration::from_secs(5)).unwrap()).collect();
+        let mut expected: Vec<Outcome> = keys.iter().map(|k| Outcome::Answer(json!(k))).collect();
+        answered.sort_by_key(|o| o.clone().into_response().to_string());
+        expected.sort_by_key(|o| o.clone().into_response().to_string());
+        assert_eq!(answered, expected);
+        assert_eq!(waiter.waiting(), 0);
     }
 
     /// One sandbox whose reads stall costs only its own calls: the others are answered at once,
     /// and the stalled one when its read returns.
     #[test]
     fn a_stalled_sandbox_delays_only_its_own_calls() {
-        let waiter = Waiter::start().unwrap();
-        let (tx, rx) = crossbeam_channel::unbounded::<Outcome>();
-        let stall = Arc::new(AtomicBool::new(true));
-        let until = Instant::now() + Duration::from_secs(30);
-        for _ in 0..3 {
-            waiter.park(Box::new(Stalled { key: "hostile", stall: stall.clone(), until }), respond_to(&tx)).ok().unwrap();
-        }
-        let t0 = Instant::now();
-        for _ in 0..20 {
-            let free = Arc::new(AtomicBool::new(false));
-            waiter.park(Box::new(Stalled { key: "other", stall: free, until }), respond_to(&tx)).ok().unwrap();
-            assert_eq!(rx.recv_timeout(Duration::from_secs(2)).unwrap(), Outcome::Answer(json!("other")));
-        }
-        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
-        stall.store(false, Ordering::SeqCst);
-        for _ in 0..3 {
-            assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), Outcome::Answer(json!("hostile")));
-        }
-        assert_eq!(waiter.waiting(), 0);
+        stalled_calls_cost_only_their_sandbox(&["hostile"; 3]);
     }
 
     /// More calls on a stalled sandbox than there are checkers, some of them also reading
     /// another sandbox, still hold one checker: a third sandbox's calls are answered at once.
     #[test]
     fn many_calls_on_a_stalled_sandbox_hold_one_checker() {
-        let waiter = Waiter::start().unwrap();
-        let (tx, rx) = crossbeam_channel::unbounded::<Outcome>();
-        let stall = Arc::new(AtomicBool::new(true));
-        let until = Instant::now() + Duration::from_secs(30);
-        for i in 0..2 * CHECKERS {
-            let key = if i % 2 == 0 { "hostile" } else { "hostile,other" };
-            waiter.park(Box::new(Stalled { key, stall: stall.clone(), until }), respond_to(&tx)).ok().unwrap();
-        }
-        let t0 = Instant::now();
-        for _ in 0..20 {
-            let free = Arc::new(AtomicBool::new(false));
-            waiter.park(Box::new(Stalled { key: "third", stall: free, until }), respond_to(&tx)).ok().unwrap();
-            assert_eq!(rx.recv_timeout(Duration::from_secs(2)).unwrap(), Outcome::Answer(json!("third")));
-        }
-        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
-        stall.store(false, Ordering::SeqCst);
-        for _ in 0..2 * CHECKERS {
-            assert!(rx.recv_timeout(Duration::from_secs(5)).is_ok());
-        }
-        assert_eq!(waiter.waiting(), 0);
+        let keys: Vec<&'static str> = (0..2 * CHECKERS).map(|i| if i % 2 == 0 { "hostile" } else { "hostile,other" }).collect();
+        stalled_calls_cost_only_their_sandbox(&keys);
     }
 
     /// A call over two sandboxes is answered although single-sandbox calls on each keep taking
     /// turns (each check takes a while): the free sandbox is held for it until the other is free.
     #[test]
     fn a_call_over_two_sandboxes_is_not_starved_by_calls_on_each() {
-        /// A check that takes 30 ms, then answers "again" (waits on) until the flag is set.
-        struct Slow {
-            keys: &'static str,
-            until: Instant,
-            done: Arc<AtomicBool>,
-        }
-        impl Watch for Slow {
-            fn check(&mut self) -> Option<Outcome> {
+        /// A check that takes 30 ms and answers a call over several sandboxes at once, one over
+        /// a single sandbox once `done` is set.
+        fn slow(keys: &'static str, until: Instant, done: Arc<AtomicBool>) -> Box<Scripted> {
+            let check = move |keys: &'static str| {
                 thread::sleep(Duration::from_millis(30));
-                (self.keys.contains(',') || self.done.load(Ordering::SeqCst)).then(|| Outcome::Answer(json!(self.keys)))
-            }
-            fn give_up(self: Box<Self>) -> Outcome {
-                Outcome::Answer(json!("late"))
-            }
-            fn until(&self) -> Instant {
-                self.until
-            }
-            fn every(&self) -> Duration {
-                Duration::from_millis(1)
-            }
-            fn keys(&self) -> Vec<String> {
-                self.keys.split(',').map(str::to_string).collect()
-            }
+                (keys.contains(',') || done.load(Ordering::SeqCst)).then(|| Outcome::Answer(json!(keys)))
+            };
+            Box::new(Scripted { keys, until, check: Box::new(check) })
         }
         let waiter = Waiter::start().unwrap();
         let (tx, rx) = crossbeam_channel::unbounded::<Outcome>();
@@ -485,14 +470,14 @@ mod tests {
         let until = Instant::now() + Duration::from_secs(20);
         // The checks on "b" run half a check behind those on "a": never both free at once.
         for keys in ["a", "a", "a", "a"] {
-            waiter.park(Box::new(Slow { keys, until, done: done.clone() }), respond_to(&tx)).ok().unwrap();
+            waiter.park(slow(keys, until, done.clone()), respond_to(&tx)).ok().unwrap();
         }
         thread::sleep(Duration::from_millis(15));
         for keys in ["b", "b", "b", "b"] {
-            waiter.park(Box::new(Slow { keys, until, done: done.clone() }), respond_to(&tx)).ok().unwrap();
+            waiter.park(slow(keys, until, done.clone()), respond_to(&tx)).ok().unwrap();
         }
         thread::sleep(Duration::from_millis(40));
-        waiter.park(Box::new(Slow { keys: "a,b", until, done: done.clone() }), respond_to(&tx)).ok().unwrap();
+        waiter.park(slow("a,b", until, done.clone()), respond_to(&tx)).ok().unwrap();
         assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), Outcome::Answer(json!("a,b")));
         done.store(true, Ordering::SeqCst);
         for _ in 0..8 {

@@ -441,15 +441,22 @@ mod tests {
         }
     }
 
+    /// `program` run by /bin/sh with `args`, HOME at `home` and `path` as PATH (else this
+    /// process's): its stdout and stderr.
+    fn sh(program: &str, args: &[&str], home: &std::path::Path, path: Option<&std::ffi::OsStr>) -> (String, String) {
+        let mut cmd = Command::new("/bin/sh");
+        cmd.args(["-c", program, "sh"]).args(args).env("HOME", home);
+        if let Some(path) = path {
+            cmd.env("PATH", path);
+        }
+        let out = cmd.output().expect("sh runs");
+        (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+
     /// start.sh's run (wait mode) as a provider would run it, with HOME at `home`.
     fn run_mode(home: &std::path::Path, id: &str, command: &str, wait: &str) -> (String, String) {
-        let out = Command::new("/bin/sh")
-            .args(["-c", Snippet::Start.source(), "sh", id, "30", "/bin/sh", "", command, Snippet::Supervise.source(), "/bin/sh"])
-            .args(["1048576", wait])
-            .env("HOME", home)
-            .output()
-            .expect("sh runs");
-        (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+        let args = [id, "30", "/bin/sh", "", command, Snippet::Supervise.source(), "/bin/sh", "1048576", wait];
+        sh(Snippet::Start.source(), &args, home, None)
     }
 
     #[test]
@@ -477,17 +484,6 @@ mod tests {
         let _ = std::fs::remove_dir_all(&home);
     }
 
-    /// status.sh on task `id` with HOME at `home` and `path` as PATH: its stdout and stderr.
-    fn status(home: &std::path::Path, id: &str, path: &std::ffi::OsStr) -> (String, String) {
-        let out = Command::new("/bin/sh")
-            .args(["-c", Snippet::Status.source(), "sh", id, "0", "0", "16384"])
-            .env("HOME", home)
-            .env("PATH", path)
-            .output()
-            .expect("sh runs");
-        (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
-    }
-
     /// A finished task read while its directory is removed (a run's clean-up, a delete_task)
     /// comes with its whole logs, or reads as removed; never as finished with logs cut short.
     /// get_task answered a finished run's task with an empty page of its 4-byte log when the
@@ -512,7 +508,7 @@ mod tests {
         std::fs::set_permissions(&dd, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
         let path = std::env::join_paths(std::iter::once(bin.clone()).chain(std::env::split_paths(&std::env::var_os("PATH").unwrap())));
         let path = path.unwrap();
-        let (out, err) = status(&home, id, &path);
+        let (out, err) = sh(Snippet::Status.source(), &[id, "0", "0", "16384"], &home, Some(&path));
         assert!(out.contains("status=exited\nexit_code=4\n") && out.contains("out_size=3\nerr_size=3\n"), "{out}");
         assert!(out.ends_with("@end\nout"), "the whole stdout: {out}");
         assert_eq!(err, "err", "the whole stderr");
@@ -523,7 +519,7 @@ mod tests {
         let state = tasks.join(id).join("state");
         assert!(until(|| std::fs::read_to_string(&state).is_ok_and(|s| s.contains("status=exited"))), "the task ends");
         std::fs::remove_file(tasks.join(id).join("stdout.log")).unwrap();
-        let (out, _) = status(&home, id, &std::env::var_os("PATH").unwrap());
+        let (out, _) = sh(Snippet::Status.source(), &[id, "0", "0", "16384"], &home, None);
         assert_eq!(out, "@none\n");
         let _ = std::fs::remove_dir_all(&home);
     }

@@ -5,7 +5,7 @@
 //!  stdin ──► sandbox-mcp-stdin ──┐  (cheap methods answered here)         ┌──► sandbox-mcp-stdout ──► stdout
 //!                                ├──► bounded queue ──► sandbox-mcp-worker-N ─┤
 //!  tcp ──► tiny_http ──► sandbox-mcp-http ────┘   (each job carries its reply channel) └──► waiting http thread ──► tcp
-//!        (one handler thread per request being handled: transport/handlers.rs)
+//!        (a handler thread per request being handled, taking it from tiny_http: transport/handlers.rs)
 //! ```
 
 use crate::app::App;

@@ -8,9 +8,10 @@
 //! process lives on. Here a watchdog hears of either end (the error from a dispatcher, the panic
 //! through a panic hook that looks only at tiny_http's accept-side files), checks that the port
 //! really stopped answering, and starts a new server on the same socket (a spare descriptor of
-//! it) once descriptors and a thread are free. Every server, replaced or not, keeps handing the
-//! requests of the connections it has to the sink until shutdown.
+//! it) once descriptors and a thread are free. Every server, replaced or not, is a source of the
+//! handler threads ([`Handlers`]) until shutdown, so the connections it has keep being served.
 
+use super::handlers::{Handlers, Next, Source};
 use crossbeam_channel::{Receiver, Sender};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -29,9 +30,6 @@ const HEADROOM: usize = 16;
 /// answering.
 const PROBE: Duration = Duration::from_secs(2);
 
-/// Where every request goes (a handler thread).
-type Sink = Arc<dyn Fn(Request) + Send + Sync>;
-
 /// The servers on one listening socket.
 pub struct Acceptor {
     /// Every server started, the current one last.
@@ -41,14 +39,14 @@ pub struct Acceptor {
     spare: TcpListener,
     /// Where the watchdog's probe connects (the port on loopback).
     probe: SocketAddr,
-    sink: Sink,
+    handlers: Arc<Handlers<Request>>,
     /// Asks the watchdog to look whether the current server still accepts.
     wake: Sender<()>,
 }
 
 impl Acceptor {
-    /// Serves `socket` with tiny_http, handing each request to `sink`; the bound address.
-    pub fn start(socket: TcpListener, sink: impl Fn(Request) + Send + Sync + 'static) -> anyhow::Result<(Arc<Acceptor>, SocketAddr)> {
+    /// Serves `socket` with tiny_http, each request handled by `handlers`; the bound address.
+    pub fn start(socket: TcpListener, handlers: Arc<Handlers<Request>>) -> anyhow::Result<(Arc<Acceptor>, SocketAddr)> {
         let addr = socket.local_addr()?;
         let spare = socket.try_clone()?;
         let server = Server::from_listener(socket, None).map_err(|err| anyhow::anyhow!("serving on {addr}: {err}"))?;
@@ -58,14 +56,8 @@ impl Acceptor {
             SocketAddr::V6(a) if a.ip().is_unspecified() => SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, a.port())),
             other => other,
         };
-        let acceptor = Arc::new(Acceptor {
-            servers: Mutex::new(Vec::new()),
-            stopping: AtomicBool::new(false),
-            spare,
-            probe,
-            sink: Arc::new(sink),
-            wake,
-        });
+        let acceptor =
+            Arc::new(Acceptor { servers: Mutex::new(Vec::new()), stopping: AtomicBool::new(false), spare, probe, handlers, wake });
         watch_panics(acceptor.wake.clone());
         if !acceptor.adopt(Arc::new(server))? {
             anyhow::bail!("serving on {addr}: shutdown began");
@@ -75,7 +67,8 @@ impl Acceptor {
         Ok((acceptor, addr))
     }
 
-    /// Stops every server (their dispatchers end; the connections they hold get no more answers).
+    /// Stops every server (their handler threads end; the connections they hold get no more
+    /// answers).
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::SeqCst);
         let _ = self.wake.send(());
@@ -84,33 +77,16 @@ impl Acceptor {
         }
     }
 
-    /// Records `server` and starts its dispatcher; `false` when shutdown began meanwhile (the
-    /// server is then dropped).
+    /// Records `server` and gives it to the handler threads; `false` when shutdown began
+    /// meanwhile (the server is then dropped).
     fn adopt(self: &Arc<Self>, server: Arc<Server>) -> std::io::Result<bool> {
         let mut servers = self.servers.lock().unwrap_or_else(|p| p.into_inner());
         if self.stopping.load(Ordering::SeqCst) {
             return Ok(false);
         }
-        let (me, serving) = (self.clone(), server.clone());
-        thread::Builder::new().name("http-dispatch".into()).stack_size(256 * 1024).spawn(move || me.dispatch(&serving))?;
+        self.handlers.serve(Arc::new(Served { server: server.clone(), acceptor: self.clone() }))?;
         servers.push(server);
         Ok(true)
-    }
-
-    /// Hands every request of `server` to the sink until shutdown. An error from `recv` is the
-    /// end of the server's accept loop: the watchdog hears of it, and this goes on with the
-    /// requests of the connections the server has.
-    fn dispatch(&self, server: &Server) {
-        loop {
-            match server.recv() {
-                Ok(req) => (self.sink)(req),
-                Err(_) if self.stopping.load(Ordering::SeqCst) => return,
-                Err(err) => {
-                    log::error!("the HTTP listener stopped accepting connections: {err}");
-                    let _ = self.wake.send(());
-                }
-            }
-        }
     }
 
     /// The watchdog: on each wake-up, if the port does not answer, starts the next server.
@@ -155,6 +131,29 @@ impl Acceptor {
             }
             thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_secs(2));
+        }
+    }
+}
+
+/// A server as the handler threads' source. An error from it is the end of its accept loop:
+/// the watchdog hears of it, and its threads go on with the requests of the connections it has.
+struct Served {
+    server: Arc<Server>,
+    acceptor: Arc<Acceptor>,
+}
+
+impl Source<Request> for Served {
+    fn next(&self, wait: Duration) -> Next<Request> {
+        match self.server.recv_timeout(wait) {
+            // (During shutdown too: it is answered that the server is shutting down.)
+            Ok(Some(req)) => Next::Job(req),
+            _ if self.acceptor.stopping.load(Ordering::SeqCst) => Next::Ended,
+            Ok(None) => Next::Quiet,
+            Err(err) => {
+                log::error!("the HTTP listener stopped accepting connections: {err}");
+                let _ = self.acceptor.wake.send(());
+                Next::Quiet
+            }
         }
     }
 }

@@ -4,23 +4,23 @@
 //! thread can wait a long time on its client (a body sent slowly, an answer the client does not
 //! read; tiny_http offers no per-connection timeout) or on the work (a long call, a wait, a
 //! `subscriptions/listen` stream). A fixed set of such threads would let a client that opens
-//! enough slow connections stall every other client. Here a request goes to a thread waiting for
-//! one, else to a new thread, so one client's slow connections cost threads but never delay
-//! another client's requests, up to the pool's cap of threads at once (the server's: a thread for
-//! every call it admits, plus [`crate::limits::HTTP_SPARE_HANDLERS`]); beyond it a request waits
-//! for a thread to come free.
+//! enough slow connections stall every other client. Here the threads take requests from their
+//! source (a tiny_http server's queue) themselves, and a thread that takes one while no other
+//! thread waits at that source first starts one that does: one client's slow connections cost
+//! threads but never delay another client's requests, up to the pool's cap of threads at once
+//! (the server's: a thread for every call it admits, plus
+//! [`crate::limits::HTTP_SPARE_HANDLERS`]); beyond it a request waits in the source for a thread
+//! to come back. A request wakes one thread, as with a fixed set (a hand-over from a dispatcher
+//! thread cost a second wake-up: 16% of the ping throughput).
 //!
-//! The hand-over cannot leave a request queued behind a busy thread while another is idle (the
-//! race of tiny_http's own pool): it goes through a channel of capacity zero, which hands a
-//! request only to a thread waiting in `recv` at that moment, and otherwise fails at once.
-//! Beyond [`RESIDENT`], a thread left idle for [`IDLE`] ends.
+//! Every source keeps at least one waiting thread; beyond [`RESIDENT`] threads in all, a thread
+//! left idle for [`IDLE`] ends.
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Idle handler threads kept.
+/// Idle handler threads kept (with at least one per source).
 pub const RESIDENT: usize = 8;
 
 /// How long a handler thread beyond [`RESIDENT`] stays idle before it ends.
@@ -29,23 +29,43 @@ pub const IDLE: Duration = Duration::from_secs(10);
 /// Each handler thread's stack.
 const STACK: usize = 256 * 1024;
 
+/// What a handler thread got from its source.
+pub enum Next<T> {
+    /// A job to handle.
+    Job(T),
+    /// Nothing within the wait asked for.
+    Quiet,
+    /// The source has ended: its threads end.
+    Ended,
+}
+
+/// Where jobs come from; shared by the threads that wait in it.
+pub trait Source<T>: Send + Sync {
+    /// The next job, waiting at most `wait`.
+    fn next(&self, wait: Duration) -> Next<T>;
+}
+
 /// The pool of handler threads for jobs of type `T`, each handled by `handle`.
 pub struct Handlers<T: Send + 'static> {
-    handoff: Sender<T>,
-    waiting: Receiver<T>,
     handle: Arc<dyn Fn(T) + Send + Sync>,
-    /// Handler threads alive now.
-    live: Arc<AtomicUsize>,
+    /// Handler threads alive now, in all.
+    live: AtomicUsize,
     max: usize,
     resident: usize,
     idle: Duration,
     name: &'static str,
 }
 
+/// One source and how many threads wait in it now.
+struct Served<T> {
+    source: Arc<dyn Source<T>>,
+    waiting: AtomicUsize,
+}
+
 impl<T: Send + 'static> Handlers<T> {
-    /// A pool of at most `max` threads named `name` that run `handle` on each job given to
-    /// [`Handlers::dispatch`].
-    pub fn new(name: &'static str, max: usize, handle: impl Fn(T) + Send + Sync + 'static) -> Handlers<T> {
+    /// A pool of at most `max` threads named `name` that run `handle` on each job of the sources
+    /// given to [`Handlers::serve`].
+    pub fn new(name: &'static str, max: usize, handle: impl Fn(T) + Send + Sync + 'static) -> Arc<Handlers<T>> {
         Handlers::with_limits(name, max, RESIDENT, IDLE, handle)
     }
 
@@ -55,58 +75,72 @@ impl<T: Send + 'static> Handlers<T> {
         resident: usize,
         idle: Duration,
         handle: impl Fn(T) + Send + Sync + 'static,
-    ) -> Handlers<T> {
-        let (handoff, waiting) = crossbeam_channel::bounded(0);
-        Handlers { handoff, waiting, handle: Arc::new(handle), live: Arc::new(AtomicUsize::new(0)), max, resident, idle, name }
+    ) -> Arc<Handlers<T>> {
+        Arc::new(Handlers { handle: Arc::new(handle), live: AtomicUsize::new(0), max, resident, idle, name })
     }
 
-    /// Hands `job` to an idle thread, else to a new one; with `max` threads busy, waits until one
-    /// takes it. Dropping the pool ends its idle threads; busy ones end after their job.
-    pub fn dispatch(&self, job: T) {
-        let job = match self.handoff.try_send(job) {
-            Ok(()) => return,
-            Err(TrySendError::Full(job) | TrySendError::Disconnected(job)) => job,
-        };
-        let claimed = self.live.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < self.max).then_some(n + 1));
-        if claimed.is_err() {
-            // Every thread is busy: the job waits for the first to come free.
-            let _ = self.handoff.send(job);
-            return;
+    /// Serves `source` until it ends, starting its first thread; `Err` when no thread could be
+    /// made for it.
+    pub fn serve(self: &Arc<Self>, source: Arc<dyn Source<T>>) -> std::io::Result<()> {
+        let served = Arc::new(Served { source, waiting: AtomicUsize::new(0) });
+        if !self.add(&served)? {
+            return Err(std::io::Error::other("the handler threads are at their cap"));
         }
-        let (waiting, handle, live) = (self.waiting.clone(), self.handle.clone(), self.live.clone());
-        let (resident, idle) = (self.resident, self.idle);
-        let spawned = std::thread::Builder::new().name(self.name.into()).stack_size(STACK).spawn(move || {
-            // A panicking job ends alone: the thread and its count stay.
-            let run = |job: T| {
-                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handle(job))).is_err() {
-                    log::error!("a handler of {} panicked; the thread goes on", std::thread::current().name().unwrap_or("a pool"));
-                }
-            };
-            run(job);
-            loop {
-                match waiting.recv_timeout(idle) {
-                    Ok(job) => run(job),
-                    Err(RecvTimeoutError::Timeout) => {
-                        if live.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n > resident).then(|| n - 1)).is_ok() {
-                            return;
+        Ok(())
+    }
+
+    /// Starts one more thread waiting in `served`, unless the pool is at its cap (`Ok(false)`).
+    fn add(self: &Arc<Self>, served: &Arc<Served<T>>) -> std::io::Result<bool> {
+        if self.live.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < self.max).then_some(n + 1)).is_err() {
+            return Ok(false);
+        }
+        // Counted as waiting from the start, so that a job taken meanwhile by another thread
+        // does not start yet another.
+        served.waiting.fetch_add(1, Ordering::SeqCst);
+        let (pool, serving) = (self.clone(), served.clone());
+        let spawned = std::thread::Builder::new().name(self.name.into()).stack_size(STACK).spawn(move || pool.run(&serving));
+        match spawned {
+            Ok(_) => Ok(true),
+            Err(err) => {
+                served.waiting.fetch_sub(1, Ordering::SeqCst);
+                self.live.fetch_sub(1, Ordering::SeqCst);
+                Err(err)
+            }
+        }
+    }
+
+    /// A handler thread: takes jobs from its source until it ends, or until it is idle and not
+    /// needed (more than `resident` threads in all, and another one waiting in its source).
+    fn run(self: &Arc<Self>, served: &Arc<Served<T>>) {
+        loop {
+            let next = served.source.next(self.idle);
+            let others = served.waiting.fetch_sub(1, Ordering::SeqCst) - 1;
+            match next {
+                Next::Job(job) => {
+                    if others == 0 {
+                        match self.add(served) {
+                            Ok(true) => {}
+                            Ok(false) => log::debug!("{}: every handler thread is busy; requests wait for one", self.name),
+                            Err(err) => log::error!("{}: could not start a handler thread ({err}); requests wait for one", self.name),
                         }
                     }
-                    Err(RecvTimeoutError::Disconnected) => break,
+                    // A panicking job ends alone: the thread and its counts stay.
+                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.handle)(job))).is_err() {
+                        log::error!("a handler of {} panicked; the thread goes on", self.name);
+                    }
                 }
+                Next::Quiet => {
+                    let spare = others > 0
+                        && self.live.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n > self.resident).then(|| n - 1)).is_ok();
+                    if spare {
+                        return;
+                    }
+                }
+                Next::Ended => break,
             }
-            live.fetch_sub(1, Ordering::SeqCst);
-        });
-        if let Err(err) = spawned {
-            // The job went with the closure: its request is dropped, which answers it 500.
-            self.live.fetch_sub(1, Ordering::SeqCst);
-            log::error!("could not start an HTTP handler thread ({err}); the request was answered 500");
+            served.waiting.fetch_add(1, Ordering::SeqCst);
         }
-    }
-
-    /// Hands `job` to an idle thread only; `false` (and the job dropped) when none waits.
-    #[cfg(test)]
-    fn dispatch_idle(&self, job: T) -> bool {
-        self.handoff.try_send(job).is_ok()
+        self.live.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Handler threads alive now.
@@ -118,7 +152,21 @@ impl<T: Send + 'static> Handlers<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crossbeam_channel::{Receiver, RecvTimeoutError};
     use std::time::Instant;
+
+    /// A channel as a source; it ends when its senders are gone.
+    struct Channel(Receiver<u32>);
+
+    impl Source<u32> for Channel {
+        fn next(&self, wait: Duration) -> Next<u32> {
+            match self.0.recv_timeout(wait) {
+                Ok(job) => Next::Job(job),
+                Err(RecvTimeoutError::Timeout) => Next::Quiet,
+                Err(RecvTimeoutError::Disconnected) => Next::Ended,
+            }
+        }
+    }
 
     fn until(what: &str, mut f: impl FnMut() -> bool) {
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -139,12 +187,15 @@ mod tests {
             }
             let _ = done_tx.send(job);
         });
+        let (jobs, rx) = crossbeam_channel::unbounded();
+        pool.serve(Arc::new(Channel(rx))).unwrap();
         for job in 0..40 {
-            pool.dispatch(job);
+            jobs.send(job).unwrap();
         }
-        pool.dispatch(99);
+        jobs.send(99).unwrap();
         assert_eq!(done_rx.recv_timeout(Duration::from_secs(10)), Ok(99), "the quick job was answered while 40 others block");
-        assert_eq!(pool.live(), 41);
+        // The 40 blocked, and one or two waiting (the quick job's, and the one it started).
+        until("threads to wait beside the 40 blocked", || (41..=42).contains(&pool.live()));
         drop(release_tx);
         for _ in 0..40 {
             assert!(done_rx.recv_timeout(Duration::from_secs(10)).is_ok());
@@ -152,7 +203,7 @@ mod tests {
         // Idle threads are reused rather than added.
         let before = pool.live();
         for job in 100..140 {
-            pool.dispatch(job);
+            jobs.send(job).unwrap();
             assert_eq!(done_rx.recv_timeout(Duration::from_secs(10)), Ok(job));
         }
         assert!(pool.live() <= before, "{} threads after {before}", pool.live());
@@ -163,56 +214,66 @@ mod tests {
     fn at_the_cap_a_job_waits_for_a_free_thread() {
         let (release_tx, release_rx) = crossbeam_channel::unbounded::<()>();
         let (done_tx, done_rx) = crossbeam_channel::unbounded::<u32>();
-        let pool = Arc::new(Handlers::with_limits("test-handler", 3, 1, Duration::from_secs(60), move |job: u32| {
+        let pool = Handlers::with_limits("test-handler", 3, 1, Duration::from_secs(60), move |job: u32| {
             if job < 3 {
                 let _ = release_rx.recv();
             }
             let _ = done_tx.send(job);
-        }));
-        for job in 0..3 {
-            pool.dispatch(job);
+        });
+        let (jobs, rx) = crossbeam_channel::unbounded();
+        pool.serve(Arc::new(Channel(rx))).unwrap();
+        for job in 0..4 {
+            jobs.send(job).unwrap();
         }
-        let p = pool.clone();
-        let fourth = std::thread::spawn(move || p.dispatch(3));
         assert!(done_rx.recv_timeout(Duration::from_millis(200)).is_err(), "nothing ran past the cap");
         assert_eq!(pool.live(), 3);
         release_tx.send(()).unwrap();
         let mut done: Vec<u32> = (0..2).map(|_| done_rx.recv_timeout(Duration::from_secs(10)).unwrap()).collect();
         done.sort_unstable();
         assert!(done.contains(&3), "the waiting job ran on the freed thread: {done:?}");
-        fourth.join().unwrap();
         drop(release_tx);
     }
 
-    /// A job that panics ends alone: its thread serves the next job and is still counted.
-    #[test]
-    fn a_panicking_job_leaves_its_thread_serving() {
-        let (done_tx, done_rx) = crossbeam_channel::unbounded::<u32>();
-        let pool = Handlers::with_limits("test-handler", 4, 4, Duration::from_secs(60), move |job: u32| {
-            assert!(job != 0, "job 0 panics");
-            let _ = done_tx.send(job);
-        });
-        pool.dispatch(0);
-        until("the panicking job's thread to wait for the next", || pool.live() == 1 && pool.dispatch_idle(1));
-        assert_eq!(done_rx.recv_timeout(Duration::from_secs(10)), Ok(1));
-        assert_eq!(pool.live(), 1, "the same thread took the next job");
-    }
-
-    /// Threads beyond the resident ones end once idle; dropping the pool ends the rest.
+    /// Threads beyond the resident ones end once idle, each source keeping one; a source that
+    /// ends ends its threads.
     #[test]
     fn idle_threads_beyond_the_resident_ones_end() {
         let (release_tx, release_rx) = crossbeam_channel::unbounded::<()>();
         let pool = Handlers::with_limits("test-handler", 16, 2, Duration::from_millis(50), move |_: u32| {
             let _ = release_rx.recv();
         });
+        let (jobs, rx) = crossbeam_channel::unbounded();
+        pool.serve(Arc::new(Channel(rx))).unwrap();
         for job in 0..10 {
-            pool.dispatch(job);
+            jobs.send(job).unwrap();
         }
-        assert_eq!(pool.live(), 10);
+        until("ten busy threads and one waiting", || pool.live() == 11);
         drop(release_tx);
         until("idle threads end down to the resident two", || pool.live() == 2);
-        let live = pool.live.clone();
-        drop(pool);
-        until("dropping the pool ends the resident threads", || live.load(Ordering::SeqCst) == 0);
+        drop(jobs);
+        until("a source that ends ends its threads", || pool.live() == 0);
+    }
+
+    /// The threads of this process named `name`.
+    fn threads_named(name: &str) -> usize {
+        let tasks = std::fs::read_dir("/proc/self/task").unwrap();
+        tasks.flatten().filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == name)).count()
+    }
+
+    /// A job that panics ends alone: its thread goes on serving, and the count is the threads'.
+    #[test]
+    fn a_panicking_job_leaves_its_thread_serving() {
+        let (done_tx, done_rx) = crossbeam_channel::unbounded::<u32>();
+        let pool = Handlers::with_limits("test-panicking", 4, 4, Duration::from_secs(60), move |job: u32| {
+            assert!(job != 0, "job 0 panics");
+            let _ = done_tx.send(job);
+        });
+        let (jobs, rx) = crossbeam_channel::unbounded();
+        pool.serve(Arc::new(Channel(rx))).unwrap();
+        jobs.send(0).unwrap();
+        jobs.send(1).unwrap();
+        assert_eq!(done_rx.recv_timeout(Duration::from_secs(10)), Ok(1));
+        until("the count to be the threads'", || pool.live() == threads_named("test-panicking"));
+        assert!(pool.live() >= 2, "the panicking job's thread is still there");
     }
 }

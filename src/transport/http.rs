@@ -152,7 +152,7 @@ impl HttpServer {
         let listener = Arc::new(listener);
         let handling = listener.clone();
         let handlers = Handlers::new("sandbox-mcp-http", max_handlers, move |req| handling.handle(req));
-        let (acceptor, bound) = Acceptor::start(socket, move |req| handlers.dispatch(req))?;
+        let (acceptor, bound) = Acceptor::start(socket, handlers)?;
         Ok(HttpServer { acceptor, listener, addr: bound })
     }
 

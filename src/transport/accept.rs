@@ -5,9 +5,8 @@
 //! that once, through `recv`) and when it panics (an accepted connection whose descriptor cannot
 //! be cloned, a thread for its pool that cannot be made: the process out of descriptors or
 //! threads, which idle connections can cause). The port would then refuse every client while the
-//! process lives on. Here a watchdog hears of either end (the error from a dispatcher, the panic
-//! through a panic hook that looks only at tiny_http's accept-side files), checks that the port
-//! really stopped answering, and starts a new server on the same socket (a spare descriptor of
+//! process lives on. Here a watchdog hears of either end (the error from a handler thread, the
+//! panic through a panic hook), checks that the port really stopped answering, and starts a new server on the same socket (a spare descriptor of
 //! it) once descriptors and a thread are free. Every server, replaced or not, is a source of the
 //! handler threads ([`Handlers`]) until shutdown, so the connections it has keep being served.
 
@@ -25,6 +24,9 @@ use tiny_http::{Request, Server};
 /// Descriptors that must be free before a new server takes over the socket (an accept takes one,
 /// and tiny_http a second for each connection).
 const HEADROOM: usize = 16;
+
+/// How often the watchdog gives starved handler sources a thread ([`Handlers::replenish`]).
+const TICK: Duration = Duration::from_secs(1);
 
 /// How long the watchdog's own request to the port may take before the port counts as not
 /// answering.
@@ -67,13 +69,19 @@ impl Acceptor {
         Ok((acceptor, addr))
     }
 
-    /// Stops every server (their handler threads end; the connections they hold get no more
-    /// answers).
+    /// Stops accepting, and ends every server's handler threads (the connections they hold get
+    /// no more answers).
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::SeqCst);
         let _ = self.wake.send(());
+        // A listening socket shut down for reading fails every accept, on every descriptor of it.
+        let _ = rustix::net::shutdown(&self.spare, rustix::net::Shutdown::Read);
+        // Each unblock wakes one thread waiting in a server; a thread that wakes sees `stopping`.
+        let threads = self.handlers.live();
         for server in self.servers.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-            server.unblock();
+            for _ in 0..=threads {
+                server.unblock();
+            }
         }
     }
 
@@ -89,9 +97,18 @@ impl Acceptor {
         Ok(true)
     }
 
-    /// The watchdog: on each wake-up, if the port does not answer, starts the next server.
+    /// The watchdog: on each wake-up, if the port does not answer, starts the next server; every
+    /// [`TICK`], gives starved sources a thread where one can be made now.
     fn watch(self: &Arc<Self>, woken: &Receiver<()>) {
-        while woken.recv().is_ok() {
+        loop {
+            match woken.recv_timeout(TICK) {
+                Ok(()) => {}
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    self.handlers.replenish();
+                    continue;
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
+            }
             // Wake-ups that came together are one.
             thread::sleep(Duration::from_millis(100));
             while woken.try_recv().is_ok() {}
@@ -175,8 +192,10 @@ fn descriptors_free(n: usize) -> bool {
     probes.len() == n
 }
 
-/// Wakes the watchdog of every acceptor when a thread panics in tiny_http's accept-side code
-/// (the files whose panics end an accept loop); every panic still goes to the hook before.
+/// Wakes the watchdog of every acceptor when any thread panics (a panic in tiny_http's accept
+/// thread may be reported at a location in the standard library: `thread::spawn`); wake-ups are
+/// cheap, and the watchdog restarts nothing while the port answers. Every panic still goes to
+/// the hook before.
 fn watch_panics(wake: Sender<()>) {
     static WAKES: OnceLock<Mutex<Vec<Sender<()>>>> = OnceLock::new();
     let mut first = false;
@@ -191,15 +210,9 @@ fn watch_panics(wake: Sender<()>) {
     let before = panic::take_hook();
     panic::set_hook(Box::new(move |info| {
         before(info);
-        let accept_side = info.location().is_some_and(|l| {
-            let file = l.file();
-            file.contains("tiny_http") && (file.ends_with("refined_tcp_stream.rs") || file.ends_with("task_pool.rs"))
-        });
-        if accept_side {
-            if let Some(wakes) = WAKES.get() {
-                for wake in wakes.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-                    let _ = wake.send(());
-                }
+        if let Some(wakes) = WAKES.get() {
+            for wake in wakes.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                let _ = wake.send(());
             }
         }
     }));

@@ -13,11 +13,13 @@
 //! to come back. A request wakes one thread, as with a fixed set (a hand-over from a dispatcher
 //! thread cost a second wake-up: 16% of the ping throughput).
 //!
-//! Every source keeps at least one waiting thread; beyond [`RESIDENT`] threads in all, a thread
-//! left idle for [`IDLE`] ends.
+//! A source's first thread is made past the cap if need be. A source left with no waiting thread
+//! because none could be added (the cap, or the system refused a thread) gets the next thread to
+//! come free from any source, or one that [`Handlers::replenish`] starts. Beyond [`RESIDENT`]
+//! threads in all, a thread left idle for [`IDLE`] ends.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Idle handler threads kept (with at least one per source).
@@ -50,6 +52,10 @@ pub struct Handlers<T: Send + 'static> {
     handle: Arc<dyn Fn(T) + Send + Sync>,
     /// Handler threads alive now, in all.
     live: AtomicUsize,
+    /// Sources left with no waiting thread because none could be added (the cap, or no thread
+    /// could be made): the next thread to come free goes there, or [`Handlers::replenish`]
+    /// starts one.
+    starved: Mutex<Vec<Arc<Served<T>>>>,
     max: usize,
     resident: usize,
     idle: Duration,
@@ -76,29 +82,46 @@ impl<T: Send + 'static> Handlers<T> {
         idle: Duration,
         handle: impl Fn(T) + Send + Sync + 'static,
     ) -> Arc<Handlers<T>> {
-        Arc::new(Handlers { handle: Arc::new(handle), live: AtomicUsize::new(0), max, resident, idle, name })
+        Arc::new(Handlers {
+            handle: Arc::new(handle),
+            live: AtomicUsize::new(0),
+            starved: Mutex::new(Vec::new()),
+            max,
+            resident,
+            idle,
+            name,
+        })
     }
 
-    /// Serves `source` until it ends, starting its first thread; `Err` when no thread could be
-    /// made for it.
+    /// Serves `source` until it ends, starting its first thread (past the cap if need be: every
+    /// source has a waiting thread); `Err` when no thread could be made for it.
     pub fn serve(self: &Arc<Self>, source: Arc<dyn Source<T>>) -> std::io::Result<()> {
         let served = Arc::new(Served { source, waiting: AtomicUsize::new(0) });
-        if !self.add(&served)? {
-            return Err(std::io::Error::other("the handler threads are at their cap"));
-        }
-        Ok(())
+        self.add(&served, true).map(|_| ())
     }
 
-    /// Starts one more thread waiting in `served`, unless the pool is at its cap (`Ok(false)`).
-    fn add(self: &Arc<Self>, served: &Arc<Served<T>>) -> std::io::Result<bool> {
-        if self.live.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < self.max).then_some(n + 1)).is_err() {
+    /// Starts a thread for each starved source, as far as the cap and the system allow.
+    pub fn replenish(self: &Arc<Self>) {
+        let starved = std::mem::take(&mut *self.starved.lock().unwrap_or_else(|p| p.into_inner()));
+        for served in starved {
+            if served.waiting.load(Ordering::SeqCst) == 0 && !matches!(self.add(&served, false), Ok(true)) {
+                self.starve(served);
+            }
+        }
+    }
+
+    /// Starts one more thread waiting in `served`, unless the pool is at its cap (`Ok(false)`)
+    /// and `past_cap` is not set.
+    fn add(self: &Arc<Self>, served: &Arc<Served<T>>, past_cap: bool) -> std::io::Result<bool> {
+        let counted = self.live.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (past_cap || n < self.max).then_some(n + 1));
+        if counted.is_err() {
             return Ok(false);
         }
         // Counted as waiting from the start, so that a job taken meanwhile by another thread
         // does not start yet another.
         served.waiting.fetch_add(1, Ordering::SeqCst);
         let (pool, serving) = (self.clone(), served.clone());
-        let spawned = std::thread::Builder::new().name(self.name.into()).stack_size(STACK).spawn(move || pool.run(&serving));
+        let spawned = std::thread::Builder::new().name(self.name.into()).stack_size(STACK).spawn(move || pool.run(serving));
         match spawned {
             Ok(_) => Ok(true),
             Err(err) => {
@@ -109,30 +132,54 @@ impl<T: Send + 'static> Handlers<T> {
         }
     }
 
+    fn starve(&self, served: Arc<Served<T>>) {
+        self.starved.lock().unwrap_or_else(|p| p.into_inner()).push(served);
+    }
+
+    /// A starved source for a thread leaving `from` (which keeps another waiting thread).
+    fn starved_source(&self, from: &Served<T>) -> Option<Arc<Served<T>>> {
+        if from.waiting.load(Ordering::SeqCst) == 0 {
+            return None;
+        }
+        self.starved.lock().unwrap_or_else(|p| p.into_inner()).pop()
+    }
+
     /// A handler thread: takes jobs from its source until it ends, or until it is idle and not
-    /// needed (more than `resident` threads in all, and another one waiting in its source).
-    fn run(self: &Arc<Self>, served: &Arc<Served<T>>) {
+    /// needed (more than `resident` threads in all, and another one waiting in its source); a
+    /// starved source takes it first.
+    fn run(self: Arc<Self>, mut served: Arc<Served<T>>) {
         loop {
-            let next = served.source.next(self.idle);
+            let next = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| served.source.next(self.idle)));
             let others = served.waiting.fetch_sub(1, Ordering::SeqCst) - 1;
-            match next {
+            match next.unwrap_or(Next::Ended) {
                 Next::Job(job) => {
                     if others == 0 {
-                        match self.add(served) {
+                        match self.add(&served, false) {
                             Ok(true) => {}
-                            Ok(false) => log::debug!("{}: every handler thread is busy; requests wait for one", self.name),
-                            Err(err) => log::error!("{}: could not start a handler thread ({err}); requests wait for one", self.name),
+                            Ok(false) => {
+                                log::debug!("{}: every handler thread is busy; requests wait for one", self.name);
+                                self.starve(served.clone());
+                            }
+                            Err(err) => {
+                                log::error!("{}: could not start a handler thread ({err}); requests wait for one", self.name);
+                                self.starve(served.clone());
+                            }
                         }
                     }
                     // A panicking job ends alone: the thread and its counts stay.
                     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.handle)(job))).is_err() {
                         log::error!("a handler of {} panicked; the thread goes on", self.name);
                     }
+                    if let Some(starved) = self.starved_source(&served) {
+                        served = starved;
+                    }
                 }
                 Next::Quiet => {
-                    let spare = others > 0
-                        && self.live.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n > self.resident).then(|| n - 1)).is_ok();
-                    if spare {
+                    if let Some(starved) = self.starved_source(&served) {
+                        served = starved;
+                    } else if others > 0
+                        && self.live.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n > self.resident).then(|| n - 1)).is_ok()
+                    {
                         return;
                     }
                 }
@@ -232,6 +279,39 @@ mod tests {
         done.sort_unstable();
         assert!(done.contains(&3), "the waiting job ran on the freed thread: {done:?}");
         drop(release_tx);
+    }
+
+    /// A source left without a waiting thread at the cap gets the next thread to come free from
+    /// another source. It used to wait until one of its own busy threads came back.
+    #[test]
+    fn a_source_starved_at_the_cap_gets_the_next_free_thread() {
+        use std::sync::atomic::AtomicBool;
+        let released: Arc<[AtomicBool; 3]> = Arc::new(Default::default());
+        let (done_tx, done_rx) = crossbeam_channel::unbounded::<u32>();
+        let held = released.clone();
+        let pool = Handlers::with_limits("test-starved", 3, 1, Duration::from_millis(50), move |job: u32| {
+            if job < 3 {
+                while !held[job as usize].load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+            let _ = done_tx.send(job);
+        });
+        let (a_jobs, a) = crossbeam_channel::unbounded();
+        let (b_jobs, b) = crossbeam_channel::unbounded();
+        pool.serve(Arc::new(Channel(a))).unwrap();
+        pool.serve(Arc::new(Channel(b))).unwrap();
+        a_jobs.send(1).unwrap();
+        until("A's job to run and A to get a waiting thread", || pool.live() == 3);
+        b_jobs.send(2).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(pool.live(), 3, "at the cap, B has no waiting thread");
+        released[1].store(true, Ordering::SeqCst);
+        assert_eq!(done_rx.recv_timeout(Duration::from_secs(5)), Ok(1));
+        b_jobs.send(20).unwrap();
+        assert_eq!(done_rx.recv_timeout(Duration::from_secs(5)), Ok(20), "B's quick job ran beside its blocked one");
+        released[2].store(true, Ordering::SeqCst);
+        assert_eq!(done_rx.recv_timeout(Duration::from_secs(5)), Ok(2));
     }
 
     /// Threads beyond the resident ones end once idle, each source keeping one; a source that

@@ -223,19 +223,32 @@ mod tests {
         }
     }
 
-    /// Jobs that block their thread do not delay the next job: each gets a thread of its own.
-    #[test]
-    fn a_blocked_job_never_delays_the_next() {
+    /// A pool of at most `max` threads (`resident` kept) serving one channel, whose jobs below
+    /// `blocked_below` wait for a release (one per message, or all once the sender is dropped):
+    /// the pool, the release, the finished jobs and the channel's sender.
+    #[allow(clippy::type_complexity)]
+    fn blocking_pool(
+        max: usize,
+        resident: usize,
+        blocked_below: u32,
+    ) -> (Arc<Handlers<u32>>, crossbeam_channel::Sender<()>, Receiver<u32>, crossbeam_channel::Sender<u32>) {
         let (release_tx, release_rx) = crossbeam_channel::unbounded::<()>();
         let (done_tx, done_rx) = crossbeam_channel::unbounded::<u32>();
-        let pool = Handlers::with_limits("test-handler", 64, 2, Duration::from_secs(60), move |job: u32| {
-            if job < 40 {
+        let pool = Handlers::with_limits("test-handler", max, resident, Duration::from_secs(60), move |job: u32| {
+            if job < blocked_below {
                 let _ = release_rx.recv();
             }
             let _ = done_tx.send(job);
         });
         let (jobs, rx) = crossbeam_channel::unbounded();
         pool.serve(Arc::new(Channel(rx))).unwrap();
+        (pool, release_tx, done_rx, jobs)
+    }
+
+    /// Jobs that block their thread do not delay the next job: each gets a thread of its own.
+    #[test]
+    fn a_blocked_job_never_delays_the_next() {
+        let (pool, release_tx, done_rx, jobs) = blocking_pool(64, 2, 40);
         for job in 0..40 {
             jobs.send(job).unwrap();
         }
@@ -259,16 +272,7 @@ mod tests {
     /// At the cap a job waits for a thread to come free, and then runs.
     #[test]
     fn at_the_cap_a_job_waits_for_a_free_thread() {
-        let (release_tx, release_rx) = crossbeam_channel::unbounded::<()>();
-        let (done_tx, done_rx) = crossbeam_channel::unbounded::<u32>();
-        let pool = Handlers::with_limits("test-handler", 3, 1, Duration::from_secs(60), move |job: u32| {
-            if job < 3 {
-                let _ = release_rx.recv();
-            }
-            let _ = done_tx.send(job);
-        });
-        let (jobs, rx) = crossbeam_channel::unbounded();
-        pool.serve(Arc::new(Channel(rx))).unwrap();
+        let (pool, release_tx, done_rx, jobs) = blocking_pool(3, 1, 3);
         for job in 0..4 {
             jobs.send(job).unwrap();
         }

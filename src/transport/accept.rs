@@ -6,9 +6,10 @@
 //! be cloned, a thread for its pool that cannot be made: the process out of descriptors or
 //! threads, which idle connections can cause). The port would then refuse every client while the
 //! process lives on. Here a watchdog hears of either end (the error from a handler thread, the
-//! panic through a panic hook), checks that the port really stopped answering, and starts a new server on the same socket (a spare descriptor of
-//! it) once descriptors and a thread are free. Every server, replaced or not, is a source of the
-//! handler threads ([`Handlers`]) until shutdown, so the connections it has keep being served.
+//! panic through a panic hook), checks that the port really stopped answering, and starts a new
+//! server on the same socket (a spare descriptor of it) once descriptors and a thread are free.
+//! Every server, replaced or not, is a source of the handler threads ([`Handlers`]) until
+//! shutdown, so the connections it has keep being served.
 
 use super::handlers::{Handlers, Next, Source};
 use crossbeam_channel::{Receiver, Sender};

@@ -347,6 +347,40 @@ fn a_subscription_pushes_the_status_of_the_tasks_it_names() {
 }
 
 /// A 2026-07-28 request body declaring the tasks extension.
+/// Subscriptions that follow the task of a sandbox whose reads stall cost only that sandbox:
+/// another sandbox's waiting `get_task` is answered as soon as its task ends. Each such
+/// subscription used to take a checker of the waiter for as long as its read stalled (the
+/// snippet's whole budget), and a dozen of them held back every waiting call of the server.
+#[test]
+fn subscriptions_on_a_stalled_sandbox_do_not_hold_back_other_waits() {
+    let home = Home::new("ext-tasks-stalled");
+    if !home.isolated() {
+        eprintln!("skipped: the stall needs an isolated sandbox (its own /dev)");
+        return;
+    }
+    let mut m = home.stdio();
+    let hostile = m.create();
+    let task = m.ok("start_task", json!({"sandbox_id": hostile, "command": "sleep 120"}))["task_id"].as_str().unwrap().to_string();
+    // Every read of the sandbox's tasks now waits on a FIFO (its snippets write errors there); a
+    // directory holding it is bound over /dev at once (the task's supervisor writes there too).
+    let poisoned = m.ok(
+        "run_command",
+        json!({"sandbox_id": hostile, "command": "mkdir /tmp/dev && mkfifo /tmp/dev/null && mount --bind /tmp/dev /dev && echo poisoned"}),
+    );
+    assert_eq!(poisoned["stdout"], "poisoned\n", "{poisoned}");
+    let handle = format!("{task}.{hostile}");
+    for i in 0..12 {
+        m.client.send_line(&listen_line(&format!("s{i}"), &[&handle], true)).unwrap();
+    }
+    let other = m.create();
+    let quick = m.ok("start_task", json!({"sandbox_id": other, "command": "sleep 2; echo news"}))["task_id"].as_str().unwrap().to_string();
+    let t0 = Instant::now();
+    let r = m.ok("get_task", json!({"sandbox_id": other, "task_id": quick, "wait": 30}));
+    assert!(r["stdout"].as_str().unwrap_or_default().contains("news"), "{r}");
+    assert!(t0.elapsed() < Duration::from_secs(8), "the other sandbox's wait took {:?}", t0.elapsed());
+    m.ok("kill_sandbox", json!({"sandbox_id": hostile}));
+}
+
 fn http_body(id: Value, method: &str, params: Value) -> String {
     json!({"jsonrpc": "2.0", "id": id, "method": method, "params": modern(params, true)}).to_string()
 }

@@ -259,7 +259,7 @@ where
         loop {
             if let Some((key, job)) = guard.take(self.sharing.per_client) {
                 drop(guard);
-                let stayed = self.run_job(&key, job);
+                let stayed = self.run_job(Some(&key), job);
                 guard = self.lock();
                 if stayed {
                     guard.finished(&key);
@@ -287,8 +287,9 @@ where
 
     /// Runs one job of client `key` and sends its answer (at once, or later through
     /// [`Step::Later`]). `false` when the job left the pool ([`Step::Blocking`]): this thread is
-    /// then no longer counted as a worker.
-    fn run_job(self: &Arc<Self>, key: &str, Job { id, work, reply }: Job<T, R>) -> bool {
+    /// then no longer counted as a worker. Without `key`, a job that runs outside the pool (an
+    /// ender's: [`Client::ends`]), which a blocking call neither leaves nor counts as a runner.
+    fn run_job(self: &Arc<Self>, key: Option<&str>, Job { id, work, reply }: Job<T, R>) -> bool {
         let step = panic::catch_unwind(AssertUnwindSafe(|| (self.handler)(work).into()))
             .unwrap_or_else(|payload| Step::Done(panicked(&id, payload.as_ref())));
         match step {
@@ -304,35 +305,17 @@ where
                 true
             }
             Step::Blocking(call) => {
-                let left = self.leave_pool(key);
+                let left = key.filter(|key| self.leave_pool(key));
                 let outcome = panic::catch_unwind(AssertUnwindSafe(call)).unwrap_or_else(|payload| panicked(&id, payload.as_ref()));
-                if left {
+                if let Some(key) = left {
                     // The place is given back before the answer goes out, so that a client that
                     // sends its next call on the answer finds it free.
                     self.lock().leave_runner(key);
                 }
                 let _ = reply.send(R::from(outcome));
-                !left
+                left.is_none()
             }
         }
-    }
-
-    /// Runs a job on a thread outside the pool, not counted as a worker's or a runner's, and
-    /// sends its answer.
-    fn run_outside(&self, Job { id, work, reply }: Job<T, R>) {
-        let step = panic::catch_unwind(AssertUnwindSafe(|| (self.handler)(work).into()))
-            .unwrap_or_else(|payload| Step::Done(panicked(&id, payload.as_ref())));
-        let outcome = match step {
-            Step::Done(outcome) => outcome,
-            Step::Later(park) => {
-                park(Box::new(move |outcome| {
-                    let _ = reply.send(R::from(outcome));
-                }));
-                return;
-            }
-            Step::Blocking(call) => panic::catch_unwind(AssertUnwindSafe(call)).unwrap_or_else(|payload| panicked(&id, payload.as_ref())),
-        };
-        let _ = reply.send(R::from(outcome));
     }
 
     /// Takes this worker out of the pool for a blocking job of `key`, when a runner's place is
@@ -426,7 +409,7 @@ where
                 drop(guard);
                 let ender = pool.clone();
                 let spawned = thread::Builder::new().name("sandbox-mcp-end".into()).spawn(move || {
-                    ender.run_outside(job);
+                    ender.run_job(None, job);
                     ender.lock().enders -= 1;
                 });
                 if let Err(err) = spawned {

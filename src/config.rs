@@ -97,6 +97,8 @@ pub struct Config {
     pub task_after: Duration,
     /// Bytes of HTTP request bodies held in memory at once.
     pub body_budget: usize,
+    /// How long a write to an HTTP client may make no progress (`--http-stall`).
+    pub http_stall: Duration,
     /// State root of the local provider.
     pub home: PathBuf,
     /// The POSIX shell the local provider runs snippets and commands with.
@@ -260,6 +262,14 @@ options! {
         env: Some("SANDBOX_MCP_BODY_BUDGET"),
         default: Text("64"),
         help: "MiB of HTTP request bodies held in memory at once; beyond it 503 with Retry-After",
+    };
+    /// How long a write to an HTTP client may make no progress, in seconds.
+    HTTP_STALL = OptionSpec {
+        flag: Some("--http-stall"),
+        takes_value: true,
+        env: Some("SANDBOX_MCP_HTTP_STALL"),
+        default: Text("30"),
+        help: "seconds a write to an HTTP client (an answer, a stream event) may make no progress before its connection is closed",
     };
     /// HTTP bearer token; never a flag, so it stays out of process listings.
     HTTP_TOKEN = OptionSpec {
@@ -597,6 +607,7 @@ impl Config {
             task_after: src.seconds(&TASK_AFTER, 0, 3600)?,
             // At least one body of the largest size must fit.
             body_budget: src.number(&BODY_BUDGET, crate::limits::MAX_BODY_BYTES >> 20, 1 << 20)? << 20,
+            http_stall: src.seconds(&HTTP_STALL, 1, 3600)?,
             listen: src.address(&LISTEN)?,
             http_token: src.given(&HTTP_TOKEN),
             home: match src.given(&STATE_ROOT) {

@@ -26,7 +26,8 @@ use tiny_http::{Request, Server};
 /// and tiny_http a second for each connection).
 const HEADROOM: usize = 16;
 
-/// How often the watchdog gives starved handler sources a thread ([`Handlers::replenish`]).
+/// How often the watchdog gives starved handler sources a thread ([`Handlers::replenish`]) and
+/// tiny_http's pool a connection to end ([`Acceptor::nudge`]).
 const TICK: Duration = Duration::from_secs(1);
 
 /// How long the watchdog's own request to the port may take before the port counts as not
@@ -106,6 +107,7 @@ impl Acceptor {
                 Ok(()) => {}
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
                     self.handlers.replenish();
+                    self.nudge();
                     continue;
                 }
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
@@ -124,6 +126,17 @@ impl Acceptor {
                 log::info!("the HTTP listener accepts connections again");
             }
         }
+    }
+
+    /// Opens a connection to the port and closes it at once. tiny_http's pool can leave a new
+    /// connection queued with no thread to take it: when two arrive together while one thread
+    /// waits, it counts that thread as free for both, and the second waits until some thread
+    /// ends a connection, forever if every thread holds one that stays open (quiet clients, a
+    /// body that never comes). A connection that opens when no thread waits gets a new thread,
+    /// which takes the queued connection once this one ends; so a connection left queued waits
+    /// at most about one [`TICK`].
+    fn nudge(&self) {
+        let _ = TcpStream::connect_timeout(&self.probe, PROBE);
     }
 
     /// Starts a new server on the socket, retrying until it runs or shutdown begins.

@@ -4,10 +4,11 @@
 //! A body is held in memory from its first byte until its request is answered, so a client that
 //! sends most of a large body and then stalls keeps that memory for as long as it likes; without a
 //! total, a few hundred such clients hold gigabytes. Each body takes its share of the budget
-//! before the bytes it covers are read (its announced length, or one step at a time when the
-//! length is not announced); a body that does not fit is read to its end and discarded, and its
-//! request answered 503 with `Retry-After`. A body longer than a step is read into a buffer
-//! the allocator maps for it alone (see [`MAPPED`]), so that its memory returns to the system
+//! before the bytes it covers are read, one step at a time: what a body holds is what its client
+//! sent, so connections that announce large bodies and send nothing hold nothing (sixteen such
+//! connections used to take the whole budget, and every other client's requests were refused).
+//! A body that does not fit is read to its end and discarded, and its request answered 503 with
+//! `Retry-After`. A body longer than a step is read into a buffer the allocator maps for it alone (see [`MAPPED`]), so that its memory returns to the system
 //! when the request is done and the server's RSS goes back down after a burst.
 //!
 //! Parsed, a body costs more than its bytes: every JSON value becomes a node, every object member
@@ -157,11 +158,6 @@ pub fn read_body(reader: &mut dyn Read, announced: Option<usize>, cap: usize, ma
             prefix.truncate(got);
             return drain(reader, Body::TooLarge(prefix));
         }
-        // The whole announced length at once: a body either fits or is refused before any of it
-        // is kept.
-        if !share.grow(n) {
-            return drain(reader, Body::OverBudget);
-        }
     }
     let mut body = match announced {
         Some(n) if n > STEP => Vec::with_capacity(MAPPED),
@@ -175,16 +171,14 @@ pub fn read_body(reader: &mut dyn Read, announced: Option<usize>, cap: usize, ma
         if want == 0 {
             break;
         }
-        if announced.is_none() {
-            if !share.grow(STEP) {
-                return drain(reader, Body::OverBudget);
-            }
-            if body.len() == STEP {
-                // Past one step: into a buffer of its own mapping (see MAPPED).
-                let mut mapped = Vec::with_capacity(MAPPED);
-                mapped.extend_from_slice(&body);
-                body = mapped;
-            }
+        if !share.grow(want) {
+            return drain(reader, Body::OverBudget);
+        }
+        if announced.is_none() && body.len() == STEP {
+            // Past one step: into a buffer of its own mapping (see MAPPED).
+            let mut mapped = Vec::with_capacity(MAPPED);
+            mapped.extend_from_slice(&body);
+            body = mapped;
         }
         let start = body.len();
         body.resize(start + want, 0);
@@ -272,6 +266,32 @@ mod tests {
         drop(a);
         assert_eq!(budget.used(), 0);
         assert!(matches!(read(&[2u8; 800], Some(800), &budget), Body::Ok(b, _) if b == vec![2u8; 800]));
+    }
+
+    #[test]
+    fn announced_bodies_are_charged_as_they_arrive() {
+        /// Gives `left` bytes, a few at a time, noting what the budget held at the first read.
+        struct Arriving<'a> {
+            budget: &'a BodyBudget,
+            left: usize,
+            first: Option<usize>,
+        }
+        impl Read for Arriving<'_> {
+            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+                self.first.get_or_insert(self.budget.used());
+                let n = buf.len().min(self.left).min(1000);
+                self.left -= n;
+                Ok(n)
+            }
+        }
+        let budget = BodyBudget::new(4 * STEP);
+        let mut body = Arriving { budget: &budget, left: 3 * STEP, first: None };
+        assert!(matches!(read_body(&mut body, Some(3 * STEP), 4 * STEP, 10_000_000, &budget), Body::Ok(b, _) if b.len() == 3 * STEP));
+        assert_eq!(body.first, Some(STEP), "one step before the first read, not the whole announced length");
+        // A body announced but cut short gives back what it took.
+        let mut short = Arriving { budget: &budget, left: 10, first: None };
+        assert!(matches!(read_body(&mut short, Some(3 * STEP), 4 * STEP, 10_000_000, &budget), Body::Incomplete));
+        assert_eq!(budget.used(), 0);
     }
 
     #[test]

@@ -52,15 +52,26 @@ const MAX_DRAIN_BYTES: usize = 64 * 1024 * 1024;
 /// age of busy connections bounds that wait.
 pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(5);
 
-/// Binds a listening socket with `TCP_NODELAY` set, which Linux copies to every accepted
-/// connection (tiny_http does not set it, and a reply written in pieces would otherwise wait for
-/// the client's delayed ACK). std only offers the setter on streams; the descriptor is briefly
-/// viewed as one, which is safe: the call is a plain `setsockopt` on the same socket.
-pub fn bind_nodelay(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+/// Binds a listening socket with two options Linux copies to every connection accepted from it
+/// (tiny_http sets neither, and gives no access to a connection's socket):
+/// - `TCP_NODELAY`: a reply written in pieces would otherwise wait for the client's delayed ACK;
+/// - a send timeout of `stall`: a write of an answer or a stream event that makes no progress for
+///   that long fails, and the connection ends. Without it a client that sends a request and
+///   never reads the answer keeps the answer's memory and its handler thread until the process
+///   ends (a 4 MiB file of control bytes is a 54 MB answer: twenty such connections held a
+///   gigabyte). A receive timeout cannot be given the same way: tiny_http's accept loop ends for
+///   good on an accept that times out, and tiny_http starts reading a connection's next request
+///   while its current one is still being answered, so a call longer than the timeout would end
+///   its connection.
+///
+/// std only offers the no-delay setter on streams; the descriptor is briefly viewed as one, which
+/// is safe: the call is a plain `setsockopt` on the same socket.
+pub fn bind(addr: SocketAddr, stall: Duration) -> std::io::Result<std::net::TcpListener> {
     use std::os::fd::OwnedFd;
     let listener = std::net::TcpListener::bind(addr)?;
     let as_stream = std::net::TcpStream::from(OwnedFd::from(listener));
     as_stream.set_nodelay(true)?;
+    as_stream.set_write_timeout(Some(stall))?;
     Ok(std::net::TcpListener::from(OwnedFd::from(as_stream)))
 }
 
@@ -148,7 +159,7 @@ impl HttpServer {
     /// Binds `addr` and starts serving: each request is handled on a thread of its own while it
     /// lasts, at most `max_handlers` at once ([`Handlers`]).
     pub fn start(addr: SocketAddr, max_handlers: usize, listener: Listener) -> anyhow::Result<HttpServer> {
-        let socket = bind_nodelay(addr).map_err(|err| anyhow::anyhow!("binding {addr}: {err}"))?;
+        let socket = bind(addr, listener.app.config.http_stall).map_err(|err| anyhow::anyhow!("binding {addr}: {err}"))?;
         let listener = Arc::new(listener);
         let handling = listener.clone();
         let handlers = Handlers::new("sandbox-mcp-http", max_handlers, move |req| handling.handle(req));

@@ -471,6 +471,96 @@ fn a_body_beyond_the_budget_gets_503_with_retry_after() {
     });
 }
 
+/// Connections that announce large bodies and send nothing of them hold nothing: the budget
+/// used to take a body's whole announced length before reading it, so sixteen connections that
+/// announced 4 MiB each and went quiet took the whole default budget, and every other client's
+/// request with a body was refused 503 for as long as they stayed open.
+#[test]
+fn announced_bodies_that_never_come_take_no_budget() {
+    use std::io::Write;
+    let home = Home::new("bodyannounced");
+    let h = Http::start(&home, &[], &[]);
+    let sid = h.initialize();
+    let ping = format!("{PING}{}", " ".repeat(100_000));
+    let mut quiet = Vec::new();
+    // One at a time, each followed by another client's request: connections that arrive
+    // together can wait in tiny_http's own pool behind these quiet ones, which is not what this
+    // test is about.
+    for n in 1..=32 {
+        let mut s = std::net::TcpStream::connect(h.addr).unwrap();
+        let head = format!("POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\n\r\n", 4 << 20);
+        s.write_all(head.as_bytes()).unwrap();
+        quiet.push(s);
+        let r = h.post(&[("Mcp-Session-Id", &sid)], &ping);
+        assert_eq!(r.status, 200, "with {n} bodies announced by others that never came, a request was refused: {}", r.body);
+    }
+    drop(quiet);
+}
+
+/// Connections that arrive together are all served, even while every earlier one stays open:
+/// tiny_http's pool could leave one of them queued with no thread to take it until some other
+/// connection ended (in one run, 4 of 32 connections opened at once were never read).
+#[test]
+fn connections_that_arrive_together_are_all_served() {
+    let home = Home::new("http-burst");
+    let h = Http::start(&home, &[], &[]);
+    let sid = h.initialize();
+    for round in 0..3 {
+        let mut conns: Vec<Conn> = (0..32).map(|_| Conn::open(h.addr)).collect();
+        for c in conns.iter_mut() {
+            c.send("POST", "/mcp", &[("Mcp-Session-Id", &sid)], PING.as_bytes());
+        }
+        // Each stays open after its answer, holding its thread of tiny_http's pool.
+        for (i, c) in conns.iter_mut().enumerate() {
+            let r = c.try_read().unwrap_or_else(|| panic!("round {round}: connection {i} of 32 opened together got no answer"));
+            assert_eq!(r.status, 200, "{}", r.body);
+        }
+    }
+}
+
+/// A client that sends a request and never reads its answer holds the answer's memory only
+/// until the send makes no progress for `--http-stall`: reads of a 4 MiB file of control bytes
+/// (54 MB answers once escaped) whose clients never read used to stay in memory until the
+/// process ended (214 MiB for four of them in one measurement).
+#[test]
+fn answers_nobody_reads_give_their_memory_back() {
+    use std::io::Write;
+    let home = Home::new("http-unread");
+    let h = Http::start(&home, &["--http-stall", "2"], &[]);
+    let pid = h.child.id();
+    let sid = h.initialize();
+    let sb = h.call(&sid, "create_sandbox", json!({}))["result"]["structuredContent"]["sandbox_id"].as_str().unwrap().to_string();
+    let made = h.call(&sid, "run_command", json!({"sandbox_id": sb, "command": "head -c 4194000 /dev/zero | tr '\\0' '\\1' > f"}));
+    assert_eq!(made["result"]["structuredContent"]["exit_code"], 0, "{made}");
+    let idle = rss_kib(pid) >> 10;
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "read_file", "arguments": {"sandbox_id": sb, "path": "f"}}})
+    .to_string();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMcp-Session-Id: {sid}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let unread: Vec<std::net::TcpStream> = (0..4)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(h.addr).unwrap();
+            s.write_all(head.as_bytes()).and_then(|()| s.write_all(body.as_bytes())).unwrap();
+            s
+        })
+        .collect();
+    let held = wait_for(Duration::from_secs(30), "the unread answers to be made", || {
+        let mib = rss_kib(pid) >> 10;
+        (mib >= idle + 40).then_some(mib)
+    });
+    let after = wait_for(Duration::from_secs(60), "the unread answers' memory to return", || {
+        let mib = rss_kib(pid) >> 10;
+        (mib <= idle + 24).then_some(mib)
+    });
+    // The server goes on answering, these clients' connections still open.
+    assert_eq!(h.post(&[("Mcp-Session-Id", &sid)], PING).status, 200);
+    eprintln!("RSS idle {idle} MiB, {held} MiB with unread 54 MB answers, {after} MiB after");
+    drop(unread);
+}
+
 /// Workers are shared between clients: while one client keeps 28 long calls going (its 16
 /// places outside the worker pool, its share of 8 workers, and 4 more waiting for a worker),
 /// another client's quick call and sandbox answer at once, and the greedy client can still end

@@ -97,7 +97,7 @@ pub struct Config {
     pub task_after: Duration,
     /// Bytes of HTTP request bodies held in memory at once.
     pub body_budget: usize,
-    /// How long a write to an HTTP client may make no progress (`--http-stall`).
+    /// How long an HTTP connection may make no progress (`--http-stall`).
     pub http_stall: Duration,
     /// State root of the local provider.
     pub home: PathBuf,
@@ -263,13 +263,13 @@ options! {
         default: Text("64"),
         help: "MiB of HTTP request bodies held in memory at once; beyond it 503 with Retry-After",
     };
-    /// How long a write to an HTTP client may make no progress, in seconds.
+    /// How long an HTTP connection may make no progress, in seconds.
     HTTP_STALL = OptionSpec {
         flag: Some("--http-stall"),
         takes_value: true,
         env: Some("SANDBOX_MCP_HTTP_STALL"),
         default: Text("30"),
-        help: "seconds a write to an HTTP client (an answer, a stream event) may make no progress before its connection is closed",
+        help: "seconds an HTTP connection may make no progress (idle, a body that stops arriving, an answer the client does not read) before it is closed",
     };
     /// HTTP bearer token; never a flag, so it stays out of process listings.
     HTTP_TOKEN = OptionSpec {

@@ -128,13 +128,16 @@ impl Acceptor {
         }
     }
 
-    /// Opens a connection to the port and closes it at once. tiny_http's pool can leave a new
-    /// connection queued with no thread to take it: when two arrive together while one thread
-    /// waits, it counts that thread as free for both, and the second waits until some thread
-    /// ends a connection, forever if every thread holds one that stays open (quiet clients, a
-    /// body that never comes). A connection that opens when no thread waits gets a new thread,
-    /// which takes the queued connection once this one ends; so a connection left queued waits
-    /// at most about one [`TICK`].
+    /// Opens a connection to the port and closes it at once, for two reasons:
+    /// - tiny_http's pool can leave a new connection queued with no thread to take it: when two
+    ///   arrive together while one thread waits, it counts that thread as free for both, and the
+    ///   second waits until some thread ends a connection (for up to `--http-stall` if every
+    ///   thread holds a quiet one). A connection that opens when no thread waits gets a new
+    ///   thread, which takes the queued connection once this one ends; so a connection left
+    ///   queued waits at most about one [`TICK`];
+    /// - the listening socket's receive timeout (`--http-stall`, see `http::bind`) also bounds an
+    ///   accept's wait, and tiny_http's accept loop ends at the first that times out: with a
+    ///   connection every [`TICK`], no accept waits that long.
     fn nudge(&self) {
         let _ = TcpStream::connect_timeout(&self.probe, PROBE);
     }

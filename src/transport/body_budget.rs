@@ -8,7 +8,8 @@
 //! sent, so connections that announce large bodies and send nothing hold nothing (sixteen such
 //! connections used to take the whole budget, and every other client's requests were refused).
 //! A body that does not fit is read to its end and discarded, and its request answered 503 with
-//! `Retry-After`. A body longer than a step is read into a buffer the allocator maps for it alone (see [`MAPPED`]), so that its memory returns to the system
+//! `Retry-After`; one that stops arriving for `--http-stall` (the connection's receive timeout)
+//! is answered 408. A body longer than a step is read into a buffer the allocator maps for it alone (see [`MAPPED`]), so that its memory returns to the system
 //! when the request is done and the server's RSS goes back down after a burst.
 //!
 //! Parsed, a body costs more than its bytes: every JSON value becomes a node, every object member
@@ -136,6 +137,8 @@ pub enum Body {
     OverBudget,
     /// The client stopped sending before its announced length (nothing is parsed; 400).
     Incomplete,
+    /// No byte of it came for the connection's receive timeout, `--http-stall` (408).
+    Stalled,
     /// Announced longer than `max_drain`: not read at all, and the request must never be
     /// dropped. tiny_http allocates a body's whole unread announced length at once, both when the
     /// request is dropped and when a read reaches the client's end of data; a length beyond
@@ -184,6 +187,7 @@ pub fn read_body(reader: &mut dyn Read, announced: Option<usize>, cap: usize, ma
         body.resize(start + want, 0);
         let got = match fill(reader, &mut body[start..]) {
             Ok(got) => got,
+            Err(err) if matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => return Body::Stalled,
             Err(_) => return Body::Ok(Vec::new(), share),
         };
         body.truncate(start + got);

@@ -52,26 +52,33 @@ const MAX_DRAIN_BYTES: usize = 64 * 1024 * 1024;
 /// age of busy connections bounds that wait.
 pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(5);
 
-/// Binds a listening socket with two options Linux copies to every connection accepted from it
-/// (tiny_http sets neither, and gives no access to a connection's socket):
+/// Binds a listening socket with options Linux copies to every connection accepted from it
+/// (tiny_http sets none of them, and gives no access to a connection's socket):
 /// - `TCP_NODELAY`: a reply written in pieces would otherwise wait for the client's delayed ACK;
-/// - a send timeout of `stall`: a write of an answer or a stream event that makes no progress for
-///   that long fails, and the connection ends. Without it a client that sends a request and
-///   never reads the answer keeps the answer's memory and its handler thread until the process
-///   ends (a 4 MiB file of control bytes is a 54 MB answer: twenty such connections held a
-///   gigabyte). A receive timeout cannot be given the same way: tiny_http's accept loop ends for
-///   good on an accept that times out, and tiny_http starts reading a connection's next request
-///   while its current one is still being answered, so a call longer than the timeout would end
-///   its connection.
+/// - send and receive timeouts of `stall`: a write of an answer or a stream event, or a read of a
+///   request or its body, that makes no progress for that long fails. Without them a client that
+///   never reads its answer kept the answer's memory and a handler thread until the process ended
+///   (a 4 MiB file of control bytes is a 54 MB answer), and a connection that sends nothing kept a
+///   thread of tiny_http's pool and two descriptors. tiny_http ends a connection whose read fails
+///   (without a 408: it answers one only for `TimedOut`, and a socket timeout is `WouldBlock`);
+///   a request already read is still answered first. tiny_http reads a connection's next request
+///   while its current one is being answered, so a connection whose call lasts longer than
+///   `stall` ends after that answer, and its client reconnects.
 ///
-/// std only offers the no-delay setter on streams; the descriptor is briefly viewed as one, which
-/// is safe: the call is a plain `setsockopt` on the same socket.
+/// The receive timeout also bounds how long an `accept` waits, and tiny_http's accept loop ends
+/// for good at its first failed accept. The watchdog connects to the port every second
+/// (`Acceptor::nudge`), so an accept never waits that long while the process runs; if one does
+/// (the process was stopped), the watchdog starts a new server on the socket.
+///
+/// std only offers these setters on streams; the descriptor is briefly viewed as one, which is
+/// safe: each call is a plain `setsockopt` on the same socket.
 pub fn bind(addr: SocketAddr, stall: Duration) -> std::io::Result<std::net::TcpListener> {
     use std::os::fd::OwnedFd;
     let listener = std::net::TcpListener::bind(addr)?;
     let as_stream = std::net::TcpStream::from(OwnedFd::from(listener));
     as_stream.set_nodelay(true)?;
     as_stream.set_write_timeout(Some(stall))?;
+    as_stream.set_read_timeout(Some(stall))?;
     Ok(std::net::TcpListener::from(OwnedFd::from(as_stream)))
 }
 
@@ -242,6 +249,7 @@ fn reason(status: u16) -> &'static str {
         403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
+        408 => "Request Timeout",
         413 => "Payload Too Large",
         500 => "Internal Server Error",
         503 => "Service Unavailable",
@@ -416,6 +424,15 @@ impl Listener {
                 Body::OverBudget => over_budget(),
                 Body::Incomplete => {
                     Answer::rejected(400, code::INVALID_REQUEST, "Bad Request: the body ended before its announced Content-Length")
+                }
+                Body::Stalled => {
+                    let message = format!(
+                        "Request Timeout: no byte of the body came for {} s (--http-stall); send each body without pausing",
+                        self.app.config.http_stall.as_secs()
+                    );
+                    let mut answer = Answer::rejected(408, code::INVALID_REQUEST, &message);
+                    answer.close = true;
+                    answer
                 }
                 Body::TooLarge(prefix) => {
                     // Its own id when its start names one, so that the client matches the answer.

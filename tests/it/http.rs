@@ -518,6 +518,45 @@ fn connections_that_arrive_together_are_all_served() {
     }
 }
 
+/// Connections that make no progress for `--http-stall` end: one that never sends a request is
+/// closed (it used to hold a thread of tiny_http's pool and two descriptors until the process
+/// ended), a body that stops arriving is answered 408, and the listener, whose accepts share the
+/// receive timeout, goes on accepting after quiet stretches longer than it. A call that lasts
+/// longer than the stall time is still answered on its connection.
+#[test]
+fn connections_that_make_no_progress_end_at_the_stall_time() {
+    use std::io::{Read, Write};
+    let home = Home::new("http-stall");
+    let h = Http::start(&home, &["--http-stall", "1"], &[]);
+    let sid = h.initialize();
+    for _ in 0..3 {
+        let mut quiet = std::net::TcpStream::connect(h.addr).unwrap();
+        quiet.set_read_timeout(Some(TIMEOUT)).unwrap();
+        let began = std::time::Instant::now();
+        assert_eq!(quiet.read(&mut [0u8; 16]).unwrap(), 0, "a connection that sends nothing is closed");
+        assert!(began.elapsed() >= Duration::from_millis(900), "not before the stall time: {:?}", began.elapsed());
+    }
+    let mut stalled = std::net::TcpStream::connect(h.addr).unwrap();
+    stalled.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let head = format!("POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nMcp-Session-Id: {sid}\r\nContent-Length: 5000\r\n\r\n{{\"a\":");
+    stalled.write_all(head.as_bytes()).unwrap();
+    let r = Conn::from_stream(stalled).read();
+    assert_eq!(r.status, 408, "{}", r.body);
+    assert!(r.body.contains("--http-stall"), "{}", r.body);
+    // The listener still accepts, and a call longer than the stall time is answered.
+    let mut c = Conn::open(h.addr);
+    assert_eq!(h.post(&[("Mcp-Session-Id", &sid)], PING).status, 200);
+    let sb = h.call(&sid, "create_sandbox", json!({}))["result"]["structuredContent"]["sandbox_id"].as_str().unwrap().to_string();
+    let body = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        "params": {"name": "run_command", "arguments": {"sandbox_id": sb, "command": "sleep 2.5; echo slow"}}});
+    c.send("POST", "/mcp", &[("Mcp-Session-Id", &sid)], body.to_string().as_bytes());
+    let r = c.read();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["result"]["structuredContent"]["stdout"], "slow\n");
+    let log = h.stderr.lock().unwrap().clone();
+    assert!(!log.contains("stopped accepting") && !log.contains("Error accepting"), "an accept timed out:\n{log}");
+}
+
 /// A client that sends a request and never reads its answer holds the answer's memory only
 /// until the send makes no progress for `--http-stall`: reads of a 4 MiB file of control bytes
 /// (54 MB answers once escaped) whose clients never read used to stay in memory until the

@@ -337,6 +337,30 @@ fn http_subscriptions_are_acknowledged_bounded_and_closed_at_shutdown() {
     assert_eq!(exit.code(), Some(0));
 }
 
+/// A stream outlives `--http-stall`: the connection's receive timeout ends tiny_http's wait for
+/// a next request on it, never the stream, which only writes; shutdown still closes it with its
+/// result.
+#[test]
+fn a_stream_outlives_the_stall_time() {
+    let home = Home::new("modern-listen-stall");
+    let mut h = Http::start(&home, &["--http-stall", "1"], &[]);
+    let mut stream = open_listen(&h, 1);
+    assert_eq!(next_event(&mut stream)["method"], "notifications/subscriptions/acknowledged");
+    // Three stall times go by: each quiet connection is closed after one.
+    for _ in 0..3 {
+        let mut quiet = TcpStream::connect(h.addr).unwrap();
+        quiet.set_read_timeout(Some(TIMEOUT)).unwrap();
+        assert_eq!(std::io::Read::read(&mut quiet, &mut [0u8; 16]).unwrap(), 0, "a quiet connection is closed");
+    }
+    let pid = h.child.id();
+    assert!(std::process::Command::new("/bin/sh").args(["-c", &format!("kill -s TERM {pid}")]).status().unwrap().success());
+    let closing = next_event(&mut stream);
+    assert_eq!(closing["id"], 1, "the stream was still open after three stall times: {closing}");
+    let exit = wait_for(TIMEOUT, "the server to exit", || h.child.try_wait().unwrap());
+    assert_eq!(exit.code(), Some(0));
+    let _ = &mut h;
+}
+
 /// Streams are shared between clients: one that holds its share is refused one more (saying
 /// so), while another client, declaring another clientInfo from the same address, still opens
 /// one and its tool calls are answered at once.

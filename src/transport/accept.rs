@@ -12,6 +12,7 @@
 //! shutdown, so the connections it has keep being served.
 
 use super::handlers::{Handlers, Next, Source};
+use super::head_guard::HeadGuard;
 use crossbeam_channel::{Receiver, Sender};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -49,8 +50,13 @@ pub struct Acceptor {
 }
 
 impl Acceptor {
-    /// Serves `socket` with tiny_http, each request handled by `handlers`; the bound address.
-    pub fn start(socket: TcpListener, handlers: Arc<Handlers<Request>>) -> anyhow::Result<(Arc<Acceptor>, SocketAddr)> {
+    /// Serves `socket` with tiny_http, each request handled by `handlers`, the connections'
+    /// heads bounded by `guard`; the bound address.
+    pub fn start(
+        socket: TcpListener,
+        handlers: Arc<Handlers<Request>>,
+        guard: Arc<HeadGuard>,
+    ) -> anyhow::Result<(Arc<Acceptor>, SocketAddr)> {
         let addr = socket.local_addr()?;
         let spare = socket.try_clone()?;
         let server = Server::from_listener(socket, None).map_err(|err| anyhow::anyhow!("serving on {addr}: {err}"))?;
@@ -67,7 +73,8 @@ impl Acceptor {
             anyhow::bail!("serving on {addr}: shutdown began");
         }
         let watched = acceptor.clone();
-        thread::Builder::new().name("http-watchdog".into()).stack_size(256 * 1024).spawn(move || watched.watch(&woken))?;
+        guard.guard(addr);
+        thread::Builder::new().name("http-watchdog".into()).stack_size(256 * 1024).spawn(move || watched.watch(&woken, &guard))?;
         Ok((acceptor, addr))
     }
 
@@ -100,14 +107,16 @@ impl Acceptor {
     }
 
     /// The watchdog: on each wake-up, if the port does not answer, starts the next server; every
-    /// [`TICK`], gives starved sources a thread where one can be made now.
-    fn watch(self: &Arc<Self>, woken: &Receiver<()>) {
+    /// [`TICK`], gives starved sources a thread where one can be made now, nudges the pool, and
+    /// ends connections whose heads have no end ([`HeadGuard::sweep`]).
+    fn watch(self: &Arc<Self>, woken: &Receiver<()>, guard: &HeadGuard) {
         loop {
             match woken.recv_timeout(TICK) {
                 Ok(()) => {}
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
                     self.handlers.replenish();
                     self.nudge();
+                    guard.sweep();
                     continue;
                 }
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,

@@ -175,6 +175,10 @@ pub fn read_body(reader: &mut dyn Read, announced: Option<usize>, cap: usize, ma
             break;
         }
         if !share.grow(want) {
+            // What it holds goes back before the rest is drained, which lasts as long as its
+            // client takes to send it: bodies that arrive together would otherwise each keep the
+            // others out of the budget until all of them were refused.
+            drop((body, share));
             return drain(reader, Body::OverBudget);
         }
         if announced.is_none() && body.len() == STEP {
@@ -194,7 +198,7 @@ pub fn read_body(reader: &mut dyn Read, announced: Option<usize>, cap: usize, ma
         if body.len() > cap {
             body.truncate(crate::jsonrpc::ID_PREFIX_BYTES);
             let prefix = body.to_vec();
-            drop(body);
+            drop((body, share));
             return drain(reader, Body::TooLarge(prefix));
         }
         if got < want {

@@ -7,6 +7,7 @@
 //! Every early answer reads or discards the body first so keep-alive connections stay in sync.
 
 use super::body_budget::{self, Body, BodyBudget};
+use super::head_guard::HeadGuard;
 use crate::app::App;
 use crate::ids;
 use crate::jsonrpc::{self, code, Incoming, RpcError};
@@ -101,6 +102,8 @@ pub struct Listener {
     waiter: Waiter,
     /// Memory for request bodies, shared by every connection.
     budget: Arc<BodyBudget>,
+    /// Ends connections that send more than their requests account for (heads without end).
+    guard: Arc<HeadGuard>,
 }
 
 /// How often an open `subscriptions/listen` stream looks for the start of shutdown.
@@ -124,6 +127,7 @@ impl Listener {
             streams: StreamShares::new(),
             waiter,
             budget,
+            guard: Arc::new(HeadGuard::new()),
         }
     }
 
@@ -170,7 +174,7 @@ impl HttpServer {
         let listener = Arc::new(listener);
         let handling = listener.clone();
         let handlers = Handlers::new("sandbox-mcp-http", max_handlers, move |req| handling.handle(req));
-        let (acceptor, bound) = Acceptor::start(socket, handlers)?;
+        let (acceptor, bound) = Acceptor::start(socket, handlers, listener.guard.clone())?;
         Ok(HttpServer { acceptor, listener, addr: bound })
     }
 
@@ -300,6 +304,9 @@ impl Listener {
         }
         self.busy.fetch_add(1, Ordering::SeqCst);
         let _busy = Busy(&self.busy);
+        // What this request may make the connection send: its head, and its body (up to what is
+        // read or drained of it).
+        self.guard.account(req.remote_addr(), req.body_length().map(|n| n.min(MAX_DRAIN_BYTES)), MAX_DRAIN_BYTES);
         self.serve(req);
     }
 

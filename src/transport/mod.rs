@@ -3,6 +3,7 @@
 pub mod accept;
 pub mod body_budget;
 pub mod handlers;
+pub mod head_guard;
 pub mod headers;
 pub mod http;
 pub mod stdio;

@@ -557,6 +557,85 @@ fn connections_that_make_no_progress_end_at_the_stall_time() {
     assert!(!log.contains("stopped accepting") && !log.contains("Error accepting"), "an accept timed out:\n{log}");
 }
 
+/// Bodies that arrive together, paced, and overflow the budget between them are not all refused:
+/// a body refused midway used to keep its share while the rest of it was drained, so 48 clients
+/// each sending 3.85 MB in 64 KiB pieces 10 ms apart all got 503 (17 got 200 when bodies were
+/// charged their announced length at once).
+#[test]
+fn bodies_that_arrive_together_are_not_all_refused() {
+    use std::io::Write;
+    let home = Home::new("http-paced");
+    let h = Http::start(&home, &[], &[]);
+    let meta = r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{},"io.modelcontextprotocol/clientInfo":{"name":"m","version":"0"}}"#;
+    let body = std::sync::Arc::new(format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{{"_meta":{meta},"junk":"{}"}}}}"#,
+        "a".repeat(3_850_000)
+    ));
+    let addr = h.addr;
+    let clients: Vec<_> = (0..48)
+        .map(|_| {
+            let body = body.clone();
+            std::thread::spawn(move || {
+                let mut s = std::net::TcpStream::connect(addr).unwrap();
+                s.set_read_timeout(Some(TIMEOUT)).unwrap();
+                let head = format!(
+                    "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json\r\n\
+MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/list\r\nContent-Length: {}\r\n\r\n",
+                    body.len()
+                );
+                s.write_all(head.as_bytes()).unwrap();
+                for piece in body.as_bytes().chunks(64 * 1024) {
+                    if s.write_all(piece).is_err() {
+                        break;
+                    }
+                    // The pace of a client on a slower link: the bodies overlap.
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Conn::from_stream(s).try_read().map(|r| r.status)
+            })
+        })
+        .collect();
+    let statuses: Vec<Option<u16>> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    let served = statuses.iter().filter(|s| **s == Some(200)).count();
+    eprintln!(
+        "48 paced bodies of 3.85 MB: {served} served, the others {:?}",
+        statuses.iter().filter(|s| **s != Some(200)).collect::<Vec<_>>()
+    );
+    assert!(served >= 8, "only {served} of 48 overlapping bodies were served: {statuses:?}");
+    assert!(statuses.iter().all(|s| matches!(s, Some(200) | Some(503))), "{statuses:?}");
+}
+
+/// A request head without end is cut short: tiny_http reads a request's line and headers
+/// without a bound, and an endless request line made the server buffer all of it (305 MiB of
+/// RSS for 300 MiB sent). The connection is now ended within about a second of sending more
+/// than its requests account for, what was buffered is freed, and others are served meanwhile.
+#[test]
+fn a_request_head_without_end_is_cut_short() {
+    use std::io::Write;
+    let home = Home::new("http-endless-head");
+    let h = Http::start(&home, &[], &[]);
+    let pid = h.child.id();
+    let sid = h.initialize();
+    let idle = rss_kib(pid) >> 10;
+    let mut endless = std::net::TcpStream::connect(h.addr).unwrap();
+    endless.set_write_timeout(Some(TIMEOUT)).unwrap();
+    let chunk = vec![b'A'; 1 << 20];
+    let mut sent = 0usize;
+    while sent < 768 {
+        if endless.write_all(&chunk).is_err() {
+            break;
+        }
+        sent += 1;
+    }
+    assert!(sent < 768, "768 MiB of one request line went through without the connection being ended");
+    let after = wait_for(Duration::from_secs(30), "the buffered head's memory to return", || {
+        let mib = rss_kib(pid) >> 10;
+        (mib <= idle + 24).then_some(mib)
+    });
+    assert_eq!(h.post(&[("Mcp-Session-Id", &sid)], PING).status, 200);
+    eprintln!("an endless request line was ended after {sent} MiB were sent; RSS idle {idle} MiB, {after} MiB after");
+}
+
 /// A client that sends a request and never reads its answer holds the answer's memory only
 /// until the send makes no progress for `--http-stall`: reads of a 4 MiB file of control bytes
 /// (54 MB answers once escaped) whose clients never read used to stay in memory until the

@@ -27,9 +27,16 @@ use tiny_http::{Request, Server};
 /// and tiny_http a second for each connection).
 const HEADROOM: usize = 16;
 
-/// How often the watchdog gives starved handler sources a thread ([`Handlers::replenish`]) and
-/// tiny_http's pool a connection to end ([`Acceptor::nudge`]).
-const TICK: Duration = Duration::from_secs(1);
+/// How often the watchdog gives starved handler sources a thread ([`Handlers::replenish`]),
+/// tiny_http's pool a connection to end ([`Acceptor::nudge`]) and the head guard a sweep
+/// ([`HeadGuard::sweep`]); more often when the stall time is short ([`tick`]).
+const TICK: Duration = Duration::from_millis(500);
+
+/// The watchdog's period for a stall time of `stall`: [`TICK`], or a quarter of `stall` when that
+/// is shorter, so that a nudge comes well within every accept's receive timeout.
+fn tick(stall: Duration) -> Duration {
+    TICK.min(stall / 4).max(Duration::from_millis(10))
+}
 
 /// How long the watchdog's own request to the port may take before the port counts as not
 /// answering.
@@ -51,11 +58,13 @@ pub struct Acceptor {
 
 impl Acceptor {
     /// Serves `socket` with tiny_http, each request handled by `handlers`, the connections'
-    /// heads bounded by `guard`; the bound address.
+    /// heads bounded by `guard`, every accept and connection timed out after `stall` (the
+    /// socket's receive timeout, see `http::bind`); the bound address.
     pub fn start(
         socket: TcpListener,
         handlers: Arc<Handlers<Request>>,
         guard: Arc<HeadGuard>,
+        stall: Duration,
     ) -> anyhow::Result<(Arc<Acceptor>, SocketAddr)> {
         let addr = socket.local_addr()?;
         let spare = socket.try_clone()?;
@@ -74,7 +83,10 @@ impl Acceptor {
         }
         let watched = acceptor.clone();
         guard.guard(addr);
-        thread::Builder::new().name("http-watchdog".into()).stack_size(256 * 1024).spawn(move || watched.watch(&woken, &guard))?;
+        thread::Builder::new()
+            .name("http-watchdog".into())
+            .stack_size(256 * 1024)
+            .spawn(move || watched.watch(&woken, &guard, tick(stall)))?;
         Ok((acceptor, addr))
     }
 
@@ -107,11 +119,11 @@ impl Acceptor {
     }
 
     /// The watchdog: on each wake-up, if the port does not answer, starts the next server; every
-    /// [`TICK`], gives starved sources a thread where one can be made now, nudges the pool, and
+    /// `tick`, gives starved sources a thread where one can be made now, nudges the pool, and
     /// ends connections whose heads have no end ([`HeadGuard::sweep`]).
-    fn watch(self: &Arc<Self>, woken: &Receiver<()>, guard: &HeadGuard) {
+    fn watch(self: &Arc<Self>, woken: &Receiver<()>, guard: &HeadGuard, tick: Duration) {
         loop {
-            match woken.recv_timeout(TICK) {
+            match woken.recv_timeout(tick) {
                 Ok(()) => {}
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
                     self.handlers.replenish();
@@ -143,10 +155,11 @@ impl Acceptor {
     ///   second waits until some thread ends a connection (for up to `--http-stall` if every
     ///   thread holds a quiet one). A connection that opens when no thread waits gets a new
     ///   thread, which takes the queued connection once this one ends; so a connection left
-    ///   queued waits at most about one [`TICK`];
+    ///   queued waits at most about one tick;
     /// - the listening socket's receive timeout (`--http-stall`, see `http::bind`) also bounds an
     ///   accept's wait, and tiny_http's accept loop ends at the first that times out: with a
-    ///   connection every [`TICK`], no accept waits that long.
+    ///   connection every tick (a quarter of the stall time at most), no accept waits that
+    ///   long while the watchdog runs.
     fn nudge(&self) {
         let _ = TcpStream::connect_timeout(&self.probe, PROBE);
     }

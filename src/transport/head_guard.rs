@@ -9,24 +9,32 @@
 //! taken with `pidfd_getfd`, so no descriptor of another part of the server is used by number),
 //! asks the kernel how many bytes each has handed to the server (`TCP_INFO`'s bytes received,
 //! less what is still queued unread), and ends a connection that handed over more than the
-//! requests the server has seen from it account for ([`HeadGuard::account`]: [`HEAD_ALLOWANCE`]
-//! per head plus each body's announced length, or the most a body without one is drained), with
-//! one more head allowance and tiny_http's read-ahead for what it may be reading now. The
-//! connection is shut down both ways: tiny_http's read fails, and what it buffered is freed.
+//! requests the server has seen on it account for ([`HeadGuard::account`]: each head's own size
+//! plus its body's announced length, or the most a chunked body is read or drained; nothing for
+//! a request without a body), plus [`HEAD_ALLOWANCE`] and tiny_http's read-ahead for the head it
+//! may be reading now. The connection is shut down both ways: tiny_http's read fails, and what it
+//! buffered is freed (and given back to the system at the next sweep).
 //!
-//! Between two ticks a connection can still make tiny_http buffer what it sends in that time
-//! (tiny_http parses heads a byte at a time, about 85 MB/s on one core here). Where the kernel
-//! has no pidfds (before Linux 5.6) the guard does nothing and says so once.
+//! What a connection may send is kept by peer address and tied to the connection (its socket's
+//! inode) the first time a sweep sees it: a new connection from the same address and port starts
+//! from nothing, and a connection once ended is not ended again.
+//!
+//! Between two ticks (half a second) a connection can still make tiny_http buffer what it sends
+//! in that time, which costs more than its size when it is made of short header lines (each a
+//! pair of strings: about 25 times). Where the kernel has no pidfds (before Linux 5.6) the guard
+//! does nothing and says so once.
 
 use crate::tally::Tally;
 use rustix::fd::{AsFd, OwnedFd};
 use rustix::net::SocketType;
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
-/// What one request's line and headers may take. MCP clients send a few hundred bytes.
+/// What the head tiny_http may be reading now (not yet a request the server has seen) may take.
+/// MCP clients send a few hundred bytes.
 pub const HEAD_ALLOWANCE: u64 = 64 * 1024;
 
 /// What tiny_http may have read of a connection beyond what it parsed (its buffered reader).
@@ -41,9 +49,29 @@ pub struct HeadGuard {
     listen: OnceLock<SocketAddr>,
     /// This process as a pidfd, to copy descriptors by number.
     me: Option<OwnedFd>,
-    /// Bytes each connection (by peer address) may have handed over so far for the requests the
-    /// server has seen, and when that was last raised.
-    accounted: Mutex<HashMap<SocketAddr, (u64, Instant)>>,
+    /// What each connection (by peer address) may have handed over so far.
+    accounted: Mutex<HashMap<SocketAddr, Allowance>>,
+    /// Whether the last sweep ended a connection (the next one gives memory back).
+    trim: AtomicBool,
+}
+
+/// What one connection may have handed over.
+#[derive(Debug, Clone, Copy)]
+struct Allowance {
+    /// Bytes of the requests the server has seen on it.
+    bytes: u64,
+    /// When `bytes` was last raised.
+    raised: Instant,
+    /// The socket inode of the connection, once a sweep has seen it.
+    inode: Option<u64>,
+    /// Whether it was ended (shut down) already.
+    ended: bool,
+}
+
+impl Allowance {
+    fn new() -> Allowance {
+        Allowance { bytes: 0, raised: Instant::now(), inode: None, ended: false }
+    }
 }
 
 impl Default for HeadGuard {
@@ -56,7 +84,7 @@ impl HeadGuard {
     /// A guard of no socket yet ([`HeadGuard::guard`] names it).
     pub fn new() -> HeadGuard {
         let me = rustix::process::pidfd_open(rustix::process::getpid(), rustix::process::PidfdFlags::empty()).ok();
-        HeadGuard { listen: OnceLock::new(), me, accounted: Mutex::new(HashMap::new()) }
+        HeadGuard { listen: OnceLock::new(), me, accounted: Mutex::new(HashMap::new()), trim: AtomicBool::new(false) }
     }
 
     /// Starts guarding the connections accepted on `listen` (the bound address).
@@ -69,14 +97,14 @@ impl HeadGuard {
         let _ = self.listen.set(listen);
     }
 
-    /// Records a request from `peer` that announced a body of `body` bytes (`None`: not
-    /// announced, so up to `unannounced` may be read or drained).
-    pub fn account(&self, peer: Option<&SocketAddr>, body: Option<usize>, unannounced: usize) {
+    /// Records a request from `peer` that may have made its connection send `bytes` (its head
+    /// and its body).
+    pub fn account(&self, peer: Option<&SocketAddr>, bytes: u64) {
         let Some(peer) = peer else { return };
-        let more = HEAD_ALLOWANCE.saturating_add(body.unwrap_or(unannounced) as u64);
         let mut accounted = self.accounted.lock().unwrap_or_else(|p| p.into_inner());
-        let entry = accounted.entry(*peer).or_insert((0, Instant::now()));
-        *entry = (entry.0.saturating_add(more), Instant::now());
+        let entry = accounted.entry(*peer).or_insert_with(Allowance::new);
+        entry.bytes = entry.bytes.saturating_add(bytes);
+        entry.raised = Instant::now();
     }
 
     /// Ends every connection that handed over more than its requests account for; how many.
@@ -84,48 +112,60 @@ impl HeadGuard {
         let (Some(me), Some(listen)) = (&self.me, self.listen.get()) else { return 0 };
         let began = Instant::now();
         let Ok(entries) = std::fs::read_dir("/proc/self/fd") else { return 0 };
-        let mut live = Vec::new();
+        let mut live = std::collections::HashSet::new();
         let mut ended = 0;
         for entry in entries.flatten() {
             let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
-            let is_socket = std::fs::read_link(entry.path()).is_ok_and(|l| l.to_string_lossy().starts_with("socket:["));
-            if !is_socket {
-                continue;
-            }
+            let Some(inode) = std::fs::read_link(entry.path()).ok().as_deref().and_then(socket_inode) else { continue };
             let Ok(copy) = rustix::process::pidfd_getfd(me, fd, rustix::process::PidfdGetfdFlags::empty()) else { continue };
             if !accepted_on(&copy, *listen) {
                 continue;
             }
             let Some(peer) = rustix::net::getpeername(&copy).ok().flatten().and_then(|a| SocketAddr::try_from(a).ok()) else { continue };
-            live.push(peer);
+            live.insert(peer);
             let Some(handed) = handed_over(&copy) else { continue };
-            let allowed = self.allowed(&peer);
-            if handed > allowed {
-                let _ = rustix::net::shutdown(&copy, rustix::net::Shutdown::Both);
-                // Until tiny_http sees the end and closes it, later sweeps leave it alone.
-                self.account(Some(&peer), Some(usize::MAX), 0);
-                ended += 1;
-                if let Some(n) = ENDED.add() {
-                    log::warn!(
-                        "ended {n} HTTP connections so far that sent more than their requests account for (this one: {handed} bytes, \
-{allowed} allowed): a request head without end"
-                    );
+            let allowance = {
+                let mut accounted = self.accounted.lock().unwrap_or_else(|p| p.into_inner());
+                let entry = accounted.entry(peer).or_insert_with(Allowance::new);
+                if entry.inode.is_some_and(|seen| seen != inode) {
+                    // Another connection from the same address and port: it starts afresh.
+                    *entry = Allowance::new();
                 }
+                entry.inode = Some(inode);
+                *entry
+            };
+            let allowed = allowance.bytes.saturating_add(HEAD_ALLOWANCE + READ_AHEAD);
+            if allowance.ended || handed <= allowed {
+                continue;
+            }
+            let _ = rustix::net::shutdown(&copy, rustix::net::Shutdown::Both);
+            if let Some(entry) = self.accounted.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&peer) {
+                entry.ended = true;
+            }
+            ended += 1;
+            if let Some(n) = ENDED.add() {
+                log::warn!(
+                    "ended {n} HTTP connections so far that sent more than their requests account for (this one: {handed} bytes, \
+{allowed} allowed): a request head without end"
+                );
             }
         }
         // Forget connections that are gone, unless raised since this sweep began (a connection
         // accepted after the descriptors were listed).
         let mut accounted = self.accounted.lock().unwrap_or_else(|p| p.into_inner());
-        accounted.retain(|peer, (_, raised)| *raised >= began || live.contains(peer));
+        accounted.retain(|peer, a| a.raised >= began || live.contains(peer));
+        drop(accounted);
+        // What tiny_http buffered for a connection ended by the last sweep is freed by now.
+        if self.trim.swap(ended > 0, Ordering::SeqCst) {
+            crate::memory::release_free();
+        }
         ended
     }
+}
 
-    /// What `peer` may have handed over: what its requests account for, one more head and
-    /// tiny_http's read-ahead.
-    fn allowed(&self, peer: &SocketAddr) -> u64 {
-        let accounted = self.accounted.lock().unwrap_or_else(|p| p.into_inner());
-        accounted.get(peer).map_or(0, |(n, _)| *n).saturating_add(HEAD_ALLOWANCE + READ_AHEAD)
-    }
+/// The inode of a `/proc/self/fd` link naming a socket (`socket:[12345]`).
+fn socket_inode(link: &std::path::Path) -> Option<u64> {
+    link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
 }
 
 /// Whether `fd` is a TCP connection accepted on `listen` (not the listening socket itself, nor a
@@ -171,6 +211,52 @@ mod tests {
     use std::net::{TcpListener, TcpStream};
 
     #[test]
+    fn a_new_connection_from_the_same_address_and_port_starts_afresh() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let guard = HeadGuard::new();
+        if guard.me.is_none() {
+            return;
+        }
+        guard.guard(addr);
+        let sent = (HEAD_ALLOWANCE + READ_AHEAD + 1000) as usize;
+        // The first connection from a fixed port is allowed what it sent, and seen by a sweep.
+        let first = socket2_like_connect(addr, None);
+        let port = first.local_addr().unwrap().port();
+        let (mut accepted, peer) = listener.accept().unwrap();
+        guard.account(Some(&peer), sent as u64);
+        assert_eq!(guard.sweep(), 0);
+        // It ends (the server's side first, so that the port is free at once) and the same
+        // address and port connect again: that connection's allowance starts from nothing.
+        drop(accepted);
+        drop(first);
+        let Some(mut again) = (0..50).find_map(|_| {
+            let s = socket2_like_connect(addr, Some(port));
+            (s.local_addr().ok()?.port() == port).then_some(s)
+        }) else {
+            return;
+        };
+        let (a, _) = listener.accept().unwrap();
+        accepted = a;
+        again.write_all(&vec![b'A'; sent]).unwrap();
+        accepted.read_exact(&mut vec![0u8; sent]).unwrap();
+        assert_eq!(guard.sweep(), 1, "the allowance of the connection before was not carried over");
+        // Ended once, it is not ended again.
+        assert_eq!(guard.sweep(), 0);
+    }
+
+    /// A connection to `addr`, from `port` when given (reusable at once).
+    fn socket2_like_connect(addr: std::net::SocketAddr, port: Option<u16>) -> TcpStream {
+        use rustix::net::{bind, connect, socket, sockopt, AddressFamily, SocketType};
+        let Some(port) = port else { return TcpStream::connect(addr).unwrap() };
+        let fd = socket(AddressFamily::INET, SocketType::STREAM, None).unwrap();
+        sockopt::set_socket_reuseaddr(&fd, true).unwrap();
+        let _ = bind(&fd, &std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+        connect(&fd, &addr).unwrap();
+        TcpStream::from(fd)
+    }
+
+    #[test]
     fn what_a_connection_handed_over_is_what_was_read_of_it() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
@@ -203,7 +289,7 @@ mod tests {
             let mut buf = vec![0u8; sent];
             a.read_exact(&mut buf).unwrap();
             if let Some(body) = seen {
-                guard.account(a.peer_addr().ok().as_ref(), Some(body), 0);
+                guard.account(a.peer_addr().ok().as_ref(), body as u64);
             }
         }
         assert_eq!(guard.sweep(), 1);

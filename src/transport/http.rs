@@ -67,9 +67,10 @@ pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(5);
 ///   `stall` ends after that answer, and its client reconnects.
 ///
 /// The receive timeout also bounds how long an `accept` waits, and tiny_http's accept loop ends
-/// for good at its first failed accept. The watchdog connects to the port every second
-/// (`Acceptor::nudge`), so an accept never waits that long while the process runs; if one does
-/// (the process was stopped), the watchdog starts a new server on the socket.
+/// for good at its first failed accept. The watchdog connects to the port every tick, at most a
+/// quarter of the stall time (`Acceptor::nudge`), so an accept never waits that long while the
+/// watchdog runs; if one does (the watchdog was kept from running for that long), the watchdog
+/// starts a new server on the socket, as for any accept loop that ended.
 ///
 /// std only offers these setters on streams; the descriptor is briefly viewed as one, which is
 /// safe: each call is a plain `setsockopt` on the same socket.
@@ -174,7 +175,7 @@ impl HttpServer {
         let listener = Arc::new(listener);
         let handling = listener.clone();
         let handlers = Handlers::new("sandbox-mcp-http", max_handlers, move |req| handling.handle(req));
-        let (acceptor, bound) = Acceptor::start(socket, handlers, listener.guard.clone())?;
+        let (acceptor, bound) = Acceptor::start(socket, handlers, listener.guard.clone(), listener.app.config.http_stall)?;
         Ok(HttpServer { acceptor, listener, addr: bound })
     }
 
@@ -202,6 +203,20 @@ fn header(name: &str, value: &str) -> Header {
 /// The peer's address without its port: each stream is a connection of its own.
 fn peer_ip(req: &Request) -> Option<IpAddr> {
     req.remote_addr().map(SocketAddr::ip)
+}
+
+/// What `req` may have made its connection send (see `HeadGuard::account`): its head as
+/// received (line and headers, with their separators), and its body: the announced length, a
+/// chunked one up to what is read or drained of it, none without either.
+fn sent_for(req: &Request) -> u64 {
+    let headers: usize = req.headers().iter().map(|h| h.field.as_str().as_str().len() + h.value.as_str().len() + 4).sum();
+    let head = req.method().as_str().len() + req.url().len() + "  HTTP/1.1\r\n\r\n".len() + headers;
+    let body = match req.body_length() {
+        Some(n) => n.min(MAX_DRAIN_BYTES),
+        None if get(req, "Transfer-Encoding").is_some() => MAX_DRAIN_BYTES,
+        None => 0,
+    };
+    (head + body) as u64
 }
 
 fn get<'a>(req: &'a Request, name: &str) -> Option<&'a str> {
@@ -304,9 +319,7 @@ impl Listener {
         }
         self.busy.fetch_add(1, Ordering::SeqCst);
         let _busy = Busy(&self.busy);
-        // What this request may make the connection send: its head, and its body (up to what is
-        // read or drained of it).
-        self.guard.account(req.remote_addr(), req.body_length().map(|n| n.min(MAX_DRAIN_BYTES)), MAX_DRAIN_BYTES);
+        self.guard.account(req.remote_addr(), sent_for(&req));
         self.serve(req);
     }
 

@@ -210,18 +210,22 @@ mod tests {
     use std::io::{Read, Write};
     use std::net::{TcpListener, TcpStream};
 
-    #[test]
-    fn a_new_connection_from_the_same_address_and_port_starts_afresh() {
+    /// A loopback listener and a guard of it; `None` where the kernel has no pidfds.
+    fn guarded_listener() -> Option<(TcpListener, std::net::SocketAddr, HeadGuard)> {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let guard = HeadGuard::new();
-        if guard.me.is_none() {
-            return;
-        }
+        guard.me.as_ref()?;
         guard.guard(addr);
+        Some((listener, addr, guard))
+    }
+
+    #[test]
+    fn a_new_connection_from_the_same_address_and_port_starts_afresh() {
+        let Some((listener, addr, guard)) = guarded_listener() else { return };
         let sent = (HEAD_ALLOWANCE + READ_AHEAD + 1000) as usize;
         // The first connection from a fixed port is allowed what it sent, and seen by a sweep.
-        let first = socket2_like_connect(addr, None);
+        let first = connect_from(addr, None);
         let port = first.local_addr().unwrap().port();
         let (mut accepted, peer) = listener.accept().unwrap();
         guard.account(Some(&peer), sent as u64);
@@ -231,7 +235,7 @@ mod tests {
         drop(accepted);
         drop(first);
         let Some(mut again) = (0..50).find_map(|_| {
-            let s = socket2_like_connect(addr, Some(port));
+            let s = connect_from(addr, Some(port));
             (s.local_addr().ok()?.port() == port).then_some(s)
         }) else {
             return;
@@ -246,7 +250,7 @@ mod tests {
     }
 
     /// A connection to `addr`, from `port` when given (reusable at once).
-    fn socket2_like_connect(addr: std::net::SocketAddr, port: Option<u16>) -> TcpStream {
+    fn connect_from(addr: std::net::SocketAddr, port: Option<u16>) -> TcpStream {
         use rustix::net::{bind, connect, socket, sockopt, AddressFamily, SocketType};
         let Some(port) = port else { return TcpStream::connect(addr).unwrap() };
         let fd = socket(AddressFamily::INET, SocketType::STREAM, None).unwrap();
@@ -271,13 +275,7 @@ mod tests {
 
     #[test]
     fn a_connection_that_sent_more_than_its_requests_account_for_is_ended() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let guard = HeadGuard::new();
-        if guard.me.is_none() {
-            return;
-        }
-        guard.guard(addr);
+        let Some((listener, addr, guard)) = guarded_listener() else { return };
         let mut endless = TcpStream::connect(addr).unwrap();
         let (mut endless_accepted, _) = listener.accept().unwrap();
         let mut large = TcpStream::connect(addr).unwrap();

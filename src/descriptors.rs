@@ -7,9 +7,9 @@
 //! this program opens itself are close-on-exec already (the standard library and rustix open
 //! them so), and the ones a child must have are given to it explicitly as its stdio.
 //!
-//! One of the crate's three uses of `unsafe` (the others: `memory` and the Landlock tier,
-//! `provider::local::isolation::landlock`): neither the standard library nor rustix offers a
-//! safe way to name a descriptor by its number, which is all `/proc/self/fd` gives.
+//! One of the crate's uses of `unsafe` (ARCHITECTURE.md lists them all, under "Invariants"):
+//! neither the standard library nor rustix offers a safe way to name a descriptor by its number,
+//! which is all `/proc/self/fd` gives.
 
 #![allow(unsafe_code)]
 

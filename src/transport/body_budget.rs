@@ -9,8 +9,9 @@
 //! connections used to take the whole budget, and every other client's requests were refused).
 //! A body that does not fit is read to its end and discarded, and its request answered 503 with
 //! `Retry-After`; one that stops arriving for `--http-stall` (the connection's receive timeout)
-//! is answered 408. A body longer than a step is read into a buffer the allocator maps for it alone (see [`MAPPED`]), so that its memory returns to the system
-//! when the request is done and the server's RSS goes back down after a burst.
+//! is answered 408. A body longer than a step is read into a buffer the allocator maps for it
+//! alone (see [`MAPPED`]), so that its memory returns to the system when the request is done and
+//! the server's RSS goes back down after a burst.
 //!
 //! Parsed, a body costs more than its bytes: every JSON value becomes a node, every object member
 //! a map entry (a body of many small keys parses to about fifteen times its size). Before it is

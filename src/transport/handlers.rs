@@ -1,8 +1,8 @@
 //! The threads that handle HTTP requests: as many as requests are being handled, up to a cap.
 //!
 //! A request is handled on one thread from its body's first byte to its answer's last, and that
-//! thread can wait a long time on its client (a body sent slowly, an answer the client does not
-//! read; tiny_http offers no per-connection timeout) or on the work (a long call, a wait, a
+//! thread can wait a long time on its client (a body sent slowly, an answer read slowly: only a
+//! pause of `--http-stall` ends them, see `http::bind`) or on the work (a long call, a wait, a
 //! `subscriptions/listen` stream). A fixed set of such threads would let a client that opens
 //! enough slow connections stall every other client. Here the threads take requests from their
 //! source (a tiny_http server's queue) themselves, and a thread that takes one while no other

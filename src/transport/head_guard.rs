@@ -56,7 +56,7 @@ pub struct HeadGuard {
 }
 
 /// What one connection may have handed over.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 struct Allowance {
     /// Bytes of the requests the server has seen on it.
     bytes: u64,
@@ -71,6 +71,23 @@ struct Allowance {
 impl Allowance {
     fn new() -> Allowance {
         Allowance { bytes: 0, raised: Instant::now(), inode: None, ended: false }
+    }
+
+    /// Whether the connection of socket `inode`, which has handed over `handed` bytes, is to be
+    /// ended now: `Some` of what it was allowed, and it counts as ended from then on. Another
+    /// inode than the one seen before is another connection from the same address and port,
+    /// which starts afresh.
+    fn exceeded(&mut self, inode: u64, handed: u64) -> Option<u64> {
+        if self.inode.is_some_and(|seen| seen != inode) {
+            *self = Allowance::new();
+        }
+        self.inode = Some(inode);
+        let allowed = self.bytes.saturating_add(HEAD_ALLOWANCE + READ_AHEAD);
+        if self.ended || handed <= allowed {
+            return None;
+        }
+        self.ended = true;
+        Some(allowed)
     }
 }
 
@@ -124,24 +141,10 @@ impl HeadGuard {
             let Some(peer) = rustix::net::getpeername(&copy).ok().flatten().and_then(|a| SocketAddr::try_from(a).ok()) else { continue };
             live.insert(peer);
             let Some(handed) = handed_over(&copy) else { continue };
-            let allowance = {
-                let mut accounted = self.accounted.lock().unwrap_or_else(|p| p.into_inner());
-                let entry = accounted.entry(peer).or_insert_with(Allowance::new);
-                if entry.inode.is_some_and(|seen| seen != inode) {
-                    // Another connection from the same address and port: it starts afresh.
-                    *entry = Allowance::new();
-                }
-                entry.inode = Some(inode);
-                *entry
-            };
-            let allowed = allowance.bytes.saturating_add(HEAD_ALLOWANCE + READ_AHEAD);
-            if allowance.ended || handed <= allowed {
-                continue;
-            }
+            let exceeded =
+                self.accounted.lock().unwrap_or_else(|p| p.into_inner()).entry(peer).or_insert_with(Allowance::new).exceeded(inode, handed);
+            let Some(allowed) = exceeded else { continue };
             let _ = rustix::net::shutdown(&copy, rustix::net::Shutdown::Both);
-            if let Some(entry) = self.accounted.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&peer) {
-                entry.ended = true;
-            }
             ended += 1;
             if let Some(n) = ENDED.add() {
                 log::warn!(

@@ -125,10 +125,10 @@ pub fn call(config: Config, words: &[String]) -> Result<i32> {
     let session = Session::new("call", true);
     session.initialize("2025-11-25");
     let cancel = Arc::new(AtomicBool::new(false));
-    let ctx = Ctx { app: &app, session: &session, cancel: &cancel };
+    let ctx = Ctx { app: &app, session: &session, cancel: &cancel, client: "call" };
     let result = match tools::call(&ctx, tool, &arguments) {
-        Reply::Now(result) => result,
-        Reply::Wait(pending) => tools::finish(&app, pending.block()),
+        Reply::Now(finished) => finished.result,
+        Reply::Wait(pending) => tools::finish(&app, "call", pending.block(), None).result,
     };
     let mut stdout = std::io::stdout().lock();
     if result["isError"] == json!(true) {

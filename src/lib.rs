@@ -26,6 +26,7 @@ pub mod tools;
 pub mod provider;
 pub mod supervisor;
 
+pub mod answer_budget;
 pub mod jsonrpc;
 pub mod queue;
 pub mod waiter;

@@ -56,6 +56,16 @@ pub const CANCEL_CONFIRM: Duration = Duration::from_secs(3);
 /// Largest HTTP request body, and largest stdio message.
 pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 
+/// Bytes every large answer being made or sent may hold at once (see `answer_budget`).
+pub const ANSWER_BUDGET: usize = 256 * 1024 * 1024;
+/// Of [`ANSWER_BUDGET`], what one client's answers may hold (one answer larger than that fits
+/// when the client holds nothing).
+pub const ANSWER_BUDGET_PER_CLIENT: usize = 64 * 1024 * 1024;
+/// Answers estimated below this many bytes take nothing from [`ANSWER_BUDGET`].
+pub const ANSWER_FREE: usize = 1024 * 1024;
+/// How long an answer waits for room in [`ANSWER_BUDGET`] before its call fails.
+pub const ANSWER_WAIT: Duration = Duration::from_secs(5);
+
 /// `run_command` timeout bounds and default, in seconds.
 pub const COMMAND_TIMEOUT_MIN_S: i64 = 1;
 /// Upper bound of `run_command`'s `timeout`.

@@ -12,6 +12,7 @@
 //! call that waits for its process (a `run_command`): the worker's thread runs it, but leaves
 //! the pool meanwhile.
 
+use crate::answer_budget::Charge;
 use crate::jsonrpc::{self, code, RpcError};
 use crate::limits::{MAX_RUNNING_CALLS, MAX_RUNNING_CALLS_PER_CLIENT, RUNNING_CALLS_PER_CLIENT_PER_WORKER, RUNNING_CALLS_PER_WORKER};
 use crossbeam_channel::Sender;
@@ -23,24 +24,70 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 
 /// How a job ended: the JSON-RPC response, and whether the client had cancelled the request.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, PartialEq)]
 pub enum Outcome {
     /// A response to send.
-    Answer(Value),
+    Answer(Response),
     /// The response to a request the client cancelled: stdio sends nothing for it, HTTP still
     /// answers with it (the HTTP request is still waiting for a body).
-    Cancelled(Value),
+    Cancelled(Response),
     /// A -32000 error for a call that was not run because its client already has its share of
     /// calls waiting: HTTP answers it 503 with `Retry-After`, as a full queue.
-    Busy(Value),
+    Busy(Response),
 }
 
 impl Outcome {
     /// The JSON-RPC response, cancelled or not.
-    pub fn into_response(self) -> Value {
+    pub fn into_response(self) -> Response {
         match self {
-            Outcome::Answer(v) | Outcome::Cancelled(v) | Outcome::Busy(v) => v,
+            Outcome::Answer(r) | Outcome::Cancelled(r) | Outcome::Busy(r) => r,
         }
+    }
+}
+
+/// A JSON-RPC response, with the share of the answer budget it holds until it is written
+/// (nothing for a small one).
+#[derive(Debug, Default)]
+pub struct Response {
+    /// The response.
+    pub value: Value,
+    /// Its share of the answer budget.
+    pub charge: Charge,
+}
+
+impl Response {
+    /// `value`, holding `charge`.
+    pub fn charged(value: Value, charge: Charge) -> Response {
+        Response { value, charge }
+    }
+
+    /// The serialized response, and its charge shrunk to the serialized bytes (the values it was
+    /// made from are freed first).
+    pub fn serialize(self) -> (String, Charge) {
+        let Response { value, mut charge } = self;
+        let text = value.to_string();
+        drop(value);
+        charge.shrink_to(text.len());
+        (text, charge)
+    }
+}
+
+impl From<Value> for Response {
+    fn from(value: Value) -> Response {
+        Response { value, charge: Charge::none() }
+    }
+}
+
+impl PartialEq for Response {
+    fn eq(&self, other: &Response) -> bool {
+        self.value == other.value
+    }
+}
+
+impl std::ops::Deref for Response {
+    type Target = Value;
+    fn deref(&self) -> &Value {
+        &self.value
     }
 }
 
@@ -211,7 +258,7 @@ fn panicked(id: &Value, payload: &(dyn std::any::Any + Send)) -> Outcome {
     log::error!("a tool call panicked: {what}");
     let err =
         RpcError::new(code::INTERNAL_ERROR, "internal error while running the tool; the server is still running, retry or report this");
-    Outcome::Answer(jsonrpc::error(id, &err))
+    Outcome::Answer(jsonrpc::error(id, &err).into())
 }
 
 /// The workers, their lanes and their handler, shared by the workers and the dispatcher.
@@ -425,7 +472,7 @@ where
                     code::SERVER_BUSY,
                     format!("this client already has {waiting} calls waiting for a worker; wait for some to finish, then retry"),
                 );
-                let _ = job.reply.send(R::from(Outcome::Busy(jsonrpc::error(&job.id, &err))));
+                let _ = job.reply.send(R::from(Outcome::Busy(jsonrpc::error(&job.id, &err).into())));
                 continue;
             }
             if waiting == 0 {
@@ -481,7 +528,7 @@ mod tests {
                 thread::sleep(std::time::Duration::from_millis(1));
             }
             counter.fetch_sub(1, Ordering::SeqCst);
-            Outcome::Answer(json!("done"))
+            Outcome::Answer(json!("done").into())
         });
         let (rtx, rrx) = crossbeam_channel::unbounded::<Outcome>();
         let hold = Arc::new(AtomicBool::new(false));
@@ -494,7 +541,7 @@ mod tests {
         }
         assert_eq!(running.load(Ordering::SeqCst), 4, "the greedy client runs its share");
         tx.send(Job { id: json!("other"), work: Of("other", Arc::new(AtomicBool::new(true))), reply: rtx.clone() }).unwrap();
-        assert_eq!(rrx.recv_timeout(std::time::Duration::from_secs(2)).unwrap(), Outcome::Answer(json!("done")));
+        assert_eq!(rrx.recv_timeout(std::time::Duration::from_secs(2)).unwrap(), Outcome::Answer(json!("done").into()));
         assert_eq!(running.load(Ordering::SeqCst), 4, "still only its share");
         hold.store(true, Ordering::SeqCst);
         for _ in 0..12 {
@@ -531,7 +578,7 @@ mod tests {
                     thread::sleep(std::time::Duration::from_millis(1));
                 }
             }
-            Outcome::Answer(json!(name))
+            Outcome::Answer(json!(name).into())
         });
         let (rtx, rrx) = crossbeam_channel::unbounded::<Outcome>();
         // One after another, so that the pool grows to its most for them.
@@ -545,7 +592,7 @@ mod tests {
         assert_eq!(running.load(Ordering::SeqCst), 4, "every worker is busy");
         tx.send(Job { id: json!("quick"), work: Ends("quick"), reply: rtx.clone() }).unwrap();
         tx.send(Job { id: json!("kill"), work: Ends("kill"), reply: rtx.clone() }).unwrap();
-        assert_eq!(rrx.recv_timeout(std::time::Duration::from_secs(2)).unwrap(), Outcome::Answer(json!("kill")));
+        assert_eq!(rrx.recv_timeout(std::time::Duration::from_secs(2)).unwrap(), Outcome::Answer(json!("kill").into()));
         assert!(rrx.recv_timeout(std::time::Duration::from_millis(200)).is_err(), "the other call waits for a worker");
         release.store(true, Ordering::SeqCst);
         for _ in 0..6 {
@@ -559,7 +606,7 @@ mod tests {
             if work == "boom" {
                 panic!("boom");
             }
-            Outcome::Answer(json!({"jsonrpc": "2.0", "id": 2, "result": {}}))
+            Outcome::Answer(json!({"jsonrpc": "2.0", "id": 2, "result": {}}).into())
         });
         let (rtx, rrx) = crossbeam_channel::unbounded::<Outcome>();
         tx.send(Job { id: json!(1), work: "boom", reply: rtx.clone() }).unwrap();
@@ -583,15 +630,15 @@ mod tests {
                 let park_tx = park_tx.clone();
                 return Step::Later(Box::new(move |respond| park_tx.send(respond).unwrap()));
             }
-            Step::Done(Outcome::Answer(json!(work)))
+            Step::Done(Outcome::Answer(json!(work).into()))
         });
         let (rtx, rrx) = crossbeam_channel::unbounded::<Outcome>();
         tx.send(Job { id: json!(1), work: "later", reply: rtx.clone() }).unwrap();
         tx.send(Job { id: json!(2), work: "now", reply: rtx }).unwrap();
-        assert_eq!(rrx.recv().unwrap(), Outcome::Answer(json!("now")), "the one worker went on");
+        assert_eq!(rrx.recv().unwrap(), Outcome::Answer(json!("now").into()), "the one worker went on");
         let respond = park_rx.recv().unwrap();
-        std::thread::spawn(move || respond(Outcome::Answer(json!("later")))).join().unwrap();
-        assert_eq!(rrx.recv().unwrap(), Outcome::Answer(json!("later")));
+        std::thread::spawn(move || respond(Outcome::Answer(json!("later").into()))).join().unwrap();
+        assert_eq!(rrx.recv().unwrap(), Outcome::Answer(json!("later").into()));
         drop(tx);
         for h in handles {
             h.join().unwrap();
@@ -619,7 +666,7 @@ mod tests {
         let sharing = Sharing { workers: 1, max_workers: 2, per_client: 1, per_client_queue: 32, runners: 8, runners_per_client: 3 };
         let (tx, handles) = spawn_workers(sharing, 64, move |Call(_, blocks, release): Call| {
             if !blocks {
-                return Step::Done(Outcome::Answer(json!("quick")));
+                return Step::Done(Outcome::Answer(json!("quick").into()));
             }
             let counter = counter.clone();
             Step::Blocking(Box::new(move || {
@@ -628,7 +675,7 @@ mod tests {
                     thread::sleep(Duration::from_millis(1));
                 }
                 counter.fetch_sub(1, Ordering::SeqCst);
-                Outcome::Answer(json!("long"))
+                Outcome::Answer(json!("long").into())
             }))
         });
         let (rtx, rrx) = crossbeam_channel::unbounded::<Outcome>();
@@ -647,10 +694,10 @@ mod tests {
         tx.send(Job { id: json!(3), work: Call("greedy", true, hold.clone()), reply: rtx.clone() }).unwrap();
         assert_eq!(wait_running(4), 4, "a fourth runs as a worker's job");
         tx.send(Job { id: json!("other"), work: Call("other", false, hold.clone()), reply: rtx.clone() }).unwrap();
-        assert_eq!(rrx.recv_timeout(Duration::from_secs(5)).unwrap(), Outcome::Answer(json!("quick")), "another worker served it");
+        assert_eq!(rrx.recv_timeout(Duration::from_secs(5)).unwrap(), Outcome::Answer(json!("quick").into()), "another worker served it");
         hold.store(true, Ordering::SeqCst);
         for _ in 0..4 {
-            assert_eq!(rrx.recv_timeout(Duration::from_secs(5)).unwrap(), Outcome::Answer(json!("long")));
+            assert_eq!(rrx.recv_timeout(Duration::from_secs(5)).unwrap(), Outcome::Answer(json!("long").into()));
         }
         // The runner places are free again: three more leave the pool at once.
         let again = Arc::new(AtomicBool::new(false));
@@ -674,14 +721,14 @@ mod tests {
         let sharing = Sharing { runners: 1, runners_per_client: 1, ..Sharing::for_workers(1, 4) };
         let (tx, handles) = spawn_workers(sharing, 4, |work: &str| {
             let boom = work == "boom";
-            Step::Blocking(Box::new(move || if boom { panic!("boom") } else { Outcome::Answer(json!("fine")) }))
+            Step::Blocking(Box::new(move || if boom { panic!("boom") } else { Outcome::Answer(json!("fine").into()) }))
         });
         let (rtx, rrx) = crossbeam_channel::unbounded::<Outcome>();
         tx.send(Job { id: json!(1), work: "boom", reply: rtx.clone() }).unwrap();
         let first = rrx.recv().unwrap().into_response();
-        assert_eq!((first["id"].clone(), first["error"]["code"].clone()), (json!(1), json!(-32603)), "{first}");
+        assert_eq!((first["id"].clone(), first["error"]["code"].clone()), (json!(1), json!(-32603)), "{first:?}");
         tx.send(Job { id: json!(2), work: "fine", reply: rtx }).unwrap();
-        assert_eq!(rrx.recv().unwrap(), Outcome::Answer(json!("fine")));
+        assert_eq!(rrx.recv().unwrap(), Outcome::Answer(json!("fine").into()));
         drop(tx);
         for h in handles {
             h.join().unwrap();

@@ -12,15 +12,17 @@
 //! worker sends the reply. A call refused by a full queue, or one whose job unwinds from a panic,
 //! drops its guard the same way.
 
+use crate::answer_budget::Charge;
 use crate::app::App;
 use crate::jsonrpc::{self, code, Incoming, RpcError};
+use crate::limits;
 use crate::mcp::envelope::{self, RequestMeta, LOG_LEVELS};
 use crate::mcp::session::{InFlight, Session};
 use crate::mcp::subscription;
 use crate::mcp::tasks;
-use crate::queue::{Job, Outcome};
+use crate::queue::{Job, Outcome, Response};
 use crate::supervisor::Snapshot;
-use crate::tools::{self, CommandOutcome, Ctx, Pending, Reply, TaskStartError, Tool, ToolError};
+use crate::tools::{self, CommandOutcome, Ctx, Finished, Pending, Reply, TaskStartError, Tool, ToolError};
 use crate::waiter::Watch;
 use crossbeam_channel::Sender;
 use serde_json::{json, Map, Value};
@@ -528,11 +530,11 @@ pub fn execute(app: &Arc<App>, work: Work) -> Executed {
     let Work { session, call } = work;
     if app.is_draining() {
         let err = RpcError::new(code::SERVER_BUSY, SHUTTING_DOWN);
-        return Executed::Now(Outcome::Answer(jsonrpc::error(&call.id, &err)));
+        return Executed::Now(Outcome::Answer(jsonrpc::error(&call.id, &err).into()));
     }
     if call.in_flight.is_cancelled() {
         let err = RpcError::new(code::REQUEST_CANCELLED, "the request was cancelled before it started");
-        return Executed::Now(Outcome::Cancelled(jsonrpc::error(&call.id, &err)));
+        return Executed::Now(Outcome::Cancelled(jsonrpc::error(&call.id, &err).into()));
     }
     let tool = match &call.op {
         Op::Tool { task: TaskMode::Asked, .. } => return Executed::Now(task_asked(app, &session, &call)),
@@ -556,7 +558,8 @@ pub fn execute(app: &Arc<App>, work: Work) -> Executed {
 
 /// Runs one `tools/call` of `tool`.
 fn call_tool(app: &Arc<App>, session: Arc<Session>, call: ToolCall, tool: &'static Tool) -> Executed {
-    let ctx = Ctx { app, session: session.as_ref(), cancel: call.in_flight.flag() };
+    let client = call.in_flight.client();
+    let ctx = Ctx { app, session: session.as_ref(), cancel: call.in_flight.flag(), client: &client };
     let result = match tools::call(&ctx, tool, &call.arguments) {
         Reply::Now(result) => result,
         Reply::Wait(pending) => return Executed::Wait(Box::new(CallWatch { app: app.clone(), call, pending })),
@@ -568,7 +571,8 @@ fn call_tool(app: &Arc<App>, session: Arc<Session>, call: ToolCall, tool: &'stat
 /// `CreateTaskResult` (`{"task": Task}`, the task recorded in the session); a refusal is -32602,
 /// a provider failure -32603.
 fn task_asked(app: &App, session: &Session, call: &ToolCall) -> Outcome {
-    let ctx = Ctx { app, session, cancel: call.in_flight.flag() };
+    let client = call.in_flight.client();
+    let ctx = Ctx { app, session, cancel: call.in_flight.flag(), client: &client };
     let created = match tools::start_command_task(&ctx, &call.arguments) {
         Ok(running) => {
             session.record_task(&running.task.encode());
@@ -586,11 +590,14 @@ fn task_asked(app: &App, session: &Session, call: &ToolCall) -> Outcome {
 /// run_command does; one that goes on as a task is answered with a flat `CreateTaskResult`
 /// instead of the `running` answer.
 fn task_offered(app: &App, session: &Session, call: &ToolCall) -> Outcome {
-    let ctx = Ctx { app, session, cancel: call.in_flight.flag() };
+    let client = call.in_flight.client();
+    let ctx = Ctx { app, session, cancel: call.in_flight.flag(), client: &client };
     match tools::run_command(&ctx, &call.arguments) {
         Ok(CommandOutcome::Running(running)) => task_created(app, session, call, &running.task, &running.task_state),
-        Ok(CommandOutcome::Completed(done)) => answer(app, call, tools::finish(app, Ok(done.to_value()))),
-        Err(err) => answer(app, call, tools::finish(app, Err(err))),
+        Ok(CommandOutcome::Completed(done)) => {
+            answer(app, call, tools::finish(app, &client, Ok(done.to_value()), Some(limits::ANSWER_WAIT)))
+        }
+        Err(err) => answer(app, call, tools::finish(app, &client, Err(err), Some(limits::ANSWER_WAIT))),
     }
 }
 
@@ -601,18 +608,23 @@ fn tasks_method(app: &Arc<App>, session: &Session, call: ToolCall, method: TaskM
         TaskMethod::Get(id) => parsed(id).and_then(|h| tasks::get(app, &h)),
         TaskMethod::Cancel(id) => parsed(id).and_then(|h| tasks::cancel(app, &h)),
         TaskMethod::List(cursor) => tasks::list(app, session, cursor.as_ref()),
-        TaskMethod::ModernGet(id) => parsed(id).and_then(|h| tasks::get_2026(app, &h)),
-        TaskMethod::ModernCancel(id) => parsed(id).and_then(|h| tasks::cancel_2026(app, &h)),
-        TaskMethod::ModernUpdate(id) => parsed(id).and_then(|h| tasks::update_2026(app, &h)),
-        TaskMethod::Result(id) => match parsed(id).and_then(|h| tasks::result(app, &h).map(|r| (h, r))) {
-            Ok((_, Some(result))) => Ok(result),
-            Ok((handle, None)) => {
-                let every = crate::provider::poll_interval(app.provider.as_ref());
-                let until = Instant::now() + tasks::RESULT_WAIT;
-                return Executed::Wait(Box::new(ResultWatch { app: app.clone(), call, handle, until, every }));
-            }
+        TaskMethod::ModernGet(id) => match parsed(id).and_then(|h| tasks::get_2026(app, &call.in_flight.client(), &h)) {
+            Ok((task, charge)) => return Executed::Now(charged_answer(app, &call, Ok(task), charge)),
             Err(err) => Err(err),
         },
+        TaskMethod::ModernCancel(id) => parsed(id).and_then(|h| tasks::cancel_2026(app, &h)),
+        TaskMethod::ModernUpdate(id) => parsed(id).and_then(|h| tasks::update_2026(app, &h)),
+        TaskMethod::Result(id) => {
+            match parsed(id).and_then(|h| tasks::result(app, &call.in_flight.client(), &h, Some(limits::ANSWER_WAIT)).map(|r| (h, r))) {
+                Ok((_, Some(finished))) => return Executed::Now(answer(app, &call, finished)),
+                Ok((handle, None)) => {
+                    let every = crate::provider::poll_interval(app.provider.as_ref());
+                    let until = Instant::now() + tasks::RESULT_WAIT;
+                    return Executed::Wait(Box::new(ResultWatch { app: app.clone(), call, handle, until, every }));
+                }
+                Err(err) => Err(err),
+            }
+        }
     };
     Executed::Now(rpc_answer(app, &call, answer))
 }
@@ -632,6 +644,11 @@ fn task_created(app: &App, session: &Session, call: &ToolCall, handle: &tasks::H
 /// The response to `call` with a result or a JSON-RPC error; a 2026-07-28 result is marked
 /// complete unless it already says what it is (a `CreateTaskResult`).
 fn rpc_answer(app: &App, call: &ToolCall, answer: Result<Value, RpcError>) -> Outcome {
+    charged_answer(app, call, answer, Charge::none())
+}
+
+/// [`rpc_answer`] with the share of the answer budget the result took.
+fn charged_answer(app: &App, call: &ToolCall, answer: Result<Value, RpcError>, charge: Charge) -> Outcome {
     let response = match answer {
         Ok(mut result) => {
             if call.meta.is_some() && result.get("resultType").is_none() {
@@ -641,6 +658,7 @@ fn rpc_answer(app: &App, call: &ToolCall, answer: Result<Value, RpcError>) -> Ou
         }
         Err(err) => jsonrpc::error(&call.id, &err),
     };
+    let response = Response::charged(response, charge);
     if call.in_flight.is_cancelled() && !app.is_draining() {
         Outcome::Cancelled(response)
     } else {
@@ -670,8 +688,9 @@ impl Watch for ResultWatch {
             let err = RpcError::new(code::REQUEST_CANCELLED, "tasks/result was cancelled; the task goes on (tasks/cancel stops it)");
             return Some(rpc_answer(&self.app, &self.call, Err(err)));
         }
-        match tasks::result(&self.app, &self.handle) {
-            Ok(Some(result)) => Some(rpc_answer(&self.app, &self.call, Ok(result))),
+        // On the waiter's thread: no wait for room in the answer budget.
+        match tasks::result(&self.app, &self.call.in_flight.client(), &self.handle, Some(Duration::ZERO)) {
+            Ok(Some(finished)) => Some(answer(&self.app, &self.call, finished)),
             Ok(None) => None,
             Err(err) => Some(rpc_answer(&self.app, &self.call, Err(err))),
         }
@@ -701,8 +720,8 @@ impl Watch for ResultWatch {
 }
 
 /// The response to `call` with its `CallToolResult` (which never carries a `resultType`).
-fn answer(app: &App, call: &ToolCall, result: Value) -> Outcome {
-    rpc_answer(app, call, Ok(result))
+fn answer(app: &App, call: &ToolCall, finished: Finished) -> Outcome {
+    charged_answer(app, call, Ok(finished.result), finished.charge)
 }
 
 /// A tool call parked with the waiter: it holds the call (and so its in-flight registration)
@@ -719,7 +738,7 @@ impl Watch for CallWatch {
         let last = self.app.is_draining() || self.call.in_flight.is_cancelled() || Instant::now() >= self.pending.until;
         let read = (self.pending.read)(last)
             .or_else(|| last.then(|| Err(ToolError::new("internal error: a waiting read gave no answer at its end; retry the call"))))?;
-        Some(answer(&self.app, &self.call, tools::finish(&self.app, read)))
+        Some(answer(&self.app, &self.call, tools::finish(&self.app, &self.call.in_flight.client(), read, Some(Duration::ZERO))))
     }
 
     fn give_up(mut self: Box<Self>) -> Outcome {
@@ -727,7 +746,8 @@ impl Watch for CallWatch {
         match self.check() {
             Some(outcome) => outcome,
             None => {
-                answer(&self.app, &self.call, tools::failure(&ToolError::new("internal error: the wait ended without an answer; retry")))
+                let failed = tools::failure(&ToolError::new("internal error: the wait ended without an answer; retry"));
+                rpc_answer(&self.app, &self.call, Ok(failed))
             }
         }
     }

@@ -216,7 +216,7 @@ impl TaskWatch {
 
 /// What a finished [`TaskWatch`] answers: nothing is written for it.
 fn over() -> Outcome {
-    Outcome::Cancelled(Value::Null)
+    Outcome::Cancelled(Value::Null.into())
 }
 
 impl Watch for TaskWatch {
@@ -243,8 +243,10 @@ impl Watch for TaskWatch {
             };
             let status = tasks::status(&state).0;
             if task.sent != Some(status) {
-                match tasks::detailed_2026(&self.app, &task.handle, &state) {
-                    Ok(detailed) => {
+                // Made one at a time on the waiter's thread, and handed to the stream before the
+                // next: no share of the answer budget is taken.
+                match tasks::detailed_2026(&self.app, "", &task.handle, &state, None) {
+                    Ok((detailed, _)) => {
                         if !(self.sink.send)(task_notification(&self.id, detailed).to_string()) {
                             return Some(over());
                         }

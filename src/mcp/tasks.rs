@@ -11,6 +11,7 @@
 //! (`tools::start_command_task`, `tools::run_command`); this module only maps them to the
 //! protocol's shapes and reads them.
 
+use crate::answer_budget::Charge;
 use crate::app::App;
 use crate::ids;
 use crate::jsonrpc::{code, RpcError};
@@ -203,8 +204,9 @@ pub fn list(app: &App, session: &Session, cursor: Option<&Value>) -> Result<Valu
 }
 
 /// The `CallToolResult` of a finished task, shaped as run_command's (the whole saved logs, read
-/// page by page), with the related-task `_meta`; `None` while it runs.
-pub fn result(app: &App, handle: &Handle) -> Result<Option<Value>, RpcError> {
+/// page by page), with the related-task `_meta`, for `client` (whose share of the answer budget
+/// it takes, waiting at most `wait` for room: see [`tools::finish`]); `None` while it runs.
+pub fn result(app: &App, client: &str, handle: &Handle, wait: Option<Duration>) -> Result<Option<tools::Finished>, RpcError> {
     let first = read(app, handle, Window { stdout_offset: 0, stderr_offset: 0, limit: limits::READ_LIMIT_MAX as u64 })?;
     if !first.state.is_final() && first.state != TaskState::Unknown {
         return Ok(None);
@@ -231,9 +233,9 @@ pub fn result(app: &App, handle: &Handle) -> Result<Option<Value>, RpcError> {
         ("cancelled", _) => Err(ToolError::new("the task was cancelled (tasks/cancel); its command was stopped")),
         _ => Ok(CommandResult::of_task(&s, &out, &err).to_value()),
     };
-    let mut result = tools::finish(app, outcome);
-    result["_meta"] = json!({RELATED_TASK_KEY: {"taskId": handle.encode()}});
-    Ok(Some(result))
+    let mut finished = tools::finish(app, client, outcome, wait);
+    finished.result["_meta"] = json!({RELATED_TASK_KEY: {"taskId": handle.encode()}});
+    Ok(Some(finished))
 }
 
 /// The 2026-07-28 task fields (flat), without `resultType`.
@@ -263,8 +265,9 @@ pub fn create_result_2026(handle: &Handle, s: &Snapshot) -> Value {
 
 /// 2026-07-28 `tasks/get`: the task, with the `CallToolResult` inline once completed and a
 /// JSON-RPC error inline when failed (an outcome that cannot be observed).
-pub fn get_2026(app: &App, handle: &Handle) -> Result<Value, RpcError> {
-    detailed_2026(app, handle, &state(app, handle)?)
+/// With the share of the answer budget the inline result takes for `client`.
+pub fn get_2026(app: &App, client: &str, handle: &Handle) -> Result<(Value, Charge), RpcError> {
+    detailed_2026(app, client, handle, &state(app, handle)?, Some(limits::ANSWER_WAIT))
 }
 
 /// A task's state without its logs; -32602 when it does not exist or its sandbox is gone.
@@ -274,16 +277,20 @@ pub fn state(app: &App, handle: &Handle) -> Result<Snapshot, RpcError> {
 
 /// The 2026-07-28 task of `tasks/get` (and of `notifications/tasks`) for state `s` just read:
 /// the task fields, with the `CallToolResult` inline once completed (read now) and a JSON-RPC
-/// error inline when failed.
-pub fn detailed_2026(app: &App, handle: &Handle, s: &Snapshot) -> Result<Value, RpcError> {
+/// error inline when failed; with the share of the answer budget the result takes for `client`
+/// (see [`tools::finish`] for `wait`).
+pub fn detailed_2026(app: &App, client: &str, handle: &Handle, s: &Snapshot, wait: Option<Duration>) -> Result<(Value, Charge), RpcError> {
     let mut m = task_fields_2026(handle, s);
+    let mut charge = Charge::none();
     match status(s) {
         ("completed", _) => {
-            if let Some(mut r) = result(app, handle)? {
+            if let Some(finished) = result(app, client, handle, wait)? {
+                let mut r = finished.result;
                 if let Value::Object(o) = &mut r {
                     o.remove("_meta");
                 }
                 m.insert("result".into(), r);
+                charge = finished.charge;
             }
         }
         ("failed", message) => {
@@ -292,7 +299,7 @@ pub fn detailed_2026(app: &App, handle: &Handle, s: &Snapshot) -> Result<Value, 
         }
         _ => {}
     }
-    Ok(Value::Object(m))
+    Ok((Value::Object(m), charge))
 }
 
 /// 2026-07-28 `tasks/cancel`: an acknowledgement; a task already ended is left as it is, so a

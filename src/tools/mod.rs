@@ -7,6 +7,7 @@
 //! returns the structured result or a [`ToolError`]; this module turns either into a
 //! `CallToolResult`, masking the server's own secrets on the way out.
 
+use crate::answer_budget::{self, Charge};
 use crate::app::App;
 use crate::mask::Masker;
 use crate::provider::ProviderError;
@@ -91,14 +92,17 @@ pub struct Ctx<'a> {
     pub session: &'a dyn SandboxScope,
     /// Set when the client cancels the request.
     pub cancel: &'a Arc<AtomicBool>,
+    /// The client the call comes from, as the server shares its resources between clients
+    /// (the answer budget's share).
+    pub client: &'a str,
 }
 
 /// What a handler answers: its structured result now, or a read to repeat until it answers
 /// (the caller answers later: a worker parks it with the waiter, `sandbox-mcp call` blocks on
-/// it). [`call`] answers the same way, with the whole `CallToolResult` in `Now`.
-pub enum Reply {
+/// it). [`call`] answers the same way, with the whole `CallToolResult` ([`Finished`]) in `Now`.
+pub enum Reply<T = Value> {
     /// The answer.
-    Now(Value),
+    Now(T),
     /// The call waits; `Pending` gives its answer.
     Wait(Pending),
 }
@@ -272,20 +276,40 @@ pub(crate) fn object(fields: &[(&str, Value)]) -> Value {
 }
 
 /// Runs one tool call: its `CallToolResult` now, or the read that will give it.
-pub fn call(ctx: &Ctx<'_>, tool: &Tool, arguments: &Map<String, Value>) -> Reply {
+pub fn call(ctx: &Ctx<'_>, tool: &Tool, arguments: &Map<String, Value>) -> Reply<Finished> {
     let outcome = args::validate(tool.name, tool.params, arguments).map_err(|e| ToolError::new(e.0)).and_then(|a| (tool.run)(ctx, &a));
     match outcome {
         Ok(Reply::Wait(pending)) => Reply::Wait(pending),
-        Ok(Reply::Now(structured)) => Reply::Now(finish(ctx.app, Ok(structured))),
-        Err(err) => Reply::Now(finish(ctx.app, Err(err))),
+        Ok(Reply::Now(structured)) => Reply::Now(finish(ctx.app, ctx.client, Ok(structured), Some(crate::limits::ANSWER_WAIT))),
+        Err(err) => Reply::Now(finish(ctx.app, ctx.client, Err(err), Some(crate::limits::ANSWER_WAIT))),
     }
 }
 
-/// Turns a handler's result into a `CallToolResult`, masking the server's own secrets.
-pub fn finish(app: &App, outcome: ReadResult) -> Value {
-    let mut result = match outcome {
-        Ok(structured) => success(structured),
-        Err(err) => failure(&err),
+/// A `CallToolResult`, with the share of the answer budget it takes until it is sent.
+#[derive(Debug)]
+pub struct Finished {
+    /// The `CallToolResult`.
+    pub result: Value,
+    /// Its share of the answer budget (see `answer_budget`).
+    pub charge: Charge,
+}
+
+/// Turns a handler's result into a `CallToolResult` for `client`, masking the server's own
+/// secrets. With `wait`, a large result first takes its answer's share of the answer budget,
+/// waiting at most that long for room (not at all on the waiter's thread, which answers every
+/// parked call); one that finds none becomes a failure that says so. Without, nothing is taken:
+/// for answers made one at a time (a subscription's notifications, `sandbox-mcp call`).
+pub fn finish(app: &App, client: &str, outcome: ReadResult, wait: Option<Duration>) -> Finished {
+    let charged = |structured: &Value| match wait {
+        Some(wait) => answer_budget::charge(client, structured, wait),
+        None => Ok(Charge::none()),
+    };
+    let (mut result, charge) = match outcome {
+        Ok(structured) => match charged(&structured) {
+            Ok(charge) => (success(structured), charge),
+            Err(full) => (failure(&ToolError::new(full.message())), Charge::none()),
+        },
+        Err(err) => (failure(&err), Charge::none()),
     };
     let dynamic = app.provider.secret_values();
     if dynamic.is_empty() {
@@ -293,7 +317,7 @@ pub fn finish(app: &App, outcome: ReadResult) -> Value {
     } else {
         app.host_masker.merged(&Masker::from_values(dynamic.iter().map(String::as_str))).mask_json(&mut result);
     }
-    result
+    Finished { result, charge }
 }
 
 /// A successful result: `structuredContent` plus the same JSON as text; and a read image

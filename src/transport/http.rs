@@ -8,6 +8,7 @@
 
 use super::body_budget::{self, Body, BodyBudget};
 use super::head_guard::HeadGuard;
+use crate::answer_budget::Charge;
 use crate::app::App;
 use crate::ids;
 use crate::jsonrpc::{self, code, Incoming, RpcError};
@@ -17,7 +18,7 @@ use crate::mcp::protocol::{self, Listen, Refusal, Route, Work, WorkQueue, SUPPOR
 use crate::mcp::session::{Session, Sessions};
 use crate::mcp::subscription;
 use crate::memory;
-use crate::queue::Outcome;
+use crate::queue::{self, Outcome};
 use crate::tally::Tally;
 use crate::transport::accept::Acceptor;
 use crate::transport::handlers::Handlers;
@@ -227,6 +228,8 @@ struct Answer {
     status: u16,
     /// A serialized JSON body.
     body: Option<String>,
+    /// The body's share of the answer budget, given back once it is written.
+    charge: Charge,
     headers: Vec<(&'static str, String)>,
     /// Ask the client to close the connection after this answer.
     close: bool,
@@ -239,13 +242,19 @@ impl Answer {
         Answer::text(status, body.to_string())
     }
 
+    /// A worker's response, serialized, with its share of the answer budget.
+    fn response(status: u16, response: queue::Response) -> Answer {
+        let (body, charge) = response.serialize();
+        Answer { charge, ..Answer::text(status, body) }
+    }
+
     /// An already serialized JSON body.
     fn text(status: u16, body: String) -> Answer {
-        Answer { status, body: Some(body), headers: Vec::new(), close: false, listen: None }
+        Answer { status, body: Some(body), charge: Charge::none(), headers: Vec::new(), close: false, listen: None }
     }
 
     fn empty(status: u16) -> Answer {
-        Answer { status, body: None, headers: Vec::new(), close: false, listen: None }
+        Answer { status, body: None, charge: Charge::none(), headers: Vec::new(), close: false, listen: None }
     }
 
     /// A JSON-RPC error body without an id (transport-level rejections).
@@ -347,7 +356,12 @@ impl Listener {
         let sse_only =
             get(&req, "Accept").is_some_and(|a| a.contains("text/event-stream") && !a.contains("application/json") && !a.contains("*/*"));
         let (content_type, bytes): (_, Vec<u8>) = match answer.body {
-            Some(v) if sse_only && status == 200 => (Some("text/event-stream"), format!("event: message\ndata: {v}\n\n").into_bytes()),
+            Some(mut v) if sse_only && status == 200 => {
+                // In place: a copy would hold a large answer twice.
+                v.insert_str(0, "event: message\ndata: ");
+                v.push_str("\n\n");
+                (Some("text/event-stream"), v.into_bytes())
+            }
             Some(v) => (Some("application/json"), v.into_bytes()),
             None => (None, Vec::new()),
         };
@@ -377,6 +391,8 @@ impl Listener {
         if let Err(err) = res {
             log::debug!("could not send an HTTP {status} answer: {err}");
         }
+        // Written, or given up at the stall time: its memory is free.
+        drop(answer.charge);
         if large {
             // The answer and the values it was made from are freed by now.
             memory::release_free();
@@ -655,8 +671,8 @@ drop the Mcp-Session-Id header, or send the request without that _meta inside th
         }
         let started = Instant::now();
         match rx.recv_timeout(REPLY_WAIT) {
-            Ok(Outcome::Busy(response)) => Answer::json(503, response).with("Retry-After", "1"),
-            Ok(outcome) => Answer::json(200, outcome.into_response()),
+            Ok(Outcome::Busy(response)) => Answer::response(503, response).with("Retry-After", "1"),
+            Ok(outcome) => Answer::response(200, outcome.into_response()),
             Err(_) => {
                 log::error!("no reply for request {id} after {:?}", started.elapsed());
                 let err = RpcError::new(code::INTERNAL_ERROR, "internal error: the tool call produced no reply in time");

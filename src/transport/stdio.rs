@@ -4,6 +4,7 @@
 //! Architecture invariant: [`write_lines`] is the only code that writes to stdout. Each call
 //! holds the stdout lock for whole lines, so messages never interleave.
 
+use crate::answer_budget::Charge;
 use crate::app::App;
 use crate::jsonrpc::{self, code, RpcError};
 use crate::mcp::protocol::{self, Route, WorkQueue};
@@ -34,8 +35,9 @@ pub fn write_lines<'a>(lines: impl IntoIterator<Item = &'a str>) {
 /// A message for the stdout writer thread.
 #[derive(Debug)]
 pub enum Out {
-    /// A serialized response to write.
-    Line(String),
+    /// A serialized response to write, with its share of the answer budget (given back once it
+    /// is written).
+    Line(String, Charge),
     /// A request the client cancelled: nothing is written for it.
     Cancelled,
     /// A barrier: signalled once every message sent before it is written and flushed.
@@ -46,7 +48,10 @@ impl From<Outcome> for Out {
     /// Serializes an answer (on the worker thread that produced it).
     fn from(outcome: Outcome) -> Out {
         match outcome {
-            Outcome::Answer(response) | Outcome::Busy(response) => Out::Line(response.to_string()),
+            Outcome::Answer(response) | Outcome::Busy(response) => {
+                let (line, charge) = response.serialize();
+                Out::Line(line, charge)
+            }
             Outcome::Cancelled(_) => Out::Cancelled,
         }
     }
@@ -59,7 +64,7 @@ pub fn spawn_writer(replies: Receiver<Out>) -> io::Result<JoinHandle<()>> {
             let mut batch = vec![first];
             batch.extend(replies.try_iter());
             write_lines(batch.iter().filter_map(|out| match out {
-                Out::Line(line) => Some(line.as_str()),
+                Out::Line(line, _) => Some(line.as_str()),
                 Out::Cancelled | Out::Flush(_) => None,
             }));
             let mut written = 0;
@@ -68,7 +73,7 @@ pub fn spawn_writer(replies: Receiver<Out>) -> io::Result<JoinHandle<()>> {
                     Out::Flush(done) => {
                         let _ = done.send(());
                     }
-                    Out::Line(line) => written += line.len(),
+                    Out::Line(line, _) => written += line.len(),
                     Out::Cancelled => {}
                 }
             }
@@ -178,8 +183,10 @@ pub fn run_reader(app: &Arc<App>, session: &Arc<Session>, queue: &WorkQueue<Out>
                     write_lines([listen.ack.as_str()]);
                     if !listen.tasks.is_empty() {
                         let (out, still) = (replies.clone(), open.clone());
-                        let sink =
-                            subscription::Sink::new(move |line| still.load(Ordering::SeqCst) && out.send(Out::Line(line)).is_ok(), open);
+                        let sink = subscription::Sink::new(
+                            move |line| still.load(Ordering::SeqCst) && out.send(Out::Line(line, Charge::none())).is_ok(),
+                            open,
+                        );
                         if let Err(err) = subscription::follow(app, waiter, &listen.id, listen.tasks, sink) {
                             session.subscriptions.cancel(&listen.id);
                             write_lines([jsonrpc::error(&listen.id, &err).to_string().as_str()]);

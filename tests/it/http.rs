@@ -649,6 +649,15 @@ fn a_request_head_without_end_is_cut_short() {
     eprintln!("an endless request line was ended after {sent} MiB were sent; RSS idle {idle} MiB, {after} MiB after");
 }
 
+/// A new sandbox of `session`'s with `f`, a 4 MiB file of control bytes: read with read_file, a
+/// 54 MB answer once escaped twice.
+fn sandbox_with_control_bytes(h: &Http, session: &str) -> String {
+    let sb = h.call(session, "create_sandbox", json!({}))["result"]["structuredContent"]["sandbox_id"].as_str().unwrap().to_string();
+    let made = h.call(session, "run_command", json!({"sandbox_id": sb, "command": "head -c 4194000 /dev/zero | tr '\\0' '\\1' > f"}));
+    assert_eq!(made["result"]["structuredContent"]["exit_code"], 0, "{made}");
+    sb
+}
+
 /// A client that sends a request and never reads its answer holds the answer's memory only
 /// until the send makes no progress for `--http-stall`: reads of a 4 MiB file of control bytes
 /// (54 MB answers once escaped) whose clients never read used to stay in memory until the
@@ -660,9 +669,7 @@ fn answers_nobody_reads_give_their_memory_back() {
     let h = Http::start(&home, &["--http-stall", "2"], &[]);
     let pid = h.child.id();
     let sid = h.initialize();
-    let sb = h.call(&sid, "create_sandbox", json!({}))["result"]["structuredContent"]["sandbox_id"].as_str().unwrap().to_string();
-    let made = h.call(&sid, "run_command", json!({"sandbox_id": sb, "command": "head -c 4194000 /dev/zero | tr '\\0' '\\1' > f"}));
-    assert_eq!(made["result"]["structuredContent"]["exit_code"], 0, "{made}");
+    let sb = sandbox_with_control_bytes(&h, &sid);
     let idle = rss_kib(pid) >> 10;
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
         "params": {"name": "read_file", "arguments": {"sandbox_id": sb, "path": "f"}}})
@@ -689,6 +696,90 @@ fn answers_nobody_reads_give_their_memory_back() {
     // The server goes on answering, these clients' connections still open.
     assert_eq!(h.post(&[("Mcp-Session-Id", &sid)], PING).status, 200);
     eprintln!("RSS idle {idle} MiB, {held} MiB with unread 54 MB answers, {after} MiB after");
+    drop(unread);
+}
+
+/// The server's peak resident size so far, in KiB.
+fn peak_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.split_whitespace().next()).unwrap().parse().unwrap()
+}
+
+/// Large answers made at once share the answer budget: sixteen clients each read a 4 MiB file of
+/// control bytes at the same moment (54 MB answers, about 86 MiB each while made). Every answer
+/// arrives whole, and the server's peak stays near the budget; it reached about 1 GiB when each
+/// worker made one at once.
+#[test]
+fn large_answers_made_at_once_stay_within_the_answer_budget() {
+    let home = Home::new("http-answers");
+    let h = Http::start(&home, &["--workers", "8"], &[]);
+    let pid = h.child.id();
+    let sid = h.initialize();
+    let sb = sandbox_with_control_bytes(&h, &sid);
+    let clients: Vec<String> = (0..16).map(|_| h.initialize()).collect();
+    let start = std::sync::Barrier::new(clients.len());
+    let sizes: Vec<Value> = std::thread::scope(|scope| {
+        let calls: Vec<_> = clients
+            .iter()
+            .map(|client| {
+                let (h, sb, start) = (&h, &sb, &start);
+                scope.spawn(move || {
+                    start.wait();
+                    let read = h.call(client, "read_file", json!({"sandbox_id": sb, "path": "f"}));
+                    let result = &read["result"];
+                    assert_eq!(result["isError"], false, "{}", result["content"][0]["text"]);
+                    result["structuredContent"]["size"].clone()
+                })
+            })
+            .collect();
+        calls.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    assert!(sizes.iter().all(|s| *s == 4_194_000), "{sizes:?}");
+    let peak = peak_kib(pid) >> 10;
+    eprintln!("peak RSS {peak} MiB with sixteen 54 MB answers made at once");
+    assert!(peak <= 400, "the server peaked at {peak} MiB making sixteen large answers at once");
+}
+
+/// One client's share of the answer budget: a client that asks for six large answers and never
+/// reads them holds one answer's memory (its other calls wait for room, then fail and say so),
+/// and another client's large read is answered at once. With the total alone, the unread
+/// answers would hold it until the stall time, and every other large answer would fail.
+#[test]
+fn a_client_that_never_reads_its_large_answers_delays_only_its_own() {
+    use std::io::Write;
+    let home = Home::new("http-answer-share");
+    let h = Http::start(&home, &[], &[]);
+    let greedy = h.initialize();
+    let sb = sandbox_with_control_bytes(&h, &greedy);
+    let unread: Vec<std::net::TcpStream> = (0..6)
+        .map(|i| {
+            let body = json!({"jsonrpc": "2.0", "id": 100 + i, "method": "tools/call",
+                "params": {"name": "read_file", "arguments": {"sandbox_id": sb, "path": "f"}}})
+            .to_string();
+            let head = format!(
+                "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMcp-Session-Id: {greedy}\r\nContent-Length: {}\r\n\r\n",
+                body.len()
+            );
+            let mut s = std::net::TcpStream::connect(h.addr).unwrap();
+            s.write_all(head.as_bytes()).and_then(|()| s.write_all(body.as_bytes())).unwrap();
+            s
+        })
+        .collect();
+    // Every call of the greedy client is answered (bytes wait on each connection): one with the
+    // file, the others, after waiting for room, with the failure.
+    for s in &unread {
+        s.set_nonblocking(true).unwrap();
+    }
+    wait_for(Duration::from_secs(60), "every greedy call to be answered", || {
+        unread.iter().all(|s| s.peek(&mut [0u8; 1]).is_ok_and(|n| n > 0)).then_some(())
+    });
+    let other = h.initialize();
+    let t0 = std::time::Instant::now();
+    let read = h.call(&other, "read_file", json!({"sandbox_id": sb, "path": "f"}));
+    let took = t0.elapsed();
+    assert_eq!(read["result"]["isError"], false, "{}", read["result"]["content"][0]["text"]);
+    assert_eq!(read["result"]["structuredContent"]["size"], 4_194_000);
+    assert!(took < Duration::from_secs(4), "another client's large read took {took:?}");
     drop(unread);
 }
 

@@ -131,6 +131,16 @@ fn limits_from_the_code() -> Vec<(&'static str, String)> {
             ),
         ),
         ("list_files entries", thousands(i(MAX_DIR_ENTRIES))),
+        (
+            "memory for large answers being made or sent",
+            format!(
+                "{} at once, {} of one client's (an answer larger than that fits alone); answers under {} take none; one that finds no room waits {} s, then its call fails and says so",
+                size(ANSWER_BUDGET),
+                size(ANSWER_BUDGET_PER_CLIENT),
+                size(ANSWER_FREE),
+                ANSWER_WAIT.as_secs()
+            ),
+        ),
         ("shortest masked secret", format!("{MIN_SECRET_BYTES} bytes")),
         ("open subscriptions/listen streams (HTTP)", format!("{MAX_HTTP_SUBSCRIPTIONS} (503 beyond)")),
         ("open subscriptions/listen streams of one client (HTTP)", format!("{MAX_HTTP_SUBSCRIPTIONS_PER_CLIENT} (503 beyond)")),

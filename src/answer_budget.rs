@@ -1,0 +1,307 @@
+//! The memory budget of answers: one total for every large answer being made or sent at once,
+//! and a share of it per client.
+//!
+//! An answer costs several times its structured result. A tool's `CallToolResult` holds the
+//! result twice (as `structuredContent`, and serialized as the text block), and the serialized
+//! response escapes that text again: a 4 MiB file of control bytes, read with `read_file`, is a
+//! 54 MB answer and about 86 MiB of memory while it is made. Without a total, sixteen such reads
+//! at once took the server to 981 MiB, every worker and runner building one; and an answer stays
+//! in memory until its client has read it (over HTTP, at most `--http-stall` per write).
+//!
+//! So before a result becomes an answer, its maker takes a [`Charge`] of what the answer will
+//! cost ([`estimate`], from one counting pass over the result, no allocation), and the charge
+//! goes with the answer until the transport has written it; after serializing, it shrinks to
+//! the serialized bytes. Answers smaller than [`crate::limits::ANSWER_FREE`] take nothing:
+//! every ordinary answer, and every answer the waiter thread makes (a `get_task` reads at most
+//! 64 KiB per stream). A charge that does not fit waits for room at most
+//! [`crate::limits::ANSWER_WAIT`], then the call fails with a message saying so. One client
+//! holds at most [`crate::limits::ANSWER_BUDGET_PER_CLIENT`] of the total, so a client that
+//! makes large answers and never reads them delays only its own; an answer larger than a share
+//! (or than the total) fits when its client (or everyone) holds nothing.
+
+use crate::limits::{ANSWER_BUDGET, ANSWER_BUDGET_PER_CLIENT, ANSWER_FREE};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::io;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// The server's budget.
+static ANSWERS: Budget = Budget::new(ANSWER_BUDGET, ANSWER_BUDGET_PER_CLIENT);
+
+/// A total of bytes held by answers, with a share per client.
+pub struct Budget {
+    held: Mutex<Held>,
+    freed: Condvar,
+    total: usize,
+    per_client: usize,
+}
+
+/// What is held now: in all, and by each client holding anything.
+struct Held {
+    all: usize,
+    by: Option<HashMap<String, usize>>,
+    /// Charges waiting for room.
+    waiting: usize,
+}
+
+/// Why a charge was not taken: what it needed, and what the budget held then.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Full {
+    /// The bytes the answer needs.
+    pub needed: usize,
+    /// The bytes held by every answer, and by the asking client's.
+    pub held: usize,
+    /// Of those, the asking client's.
+    pub held_by_client: usize,
+    /// The budget.
+    pub total: usize,
+    /// One client's share.
+    pub per_client: usize,
+}
+
+impl Full {
+    /// What failed and what to do next, for the model or person who made the call.
+    pub fn message(&self) -> String {
+        const MIB: usize = 1 << 20;
+        let mib = |n: usize| n.div_ceil(MIB);
+        format!(
+            "the call was carried out, but its answer was not sent: it needs about {} MiB of the server's memory for answers, and \
+answers being made or sent hold {} of {} MiB now ({} of this client's {} MiB share); repeat the call in a few seconds if it only \
+reads (a command would run again), or ask for less at once (max_output, a smaller file)",
+            mib(self.needed),
+            mib(self.held),
+            mib(self.total),
+            mib(self.held_by_client),
+            mib(self.per_client),
+        )
+    }
+}
+
+impl Budget {
+    /// A budget of `total` bytes, at most `per_client` of them for one client.
+    pub const fn new(total: usize, per_client: usize) -> Budget {
+        Budget { held: Mutex::new(Held { all: 0, by: None, waiting: 0 }), freed: Condvar::new(), total, per_client }
+    }
+
+    /// Takes `bytes` for `client`, waiting at most `wait` for room; nothing is taken for fewer
+    /// than [`ANSWER_FREE`] bytes.
+    pub fn take(&'static self, client: &str, bytes: usize, wait: Duration) -> Result<Charge, Full> {
+        if bytes < ANSWER_FREE {
+            return Ok(Charge::none());
+        }
+        let until = Instant::now() + wait;
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let mine = held.by.as_ref().and_then(|by| by.get(client)).copied().unwrap_or(0);
+            let fits_all = held.all == 0 || held.all.saturating_add(bytes) <= self.total;
+            let fits_mine = mine == 0 || mine.saturating_add(bytes) <= self.per_client;
+            if fits_all && fits_mine {
+                held.all += bytes;
+                *held.by.get_or_insert_with(HashMap::new).entry(client.to_string()).or_insert(0) += bytes;
+                return Ok(Charge { bytes, taken: Some((self, client.to_string())) });
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Full { needed: bytes, held: held.all, held_by_client: mine, total: self.total, per_client: self.per_client });
+            }
+            held.waiting += 1;
+            held = self.freed.wait_timeout(held, left).unwrap_or_else(|p| p.into_inner()).0;
+            held.waiting -= 1;
+        }
+    }
+
+    /// Gives `bytes` of `client`'s back.
+    fn give(&self, client: &str, bytes: usize) {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.all = held.all.saturating_sub(bytes);
+        if let Some(by) = held.by.as_mut() {
+            if let Some(n) = by.get_mut(client) {
+                *n = n.saturating_sub(bytes);
+                if *n == 0 {
+                    by.remove(client);
+                }
+            }
+        }
+        drop(held);
+        self.freed.notify_all();
+    }
+
+    /// Bytes held now, in all.
+    pub fn held(&self) -> usize {
+        self.held.lock().unwrap_or_else(|p| p.into_inner()).all
+    }
+}
+
+/// A share of the budget, given back when it is dropped (once the answer is written, or
+/// dropped unsent).
+#[derive(Debug, Default)]
+pub struct Charge {
+    bytes: usize,
+    taken: Option<(&'static Budget, String)>,
+}
+
+impl std::fmt::Debug for Budget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Budget").field("total", &self.total).field("per_client", &self.per_client).finish()
+    }
+}
+
+impl Charge {
+    /// A charge of nothing (small answers, and answers made outside the server).
+    pub fn none() -> Charge {
+        Charge::default()
+    }
+
+    /// Gives back what is held beyond `bytes` (the answer's serialized size, once the values it
+    /// was made from are freed).
+    pub fn shrink_to(&mut self, bytes: usize) {
+        if let Some((budget, client)) = &self.taken {
+            if bytes < self.bytes {
+                budget.give(client, self.bytes - bytes);
+                self.bytes = bytes;
+            }
+        }
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        if let Some((budget, client)) = self.taken.take() {
+            budget.give(&client, self.bytes);
+        }
+    }
+}
+
+/// Takes the charge of the answer that `structured` will become, for `client`, from the
+/// server's budget, waiting at most `wait` for room.
+pub fn charge(client: &str, structured: &Value, wait: Duration) -> Result<Charge, Full> {
+    ANSWERS.take(client, estimate(structured), wait)
+}
+
+/// Bytes held by the server's answers now.
+pub fn held() -> usize {
+    ANSWERS.held()
+}
+
+/// What the answer made of the structured result `structured` costs at its peak, from its
+/// serialized size `s` (counted, not made): the result itself (at most `s`), its text block
+/// (`s`), and the serialized response (`s` again for `structuredContent`, the text escaped once
+/// more: `s` plus a byte for each quote and backslash in it), while either is being written;
+/// plus a base64 string once more (a read image's block), and the envelope.
+pub fn estimate(structured: &Value) -> usize {
+    let mut count = Count::default();
+    if serde_json::to_writer(&mut count, structured).is_err() {
+        return usize::MAX;
+    }
+    let image = structured.get("content_base64").and_then(Value::as_str).map_or(0, str::len);
+    count.bytes.saturating_mul(4).saturating_add(count.escapable).saturating_add(image).saturating_add(4096)
+}
+
+/// A writer that only counts: bytes, and the quotes and backslashes among them.
+#[derive(Default)]
+struct Count {
+    bytes: usize,
+    escapable: usize,
+}
+
+impl io::Write for Count {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.bytes += buf.len();
+        self.escapable += buf.iter().filter(|b| matches!(b, b'"' | b'\\')).count();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const MIB: usize = 1 << 20;
+
+    fn budget(total: usize, per_client: usize) -> &'static Budget {
+        Box::leak(Box::new(Budget::new(total, per_client)))
+    }
+
+    #[test]
+    fn small_answers_take_nothing() {
+        let b = budget(4 * MIB, 2 * MIB);
+        let charges: Vec<Charge> = (0..100).map(|_| b.take("c", ANSWER_FREE - 1, Duration::ZERO).unwrap()).collect();
+        assert_eq!(b.held(), 0);
+        drop(charges);
+    }
+
+    #[test]
+    fn a_client_holds_at_most_its_share_and_others_go_on() {
+        let b = budget(8 * MIB, 3 * MIB);
+        let first = b.take("greedy", 2 * MIB, Duration::ZERO).unwrap();
+        let full = b.take("greedy", 2 * MIB, Duration::ZERO).unwrap_err();
+        assert_eq!(full, Full { needed: 2 * MIB, held: 2 * MIB, held_by_client: 2 * MIB, total: 8 * MIB, per_client: 3 * MIB });
+        assert!(full.message().contains("hold 2 of 8 MiB now (2 of this client's 3 MiB share); repeat the call"), "{}", full.message());
+        let other = b.take("other", 3 * MIB, Duration::ZERO).unwrap();
+        assert_eq!(b.held(), 5 * MIB);
+        drop((first, other));
+        assert_eq!(b.held(), 0);
+    }
+
+    #[test]
+    fn an_answer_larger_than_a_share_fits_when_its_client_holds_nothing() {
+        let b = budget(8 * MIB, 2 * MIB);
+        let big = b.take("c", 5 * MIB, Duration::ZERO).unwrap();
+        assert!(b.take("c", 2 * MIB, Duration::ZERO).is_err());
+        let alone = b.take("d", 3 * MIB, Duration::ZERO).unwrap();
+        assert!(b.take("e", 2 * MIB, Duration::ZERO).is_err(), "the total is reached");
+        drop((big, alone));
+        let huge = b.take("e", 20 * MIB, Duration::ZERO).unwrap();
+        assert!(b.take("f", 2 * MIB, Duration::ZERO).is_err());
+        drop(huge);
+    }
+
+    #[test]
+    fn a_waiting_charge_fits_once_another_is_given_back() {
+        let b = budget(4 * MIB, 4 * MIB);
+        let first = b.take("c", 3 * MIB, Duration::ZERO).unwrap();
+        let waiter = std::thread::spawn(move || b.take("c", 3 * MIB, Duration::from_secs(30)).map(|c| c.bytes));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while b.held.lock().unwrap().waiting == 0 {
+            assert!(Instant::now() < deadline, "the second charge never waited");
+            std::thread::yield_now();
+        }
+        drop(first);
+        assert_eq!(waiter.join().unwrap(), Ok(3 * MIB));
+        assert_eq!(b.held(), 0);
+    }
+
+    #[test]
+    fn a_charge_shrinks_to_what_was_serialized() {
+        let b = budget(8 * MIB, 8 * MIB);
+        let mut c = b.take("c", 6 * MIB, Duration::ZERO).unwrap();
+        c.shrink_to(2 * MIB);
+        assert_eq!(b.held(), 2 * MIB);
+        c.shrink_to(4 * MIB);
+        assert_eq!(b.held(), 2 * MIB, "a charge never grows");
+        drop(c);
+        assert_eq!(b.held(), 0);
+    }
+
+    /// The estimate covers what serializing the answer really makes: the text block and the
+    /// whole response.
+    #[test]
+    fn the_estimate_covers_the_answer_it_becomes() {
+        for content in ["\u{1}".repeat(100_000), "\"\\".repeat(50_000), "plain text ".repeat(10_000)] {
+            let structured = json!({"path": "f", "content": content, "size": 100_000});
+            let text = structured.to_string();
+            let response = json!({"jsonrpc": "2.0", "id": 1, "result": {
+                "content": [{"type": "text", "text": text}], "structuredContent": structured, "isError": false}});
+            let made = content.len() + text.len() + response.to_string().len();
+            let estimate = estimate(&structured);
+            assert!(estimate >= made, "estimate {estimate} < {made}");
+            assert!(estimate <= 2 * made, "estimate {estimate} far above {made}");
+        }
+    }
+}

@@ -61,14 +61,14 @@ pub struct Full {
 }
 
 impl Full {
-    /// What failed and what to do next, for the model or person who made the call.
+    /// What happened, for the model or person who made the call: the room the answer needs and
+    /// what holds the budget.
     pub fn message(&self) -> String {
         const MIB: usize = 1 << 20;
         let mib = |n: usize| n.div_ceil(MIB);
         format!(
-            "the call was carried out, but its answer was not sent: it needs about {} MiB of the server's memory for answers, and \
-answers being made or sent hold {} of {} MiB now ({} of this client's {} MiB share); repeat the call in a few seconds if it only \
-reads (a command would run again), or ask for less at once (max_output, a smaller file)",
+            "it needs about {} MiB of the server's memory for answers, and answers being made or sent hold {} of {} MiB \
+now ({} of this client's {} MiB share)",
             mib(self.needed),
             mib(self.held),
             mib(self.total),
@@ -242,7 +242,7 @@ mod tests {
         let first = b.take("greedy", 2 * MIB, Duration::ZERO).unwrap();
         let full = b.take("greedy", 2 * MIB, Duration::ZERO).unwrap_err();
         assert_eq!(full, Full { needed: 2 * MIB, held: 2 * MIB, held_by_client: 2 * MIB, total: 8 * MIB, per_client: 3 * MIB });
-        assert!(full.message().contains("hold 2 of 8 MiB now (2 of this client's 3 MiB share); repeat the call"), "{}", full.message());
+        assert!(full.message().contains("hold 2 of 8 MiB now (2 of this client's 3 MiB share)"), "{}", full.message());
         let other = b.take("other", 3 * MIB, Duration::ZERO).unwrap();
         assert_eq!(b.held(), 5 * MIB);
         drop((first, other));

@@ -205,7 +205,8 @@ pub fn list(app: &App, session: &Session, cursor: Option<&Value>) -> Result<Valu
 
 /// The `CallToolResult` of a finished task, shaped as run_command's (the whole saved logs, read
 /// page by page), with the related-task `_meta`, for `client` (whose share of the answer budget
-/// it takes, waiting at most `wait` for room: see [`tools::finish`]); `None` while it runs.
+/// it takes, waiting at most `wait` for room: see [`tools::finish`]; -32000 when it finds none);
+/// `None` while it runs.
 pub fn result(app: &App, client: &str, handle: &Handle, wait: Option<Duration>) -> Result<Option<tools::Finished>, RpcError> {
     let first = read(app, handle, Window { stdout_offset: 0, stderr_offset: 0, limit: limits::READ_LIMIT_MAX as u64 })?;
     if !first.state.is_final() && first.state != TaskState::Unknown {
@@ -233,7 +234,12 @@ pub fn result(app: &App, client: &str, handle: &Handle, wait: Option<Duration>) 
         ("cancelled", _) => Err(ToolError::new("the task was cancelled (tasks/cancel); its command was stopped")),
         _ => Ok(CommandResult::of_task(&s, &out, &err).to_value()),
     };
-    let mut finished = tools::finish(app, client, outcome, wait);
+    let mut finished = tools::try_finish(app, client, outcome, wait).map_err(|full| {
+        RpcError::new(
+            code::SERVER_BUSY,
+            format!("the task's result was not sent: {}; ask again in a few seconds (the task and its result stay)", full.message()),
+        )
+    })?;
     finished.result["_meta"] = json!({RELATED_TASK_KEY: {"taskId": handle.encode()}});
     Ok(Some(finished))
 }

@@ -300,24 +300,41 @@ pub struct Finished {
 /// parked call); one that finds none becomes a failure that says so. Without, nothing is taken:
 /// for answers made one at a time (a subscription's notifications, `sandbox-mcp call`).
 pub fn finish(app: &App, client: &str, outcome: ReadResult, wait: Option<Duration>) -> Finished {
-    let charged = |structured: &Value| match wait {
-        Some(wait) => answer_budget::charge(client, structured, wait),
-        None => Ok(Charge::none()),
-    };
-    let (mut result, charge) = match outcome {
-        Ok(structured) => match charged(&structured) {
-            Ok(charge) => (success(structured), charge),
-            Err(full) => (failure(&ToolError::new(full.message())), Charge::none()),
-        },
+    try_finish(app, client, outcome, wait).unwrap_or_else(|full| {
+        let message = format!(
+            "the call was carried out, but its answer was not sent: {}; repeat the call in a few seconds if it only reads (a command \
+would run again), or ask for less at once (max_output, a smaller file)",
+            full.message()
+        );
+        Finished { result: masked(app, failure(&ToolError::new(message))), charge: Charge::none() }
+    })
+}
+
+/// [`finish`], but a result that finds no room in the answer budget is an error (for the
+/// protocol's task methods, whose result is a task's, and stays to be read again).
+pub fn try_finish(app: &App, client: &str, outcome: ReadResult, wait: Option<Duration>) -> Result<Finished, answer_budget::Full> {
+    let (result, charge) = match outcome {
+        Ok(structured) => {
+            let charge = match wait {
+                Some(wait) => answer_budget::charge(client, &structured, wait)?,
+                None => Charge::none(),
+            };
+            (success(structured), charge)
+        }
         Err(err) => (failure(&err), Charge::none()),
     };
+    Ok(Finished { result: masked(app, result), charge })
+}
+
+/// `result` with the server's own secrets masked.
+fn masked(app: &App, mut result: Value) -> Value {
     let dynamic = app.provider.secret_values();
     if dynamic.is_empty() {
         app.host_masker.mask_json(&mut result);
     } else {
         app.host_masker.merged(&Masker::from_values(dynamic.iter().map(String::as_str))).mask_json(&mut result);
     }
-    Finished { result, charge }
+    result
 }
 
 /// A successful result: `structuredContent` plus the same JSON as text; and a read image

@@ -783,6 +783,68 @@ fn a_client_that_never_reads_its_large_answers_delays_only_its_own() {
     drop(unread);
 }
 
+/// A protocol task's result that finds no room in the answer budget is a -32000 error to ask
+/// again, never a failed result (the task and its result stay): four clients that never read
+/// their 54 MB answers hold most of the budget, and the result of a task whose logs are 1 MiB
+/// of control bytes each needs more than is left.
+#[test]
+fn a_task_result_without_room_in_the_answer_budget_is_an_error_to_ask_again() {
+    use std::io::Write;
+    let home = Home::new("http-answer-task");
+    let h = Http::start(&home, &[], &[]);
+    let owner = h.initialize();
+    let sb = sandbox_with_control_bytes(&h, &owner);
+    let post = |session: &str, id: i64, method: &str, params: Value| {
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let r = h.post(&[("Mcp-Session-Id", session)], &body.to_string());
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()
+    };
+    let command = "head -c 1048576 /dev/zero | tr '\\0' '\\1'; head -c 1048576 /dev/zero | tr '\\0' '\\2' >&2";
+    let task = post(
+        &owner,
+        2,
+        "tools/call",
+        json!({"name": "run_command", "arguments": {"sandbox_id": sb, "command": command}, "task": {"ttl": 60000}}),
+    );
+    let id = task["result"]["task"]["taskId"].as_str().unwrap_or_else(|| panic!("{task}")).to_string();
+    let done = post(&owner, 3, "tasks/result", json!({"taskId": id}));
+    assert_eq!(
+        done["result"]["structuredContent"]["stdout_bytes"], 1_048_576,
+        "the result with room: {}",
+        done["result"]["content"][0]["text"]
+    );
+    let unread: Vec<std::net::TcpStream> = (0..4)
+        .map(|i| {
+            let session = h.initialize();
+            let body = json!({"jsonrpc": "2.0", "id": 100 + i, "method": "tools/call",
+                "params": {"name": "read_file", "arguments": {"sandbox_id": sb, "path": "f"}}})
+            .to_string();
+            let head = format!(
+                "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMcp-Session-Id: {session}\r\nContent-Length: {}\r\n\r\n",
+                body.len()
+            );
+            let mut s = std::net::TcpStream::connect(h.addr).unwrap();
+            s.write_all(head.as_bytes()).and_then(|()| s.write_all(body.as_bytes())).unwrap();
+            s.set_nonblocking(true).unwrap();
+            s
+        })
+        .collect();
+    wait_for(Duration::from_secs(60), "the unread answers to be sent", || {
+        unread.iter().all(|s| s.peek(&mut [0u8; 1]).is_ok_and(|n| n > 0)).then_some(())
+    });
+    let refused = post(&owner, 4, "tasks/result", json!({"taskId": id}));
+    assert_eq!(refused["error"]["code"], -32000, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(message.contains("was not sent") && message.contains("ask again"), "{message}");
+    drop(unread);
+    let again = wait_for(Duration::from_secs(30), "the result once the unread answers are gone", || {
+        let r = post(&owner, 5, "tasks/result", json!({"taskId": id}));
+        r.get("result").cloned()
+    });
+    assert_eq!(again["structuredContent"]["stderr_bytes"], 1_048_576, "{}", again["content"][0]["text"]);
+}
+
 /// Workers are shared between clients: while one client keeps 28 long calls going (its 16
 /// places outside the worker pool, its share of 8 workers, and 4 more waiting for a worker),
 /// another client's quick call and sandbox answer at once, and the greedy client can still end

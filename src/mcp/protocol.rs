@@ -688,10 +688,12 @@ impl Watch for ResultWatch {
             let err = RpcError::new(code::REQUEST_CANCELLED, "tasks/result was cancelled; the task goes on (tasks/cancel stops it)");
             return Some(rpc_answer(&self.app, &self.call, Err(err)));
         }
-        // On the waiter's thread: no wait for room in the answer budget.
+        // On the waiter's thread: no wait for room in the answer budget. Without room (-32000),
+        // the call stays parked and reads again at the next check.
         match tasks::result(&self.app, &self.call.in_flight.client(), &self.handle, Some(Duration::ZERO)) {
             Ok(Some(finished)) => Some(answer(&self.app, &self.call, finished)),
             Ok(None) => None,
+            Err(err) if err.code == code::SERVER_BUSY => None,
             Err(err) => Some(rpc_answer(&self.app, &self.call, Err(err))),
         }
     }
@@ -738,7 +740,13 @@ impl Watch for CallWatch {
         let last = self.app.is_draining() || self.call.in_flight.is_cancelled() || Instant::now() >= self.pending.until;
         let read = (self.pending.read)(last)
             .or_else(|| last.then(|| Err(ToolError::new("internal error: a waiting read gave no answer at its end; retry the call"))))?;
-        Some(answer(&self.app, &self.call, tools::finish(&self.app, &self.call.in_flight.client(), read, Some(Duration::ZERO))))
+        // On the waiter's thread: no wait for room in the answer budget. Without room, the call
+        // stays parked and reads again at the next check; at the last one it fails.
+        match tools::try_finish(&self.app, &self.call.in_flight.client(), read, Some(Duration::ZERO)) {
+            Ok(finished) => Some(answer(&self.app, &self.call, finished)),
+            Err(_) if !last => None,
+            Err(full) => Some(answer(&self.app, &self.call, tools::refused(&self.app, &full))),
+        }
     }
 
     fn give_up(mut self: Box<Self>) -> Outcome {

@@ -10,12 +10,13 @@
 //! more when it ends. Every message of a subscription carries its id (the
 //! `subscriptions/listen` request id) in `_meta`.
 
+use crate::answer_budget::Charge;
 use crate::app::App;
 use crate::jsonrpc::{code, RpcError};
 use crate::limits::{MAX_SUBSCRIBED_TASKS, MAX_WAITING_CALLS};
 use crate::mcp::envelope::{self, SUBSCRIPTION_ID_KEY};
 use crate::mcp::tasks::{self, Handle};
-use crate::queue::Outcome;
+use crate::queue::{Outcome, Response};
 use crate::waiter::{Waiter, Watch};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -161,15 +162,16 @@ impl Open {
 }
 
 /// Where a subscription's notifications go: `send` hands one serialized message to the
-/// transport (false once the subscriber is gone), `open` is cleared when the subscription ends.
+/// transport with its share of the answer budget, to be given back once written (false once the
+/// subscriber is gone), `open` is cleared when the subscription ends.
 pub struct Sink {
-    send: Box<dyn Fn(String) -> bool + Send>,
+    send: Box<dyn Fn(String, Charge) -> bool + Send>,
     open: Arc<AtomicBool>,
 }
 
 impl Sink {
     /// A sink sending through `send` while `open` is set.
-    pub fn new(send: impl Fn(String) -> bool + Send + 'static, open: Arc<AtomicBool>) -> Sink {
+    pub fn new(send: impl Fn(String, Charge) -> bool + Send + 'static, open: Arc<AtomicBool>) -> Sink {
         Sink { send: Box::new(send), open }
     }
 
@@ -195,6 +197,8 @@ pub struct TaskWatch {
     id: Value,
     tasks: Vec<Followed>,
     sink: Sink,
+    /// Whose share of the answer budget its notifications take: the subscription's own.
+    client: String,
     until: Instant,
     every: Duration,
 }
@@ -205,7 +209,8 @@ impl TaskWatch {
         let every = crate::provider::poll_interval(app.provider.as_ref());
         let tasks = tasks.into_iter().map(|handle| Followed { handle, sent: None }).collect();
         // No task runs longer than the longest task timeout, so following ends by then.
-        TaskWatch { app, id, tasks, sink, until: Instant::now() + tasks::RESULT_WAIT, every }
+        let client = format!("subscription {id}");
+        TaskWatch { app, id, tasks, sink, client, until: Instant::now() + tasks::RESULT_WAIT, every }
     }
 
     /// The tasks still followed.
@@ -243,14 +248,20 @@ impl Watch for TaskWatch {
             };
             let status = tasks::status(&state).0;
             if task.sent != Some(status) {
-                // Made one at a time on the waiter's thread, and handed to the stream before the
-                // next: no share of the answer budget is taken.
-                match tasks::detailed_2026(&self.app, "", &task.handle, &state, None) {
-                    Ok((detailed, _)) => {
-                        if !(self.sink.send)(task_notification(&self.id, detailed).to_string()) {
+                // A completed task's result is inline: it takes its share of the answer budget
+                // until the stream has written it. On the waiter's thread there is no wait for
+                // room: without, the status is pushed at a later check.
+                match tasks::detailed_2026(&self.app, &self.client, &task.handle, &state, Some(Duration::ZERO)) {
+                    Ok((detailed, charge)) => {
+                        let (line, charge) = Response::charged(task_notification(&self.id, detailed), charge).serialize();
+                        if !(self.sink.send)(line, charge) {
                             return Some(over());
                         }
                         task.sent = Some(status);
+                    }
+                    Err(err) if err.code == code::SERVER_BUSY => {
+                        i += 1;
+                        continue;
                     }
                     Err(err) => {
                         log::debug!("subscription {}: {} could not be read: {}", self.id, task.handle.encode(), err.message);
@@ -392,7 +403,7 @@ mod tests {
         let sink = |open: bool| {
             let sent = sent.clone();
             Sink::new(
-                move |line| {
+                move |line, _| {
                     sent.lock().unwrap().push(line);
                     true
                 },
@@ -423,7 +434,7 @@ mod tests {
         let handle = |task: char, sandbox: char| {
             tasks::parse_handle(&app, &format!("{}.local-{}", task.to_string().repeat(32), sandbox.to_string().repeat(24))).unwrap()
         };
-        let sink = Sink::new(|_| true, Arc::new(AtomicBool::new(true)));
+        let sink = Sink::new(|_, _| true, Arc::new(AtomicBool::new(true)));
         let watch = TaskWatch::new(app.clone(), json!(1), vec![handle('a', 'b'), handle('c', 'd'), handle('e', 'b')], sink);
         assert_eq!(watch.keys(), vec![format!("local-{}", "b".repeat(24)), format!("local-{}", "d".repeat(24))]);
     }

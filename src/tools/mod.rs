@@ -300,14 +300,17 @@ pub struct Finished {
 /// parked call); one that finds none becomes a failure that says so. Without, nothing is taken:
 /// for answers made one at a time (a subscription's notifications, `sandbox-mcp call`).
 pub fn finish(app: &App, client: &str, outcome: ReadResult, wait: Option<Duration>) -> Finished {
-    try_finish(app, client, outcome, wait).unwrap_or_else(|full| {
-        let message = format!(
-            "the call was carried out, but its answer was not sent: {}; repeat the call in a few seconds if it only reads (a command \
+    try_finish(app, client, outcome, wait).unwrap_or_else(|full| refused(app, &full))
+}
+
+/// The failure that answers a call whose result found no room in the answer budget.
+pub fn refused(app: &App, full: &answer_budget::Full) -> Finished {
+    let message = format!(
+        "the call was carried out, but its answer was not sent: {}; repeat the call in a few seconds if it only reads (a command \
 would run again), or ask for less at once (max_output, a smaller file)",
-            full.message()
-        );
-        Finished { result: masked(app, failure(&ToolError::new(message))), charge: Charge::none() }
-    })
+        full.message()
+    );
+    Finished { result: masked(app, failure(&ToolError::new(message))), charge: Charge::none() }
 }
 
 /// [`finish`], but a result that finds no room in the answer budget is an error (for the

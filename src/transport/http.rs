@@ -620,18 +620,25 @@ drop the Mcp-Session-Id header, or send the request without that _meta inside th
     fn hold(&self, req: Request, listen: Listen) {
         let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nX-Accel-Buffering: no\r\nConnection: close\r\n\r\n";
         let mut writer = req.into_writer();
-        let event = |v: &str| format!("event: message\ndata: {v}\n\n");
-        let mut sent =
-            writer.write_all(head.as_bytes()).and_then(|()| writer.write_all(event(&listen.ack).as_bytes())).and_then(|()| writer.flush());
-        // Notifications arrive on `rx`; this end keeps a sender, so `rx` never disconnects.
-        let (tx, rx) = crossbeam_channel::unbounded::<String>();
+        // One event, written in parts: a copy would hold a large notification twice.
+        let event = |writer: &mut dyn Write, v: &str| {
+            writer.write_all(b"event: message\ndata: ")?;
+            writer.write_all(v.as_bytes())?;
+            writer.write_all(b"\n\n")?;
+            writer.flush()
+        };
+        let mut sent = writer.write_all(head.as_bytes()).and_then(|()| event(&mut writer, &listen.ack));
+        // Notifications arrive on `rx`, each with its share of the answer budget, given back once
+        // written; this end keeps a sender, so `rx` never disconnects.
+        let (tx, rx) = crossbeam_channel::unbounded::<(String, Charge)>();
         let open = Arc::new(AtomicBool::new(true));
         if sent.is_ok() && !listen.tasks.is_empty() {
             let (out, still) = (tx.clone(), open.clone());
-            let sink = subscription::Sink::new(move |line| still.load(Ordering::SeqCst) && out.send(line).is_ok(), open.clone());
+            let sink =
+                subscription::Sink::new(move |line, charge| still.load(Ordering::SeqCst) && out.send((line, charge)).is_ok(), open.clone());
             if let Err(err) = subscription::follow(&self.app, &self.waiter, &listen.id, listen.tasks, sink) {
                 // The subscription ends with that error as its response.
-                let _ = writer.write_all(event(&jsonrpc::error(&listen.id, &err).to_string()).as_bytes()).and_then(|()| writer.flush());
+                let _ = event(&mut writer, &jsonrpc::error(&listen.id, &err).to_string());
                 sent = Err(std::io::Error::other("its tasks could not be followed"));
             }
         }
@@ -639,11 +646,12 @@ drop the Mcp-Session-Id header, or send the request without that _meta inside th
         while sent.is_ok() {
             if self.app.is_draining() {
                 let closing = subscription::closing(&listen.id).to_string();
-                sent = writer.write_all(event(&closing).as_bytes()).and_then(|()| writer.flush());
+                sent = event(&mut writer, &closing);
                 break;
             }
-            if let Ok(line) = rx.recv_timeout(LISTEN_POLL) {
-                sent = writer.write_all(event(&line).as_bytes()).and_then(|()| writer.flush());
+            if let Ok((line, charge)) = rx.recv_timeout(LISTEN_POLL) {
+                sent = event(&mut writer, &line);
+                drop((line, charge));
                 quiet_since = Instant::now();
             } else if quiet_since.elapsed() >= LISTEN_KEEPALIVE {
                 sent = writer.write_all(b":\n\n").and_then(|()| writer.flush());

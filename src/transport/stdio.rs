@@ -184,7 +184,7 @@ pub fn run_reader(app: &Arc<App>, session: &Arc<Session>, queue: &WorkQueue<Out>
                     if !listen.tasks.is_empty() {
                         let (out, still) = (replies.clone(), open.clone());
                         let sink = subscription::Sink::new(
-                            move |line| still.load(Ordering::SeqCst) && out.send(Out::Line(line, Charge::none())).is_ok(),
+                            move |line, charge| still.load(Ordering::SeqCst) && out.send(Out::Line(line, charge)).is_ok(),
                             open,
                         );
                         if let Err(err) = subscription::follow(app, waiter, &listen.id, listen.tasks, sink) {

@@ -397,3 +397,88 @@ fn http_subscriptions_are_shared_between_clients() {
     drop((greedy, other));
     assert_eq!(h.stop().code(), Some(0));
 }
+
+/// The peak resident size of process `pid` so far, in MiB.
+fn peak_mib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 =
+        status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.split_whitespace().next()).unwrap().parse().unwrap();
+    kib >> 10
+}
+
+/// A task's notification carries its result inline once it completed, and takes its share of
+/// the answer budget until its stream has written it. Four streams that never read, each
+/// following sixteen completed tasks whose logs are 1 MiB of control bytes per stream (a 26 MB
+/// notification each), took the server to 1.8 GiB: no notification was charged, and each went
+/// into its stream's queue at once. Each stream still gets its notifications, and the peak stays
+/// near the budget.
+#[test]
+fn notifications_nobody_reads_stay_within_the_answer_budget() {
+    let home = Home::new("modern-unread-notifications");
+    let h = Http::start(&home, &[], &[("SANDBOX_MCP_TASK_AFTER", "1")]);
+    let pid = h.child.id();
+    let tasks_body = |id: i64, method: &str, params: Value| {
+        let mut b = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        b["params"]["_meta"] = envelope();
+        b["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"] = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+        b.to_string()
+    };
+    let created = h.post(&headers("tools/call", Some("create_sandbox")), &call_body(1, "create_sandbox", json!({}))).json();
+    let sb = created["result"]["structuredContent"]["sandbox_id"].as_str().unwrap_or_else(|| panic!("{created}")).to_string();
+    let command = "head -c 1048576 /dev/zero | tr '\\0' '\\1'; head -c 1048576 /dev/zero | tr '\\0' '\\2' >&2; sleep 2";
+    let ids: Vec<String> = (0..16)
+        .map(|i| {
+            let call = json!({"name": "run_command", "arguments": {"sandbox_id": sb, "command": command}});
+            let r = h.post(&headers("tools/call", Some("run_command")), &tasks_body(10 + i, "tools/call", call)).json();
+            r["result"]["taskId"].as_str().unwrap_or_else(|| panic!("not a task: {r}")).to_string()
+        })
+        .collect();
+    for (i, id) in ids.iter().enumerate() {
+        wait_for(std::time::Duration::from_secs(60), "the task to complete", || {
+            let r = h.post(&headers("tasks/get", Some(id)), &tasks_body(100 + i as i64, "tasks/get", json!({"taskId": id}))).json();
+            (r["result"]["status"] == "completed").then_some(())
+        });
+    }
+    let before = peak_mib(pid);
+    let streams: Vec<TcpStream> = (0..4)
+        .map(|j| {
+            let mut b =
+                json!({"jsonrpc": "2.0", "id": 1000 + j, "method": "subscriptions/listen", "params": {"notifications": {"taskIds": ids}}});
+            b["params"]["_meta"] = envelope();
+            b["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"] =
+                json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+            b["params"]["_meta"]["io.modelcontextprotocol/clientInfo"]["name"] = json!(format!("unread-{j}"));
+            let b = b.to_string();
+            let mut s = TcpStream::connect(h.addr).unwrap();
+            let head = format!(
+                "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+MCP-Protocol-Version: {V}\r\nMcp-Method: subscriptions/listen\r\nContent-Length: {}\r\n\r\n{b}",
+                b.len()
+            );
+            s.write_all(head.as_bytes()).unwrap();
+            s.set_nonblocking(true).unwrap();
+            s
+        })
+        .collect();
+    // Every stream has more than its acknowledgement waiting: a notification is on its way.
+    let mut buf = vec![0u8; 128 * 1024];
+    wait_for(std::time::Duration::from_secs(60), "a notification on every stream", || {
+        streams.iter().all(|s| s.peek(&mut buf).is_ok_and(|n| n >= 64 * 1024)).then_some(())
+    });
+    let peak = peak_mib(pid);
+    eprintln!("peak RSS {before} MiB before the streams, {peak} MiB with four unread streams of sixteen 26 MB notifications each");
+    assert!(peak <= 450, "the server peaked at {peak} MiB with four unread streams");
+    // A notification that was sent is whole: the first one of the first stream.
+    let mut first = BufReader::new(streams.into_iter().next().unwrap());
+    first.get_ref().set_nonblocking(false).unwrap();
+    first.get_ref().set_read_timeout(Some(TIMEOUT)).unwrap();
+    let ack = next_event(&mut first);
+    assert_eq!(ack["method"], "notifications/subscriptions/acknowledged", "{ack}");
+    let note = next_event(&mut first);
+    assert_eq!(
+        note["params"]["result"]["structuredContent"]["stdout_bytes"],
+        1_048_576,
+        "{}",
+        note.to_string().chars().take(400).collect::<String>()
+    );
+}

@@ -51,7 +51,7 @@ struct Held {
 pub struct Full {
     /// The bytes the answer needs.
     pub needed: usize,
-    /// The bytes held by every answer, and by the asking client's.
+    /// The bytes held by every answer.
     pub held: usize,
     /// Of those, the asking client's.
     pub held_by_client: usize,

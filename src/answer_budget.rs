@@ -12,10 +12,11 @@
 //! cost ([`estimate`], from one counting pass over the result, no allocation), and the charge
 //! goes with the answer until the transport has written it; after serializing, it shrinks to
 //! the serialized bytes. Answers smaller than [`crate::limits::ANSWER_FREE`] take nothing:
-//! every ordinary answer. A charge that does not fit waits for room at most
-//! [`crate::limits::ANSWER_WAIT`], then the call fails with a message saying so; on the waiter's
-//! thread it does not wait: the call stays parked and is made again at a later check (a
-//! subscription's notification likewise, at its next check). One client
+//! every ordinary answer. A charge that does not fit waits for room while other answers give
+//! theirs back, [`crate::limits::ANSWER_WAIT`] after the last did and
+//! [`crate::limits::ANSWER_WAIT_MOST`] in all, then the call fails with a message saying so; on the waiter's
+//! thread it does not wait: the call stays parked and is made again [`RETRY`] later (a
+//! subscription's notification likewise). One client
 //! holds at most [`crate::limits::ANSWER_BUDGET_PER_CLIENT`] of the total, so a client that
 //! makes large answers and never reads them delays only its own; an answer larger than a share
 //! (or than the total) fits when its client (or everyone) holds nothing.
@@ -26,6 +27,11 @@ use std::collections::HashMap;
 use std::io;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
+
+/// How long a call parked with the waiter, or a subscription's notification, waits before it is
+/// made again after it found no room: making it again reads it again (a task's whole logs, from
+/// the sandbox), which must not repeat at every check while the budget stays full.
+pub const RETRY: Duration = Duration::from_secs(1);
 
 /// The server's budget.
 static ANSWERS: Budget = Budget::new(ANSWER_BUDGET, ANSWER_BUDGET_PER_CLIENT);
@@ -44,6 +50,8 @@ struct Held {
     by: Option<HashMap<String, usize>>,
     /// Charges waiting for room.
     waiting: usize,
+    /// How many times room was given back so far (a waiting charge waits on while it grows).
+    gives: u64,
 }
 
 /// Why a charge was not taken: what it needed, and what the budget held then.
@@ -82,17 +90,22 @@ now ({} of this client's {} MiB share)",
 impl Budget {
     /// A budget of `total` bytes, at most `per_client` of them for one client.
     pub const fn new(total: usize, per_client: usize) -> Budget {
-        Budget { held: Mutex::new(Held { all: 0, by: None, waiting: 0 }), freed: Condvar::new(), total, per_client }
+        Budget { held: Mutex::new(Held { all: 0, by: None, waiting: 0, gives: 0 }), freed: Condvar::new(), total, per_client }
     }
 
-    /// Takes `bytes` for `client`, waiting at most `wait` for room; nothing is taken for fewer
-    /// than [`ANSWER_FREE`] bytes.
+    /// Takes `bytes` for `client`, waiting for room while answers give theirs back: at most
+    /// `wait` since the last time any did, and at most [`crate::limits::ANSWER_WAIT_MOST`] in
+    /// all (so answers made one after another under load are served, while answers nobody
+    /// reads make the others fail soon). Nothing is taken for fewer than [`ANSWER_FREE`] bytes.
     pub fn take(&'static self, client: &str, bytes: usize, wait: Duration) -> Result<Charge, Full> {
         if bytes < ANSWER_FREE {
             return Ok(Charge::none());
         }
-        let until = Instant::now() + wait;
+        let start = Instant::now();
+        let most = if wait.is_zero() { start } else { start + crate::limits::ANSWER_WAIT_MOST.max(wait) };
+        let mut until = start + wait;
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let mut gives = held.gives;
         loop {
             let mine = held.by.as_ref().and_then(|by| by.get(client)).copied().unwrap_or(0);
             let fits_all = held.all == 0 || held.all.saturating_add(bytes) <= self.total;
@@ -101,6 +114,11 @@ impl Budget {
                 held.all += bytes;
                 *held.by.get_or_insert_with(HashMap::new).entry(client.to_string()).or_insert(0) += bytes;
                 return Ok(Charge { bytes, taken: Some((self, client.to_string())) });
+            }
+            if held.gives != gives {
+                // Room was given back meanwhile: the budget is turning over, wait on.
+                gives = held.gives;
+                until = (Instant::now() + wait).min(most);
             }
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -116,6 +134,7 @@ impl Budget {
     fn give(&self, client: &str, bytes: usize) {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         held.all = held.all.saturating_sub(bytes);
+        held.gives = held.gives.wrapping_add(1);
         if let Some(by) = held.by.as_mut() {
             if let Some(n) = by.get_mut(client) {
                 *n = n.saturating_sub(bytes);
@@ -278,6 +297,32 @@ mod tests {
         drop(first);
         assert_eq!(waiter.join().unwrap(), Ok(3 * MIB));
         assert_eq!(b.held(), 0);
+    }
+
+    /// A charge waits on while others give room back (answers sent one after another under
+    /// load), and fails `wait` after the last time any did. With a plain deadline, sixteen large
+    /// reads at once on a loaded machine failed after 5 s although the budget kept turning over.
+    #[test]
+    fn a_charge_waits_on_while_room_is_given_back() {
+        let b = budget(4 * MIB, 4 * MIB);
+        let first = b.take("a", 3 * MIB, Duration::ZERO).unwrap();
+        let wait = Duration::from_millis(300);
+        let t0 = Instant::now();
+        let waiter = std::thread::spawn(move || b.take("b", 3 * MIB, wait).map(|c| c.bytes));
+        // Room is given back every 100 ms for 1.5 s (one more small answer made and sent each time).
+        while t0.elapsed() < Duration::from_millis(1500) {
+            drop(b.take("c", ANSWER_FREE, Duration::ZERO).unwrap());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        drop(first);
+        assert_eq!(waiter.join().unwrap(), Ok(3 * MIB), "it waited on");
+        assert!(t0.elapsed() >= Duration::from_millis(1500));
+        // Nothing given back: it fails `wait` later.
+        let held = b.take("a", 3 * MIB, Duration::ZERO).unwrap();
+        let t1 = Instant::now();
+        assert!(b.take("b", 3 * MIB, wait).is_err());
+        assert!(t1.elapsed() < Duration::from_millis(1200), "{:?}", t1.elapsed());
+        drop(held);
     }
 
     #[test]

@@ -63,8 +63,12 @@ pub const ANSWER_BUDGET: usize = 256 * 1024 * 1024;
 pub const ANSWER_BUDGET_PER_CLIENT: usize = 64 * 1024 * 1024;
 /// Answers estimated below this many bytes take nothing from [`ANSWER_BUDGET`].
 pub const ANSWER_FREE: usize = 1024 * 1024;
-/// How long an answer waits for room in [`ANSWER_BUDGET`] before its call fails.
+/// How long an answer waits for room in [`ANSWER_BUDGET`] with none given back meanwhile before
+/// its call fails.
 pub const ANSWER_WAIT: Duration = Duration::from_secs(5);
+/// How long an answer waits for room in [`ANSWER_BUDGET`] at most, while room is given back
+/// (answers being sent one after another).
+pub const ANSWER_WAIT_MOST: Duration = Duration::from_secs(60);
 
 /// `run_command` timeout bounds and default, in seconds.
 pub const COMMAND_TIMEOUT_MIN_S: i64 = 1;

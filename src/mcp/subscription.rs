@@ -10,7 +10,7 @@
 //! more when it ends. Every message of a subscription carries its id (the
 //! `subscriptions/listen` request id) in `_meta`.
 
-use crate::answer_budget::Charge;
+use crate::answer_budget::{self, Charge};
 use crate::app::App;
 use crate::jsonrpc::{code, RpcError};
 use crate::limits::{MAX_SUBSCRIBED_TASKS, MAX_WAITING_CALLS};
@@ -184,6 +184,8 @@ impl Sink {
 struct Followed {
     handle: Handle,
     sent: Option<&'static str>,
+    /// Not read again before this: its last notification found no room in the answer budget.
+    retry_at: Option<Instant>,
 }
 
 /// Follows the tasks a subscription named, parked with the waiter like a waiting call (same
@@ -207,7 +209,7 @@ impl TaskWatch {
     /// A watch for subscription `id` over `tasks`, pushing into `sink`.
     pub fn new(app: Arc<App>, id: Value, tasks: Vec<Handle>, sink: Sink) -> TaskWatch {
         let every = crate::provider::poll_interval(app.provider.as_ref());
-        let tasks = tasks.into_iter().map(|handle| Followed { handle, sent: None }).collect();
+        let tasks = tasks.into_iter().map(|handle| Followed { handle, sent: None, retry_at: None }).collect();
         // No task runs longer than the longest task timeout, so following ends by then.
         let client = format!("subscription {id}");
         TaskWatch { app, id, tasks, sink, client, until: Instant::now() + tasks::RESULT_WAIT, every }
@@ -232,6 +234,10 @@ impl Watch for TaskWatch {
                 return Some(over());
             }
             let task = &mut self.tasks[i];
+            if task.retry_at.is_some_and(|at| Instant::now() < at) {
+                i += 1;
+                continue;
+            }
             let state = match tasks::state(&self.app, &task.handle) {
                 Ok(s) => s,
                 Err(err) if err.code == code::INVALID_PARAMS => {
@@ -260,6 +266,7 @@ impl Watch for TaskWatch {
                         task.sent = Some(status);
                     }
                     Err(err) if err.code == code::SERVER_BUSY => {
+                        task.retry_at = Some(Instant::now() + answer_budget::RETRY);
                         i += 1;
                         continue;
                     }

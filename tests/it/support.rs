@@ -571,9 +571,32 @@ impl Conn {
             }
             headers.push((k.to_string(), v.trim().to_string()));
         }
+        let chunked = headers.iter().any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked"));
+        let body = if chunked { self.read_chunks() } else { self.read_bytes(len) };
+        Resp { status, headers, body: String::from_utf8_lossy(&body).to_string() }
+    }
+
+    fn read_bytes(&mut self, len: usize) -> Vec<u8> {
         let mut body = vec![0u8; len];
         self.stream.read_exact(&mut body).unwrap();
-        Resp { status, headers, body: String::from_utf8_lossy(&body).to_string() }
+        body
+    }
+
+    /// A chunked body (tiny_http sends bodies of 32 KiB and more so, on a connection it keeps).
+    fn read_chunks(&mut self) -> Vec<u8> {
+        let mut body = Vec::new();
+        loop {
+            let mut size = String::new();
+            self.stream.read_line(&mut size).unwrap();
+            let size = usize::from_str_radix(size.trim().split(';').next().unwrap_or(""), 16)
+                .unwrap_or_else(|e| panic!("chunk size {size:?}: {e}"));
+            body.extend(self.read_bytes(size));
+            let mut end = String::new();
+            self.stream.read_line(&mut end).unwrap();
+            if size == 0 {
+                return body;
+            }
+        }
     }
 }
 

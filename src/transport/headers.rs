@@ -1,7 +1,10 @@
 //! The request headers of a 2026-07-28 request over Streamable HTTP: `MCP-Protocol-Version`,
 //! `Mcp-Method` and `Mcp-Name` are required and must match the body (HeaderMismatch, -32020,
 //! answered 400). Header names are case-insensitive, values case-sensitive, and whitespace
-//! around a value is ignored; an `Mcp-Name` may arrive Base64-encoded as `=?base64?…?=`.
+//! around a value is ignored, on both sides: a header cannot carry it, so a body's version or
+//! method padded with spaces is judged as what it is (an unsupported version, an unknown method),
+//! never as a mismatch no client could mend. An `Mcp-Name` may arrive Base64-encoded as
+//! `=?base64?…?=` (which can carry any name).
 //!
 //! Pure functions over a header lookup, so the rules are tested without a socket; the HTTP
 //! transport calls [`check`] between reading a request's `_meta` and judging its version.
@@ -46,7 +49,7 @@ pub fn check<'a>(
 ) -> Result<(), RpcError> {
     match header("MCP-Protocol-Version").map(str::trim) {
         None => return Err(mismatch(format!("the MCP-Protocol-Version header is required; send MCP-Protocol-Version: {}", meta.version))),
-        Some(v) if v != meta.version => {
+        Some(v) if v != meta.version.trim() => {
             return Err(mismatch(format!(
                 "the MCP-Protocol-Version header {v:?} does not match the body's _meta version {:?}; send the same version in both",
                 meta.version
@@ -56,7 +59,7 @@ pub fn check<'a>(
     }
     match header("Mcp-Method").map(str::trim) {
         None => return Err(mismatch(format!("the Mcp-Method header is required; send Mcp-Method: {method}"))),
-        Some(m) if m != method => {
+        Some(m) if m != method.trim() => {
             return Err(mismatch(format!(
                 "the Mcp-Method header {m:?} does not match the body's method {method:?} (values are case-sensitive)"
             )))
@@ -102,6 +105,14 @@ mod tests {
         assert_eq!(run(&[v, ("Mcp-Method", "tools/list")], "tools/list", json!({})), Ok(()));
         assert_eq!(run(&[v, ("mcp-method", " tools/list ")], "tools/list", json!({})), Ok(()), "names any case, values trimmed");
         assert_eq!(run(&[v, ("Mcp-Method", "tools/call"), ("Mcp-Name", "  run_command  ")], "tools/call", call.clone()), Ok(()));
+        // A body's version or method padded with spaces: the header (which cannot carry them)
+        // matches, and the version or method is judged afterwards. Found by fuzzing: it was a
+        // mismatch no client could mend.
+        let padded = RequestMeta { version: " 026-07-28".into(), ..meta() };
+        let lookup = |name: &str| {
+            [("MCP-Protocol-Version", "026-07-28"), ("Mcp-Method", "tools/list")].iter().find(|(k, _)| *k == name).map(|(_, v)| *v)
+        };
+        assert_eq!(check(lookup, " tools/list ", Some(&json!({})), &padded), Ok(()));
         let mismatches: &[(Headers<'_>, &str, Value)] = &[
             (&[("Mcp-Method", "tools/list")], "tools/list", json!({})),
             (&[("MCP-Protocol-Version", "2025-11-25"), ("Mcp-Method", "tools/list")], "tools/list", json!({})),

@@ -658,33 +658,35 @@ fn sandbox_with_control_bytes(h: &Http, session: &str) -> String {
     sb
 }
 
+/// Sends `session`'s read_file of `f` (request `id`) on a new connection, and never reads the
+/// answer.
+fn unread_read(h: &Http, session: &str, sb: &str, id: i64) -> std::net::TcpStream {
+    use std::io::Write;
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+        "params": {"name": "read_file", "arguments": {"sandbox_id": sb, "path": "f"}}})
+    .to_string();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMcp-Session-Id: {session}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let mut s = std::net::TcpStream::connect(h.addr).unwrap();
+    s.write_all(head.as_bytes()).and_then(|()| s.write_all(body.as_bytes())).unwrap();
+    s
+}
+
 /// A client that sends a request and never reads its answer holds the answer's memory only
 /// until the send makes no progress for `--http-stall`: reads of a 4 MiB file of control bytes
 /// (54 MB answers once escaped) whose clients never read used to stay in memory until the
 /// process ended (214 MiB for four of them in one measurement).
 #[test]
 fn answers_nobody_reads_give_their_memory_back() {
-    use std::io::Write;
     let home = Home::new("http-unread");
     let h = Http::start(&home, &["--http-stall", "2"], &[]);
     let pid = h.child.id();
     let sid = h.initialize();
     let sb = sandbox_with_control_bytes(&h, &sid);
     let idle = rss_kib(pid) >> 10;
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-        "params": {"name": "read_file", "arguments": {"sandbox_id": sb, "path": "f"}}})
-    .to_string();
-    let head = format!(
-        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMcp-Session-Id: {sid}\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    );
-    let unread: Vec<std::net::TcpStream> = (0..4)
-        .map(|_| {
-            let mut s = std::net::TcpStream::connect(h.addr).unwrap();
-            s.write_all(head.as_bytes()).and_then(|()| s.write_all(body.as_bytes())).unwrap();
-            s
-        })
-        .collect();
+    let unread: Vec<std::net::TcpStream> = (0..4).map(|i| unread_read(&h, &sid, &sb, 100 + i)).collect();
     let held = wait_for(Duration::from_secs(30), "the unread answers to be made", || {
         let mib = rss_kib(pid) >> 10;
         (mib >= idle + 40).then_some(mib)
@@ -754,25 +756,11 @@ fn large_answers_made_at_once_stay_within_the_answer_budget() {
 /// answers would hold it until the stall time, and every other large answer would fail.
 #[test]
 fn a_client_that_never_reads_its_large_answers_delays_only_its_own() {
-    use std::io::Write;
     let home = Home::new("http-answer-share");
     let h = Http::start(&home, &[], &[]);
     let greedy = h.initialize();
     let sb = sandbox_with_control_bytes(&h, &greedy);
-    let unread: Vec<std::net::TcpStream> = (0..6)
-        .map(|i| {
-            let body = json!({"jsonrpc": "2.0", "id": 100 + i, "method": "tools/call",
-                "params": {"name": "read_file", "arguments": {"sandbox_id": sb, "path": "f"}}})
-            .to_string();
-            let head = format!(
-                "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMcp-Session-Id: {greedy}\r\nContent-Length: {}\r\n\r\n",
-                body.len()
-            );
-            let mut s = std::net::TcpStream::connect(h.addr).unwrap();
-            s.write_all(head.as_bytes()).and_then(|()| s.write_all(body.as_bytes())).unwrap();
-            s
-        })
-        .collect();
+    let unread: Vec<std::net::TcpStream> = (0..6).map(|i| unread_read(&h, &greedy, &sb, 100 + i)).collect();
     // Every call of the greedy client is answered (bytes wait on each connection): one with the
     // file, the others, after waiting for room, with the failure.
     for s in &unread {
@@ -797,7 +785,6 @@ fn a_client_that_never_reads_its_large_answers_delays_only_its_own() {
 /// of control bytes each needs more than is left.
 #[test]
 fn a_task_result_without_room_in_the_answer_budget_is_an_error_to_ask_again() {
-    use std::io::Write;
     let home = Home::new("http-answer-task");
     let h = Http::start(&home, &[], &[]);
     let owner = h.initialize();
@@ -824,16 +811,7 @@ fn a_task_result_without_room_in_the_answer_budget_is_an_error_to_ask_again() {
     );
     let unread: Vec<std::net::TcpStream> = (0..4)
         .map(|i| {
-            let session = h.initialize();
-            let body = json!({"jsonrpc": "2.0", "id": 100 + i, "method": "tools/call",
-                "params": {"name": "read_file", "arguments": {"sandbox_id": sb, "path": "f"}}})
-            .to_string();
-            let head = format!(
-                "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMcp-Session-Id: {session}\r\nContent-Length: {}\r\n\r\n",
-                body.len()
-            );
-            let mut s = std::net::TcpStream::connect(h.addr).unwrap();
-            s.write_all(head.as_bytes()).and_then(|()| s.write_all(body.as_bytes())).unwrap();
+            let s = unread_read(&h, &h.initialize(), &sb, 100 + i);
             s.set_nonblocking(true).unwrap();
             s
         })

@@ -12,7 +12,7 @@
 //! worker sends the reply. A call refused by a full queue, or one whose job unwinds from a panic,
 //! drops its guard the same way.
 
-use crate::answer_budget::{self, Charge};
+use crate::answer_budget::{Backoff, Charge};
 use crate::app::App;
 use crate::jsonrpc::{self, code, Incoming, RpcError};
 use crate::limits;
@@ -562,7 +562,7 @@ fn call_tool(app: &Arc<App>, session: Arc<Session>, call: ToolCall, tool: &'stat
     let ctx = Ctx { app, session: session.as_ref(), cancel: call.in_flight.flag(), client: &client };
     let result = match tools::call(&ctx, tool, &call.arguments) {
         Reply::Now(result) => result,
-        Reply::Wait(pending) => return Executed::Wait(Box::new(CallWatch { app: app.clone(), call, pending, retry_at: None })),
+        Reply::Wait(pending) => return Executed::Wait(Box::new(CallWatch { app: app.clone(), call, pending, retry: Backoff::default() })),
     };
     Executed::Now(answer(app, &call, result))
 }
@@ -620,7 +620,14 @@ fn tasks_method(app: &Arc<App>, session: &Session, call: ToolCall, method: TaskM
                 Ok((handle, None)) => {
                     let every = crate::provider::poll_interval(app.provider.as_ref());
                     let until = Instant::now() + tasks::RESULT_WAIT;
-                    return Executed::Wait(Box::new(ResultWatch { app: app.clone(), call, handle, until, every, retry_at: None }));
+                    return Executed::Wait(Box::new(ResultWatch {
+                        app: app.clone(),
+                        call,
+                        handle,
+                        until,
+                        every,
+                        retry: Backoff::default(),
+                    }));
                 }
                 Err(err) => Err(err),
             }
@@ -673,8 +680,8 @@ struct ResultWatch {
     handle: tasks::Handle,
     until: Instant,
     every: Duration,
-    /// Not read again before this: its result found no room in the answer budget.
-    retry_at: Option<Instant>,
+    /// When it is read again after its result found no room in the answer budget.
+    retry: Backoff,
 }
 
 impl Watch for ResultWatch {
@@ -690,16 +697,16 @@ impl Watch for ResultWatch {
             let err = RpcError::new(code::REQUEST_CANCELLED, "tasks/result was cancelled; the task goes on (tasks/cancel stops it)");
             return Some(rpc_answer(&self.app, &self.call, Err(err)));
         }
-        if self.retry_at.is_some_and(|at| Instant::now() < at) {
+        if !self.retry.due() {
             return None;
         }
         // On the waiter's thread: no wait for room in the answer budget. Without room (-32000),
-        // the call stays parked and reads again after `answer_budget::RETRY`.
+        // the call stays parked and reads again later (`Backoff`).
         match tasks::result(&self.app, &self.call.in_flight.client(), &self.handle, Some(Duration::ZERO)) {
             Ok(Some(finished)) => Some(answer(&self.app, &self.call, finished)),
             Ok(None) => None,
             Err(err) if err.code == code::SERVER_BUSY => {
-                self.retry_at = Some(Instant::now() + answer_budget::RETRY);
+                self.retry.refused();
                 None
             }
             Err(err) => Some(rpc_answer(&self.app, &self.call, Err(err))),
@@ -741,25 +748,25 @@ struct CallWatch {
     app: Arc<App>,
     call: ToolCall,
     pending: Pending,
-    /// Not read again before this (but for its last read): its answer found no room in the
+    /// When it is read again (but for its last read) after its answer found no room in the
     /// answer budget.
-    retry_at: Option<Instant>,
+    retry: Backoff,
 }
 
 impl Watch for CallWatch {
     fn check(&mut self) -> Option<Outcome> {
         let last = self.app.is_draining() || self.call.in_flight.is_cancelled() || Instant::now() >= self.pending.until;
-        if !last && self.retry_at.is_some_and(|at| Instant::now() < at) {
+        if !last && !self.retry.due() {
             return None;
         }
         let read = (self.pending.read)(last)
             .or_else(|| last.then(|| Err(ToolError::new("internal error: a waiting read gave no answer at its end; retry the call"))))?;
         // On the waiter's thread: no wait for room in the answer budget. Without room, the call
-        // stays parked and reads again after `answer_budget::RETRY`; at its last read it fails.
+        // stays parked and reads again later (`Backoff`); at its last read it fails.
         match tools::try_finish(&self.app, &self.call.in_flight.client(), read, Some(Duration::ZERO)) {
             Ok(finished) => Some(answer(&self.app, &self.call, finished)),
             Err(_) if !last => {
-                self.retry_at = Some(Instant::now() + answer_budget::RETRY);
+                self.retry.refused();
                 None
             }
             Err(full) => Some(answer(&self.app, &self.call, tools::refused(&self.app, &full))),

@@ -184,8 +184,8 @@ impl Sink {
 struct Followed {
     handle: Handle,
     sent: Option<&'static str>,
-    /// Not read again before this: its last notification found no room in the answer budget.
-    retry_at: Option<Instant>,
+    /// When it is read again after its notification found no room in the answer budget.
+    retry: answer_budget::Backoff,
 }
 
 /// Follows the tasks a subscription named, parked with the waiter like a waiting call (same
@@ -199,7 +199,7 @@ pub struct TaskWatch {
     id: Value,
     tasks: Vec<Followed>,
     sink: Sink,
-    /// Whose share of the answer budget its notifications take: the subscription's own.
+    /// Whose share of the answer budget its notifications take: this watch's own.
     client: String,
     until: Instant,
     every: Duration,
@@ -209,9 +209,11 @@ impl TaskWatch {
     /// A watch for subscription `id` over `tasks`, pushing into `sink`.
     pub fn new(app: Arc<App>, id: Value, tasks: Vec<Handle>, sink: Sink) -> TaskWatch {
         let every = crate::provider::poll_interval(app.provider.as_ref());
-        let tasks = tasks.into_iter().map(|handle| Followed { handle, sent: None, retry_at: None }).collect();
+        let tasks = tasks.into_iter().map(|handle| Followed { handle, sent: None, retry: answer_budget::Backoff::default() }).collect();
         // No task runs longer than the longest task timeout, so following ends by then.
-        let client = format!("subscription {id}");
+        // A share of its own: two clients' subscriptions may have the same request id.
+        static WATCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let client = format!("subscription {}", WATCHES.fetch_add(1, Ordering::Relaxed));
         TaskWatch { app, id, tasks, sink, client, until: Instant::now() + tasks::RESULT_WAIT, every }
     }
 
@@ -234,7 +236,7 @@ impl Watch for TaskWatch {
                 return Some(over());
             }
             let task = &mut self.tasks[i];
-            if task.retry_at.is_some_and(|at| Instant::now() < at) {
+            if !task.retry.due() {
                 i += 1;
                 continue;
             }
@@ -266,7 +268,7 @@ impl Watch for TaskWatch {
                         task.sent = Some(status);
                     }
                     Err(err) if err.code == code::SERVER_BUSY => {
-                        task.retry_at = Some(Instant::now() + answer_budget::RETRY);
+                        task.retry.refused();
                         i += 1;
                         continue;
                     }
@@ -444,5 +446,11 @@ mod tests {
         let sink = Sink::new(|_, _| true, Arc::new(AtomicBool::new(true)));
         let watch = TaskWatch::new(app.clone(), json!(1), vec![handle('a', 'b'), handle('c', 'd'), handle('e', 'b')], sink);
         assert_eq!(watch.keys(), vec![format!("local-{}", "b".repeat(24)), format!("local-{}", "d".repeat(24))]);
+        // Its share of the answer budget is its own, even beside another client's subscription
+        // with the same request id (they shared one, so a stream read slowly held up the other's
+        // notifications, a review found).
+        let same_id =
+            TaskWatch::new(app.clone(), json!(1), vec![handle('a', 'b')], Sink::new(|_, _| true, Arc::new(AtomicBool::new(true))));
+        assert_ne!(watch.client, same_id.client);
     }
 }

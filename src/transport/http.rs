@@ -40,6 +40,10 @@ use tiny_http::{Header, Method, Request, Response, StatusCode};
 /// shorter deadline; this only guards against a lost reply).
 const REPLY_WAIT: Duration = Duration::from_secs(3600 + 300);
 
+/// What goes before and after a JSON-RPC message sent as a server-sent event.
+const EVENT_HEAD: &str = "event: message\ndata: ";
+const EVENT_END: &str = "\n\n";
+
 /// Connections abandoned so far ([`Body::Abandon`]).
 static ABANDONED: Tally = Tally::new();
 
@@ -358,8 +362,8 @@ impl Listener {
         let (content_type, bytes): (_, Vec<u8>) = match answer.body {
             Some(mut v) if sse_only && status == 200 => {
                 // In place: a copy would hold a large answer twice.
-                v.insert_str(0, "event: message\ndata: ");
-                v.push_str("\n\n");
+                v.insert_str(0, EVENT_HEAD);
+                v.push_str(EVENT_END);
                 (Some("text/event-stream"), v.into_bytes())
             }
             Some(v) => (Some("application/json"), v.into_bytes()),
@@ -622,9 +626,9 @@ drop the Mcp-Session-Id header, or send the request without that _meta inside th
         let mut writer = req.into_writer();
         // One event, written in parts: a copy would hold a large notification twice.
         let event = |writer: &mut dyn Write, v: &str| {
-            writer.write_all(b"event: message\ndata: ")?;
+            writer.write_all(EVENT_HEAD.as_bytes())?;
             writer.write_all(v.as_bytes())?;
-            writer.write_all(b"\n\n")?;
+            writer.write_all(EVENT_END.as_bytes())?;
             writer.flush()
         };
         let mut sent = writer.write_all(head.as_bytes()).and_then(|()| event(&mut writer, &listen.ack));

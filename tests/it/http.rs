@@ -367,12 +367,6 @@ fn a_cancelled_http_call_says_so() {
     assert!(text.is_some_and(|t| t.contains("cancelled")), "{r}");
 }
 
-/// Resident memory of `pid`, in KiB.
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()).unwrap().parse().unwrap()
-}
-
 /// Hostile clients: 200 connections that each send a 4 MiB body but its last bytes, and hold
 /// it. Without a total, the server kept every body (416 MiB of RSS, 197 MiB still held after they
 /// left). The bodies held at once now stay within `--body-budget` (the others are drained) and
@@ -699,12 +693,6 @@ fn answers_nobody_reads_give_their_memory_back() {
     assert_eq!(h.post(&[("Mcp-Session-Id", &sid)], PING).status, 200);
     eprintln!("RSS idle {idle} MiB, {held} MiB with unread 54 MB answers, {after} MiB after");
     drop(unread);
-}
-
-/// The server's peak resident size so far, in KiB.
-fn peak_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.split_whitespace().next()).unwrap().parse().unwrap()
 }
 
 /// Large answers made at once share the answer budget: sixteen clients each read a 4 MiB file of

@@ -398,14 +398,6 @@ fn http_subscriptions_are_shared_between_clients() {
     assert_eq!(h.stop().code(), Some(0));
 }
 
-/// The peak resident size of process `pid` so far, in MiB.
-fn peak_mib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kib: u64 =
-        status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.split_whitespace().next()).unwrap().parse().unwrap();
-    kib >> 10
-}
-
 /// A task's notification carries its result inline once it completed, and takes its share of
 /// the answer budget until its stream has written it. Four streams that never read, each
 /// following sixteen completed tasks whose logs are 1 MiB of control bytes per stream (a 26 MB
@@ -417,11 +409,12 @@ fn notifications_nobody_reads_stay_within_the_answer_budget() {
     let home = Home::new("modern-unread-notifications");
     let h = Http::start(&home, &[], &[("SANDBOX_MCP_TASK_AFTER", "1")]);
     let pid = h.child.id();
-    let tasks_body = |id: i64, method: &str, params: Value| {
+    // A request that declares the tasks extension.
+    let tasks_request = |id: i64, method: &str, params: Value| {
         let mut b = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
         b["params"]["_meta"] = envelope();
         b["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"] = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
-        b.to_string()
+        b
     };
     let created = h.post(&headers("tools/call", Some("create_sandbox")), &call_body(1, "create_sandbox", json!({}))).json();
     let sb = created["result"]["structuredContent"]["sandbox_id"].as_str().unwrap_or_else(|| panic!("{created}")).to_string();
@@ -429,7 +422,7 @@ fn notifications_nobody_reads_stay_within_the_answer_budget() {
     let ids: Vec<String> = (0..16)
         .map(|i| {
             let call = json!({"name": "run_command", "arguments": {"sandbox_id": sb, "command": command}});
-            let r = h.post(&headers("tools/call", Some("run_command")), &tasks_body(10 + i, "tools/call", call)).json();
+            let r = h.post(&headers("tools/call", Some("run_command")), &tasks_request(10 + i, "tools/call", call).to_string()).json();
             r["result"]["taskId"].as_str().unwrap_or_else(|| panic!("not a task: {r}")).to_string()
         })
         .collect();
@@ -439,14 +432,10 @@ fn notifications_nobody_reads_stay_within_the_answer_budget() {
         let tasks = r["result"]["structuredContent"]["tasks"].as_array().cloned().unwrap_or_default();
         (tasks.len() == ids.len() && tasks.iter().all(|t| t["exit_code"] == 0)).then_some(())
     });
-    let before = peak_mib(pid);
+    let before = peak_kib(pid) >> 10;
     let streams: Vec<TcpStream> = (0..4)
         .map(|j| {
-            let mut b =
-                json!({"jsonrpc": "2.0", "id": 1000 + j, "method": "subscriptions/listen", "params": {"notifications": {"taskIds": ids}}});
-            b["params"]["_meta"] = envelope();
-            b["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"] =
-                json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+            let mut b = tasks_request(1000 + j, "subscriptions/listen", json!({"notifications": {"taskIds": ids}}));
             b["params"]["_meta"]["io.modelcontextprotocol/clientInfo"]["name"] = json!(format!("unread-{j}"));
             let b = b.to_string();
             let mut s = TcpStream::connect(h.addr).unwrap();
@@ -465,7 +454,7 @@ MCP-Protocol-Version: {V}\r\nMcp-Method: subscriptions/listen\r\nContent-Length:
     wait_for(std::time::Duration::from_secs(60), "a notification on every stream", || {
         streams.iter().all(|s| s.peek(&mut buf).is_ok_and(|n| n >= 64 * 1024)).then_some(())
     });
-    let peak = peak_mib(pid);
+    let peak = peak_kib(pid) >> 10;
     eprintln!("peak RSS {before} MiB before the streams, {peak} MiB with four unread streams of sixteen 26 MB notifications each");
     assert!(peak <= 450, "the server peaked at {peak} MiB with four unread streams");
     // A notification that was sent is whole: the first one of the first stream.

@@ -484,6 +484,23 @@ pub struct Resp {
     pub body: String,
 }
 
+/// A size field of `/proc/<pid>/status` (`VmRSS`, `VmHWM`), in KiB.
+fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let value = status.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(':')).and_then(|v| v.split_whitespace().next());
+    value.unwrap_or_else(|| panic!("no {field} for process {pid}")).parse().unwrap()
+}
+
+/// Resident memory of `pid`, in KiB.
+pub fn rss_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmRSS")
+}
+
+/// The peak resident memory of `pid` so far, in KiB.
+pub fn peak_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmHWM")
+}
+
 impl Resp {
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())

@@ -121,6 +121,11 @@ fn host_files_other_sandboxes_and_the_state_root_are_out_of_sight() {
         let (_, cmdline, _) = sh(&mut m, "tr '\\0' ' ' </proc/1/cmdline; echo; cat /proc/1/environ >/dev/null 2>&1 || echo unreadable");
         assert!(cmdline.contains("sandbox-init") && !cmdline.contains(&state_root), "{who}: /proc/1/cmdline shows {cmdline}");
         assert!(cmdline.contains("unreadable"), "{who}: the init's environment is readable: {cmdline}");
+        // Nor in the mounts: the home's mount used to be a bind, whose line names the bound
+        // directory's host path.
+        let (_, mounts, _) = sh(&mut m, "cat /proc/self/mountinfo");
+        assert!(!mounts.contains(&state_root), "{who}: mountinfo inside names the state root {state_root}:\n{mounts}");
+        assert!(mounts.lines().any(|l| l.contains(" /home/user ")), "{who}: no mount of the home:\n{mounts}");
         let (code, _, err) = sh(&mut m, "echo x > /usr/planted; echo x > /etc/planted; echo x > /bin/planted");
         assert_ne!(code, 0, "{who}");
         assert!(err.contains("Read-only file system"), "{who}: {err}");

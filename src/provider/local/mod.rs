@@ -746,6 +746,7 @@ since {why}; leave network out, or run the server as root or where user namespac
         }
         // A disk's mounts go first: removing the directory must not descend into them.
         disk::release(&dir);
+        isolation::rootfs::open_work_dir(&dir);
         // A keeper starting at this moment may still write its pid file into the directory
         // (make bench saw "Directory not empty"): retry a few times.
         let mut attempt = 0;

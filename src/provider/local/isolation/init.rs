@@ -221,7 +221,7 @@ fn start_init_as(as_root: bool, tools: &Tools, exe: &Path, site: &Site<'_>, spaw
         // The stage joins the cgroups, hands the home over, drops to the sandbox's uid, makes the
         // namespaces and forks the init itself: each program less on the way is an exec less.
         let cgroups = cgroups.iter().map(|file| text(file)).collect::<Result<Vec<_>, _>>()?;
-        let stage = stage::Stage { owner: site.owner, cgroups, net: !host_network, home: text(home)?, init: init_args };
+        let stage = stage::Stage { owner: site.owner, cgroups, net: !host_network, home: text(home)?, own_fs: scratch, init: init_args };
         // (Nothing in the keeper starts a thread before the init; `fork` checks.)
         let (pid, stderr) = stage::fork_stage(stage, theirs).map_err(|e| format!("could not fork the sandbox's stage: {e}"))?;
         (Holder::of(pid), Some(stderr))

@@ -5,7 +5,8 @@
 //! - the host's system directories ([`SYSTEM_DIRS`]) and the parts of `/etc` programs need
 //!   ([`ETC_ENTRIES`]), bound read-only, plus a generated `/etc/passwd`, `/etc/group` and
 //!   `/etc/hostname`;
-//! - its home at [`HOME`], read-write: the host directory the keeper handed over as stdin;
+//! - its home at [`HOME`], read-write: the sandbox's home directory on the host, as the only
+//!   writable layer of an overlay so that no host path shows ([`mount_home`]);
 //! - a private `/tmp`, its own `/proc`, and a read-only `/dev` holding only `null`, `zero`,
 //!   `full`, `random`, `urandom` and `tty` (bound from the host), `/dev/shm`, and `/dev/pts`
 //!   where the kernel allows a private instance; `/tmp` and `/dev/shm` are tmpfs, or with a disk
@@ -96,6 +97,7 @@ pub fn assemble(plan: &Plan) -> Result<(), String> {
     let step = |what: &str, res: io::Result<()>| res.map_err(|e| format!("{what}: {e}"));
     // Held open before the staging mount can cover their paths (the home may lie under /tmp).
     let home_fd = open_path(&plan.home).map_err(|e| format!("open the sandbox home {}: {e}", plan.home.display()))?;
+    let layers = layers_of(&plan.home, plan.scratch);
     let scratch = match plan.scratch {
         true => {
             let open = |sub: &str| {
@@ -126,7 +128,7 @@ pub fn assemble(plan: &Plan) -> Result<(), String> {
     step("write /etc/hostname", fs::write(etc.join("hostname"), "sandbox\n"))?;
     let home = stage.join(HOME.trim_start_matches('/'));
     step("create /home/user", fs::create_dir_all(&home))?;
-    step("bind the sandbox home", mount::mount_bind(fd_path(&home_fd), &home).map_err(io::Error::from))?;
+    step("mount the sandbox home", mount_home(&home_fd, layers.as_ref(), &home))?;
     let tmp = stage.join("tmp");
     step("create /tmp", fs::create_dir(&tmp))?;
     match &scratch {
@@ -139,7 +141,7 @@ pub fn assemble(plan: &Plan) -> Result<(), String> {
     }
     let shm = scratch.as_ref().map(|(_, shm)| fd_path(shm));
     step("assemble /dev", populate_dev(&stage.join("dev"), shm.as_deref()))?;
-    drop((home_fd, extra, scratch));
+    drop((home_fd, layers, extra, scratch));
     let proc = stage.join("proc");
     step("create /proc", fs::create_dir(&proc))?;
     let proc_flags = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
@@ -150,6 +152,89 @@ pub fn assemble(plan: &Plan) -> Result<(), String> {
     step("make the root read-only", mount::mount_remount("/", MountFlags::RDONLY | nosuid_nodev, "").map_err(io::Error::from))?;
     step("enter the home", rustix::process::chdir(HOME).map_err(io::Error::from))?;
     Ok(())
+}
+
+/// The home's name in the sandbox's directory: the overlay's upper layer ([`mount_home`]).
+pub const LAYER_HOME: &str = "home";
+/// The overlay's empty lower layer, beside the home.
+pub const LAYER_LOWER: &str = "lower";
+/// The overlay's work directory, which the kernel needs on the home's file system, beside it.
+pub const LAYER_WORK: &str = "work";
+
+/// The overlay's options: its layers named relative to the sandbox's directory (the working
+/// directory of whoever mounts it), which is all `/proc/self/mountinfo` shows of them.
+pub fn overlay_options(user_xattr: bool) -> String {
+    let options = format!("lowerdir={LAYER_LOWER},upperdir={LAYER_HOME},workdir={LAYER_WORK}");
+    // In a user namespace the kernel keeps the overlay's own attributes as `user.` ones.
+    if user_xattr {
+        options + ",userxattr"
+    } else {
+        options
+    }
+}
+
+/// Mounts the sandbox home at `target`. Bound as it is, the home's host path (the state root's)
+/// would show in the sandbox's `/proc/self/mountinfo`, whose root field is the bound directory's
+/// path on its file system. So where the sandbox's directory (`layers`) is at hand and the
+/// kernel allows it, the home is the only writable layer of an overlay whose lower layer is
+/// empty: nothing is ever copied up, every write lands in the home itself, and mountinfo shows
+/// the layers by their names in that directory. Otherwise (no overlayfs, a file system that
+/// cannot be an upper layer, a directory this uid may not write) the home is bound as it is.
+fn mount_home(home_fd: &OwnedFd, layers: Option<&OwnedFd>, target: &Path) -> io::Result<()> {
+    if let Some(dir) = layers {
+        if mount_layers(dir, target, true).is_ok() {
+            return Ok(());
+        }
+    }
+    mount::mount_bind(fd_path(home_fd), target).map_err(io::Error::from)
+}
+
+/// The sandbox's directory above `home`, opened, where the home can be an overlay's upper layer
+/// ([`mount_home`]): none for a disk of the sandbox's own (`own_fs`: its mount names no host
+/// path anyway) or a home that is not a sandbox directory's [`LAYER_HOME`] (a handed-over one).
+pub fn layers_of(home: &Path, own_fs: bool) -> Option<OwnedFd> {
+    let dir = home.parent().filter(|_| !own_fs && home.file_name() == Some(std::ffi::OsStr::new(LAYER_HOME)))?;
+    open_path(dir).ok()
+}
+
+/// The overlay of [`mount_home`], for a mounter in a user namespace or not, from the sandbox's
+/// directory `dir` (made this process's working directory meanwhile) onto `target`.
+pub fn mount_layers(dir: &OwnedFd, target: &Path, in_user_namespace: bool) -> io::Result<()> {
+    rustix::process::fchdir(dir)?;
+    let made = (|| -> io::Result<()> {
+        for layer in [LAYER_LOWER, LAYER_WORK] {
+            match rustix::fs::mkdirat(dir, layer, Mode::RWXU) {
+                Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        // The variant for where the mounter is first, then the other (a server that is root of
+        // a user namespace of its own mounts as the stage does).
+        let mut last = io::Error::other("no overlay was tried");
+        for user_xattr in [in_user_namespace, !in_user_namespace] {
+            let options = std::ffi::CString::new(overlay_options(user_xattr)).map_err(io::Error::other)?;
+            match mount::mount("overlay", target, "overlay", MountFlags::NOSUID | MountFlags::NODEV, Some(options.as_c_str())) {
+                Ok(()) => return Ok(()),
+                Err(e) => last = e.into(),
+            }
+        }
+        Err(last)
+    })();
+    let _ = rustix::process::chdir("/");
+    made
+}
+
+/// Lets the owner of sandbox directory `dir` remove what the overlay's kernel code left in its
+/// work directory: directories of mode 0 (`work/work`), which a server that is not root could
+/// not list. Bounded: the kernel makes a few entries there, and only those are looked at.
+pub fn open_work_dir(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(entries) = fs::read_dir(dir.join(LAYER_WORK)) else { return };
+    for entry in entries.flatten().take(16) {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            let _ = fs::set_permissions(entry.path(), fs::Permissions::from_mode(0o700));
+        }
+    }
 }
 
 const PASSWD: &str = "root:x:0:0:root:/home/user:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n";

@@ -1,8 +1,9 @@
 //! The stage: the privileged first step of an isolated sandbox when the server runs as root (an
 //! unprivileged server has util-linux `unshare` do the same, see [`super::init`]).
 //!
-//! In a mount namespace of its own the stage joins the sandbox's cgroups, binds the home onto
-//! [`HANDOFF`] (the sandbox's uid may not be able to pass the directories above it), drops to the
+//! In a mount namespace of its own the stage joins the sandbox's cgroups, mounts the home onto
+//! [`HANDOFF`] (the sandbox's uid may not be able to pass the directories above it; an overlay,
+//! [`super::rootfs::mount_home`] says why), drops to the
 //! sandbox's uid and gid without supplementary groups or capabilities, makes the sandbox's
 //! namespaces (user, mapping root to that uid and gid alone; mount, private; pid; ipc; uts;
 //! network unless the sandbox keeps the host's; cgroup where the kernel has it) and forks the
@@ -41,6 +42,9 @@ pub(super) struct Stage {
     pub net: bool,
     /// The sandbox's home on the host.
     pub home: String,
+    /// Whether the home is a file system of its own (a disk, [`super::disk`]): then it is bound
+    /// as it is, since its mount names no host path anyway.
+    pub own_fs: bool,
     /// The init's arguments (after `sandbox-init`).
     pub init: Vec<String>,
 }
@@ -101,7 +105,7 @@ fn stage_and_init(stage: Stage) -> anyhow::Result<()> {
     use rustix::mount::MountPropagationFlags as Propagation;
     use rustix::thread::UnshareFlags as Ns;
     let fail = answer_error;
-    let Stage { owner: (uid, gid), cgroups, net, home, init: init_args } = stage;
+    let Stage { owner: (uid, gid), cgroups, net, home, own_fs, init: init_args } = stage;
     // As `unshare` did: the init must be able to wait for its children whatever the server was
     // started with.
     default_child_signal();
@@ -113,7 +117,7 @@ fn stage_and_init(stage: Stage) -> anyhow::Result<()> {
     for file in &cgroups {
         std::fs::write(file, "0\n").map_err(|e| fail(format!("cannot join the sandbox's cgroup {file}: {e}")))?;
     }
-    rustix::mount::mount_bind(home.as_str(), HANDOFF).map_err(|e| fail(format!("cannot hand over the sandbox home {home}: {e}")))?;
+    hand_over(std::path::Path::new(&home), own_fs).map_err(|e| fail(format!("cannot hand over the sandbox home {home}: {e}")))?;
     // One thread: these per-thread calls are the whole process's. From root to another uid the
     // kernel clears the permitted and effective capabilities; the inheritable ones go too.
     let (u, g) = (rustix::process::Uid::from_raw(uid), rustix::process::Gid::from_raw(gid));
@@ -151,6 +155,19 @@ fn stage_and_init(stage: Stage) -> anyhow::Result<()> {
     };
     let status = init::Holder::of(child).wait().map_err(|e| anyhow::anyhow!("waiting for the init failed: {e}"))?;
     std::process::exit(crate::provider::process::status_code(status))
+}
+
+/// Puts the sandbox home at [`HANDOFF`]: as the only writable layer of an overlay, mounted here
+/// with the host's privileges ([`super::rootfs::mount_home`] says why), or bound as it is where
+/// the kernel refuses the overlay and for a disk of the sandbox's own (whose mount names no host
+/// path anyway).
+fn hand_over(home: &std::path::Path, own_fs: bool) -> Result<(), String> {
+    if let Some(dir) = super::rootfs::layers_of(home, own_fs) {
+        if super::rootfs::mount_layers(&dir, std::path::Path::new(HANDOFF), false).is_ok() {
+            return Ok(());
+        }
+    }
+    rustix::mount::mount_bind(home, HANDOFF).map_err(|e| e.to_string())
 }
 
 /// `fork(2)`: `None` in the child, the child's pid in the parent. Only for a process that runs on

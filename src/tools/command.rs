@@ -179,6 +179,57 @@ fn inline(bytes: &[u8], max: usize, stream: &str) -> (String, bool) {
     (text, true)
 }
 
+/// Makes a run_command result (`structured`, completed or running) whose answer found no room in
+/// the server's answer memory (`why`, [`crate::answer_budget::Full::message`]) small enough to
+/// need none: each stream's text cut to its head and tail, [`limits::MAX_OUTPUT_DEFAULT`] bytes in
+/// all, with a marker where bytes were left out, and a `warning` that says why. The command has
+/// run, so its exit code and what fits of its output are worth more to the caller than an error
+/// that invites running it again. `false` (and nothing changed) for any other result.
+pub fn fit_for_answer(structured: &mut Value, why: &str) -> bool {
+    let is_command = matches!(structured["state"].as_str(), Some("completed" | "running"))
+        && structured["stdout"].is_string()
+        && structured["stderr"].is_string();
+    if !is_command {
+        return false;
+    }
+    let max = limits::MAX_OUTPUT_DEFAULT as usize;
+    for stream in ["stdout", "stderr"] {
+        let Some(text) = structured[stream].as_str() else { continue };
+        if text.len() <= max {
+            continue;
+        }
+        let cut = head_and_tail(text, max);
+        structured[stream] = Value::String(cut);
+        structured[format!("{stream}_truncated")] = Value::Bool(true);
+    }
+    let note = format!(
+        "the output was cut to {max} bytes per stream in this answer because the server had no room for the whole of it ({why}); \
+the command ran once and is not to be repeated for its output: read it again with get_task where a task_id is given, or \
+redirect it to a file and read parts of it"
+    );
+    structured["warning"] = Value::String(match structured["warning"].as_str() {
+        Some(earlier) => format!("{earlier}; {note}"),
+        None => note,
+    });
+    true
+}
+
+/// `text`'s head and tail within about `max` bytes, cut on character boundaries, with a marker
+/// between that says how many bytes were left out.
+fn head_and_tail(text: &str, max: usize) -> String {
+    let marker = |left_out: usize| format!("\n[... {left_out} bytes left out: no room for the whole answer ...]\n");
+    let room = max.saturating_sub(marker(text.len()).len());
+    let mut head = room / 2;
+    while head > 0 && !text.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = text.len() - (room - room / 2);
+    while tail < text.len() && !text.is_char_boundary(tail) {
+        tail += 1;
+    }
+    format!("{}{}{}", &text[..head], marker(tail - head), &text[tail..])
+}
+
 /// The fields every completed run_command result has (its outputSchema gives types only).
 pub const COMPLETED_FIELDS: &[&str] = &[
     "state",
@@ -637,6 +688,32 @@ this task_id and sandbox_id reads its logs"
 mod tests {
     use super::*;
     use crate::tools::args::samples;
+
+    /// A result without room keeps its exit code, each stream's head and tail within the default
+    /// output size (cut on character boundaries), and says why; other results are left alone.
+    #[test]
+    fn a_command_result_is_made_to_fit_and_others_are_left_alone() {
+        let big = format!("{}é{}", "a".repeat(40_000), "z".repeat(40_000));
+        let mut result = json!({"state": "completed", "exit_code": 3, "stdout": big, "stderr": "short",
+            "stdout_truncated": false, "stderr_truncated": false, "warning": "earlier"});
+        assert!(fit_for_answer(&mut result, "no room now"));
+        let out = result["stdout"].as_str().unwrap();
+        assert!(out.len() <= limits::MAX_OUTPUT_DEFAULT as usize, "{}", out.len());
+        assert!(out.starts_with('a') && out.ends_with('z') && out.contains("bytes left out"), "{out}");
+        assert_eq!((result["stdout_truncated"].clone(), result["stderr_truncated"].clone()), (json!(true), json!(false)));
+        assert_eq!(result["stderr"], "short");
+        assert_eq!(result["exit_code"], 3);
+        let warning = result["warning"].as_str().unwrap();
+        assert!(warning.starts_with("earlier; ") && warning.contains("no room now"), "{warning}");
+        // A multi-byte character at the cut stays whole.
+        let wide = "é".repeat(20_000);
+        assert!(head_and_tail(&wide, 1001).chars().all(|c| c == 'é' || c.is_ascii()));
+        for other in [json!({"path": "f", "content": "x"}), json!({"state": "succeeded", "stdout": 1, "stderr": ""})] {
+            let mut same = other.clone();
+            assert!(!fit_for_answer(&mut same, "no room"));
+            assert_eq!(same, other);
+        }
+    }
 
     #[test]
     fn reads_only_declared_arguments() {

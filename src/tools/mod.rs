@@ -280,6 +280,9 @@ pub fn call(ctx: &Ctx<'_>, tool: &Tool, arguments: &Map<String, Value>) -> Reply
     let outcome = args::validate(tool.name, tool.params, arguments).map_err(|e| ToolError::new(e.0)).and_then(|a| (tool.run)(ctx, &a));
     match outcome {
         Ok(Reply::Wait(pending)) => Reply::Wait(pending),
+        Ok(Reply::Now(structured)) if tool.name == "run_command" => {
+            Reply::Now(finish_command(ctx.app, ctx.client, structured, crate::limits::ANSWER_WAIT))
+        }
         Ok(Reply::Now(structured)) => Reply::Now(finish(ctx.app, ctx.client, Ok(structured), Some(crate::limits::ANSWER_WAIT))),
         Err(err) => Reply::Now(finish(ctx.app, ctx.client, Err(err), Some(crate::limits::ANSWER_WAIT))),
     }
@@ -301,6 +304,23 @@ pub struct Finished {
 /// for answers made one at a time (a subscription's notifications, `sandbox-mcp call`).
 pub fn finish(app: &App, client: &str, outcome: ReadResult, wait: Option<Duration>) -> Finished {
     try_finish(app, client, outcome, wait).unwrap_or_else(|full| refused(app, &full))
+}
+
+/// [`finish`] for a run_command result, whose command has run whatever becomes of its answer:
+/// one that finds no room in the answer budget within `wait` is sent with its output cut to what
+/// needs none ([`command::fit_for_answer`]), rather than lost.
+pub fn finish_command(app: &App, client: &str, mut structured: Value, wait: Duration) -> Finished {
+    let full = match answer_budget::charge(client, &structured, wait) {
+        Ok(charge) => return Finished { result: masked(app, success(structured)), charge },
+        Err(full) => full,
+    };
+    if !command::fit_for_answer(&mut structured, &full.message()) {
+        return refused(app, &full);
+    }
+    match answer_budget::charge(client, &structured, Duration::ZERO) {
+        Ok(charge) => Finished { result: masked(app, success(structured)), charge },
+        Err(full) => refused(app, &full),
+    }
 }
 
 /// The failure that answers a call whose result found no room in the answer budget.

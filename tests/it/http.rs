@@ -767,6 +767,35 @@ fn a_client_that_never_reads_its_large_answers_delays_only_its_own() {
     drop(unread);
 }
 
+/// A run_command whose answer finds no room in its client's share of the answer budget is still
+/// answered, with its output cut to what needs no room and a warning that says why: the command
+/// has run, and an error would invite running it again. It used to be a failure that lost the
+/// exit code and the output.
+#[test]
+fn a_command_whose_answer_finds_no_room_is_answered_with_its_output_cut() {
+    let home = Home::new("http-answer-command");
+    let h = Http::start(&home, &[], &[]);
+    let greedy = h.initialize();
+    let sb = sandbox_with_control_bytes(&h, &greedy);
+    // One answer of the greedy client's being sent and never read holds its share.
+    let unread = unread_read(&h, &greedy, &sb, 100);
+    unread.set_nonblocking(true).unwrap();
+    wait_for(Duration::from_secs(60), "the unread answer to be sent", || unread.peek(&mut [0u8; 1]).is_ok_and(|n| n > 0).then_some(()));
+    let command = "head -c 1000000 /dev/zero | tr '\\0' '\\1'; echo; echo the-end";
+    let ran = h.call(&greedy, "run_command", json!({"sandbox_id": sb, "command": command, "max_output": 1_048_576}));
+    let result = &ran["result"];
+    assert_eq!(result["isError"], false, "{}", result["content"][0]["text"]);
+    let out = &result["structuredContent"];
+    assert_eq!(out["exit_code"], 0, "{out}");
+    assert_eq!(out["stdout_bytes"], 1_000_009);
+    assert_eq!(out["stdout_truncated"], true);
+    let stdout = out["stdout"].as_str().unwrap();
+    assert!(stdout.len() <= 16_384 && stdout.ends_with("the-end\n") && stdout.contains("bytes left out"), "{} bytes", stdout.len());
+    let warning = out["warning"].as_str().unwrap_or_default();
+    assert!(warning.contains("no room") && warning.contains("not to be repeated"), "{warning}");
+    drop(unread);
+}
+
 /// A protocol task's result that finds no room in the answer budget is a -32000 error to ask
 /// again, never a failed result (the task and its result stay): four clients that never read
 /// their 54 MB answers hold most of the budget, and the result of a task whose logs are 1 MiB

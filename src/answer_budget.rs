@@ -13,7 +13,8 @@
 //! goes with the answer until the transport has written it; after serializing, it shrinks to
 //! the serialized bytes. Answers smaller than [`crate::limits::ANSWER_FREE`] take nothing:
 //! every ordinary answer. A charge that does not fit waits for room while other answers give
-//! theirs back, [`crate::limits::ANSWER_WAIT`] after the last did and
+//! theirs back, and charges get the total's room in the order they began to wait (one held back
+//! only by its own client's share holds up nobody), [`crate::limits::ANSWER_WAIT`] after the last did and
 //! [`crate::limits::ANSWER_WAIT_MOST`] in all, then the call fails with a message saying so; on the waiter's
 //! thread it does not wait: the call stays parked and is made again later ([`Backoff`]; a
 //! subscription's notification likewise). One client
@@ -23,7 +24,7 @@
 
 use crate::limits::{ANSWER_BUDGET, ANSWER_BUDGET_PER_CLIENT, ANSWER_FREE};
 use serde_json::Value;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -78,6 +79,35 @@ struct Held {
     waiting: usize,
     /// How many times room was given back so far (a waiting charge waits on while it grows).
     gives: u64,
+    /// The charges waiting, oldest first: (ticket, client, bytes).
+    queue: VecDeque<(u64, String, usize)>,
+    /// The next waiting charge's ticket.
+    next_ticket: u64,
+}
+
+impl Held {
+    /// Bytes `client` holds.
+    fn of(&self, client: &str) -> usize {
+        self.by.as_ref().and_then(|by| by.get(client)).copied().unwrap_or(0)
+    }
+
+    /// Whether a charge waiting before `ticket` (every waiting one for `None`) would fit its
+    /// client's share: then the room it waits for is its to take first, and a later charge
+    /// (waiting or new) that fits the total now does not pass it. A charge held back only by
+    /// its own client's share holds up nobody else.
+    fn first_in_line(&self, ticket: Option<u64>, per_client: usize) -> bool {
+        self.queue.iter().take_while(|(t, _, _)| Some(*t) != ticket).any(|(_, client, bytes)| {
+            let mine = self.of(client);
+            mine == 0 || mine.saturating_add(*bytes) <= per_client
+        })
+    }
+
+    /// Takes waiting charge `ticket` out of the line.
+    fn leave(&mut self, ticket: Option<u64>) {
+        if let Some(t) = ticket {
+            self.queue.retain(|(queued, _, _)| *queued != t);
+        }
+    }
 }
 
 /// Why a charge was not taken: what it needed, and what the budget held then.
@@ -116,7 +146,12 @@ now ({} of this client's {} MiB share)",
 impl Budget {
     /// A budget of `total` bytes, at most `per_client` of them for one client.
     pub const fn new(total: usize, per_client: usize) -> Budget {
-        Budget { held: Mutex::new(Held { all: 0, by: None, waiting: 0, gives: 0 }), freed: Condvar::new(), total, per_client }
+        Budget {
+            held: Mutex::new(Held { all: 0, by: None, waiting: 0, gives: 0, queue: VecDeque::new(), next_ticket: 0 }),
+            freed: Condvar::new(),
+            total,
+            per_client,
+        }
     }
 
     /// Takes `bytes` for `client`, waiting for room while answers give theirs back: at most
@@ -132,13 +167,23 @@ impl Budget {
         let mut until = start + wait;
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         let mut gives = held.gives;
+        // This charge's place in line once it waits.
+        let mut ticket = None;
         loop {
-            let mine = held.by.as_ref().and_then(|by| by.get(client)).copied().unwrap_or(0);
+            let mine = held.of(client);
             let fits_all = held.all == 0 || held.all.saturating_add(bytes) <= self.total;
             let fits_mine = mine == 0 || mine.saturating_add(bytes) <= self.per_client;
-            if fits_all && fits_mine {
+            // In the order charges began to wait: a large one is not passed over for good by
+            // smaller ones that keep the total from ever having its room.
+            if fits_all && fits_mine && !held.first_in_line(ticket, self.per_client) {
+                held.leave(ticket);
                 held.all += bytes;
                 *held.by.get_or_insert_with(HashMap::new).entry(client.to_string()).or_insert(0) += bytes;
+                drop(held);
+                if ticket.is_some() {
+                    // The next in line may fit now.
+                    self.freed.notify_all();
+                }
                 return Ok(Charge { bytes, taken: Some((self, client.to_string())) });
             }
             if held.gives != gives {
@@ -148,7 +193,20 @@ impl Budget {
             }
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(Full { needed: bytes, held: held.all, held_by_client: mine, total: self.total, per_client: self.per_client });
+                let all = held.all;
+                held.leave(ticket);
+                drop(held);
+                if ticket.is_some() {
+                    // Those behind it may fit now.
+                    self.freed.notify_all();
+                }
+                return Err(Full { needed: bytes, held: all, held_by_client: mine, total: self.total, per_client: self.per_client });
+            }
+            if ticket.is_none() {
+                let t = held.next_ticket;
+                held.next_ticket += 1;
+                held.queue.push_back((t, client.to_string(), bytes));
+                ticket = Some(t);
             }
             held.waiting += 1;
             held = self.freed.wait_timeout(held, left).unwrap_or_else(|p| p.into_inner()).0;
@@ -310,6 +368,38 @@ mod tests {
         drop(huge);
     }
 
+    /// Charges take the total's room in the order they began to wait: a large one waiting is not
+    /// passed by a later one that fits now (which kept it from ever having its room), while one
+    /// held back by its own client's share holds up nobody.
+    #[test]
+    fn a_waiting_charge_is_not_passed_over() {
+        let b = budget(4 * MIB, 4 * MIB);
+        let first = b.take("a", 2 * MIB, Duration::ZERO).unwrap();
+        let waiter = std::thread::spawn(move || b.take("w", 3 * MIB, Duration::from_secs(30)).map(|c| c.bytes));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while b.held.lock().unwrap().waiting == 0 {
+            assert!(Instant::now() < deadline, "the large charge never waited");
+            std::thread::yield_now();
+        }
+        assert!(b.take("t", 2 * MIB, Duration::ZERO).is_err(), "a later charge passed the one waiting");
+        drop(first);
+        assert_eq!(waiter.join().unwrap(), Ok(3 * MIB));
+        assert_eq!(b.held(), 0);
+        assert!(b.held.lock().unwrap().queue.is_empty());
+
+        let b = budget(8 * MIB, 3 * MIB);
+        let own = b.take("w", 2 * MIB, Duration::ZERO).unwrap();
+        let waiter = std::thread::spawn(move || b.take("w", 2 * MIB, Duration::from_secs(30)).map(|c| c.bytes));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while b.held.lock().unwrap().waiting == 0 {
+            assert!(Instant::now() < deadline, "the charge over its share never waited");
+            std::thread::yield_now();
+        }
+        let other = b.take("t", 2 * MIB, Duration::ZERO).expect("a charge held back by its own share holds up nobody");
+        drop((own, other));
+        assert_eq!(waiter.join().unwrap(), Ok(2 * MIB));
+    }
+
     #[test]
     fn a_waiting_charge_fits_once_another_is_given_back() {
         let b = budget(4 * MIB, 4 * MIB);
@@ -332,12 +422,16 @@ mod tests {
     fn a_charge_waits_on_while_room_is_given_back() {
         let b = budget(4 * MIB, 4 * MIB);
         let first = b.take("a", 3 * MIB, Duration::ZERO).unwrap();
+        let mut turning = b.take("c", MIB, Duration::ZERO).unwrap();
         let wait = Duration::from_millis(300);
         let t0 = Instant::now();
         let waiter = std::thread::spawn(move || b.take("b", 3 * MIB, wait).map(|c| c.bytes));
-        // Room is given back every 100 ms for 1.5 s (one more small answer made and sent each time).
+        // Room is given back every 100 ms for 1.5 s (an answer shrinking as it is sent; a new
+        // answer would wait behind the waiting charge).
+        let mut left = MIB;
         while t0.elapsed() < Duration::from_millis(1500) {
-            drop(b.take("c", ANSWER_FREE, Duration::ZERO).unwrap());
+            left -= MIB / 32;
+            turning.shrink_to(left);
             std::thread::sleep(Duration::from_millis(100));
         }
         drop(first);
@@ -348,7 +442,7 @@ mod tests {
         let t1 = Instant::now();
         assert!(b.take("b", 3 * MIB, wait).is_err());
         assert!(t1.elapsed() < Duration::from_millis(1200), "{:?}", t1.elapsed());
-        drop(held);
+        drop((held, turning));
     }
 
     /// A refused answer is made again after 1 s, then 2 s, 4 s, … at most 30 s: each try reads

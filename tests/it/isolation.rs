@@ -14,6 +14,7 @@ use crate::support::*;
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::TcpListener;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Skips (with a line saying why) where this host offers no namespaces: then `auto` means none,
@@ -126,6 +127,10 @@ fn host_files_other_sandboxes_and_the_state_root_are_out_of_sight() {
         let (_, mounts, _) = sh(&mut m, "cat /proc/self/mountinfo");
         assert!(!mounts.contains(&state_root), "{who}: mountinfo inside names the state root {state_root}:\n{mounts}");
         assert!(mounts.lines().any(|l| l.contains(" /home/user ")), "{who}: no mount of the home:\n{mounts}");
+        // The home's overlay keeps what a rename needs: a crippled one (mounted where its own
+        // attributes cannot be kept) refused renaming a directory at its top with EXDEV.
+        let (code, _, err) = sh(&mut m, "python3 -c 'import os; os.mkdir(\"c\"); os.rename(\"c\", \"d\"); os.rmdir(\"d\")'");
+        assert_eq!(code, 0, "{who}: a directory at the top of the home cannot be renamed: {err}");
         let (code, _, err) = sh(&mut m, "echo x > /usr/planted; echo x > /etc/planted; echo x > /bin/planted");
         assert_ne!(code, 0, "{who}");
         assert!(err.contains("Read-only file system"), "{who}: {err}");
@@ -1241,6 +1246,62 @@ fn loop_devices_of(sb: &str) -> Vec<String> {
         .filter(|e| std::fs::read_to_string(e.path().join("loop/backing_file")).is_ok_and(|f| f.contains(sb)))
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect()
+}
+
+/// A file system of this test's own, mounted over a directory until dropped (then detached, and
+/// its image removed).
+#[derive(Default)]
+struct Mounted {
+    at: Option<(PathBuf, PathBuf)>,
+}
+
+impl Mounted {
+    /// A new ext4 image of `mib` MiB, `reserved_percent` of it kept for root, mounted at `dir`.
+    fn ext4(&mut self, dir: &Path, mib: u64, reserved_percent: u32) {
+        let image = dir.with_extension("img");
+        std::fs::File::create(&image).unwrap().set_len(mib << 20).unwrap();
+        let made =
+            std::process::Command::new("mkfs.ext4").args(["-q", "-F", "-m", &reserved_percent.to_string()]).arg(&image).status().unwrap();
+        assert!(made.success(), "mkfs.ext4 failed");
+        let mounted = std::process::Command::new("mount").args(["-o", "loop"]).arg(&image).arg(dir).status().unwrap();
+        assert!(mounted.success(), "mount -o loop failed");
+        self.at = Some((dir.to_path_buf(), image));
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if let Some((dir, image)) = self.at.take() {
+            let _ = rustix::mount::unmount(&dir, rustix::mount::UnmountFlags::DETACH);
+            let _ = std::fs::remove_file(image);
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+/// A root server's sandbox writes its home with no more right to the disk than an unprivileged
+/// user: on a file system that keeps blocks for root (ext4's reserve), its writes stop where
+/// that user's would. The home's overlay was mounted with all of the host root's capabilities,
+/// and the sandbox's writes took the reserve too: the whole disk, root's services included.
+#[test]
+fn a_sandbox_cannot_take_the_disk_space_kept_for_root() {
+    // Declared first, dropped last: after the home has ended its sandboxes.
+    let mut disk = Mounted::default();
+    let Some(home) = isolated_home("iso-reserve") else { return };
+    if !is_root() || !disks_work() {
+        return;
+    }
+    std::fs::create_dir_all(&home.path).unwrap();
+    // 64 MiB, half of it kept for root.
+    disk.ext4(&home.path, 64, 50);
+    let mut m = home.stdio();
+    m.create();
+    let (code, _, err) = sh(&mut m, "head -c 104857600 /dev/zero > big");
+    assert_ne!(code, 0, "100 MB fit in 64 MiB");
+    assert!(err.contains("No space left on device"), "{err}");
+    let fs = rustix::fs::statvfs(&home.path).unwrap();
+    let free = fs.f_bfree * fs.f_frsize;
+    assert!(free >= 16 << 20, "the sandbox took the space kept for root: {} KiB left", free >> 10);
 }
 
 /// `limits.disk_mb` bounds what a sandbox writes into its home, `/tmp` and `/dev/shm` (ENOSPC,

@@ -579,11 +579,22 @@ fn state_files_are_0600_and_directories_0700() {
     // The overlay's kernel code makes its own directory in the work layer, of mode 0.
     let kernels = dir.join("work/work");
     let bad = loose(&home.path.join("sandboxes"), &|p: &Path| {
-        (p.starts_with(&home_dir) && p != home_dir && !p.starts_with(home_dir.join(".sandbox-mcp"))) || (p == kernels && mode(p) == 0)
+        (p.starts_with(&home_dir) && p != home_dir && !p.starts_with(home_dir.join(".sandbox-mcp")))
+            || (p == kernels && mode(p) == 0)
+            || p == dir
     });
     assert!(bad.is_empty(), "not private: {bad:#?}");
-    for (p, want) in [(dir.clone(), 0o700), (home_dir.clone(), 0o700), (dir.join("meta.json"), 0o600), (dir.join("keeper.pid"), 0o600)] {
+    for (p, want) in [(home_dir.clone(), 0o700), (dir.join("meta.json"), 0o600), (dir.join("keeper.pid"), 0o600)] {
         assert_eq!(mode(&p), want, "{}", p.display());
+    }
+    // The sandbox's directory: 0700, or under a root server 0710 for the sandbox's own gid alone,
+    // whose init passes it to mount its home.
+    let meta = std::fs::metadata(&dir).unwrap();
+    let shared = std::os::unix::fs::MetadataExt::gid(&meta) == std::os::unix::fs::MetadataExt::gid(&std::fs::metadata(&home_dir).unwrap());
+    match mode(&dir) {
+        0o700 => {}
+        0o710 if shared && std::os::unix::fs::MetadataExt::gid(&meta) != 0 => {}
+        other => panic!("{}: mode {other:o}, group {}", dir.display(), std::os::unix::fs::MetadataExt::gid(&meta)),
     }
     m.close();
 }

@@ -746,11 +746,12 @@ since {why}; leave network out, or run the server as root or where user namespac
         }
         // A disk's mounts go first: removing the directory must not descend into them.
         disk::release(&dir);
-        isolation::rootfs::open_work_dir(&dir);
         // A keeper starting at this moment may still write its pid file into the directory
-        // (make bench saw "Directory not empty"): retry a few times.
+        // (make bench saw "Directory not empty"), and an init still starting may make the
+        // overlay's work directory: retry a few times.
         let mut attempt = 0;
         let removed = loop {
+            isolation::rootfs::open_work_dir(&dir);
             match fs::remove_dir_all(&dir) {
                 Ok(()) => break Ok(()),
                 Err(err) if err.kind() == io::ErrorKind::NotFound => break Ok(()),

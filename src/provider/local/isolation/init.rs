@@ -202,7 +202,7 @@ fn start_init_as(as_root: bool, tools: &Tools, exe: &Path, site: &Site<'_>, spaw
     // The init's arguments (after `sandbox-init`).
     let mut init_args = Vec::new();
     if as_root {
-        init_args.extend(["--home".to_string(), stage::HANDOFF.to_string()]);
+        init_args.extend(["--home".to_string(), stage::handed_over_home(scratch)]);
     }
     if !super::visible_inside(shell) {
         init_args.extend(["--bind-file".to_string(), text(shell)?]);

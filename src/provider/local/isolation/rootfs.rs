@@ -182,7 +182,7 @@ pub fn overlay_options(user_xattr: bool) -> String {
 /// cannot be an upper layer, a directory this uid may not write) the home is bound as it is.
 fn mount_home(home_fd: &OwnedFd, layers: Option<&OwnedFd>, target: &Path) -> io::Result<()> {
     if let Some(dir) = layers {
-        if mount_layers(dir, target, true).is_ok() {
+        if mount_layers(dir, target).is_ok() {
             return Ok(());
         }
     }
@@ -191,15 +191,19 @@ fn mount_home(home_fd: &OwnedFd, layers: Option<&OwnedFd>, target: &Path) -> io:
 
 /// The sandbox's directory above `home`, opened, where the home can be an overlay's upper layer
 /// ([`mount_home`]): none for a disk of the sandbox's own (`own_fs`: its mount names no host
-/// path anyway) or a home that is not a sandbox directory's [`LAYER_HOME`] (a handed-over one).
-pub fn layers_of(home: &Path, own_fs: bool) -> Option<OwnedFd> {
+/// path anyway) or a home that is not a sandbox directory's [`LAYER_HOME`].
+fn layers_of(home: &Path, own_fs: bool) -> Option<OwnedFd> {
     let dir = home.parent().filter(|_| !own_fs && home.file_name() == Some(std::ffi::OsStr::new(LAYER_HOME)))?;
     open_path(dir).ok()
 }
 
-/// The overlay of [`mount_home`], for a mounter in a user namespace or not, from the sandbox's
-/// directory `dir` (made this process's working directory meanwhile) onto `target`.
-pub fn mount_layers(dir: &OwnedFd, target: &Path, in_user_namespace: bool) -> io::Result<()> {
+/// The overlay of [`mount_home`] from the sandbox's directory `dir` (made this process's working
+/// directory meanwhile) onto `target`, by the init in the sandbox's user namespace, which keeps
+/// the overlay's own attributes as `user.` ones (or, where the file system has none, tries the
+/// `trusted.` ones). An overlay that cannot keep them is mounted all the same, crippled (renaming
+/// a directory at the top of the home fails with `EXDEV`), so each one is tried before it is
+/// kept ([`renames_work`]); `Err` when none works.
+fn mount_layers(dir: &OwnedFd, target: &Path) -> io::Result<()> {
     rustix::process::fchdir(dir)?;
     let made = (|| -> io::Result<()> {
         for layer in [LAYER_LOWER, LAYER_WORK] {
@@ -208,13 +212,17 @@ pub fn mount_layers(dir: &OwnedFd, target: &Path, in_user_namespace: bool) -> io
                 Err(e) => return Err(e.into()),
             }
         }
-        // The variant for where the mounter is first, then the other (a server that is root of
-        // a user namespace of its own mounts as the stage does).
         let mut last = io::Error::other("no overlay was tried");
-        for user_xattr in [in_user_namespace, !in_user_namespace] {
+        for user_xattr in [true, false] {
             let options = std::ffi::CString::new(overlay_options(user_xattr)).map_err(io::Error::other)?;
             match mount::mount("overlay", target, "overlay", MountFlags::NOSUID | MountFlags::NODEV, Some(options.as_c_str())) {
-                Ok(()) => return Ok(()),
+                Ok(()) => match renames_work(target) {
+                    Ok(()) => return Ok(()),
+                    Err(e) => {
+                        last = e;
+                        let _ = mount::unmount(target, UnmountFlags::DETACH);
+                    }
+                },
                 Err(e) => last = e.into(),
             }
         }
@@ -222,6 +230,16 @@ pub fn mount_layers(dir: &OwnedFd, target: &Path, in_user_namespace: bool) -> io
     })();
     let _ = rustix::process::chdir("/");
     made
+}
+
+/// Whether a directory made at the top of the overlay at `target` can be renamed there (what a
+/// crippled overlay refuses), leaving nothing behind.
+fn renames_work(target: &Path) -> io::Result<()> {
+    let (made, renamed) = (target.join(".sandbox-mcp-probe"), target.join(".sandbox-mcp-probed"));
+    fs::create_dir(&made)?;
+    let result = fs::rename(&made, &renamed);
+    let _ = fs::remove_dir(if result.is_ok() { &renamed } else { &made });
+    result
 }
 
 /// Lets the owner of sandbox directory `dir` remove what the overlay's kernel code left in its

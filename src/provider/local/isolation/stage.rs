@@ -1,9 +1,9 @@
 //! The stage: the privileged first step of an isolated sandbox when the server runs as root (an
 //! unprivileged server has util-linux `unshare` do the same, see [`super::init`]).
 //!
-//! In a mount namespace of its own the stage joins the sandbox's cgroups, mounts the home onto
-//! [`HANDOFF`] (the sandbox's uid may not be able to pass the directories above it; an overlay,
-//! [`super::rootfs::mount_home`] says why), drops to the
+//! In a mount namespace of its own the stage joins the sandbox's cgroups, binds the sandbox's
+//! directory (or its disk) onto [`HANDOFF`] (the sandbox's uid may not be able to pass the
+//! directories above it; [`hand_over`]), drops to the
 //! sandbox's uid and gid without supplementary groups or capabilities, makes the sandbox's
 //! namespaces (user, mapping root to that uid and gid alone; mount, private; pid; ipc; uts;
 //! network unless the sandbox keeps the host's; cgroup where the kernel has it) and forks the
@@ -43,7 +43,7 @@ pub(super) struct Stage {
     /// The sandbox's home on the host.
     pub home: String,
     /// Whether the home is a file system of its own (a disk, [`super::disk`]): then it is bound
-    /// as it is, since its mount names no host path anyway.
+    /// as it is, since its mount names no host path anyway ([`hand_over`]).
     pub own_fs: bool,
     /// The init's arguments (after `sandbox-init`).
     pub init: Vec<String>,
@@ -117,7 +117,8 @@ fn stage_and_init(stage: Stage) -> anyhow::Result<()> {
     for file in &cgroups {
         std::fs::write(file, "0\n").map_err(|e| fail(format!("cannot join the sandbox's cgroup {file}: {e}")))?;
     }
-    hand_over(std::path::Path::new(&home), own_fs).map_err(|e| fail(format!("cannot hand over the sandbox home {home}: {e}")))?;
+    hand_over(std::path::Path::new(&home), own_fs, (uid, gid))
+        .map_err(|e| fail(format!("cannot hand over the sandbox home {home}: {e}")))?;
     // One thread: these per-thread calls are the whole process's. From root to another uid the
     // kernel clears the permitted and effective capabilities; the inheritable ones go too.
     let (u, g) = (rustix::process::Uid::from_raw(uid), rustix::process::Gid::from_raw(gid));
@@ -157,17 +158,47 @@ fn stage_and_init(stage: Stage) -> anyhow::Result<()> {
     std::process::exit(crate::provider::process::status_code(status))
 }
 
-/// Puts the sandbox home at [`HANDOFF`]: as the only writable layer of an overlay, mounted here
-/// with the host's privileges ([`super::rootfs::mount_home`] says why), or bound as it is where
-/// the kernel refuses the overlay and for a disk of the sandbox's own (whose mount names no host
-/// path anyway).
-fn hand_over(home: &std::path::Path, own_fs: bool) -> Result<(), String> {
-    if let Some(dir) = super::rootfs::layers_of(home, own_fs) {
-        if super::rootfs::mount_layers(&dir, std::path::Path::new(HANDOFF), false).is_ok() {
-            return Ok(());
-        }
+/// Where the init finds the sandbox home after the stage's [`hand_over`]: in the sandbox's
+/// directory bound at [`HANDOFF`], or for a disk of the sandbox's own (`own_fs`) at [`HANDOFF`]
+/// itself.
+pub fn handed_over_home(own_fs: bool) -> String {
+    if own_fs {
+        HANDOFF.to_string()
+    } else {
+        format!("{HANDOFF}/{}", super::rootfs::LAYER_HOME)
     }
-    rustix::mount::mount_bind(home, HANDOFF).map_err(|e| e.to_string())
+}
+
+/// Hands the sandbox home over to the init, whose uid may not pass the directories above it: the
+/// sandbox's directory bound at [`HANDOFF`], with the overlay's other layers made there for the
+/// sandbox's uid and gid (`owner`) and the directory passable for its gid, so that the init
+/// mounts the home's overlay itself, inside the sandbox's user namespace
+/// ([`super::rootfs::mount_home`]). Mounted here, with the host root's credentials, which the
+/// overlay keeps for writing its upper layer, the sandbox's writes would take what the host
+/// keeps for root alone (ext4's reserved blocks, past disk quotas). A disk of the sandbox's own
+/// (`own_fs`), whose mount names no host path, is bound as it is.
+fn hand_over(home: &std::path::Path, own_fs: bool, (uid, gid): (u32, u32)) -> Result<(), String> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    // Said here, at once, rather than by the init when it cannot open it.
+    if !std::fs::metadata(home).map_err(|e| e.to_string())?.is_dir() {
+        return Err("it is not a directory".into());
+    }
+    let dir = home.parent().filter(|_| !own_fs);
+    let Some(dir) = dir else {
+        return rustix::mount::mount_bind(home, HANDOFF).map_err(|e| e.to_string());
+    };
+    for layer in [super::rootfs::LAYER_LOWER, super::rootfs::LAYER_WORK] {
+        let path = dir.join(layer);
+        match std::fs::DirBuilder::new().mode(0o700).create(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(format!("make {}: {e}", path.display())),
+        }
+        std::os::unix::fs::lchown(&path, Some(uid), Some(gid)).map_err(|e| format!("give {} to the sandbox: {e}", path.display()))?;
+    }
+    std::os::unix::fs::lchown(dir, None, Some(gid)).map_err(|e| format!("let the sandbox's gid pass {}: {e}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o710)).map_err(|e| format!("{}: {e}", dir.display()))?;
+    rustix::mount::mount_bind(dir, HANDOFF).map_err(|e| e.to_string())
 }
 
 /// `fork(2)`: `None` in the child, the child's pid in the parent. Only for a process that runs on

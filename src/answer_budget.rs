@@ -368,6 +368,18 @@ mod tests {
         drop(huge);
     }
 
+    /// A charge of `bytes` for `client` taken on a thread of its own, once it waits for room (at
+    /// most 30 s); the thread gives the bytes it got.
+    fn waiting(b: &'static Budget, client: &'static str, bytes: usize) -> std::thread::JoinHandle<Result<usize, Full>> {
+        let waiter = std::thread::spawn(move || b.take(client, bytes, Duration::from_secs(30)).map(|c| c.bytes));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while b.held.lock().unwrap().waiting == 0 {
+            assert!(Instant::now() < deadline, "the charge of {bytes} bytes for {client} never waited");
+            std::thread::yield_now();
+        }
+        waiter
+    }
+
     /// Charges take the total's room in the order they began to wait: a large one waiting is not
     /// passed by a later one that fits now (which kept it from ever having its room), while one
     /// held back by its own client's share holds up nobody.
@@ -375,12 +387,7 @@ mod tests {
     fn a_waiting_charge_is_not_passed_over() {
         let b = budget(4 * MIB, 4 * MIB);
         let first = b.take("a", 2 * MIB, Duration::ZERO).unwrap();
-        let waiter = std::thread::spawn(move || b.take("w", 3 * MIB, Duration::from_secs(30)).map(|c| c.bytes));
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while b.held.lock().unwrap().waiting == 0 {
-            assert!(Instant::now() < deadline, "the large charge never waited");
-            std::thread::yield_now();
-        }
+        let waiter = waiting(b, "w", 3 * MIB);
         assert!(b.take("t", 2 * MIB, Duration::ZERO).is_err(), "a later charge passed the one waiting");
         drop(first);
         assert_eq!(waiter.join().unwrap(), Ok(3 * MIB));
@@ -389,12 +396,7 @@ mod tests {
 
         let b = budget(8 * MIB, 3 * MIB);
         let own = b.take("w", 2 * MIB, Duration::ZERO).unwrap();
-        let waiter = std::thread::spawn(move || b.take("w", 2 * MIB, Duration::from_secs(30)).map(|c| c.bytes));
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while b.held.lock().unwrap().waiting == 0 {
-            assert!(Instant::now() < deadline, "the charge over its share never waited");
-            std::thread::yield_now();
-        }
+        let waiter = waiting(b, "w", 2 * MIB);
         let other = b.take("t", 2 * MIB, Duration::ZERO).expect("a charge held back by its own share holds up nobody");
         drop((own, other));
         assert_eq!(waiter.join().unwrap(), Ok(2 * MIB));
@@ -404,12 +406,7 @@ mod tests {
     fn a_waiting_charge_fits_once_another_is_given_back() {
         let b = budget(4 * MIB, 4 * MIB);
         let first = b.take("c", 3 * MIB, Duration::ZERO).unwrap();
-        let waiter = std::thread::spawn(move || b.take("c", 3 * MIB, Duration::from_secs(30)).map(|c| c.bytes));
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while b.held.lock().unwrap().waiting == 0 {
-            assert!(Instant::now() < deadline, "the second charge never waited");
-            std::thread::yield_now();
-        }
+        let waiter = waiting(b, "c", 3 * MIB);
         drop(first);
         assert_eq!(waiter.join().unwrap(), Ok(3 * MIB));
         assert_eq!(b.held(), 0);

@@ -314,6 +314,8 @@ pub fn finish_command(app: &App, client: &str, mut structured: Value, wait: Dura
         Ok(charge) => return Finished { result: masked(app, success(structured)), charge },
         Err(full) => full,
     };
+    // The server's own secrets are masked before the cut, which could split one.
+    structured = masked(app, structured);
     if !command::fit_for_answer(&mut structured, &full.message()) {
         return refused(app, &full);
     }

@@ -1248,6 +1248,24 @@ fn loop_devices_of(sb: &str) -> Vec<String> {
         .collect()
 }
 
+/// Sandbox code may take every right away from a directory of its home: kill_sandbox still
+/// removes all of the sandbox's files. A server that is not root could not list such a
+/// directory, so the kill failed ("could not remove ...: Permission denied") and the files
+/// outlived the sandbox.
+#[test]
+fn a_directory_without_rights_does_not_outlive_its_sandbox() {
+    for home in homes("iso-no-rights") {
+        let who = who(&home);
+        let mut m = home.stdio();
+        let sb = m.create();
+        let (code, _, err) = sh(&mut m, "mkdir -p q/r && touch q/r/f && chmod 000 q/r q");
+        assert_eq!(code, 0, "{who}: {err}");
+        let killed = m.call("kill_sandbox", json!({"sandbox_id": sb}));
+        assert_eq!(killed["isError"], false, "{who}: {killed}");
+        assert!(!home.sandbox_dir(&sb).exists(), "{who}: the sandbox's directory outlived it");
+    }
+}
+
 /// A file system of this test's own, mounted over a directory until dropped (then detached, and
 /// its image removed).
 #[derive(Default)]

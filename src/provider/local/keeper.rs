@@ -43,8 +43,7 @@ impl LocalProvider {
                     entry.metadata().and_then(|m| m.modified()).is_ok_and(|t| t.elapsed().unwrap_or_default() > Duration::from_secs(600));
                 if stale {
                     super::isolation::disk::release(&entry.path());
-                    super::isolation::rootfs::open_work_dir(&entry.path());
-                    let _ = fs::remove_dir_all(entry.path());
+                    let _ = super::removal::remove_tree(&entry.path(), Instant::now() + KILL_SCAN_BUDGET);
                 }
                 continue;
             }

@@ -33,6 +33,7 @@ mod keeper;
 mod launch;
 mod metadata;
 pub mod ports;
+mod removal;
 mod scan;
 mod uid_claim;
 mod zygote;
@@ -746,19 +747,9 @@ since {why}; leave network out, or run the server as root or where user namespac
         }
         // A disk's mounts go first: removing the directory must not descend into them.
         disk::release(&dir);
-        // A keeper starting at this moment may still write its pid file into the directory
-        // (make bench saw "Directory not empty"), and an init still starting may make the
-        // overlay's work directory: retry a few times.
-        let mut attempt = 0;
-        let removed = loop {
-            isolation::rootfs::open_work_dir(&dir);
-            match fs::remove_dir_all(&dir) {
-                Ok(()) => break Ok(()),
-                Err(err) if err.kind() == io::ErrorKind::NotFound => break Ok(()),
-                Err(_) if attempt < 5 => attempt += 1,
-                Err(err) => break Err(err),
-            }
-        };
+        // (A keeper starting at this moment may still write its pid file into the directory:
+        // make bench saw "Directory not empty"; `remove_tree` tries again.)
+        let removed = removal::remove_tree(&dir, budget);
         if let Some(init) = init {
             while !init.ended() && Instant::now() < budget {
                 std::thread::sleep(Duration::from_millis(2));

@@ -242,19 +242,6 @@ fn renames_work(target: &Path) -> io::Result<()> {
     result
 }
 
-/// Lets the owner of sandbox directory `dir` remove what the overlay's kernel code left in its
-/// work directory: directories of mode 0 (`work/work`), which a server that is not root could
-/// not list. Bounded: the kernel makes a few entries there, and only those are looked at.
-pub fn open_work_dir(dir: &Path) {
-    use std::os::unix::fs::PermissionsExt;
-    let Ok(entries) = fs::read_dir(dir.join(LAYER_WORK)) else { return };
-    for entry in entries.flatten().take(16) {
-        if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            let _ = fs::set_permissions(entry.path(), fs::Permissions::from_mode(0o700));
-        }
-    }
-}
-
 const PASSWD: &str = "root:x:0:0:root:/home/user:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n";
 const GROUP: &str = "root:x:0:\nnogroup:x:65534:\n";
 

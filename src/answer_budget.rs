@@ -12,8 +12,8 @@
 //! cost ([`estimate`], from one counting pass over the result, no allocation), and the charge
 //! goes with the answer until the transport has written it; after serializing, it shrinks to
 //! the serialized bytes. Answers smaller than [`crate::limits::ANSWER_FREE`] take nothing:
-//! every ordinary answer. A charge that does not fit waits for room while other answers give
-//! theirs back, and charges get the total's room in the order they began to wait (one held back
+//! every ordinary answer. A charge that does not fit waits for room while other answers are
+//! being made or give theirs back, and charges get the total's room in the order they began to wait (one held back
 //! only by its own client's share holds up nobody), [`crate::limits::ANSWER_WAIT`] after the last did and
 //! [`crate::limits::ANSWER_WAIT_MOST`] in all, then the call fails with a message saying so; on the waiter's
 //! thread it does not wait: the call stays parked and is made again later ([`Backoff`]; a
@@ -81,6 +81,9 @@ struct Held {
     gives: u64,
     /// The charges waiting, oldest first: (ticket, client, bytes).
     queue: VecDeque<(u64, String, usize)>,
+    /// Charges of answers still being made (not yet serialized, [`Charge::shrink_to`]): work
+    /// that gives room back soon, unlike an answer being sent to a client that does not read.
+    making: usize,
     /// The next waiting charge's ticket.
     next_ticket: u64,
 }
@@ -147,17 +150,18 @@ impl Budget {
     /// A budget of `total` bytes, at most `per_client` of them for one client.
     pub const fn new(total: usize, per_client: usize) -> Budget {
         Budget {
-            held: Mutex::new(Held { all: 0, by: None, waiting: 0, gives: 0, queue: VecDeque::new(), next_ticket: 0 }),
+            held: Mutex::new(Held { all: 0, by: None, waiting: 0, gives: 0, queue: VecDeque::new(), next_ticket: 0, making: 0 }),
             freed: Condvar::new(),
             total,
             per_client,
         }
     }
 
-    /// Takes `bytes` for `client`, waiting for room while answers give theirs back: at most
-    /// `wait` since the last time any did, and at most [`crate::limits::ANSWER_WAIT_MOST`] in
-    /// all (so answers made one after another under load are served, while answers nobody
-    /// reads make the others fail soon). Nothing is taken for fewer than [`ANSWER_FREE`] bytes.
+    /// Takes `bytes` for `client`, waiting for room while answers give theirs back or are still
+    /// being made: at most `wait` since the last time any did give room back and none was being
+    /// made, and at most [`crate::limits::ANSWER_WAIT_MOST`] in all (so answers made one after
+    /// another under load are served, however slowly each is made, while answers nobody reads
+    /// make the others fail soon). Nothing is taken for fewer than [`ANSWER_FREE`] bytes.
     pub fn take(&'static self, client: &str, bytes: usize, wait: Duration) -> Result<Charge, Full> {
         if bytes < ANSWER_FREE {
             return Ok(Charge::none());
@@ -178,16 +182,18 @@ impl Budget {
             if fits_all && fits_mine && !held.first_in_line(ticket, self.per_client) {
                 held.leave(ticket);
                 held.all += bytes;
+                held.making += 1;
                 *held.by.get_or_insert_with(HashMap::new).entry(client.to_string()).or_insert(0) += bytes;
                 drop(held);
                 if ticket.is_some() {
                     // The next in line may fit now.
                     self.freed.notify_all();
                 }
-                return Ok(Charge { bytes, taken: Some((self, client.to_string())) });
+                return Ok(Charge { bytes, taken: Some((self, client.to_string())), making: true });
             }
-            if held.gives != gives {
-                // Room was given back meanwhile: the budget is turning over, wait on.
+            if held.gives != gives || held.making > 0 {
+                // Room was given back meanwhile, or an answer is being made (it will give room
+                // back once sent): the budget is turning over, wait on.
                 gives = held.gives;
                 until = (Instant::now() + wait).min(most);
             }
@@ -214,9 +220,12 @@ impl Budget {
         }
     }
 
-    /// Gives `bytes` of `client`'s back.
-    fn give(&self, client: &str, bytes: usize) {
+    /// Gives `bytes` of `client`'s back; `made`: the answer is no longer being made.
+    fn give(&self, client: &str, bytes: usize, made: bool) {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if made {
+            held.making = held.making.saturating_sub(1);
+        }
         held.all = held.all.saturating_sub(bytes);
         held.gives = held.gives.wrapping_add(1);
         if let Some(by) = held.by.as_mut() {
@@ -243,6 +252,8 @@ impl Budget {
 pub struct Charge {
     bytes: usize,
     taken: Option<(&'static Budget, String)>,
+    /// Whether its answer is still being made (until it is shrunk or dropped).
+    making: bool,
 }
 
 impl std::fmt::Debug for Budget {
@@ -261,9 +272,11 @@ impl Charge {
     /// was made from are freed).
     pub fn shrink_to(&mut self, bytes: usize) {
         if let Some((budget, client)) = &self.taken {
-            if bytes < self.bytes {
-                budget.give(client, self.bytes - bytes);
-                self.bytes = bytes;
+            let made = std::mem::take(&mut self.making);
+            let given = self.bytes.saturating_sub(bytes);
+            if given > 0 || made {
+                budget.give(client, given, made);
+                self.bytes -= given;
             }
         }
     }
@@ -272,7 +285,7 @@ impl Charge {
 impl Drop for Charge {
     fn drop(&mut self) {
         if let Some((budget, client)) = self.taken.take() {
-            budget.give(&client, self.bytes);
+            budget.give(&client, self.bytes, self.making);
         }
     }
 }
@@ -418,8 +431,11 @@ mod tests {
     #[test]
     fn a_charge_waits_on_while_room_is_given_back() {
         let b = budget(4 * MIB, 4 * MIB);
-        let first = b.take("a", 3 * MIB, Duration::ZERO).unwrap();
+        // Both answers are made already (being sent): only room given back keeps the wait on.
+        let mut first = b.take("a", 3 * MIB, Duration::ZERO).unwrap();
+        first.shrink_to(3 * MIB);
         let mut turning = b.take("c", MIB, Duration::ZERO).unwrap();
+        turning.shrink_to(MIB);
         let wait = Duration::from_millis(300);
         let t0 = Instant::now();
         let waiter = std::thread::spawn(move || b.take("b", 3 * MIB, wait).map(|c| c.bytes));
@@ -434,12 +450,31 @@ mod tests {
         drop(first);
         assert_eq!(waiter.join().unwrap(), Ok(3 * MIB), "it waited on");
         assert!(t0.elapsed() >= Duration::from_millis(1500));
-        // Nothing given back: it fails `wait` later.
-        let held = b.take("a", 3 * MIB, Duration::ZERO).unwrap();
+        // Nothing given back, and no answer being made (this one is being sent): it fails
+        // `wait` later.
+        let mut held = b.take("a", 3 * MIB, Duration::ZERO).unwrap();
+        held.shrink_to(3 * MIB);
         let t1 = Instant::now();
         assert!(b.take("b", 3 * MIB, wait).is_err());
         assert!(t1.elapsed() < Duration::from_millis(1200), "{:?}", t1.elapsed());
         drop((held, turning));
+    }
+
+    /// A charge waits on while another answer is being made, however long that takes (it gives
+    /// room back once sent): under load, sixteen large reads at once had some fail after 5 s
+    /// while the answers ahead of them were still being made.
+    #[test]
+    fn a_charge_waits_on_while_an_answer_is_being_made() {
+        let b = budget(4 * MIB, 4 * MIB);
+        let being_made = b.take("a", 3 * MIB, Duration::ZERO).unwrap();
+        let t0 = Instant::now();
+        let waiter = std::thread::spawn(move || b.take("b", 3 * MIB, Duration::from_millis(200)).map(|c| c.bytes));
+        // Made for 1 s, five times the wait, before it is sent and gives its room back.
+        std::thread::sleep(Duration::from_secs(1));
+        drop(being_made);
+        assert_eq!(waiter.join().unwrap(), Ok(3 * MIB), "it waited on");
+        assert!(t0.elapsed() >= Duration::from_secs(1));
+        assert_eq!(b.held.lock().unwrap().making, 0);
     }
 
     /// A refused answer is made again after 1 s, then 2 s, 4 s, … at most 30 s: each try reads

@@ -134,7 +134,7 @@ fn limits_from_the_code() -> Vec<(&'static str, String)> {
         (
             "memory for large answers being made or sent",
             format!(
-                "{} at once, {} of one client's (an answer larger than that fits alone); answers under {} take none; one that finds no room waits for it while others give theirs back, up to {} s after the last did and {} s in all, then its call fails and says so (run_command's answer is sent instead with each stream cut to {} bytes and a warning)",
+                "{} at once, {} of one client's (an answer larger than that fits alone); answers under {} take none; one that finds no room waits for it while others are being made or give theirs back, up to {} s after the last did and {} s in all, then its call fails and says so (run_command's answer is sent instead with each stream cut to {} bytes and a warning)",
                 size(ANSWER_BUDGET),
                 size(ANSWER_BUDGET_PER_CLIENT),
                 size(ANSWER_FREE),

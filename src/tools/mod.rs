@@ -280,7 +280,7 @@ pub fn call(ctx: &Ctx<'_>, tool: &Tool, arguments: &Map<String, Value>) -> Reply
     let outcome = args::validate(tool.name, tool.params, arguments).map_err(|e| ToolError::new(e.0)).and_then(|a| (tool.run)(ctx, &a));
     match outcome {
         Ok(Reply::Wait(pending)) => Reply::Wait(pending),
-        Ok(Reply::Now(structured)) if tool.name == "run_command" => {
+        Ok(Reply::Now(structured)) if tool.name == command::RUN.name => {
             Reply::Now(finish_command(ctx.app, ctx.client, structured, crate::limits::ANSWER_WAIT))
         }
         Ok(Reply::Now(structured)) => Reply::Now(finish(ctx.app, ctx.client, Ok(structured), Some(crate::limits::ANSWER_WAIT))),

@@ -163,7 +163,7 @@ pub const LAYER_WORK: &str = "work";
 
 /// The overlay's options: its layers named relative to the sandbox's directory (the working
 /// directory of whoever mounts it), which is all `/proc/self/mountinfo` shows of them.
-pub fn overlay_options(user_xattr: bool) -> String {
+fn overlay_options(user_xattr: bool) -> String {
     let options = format!("lowerdir={LAYER_LOWER},upperdir={LAYER_HOME},workdir={LAYER_WORK}");
     // In a user namespace the kernel keeps the overlay's own attributes as `user.` ones.
     if user_xattr {

@@ -243,19 +243,20 @@ fn start(ctx: &Ctx<'_>, args: &Args) -> Result<Reply, ToolError> {
     // Held before the start: if this session ends while the start is in flight, the sandbox
     // must survive. A start that fails puts it back into the destroy set, unless another start is
     // in flight or a task runs in it (StartMode::AtOnce).
-    let stamped = |mut value: Value| {
-        let task_ends = crate::provider::unix_now() + timeout;
-        super::stamp_expiry(ctx.app.provider.as_ref(), &sandbox_id, Some(task_ends), &mut value);
+    // A task already over by the answer cannot outlive the sandbox: no warning for it.
+    let stamped = |mut value: Value, over: bool| {
+        let task_ends = Some(crate::provider::unix_now() + timeout).filter(|_| !over);
+        super::stamp_expiry(ctx.app.provider.as_ref(), &sandbox_id, task_ends, &mut value);
         value
     };
     match start_task(ctx, &sandbox_id, launch, StartMode::AtOnce(&envs))? {
-        TaskStart::Observed(snapshot) => Ok(Reply::Now(stamped(render(&sandbox_id, &snapshot)))),
+        TaskStart::Observed(snapshot) => Ok(Reply::Now(stamped(render(&sandbox_id, &snapshot), snapshot.state.is_final()))),
         TaskStart::Refused(msg) => Err(ToolError::new(msg)),
         TaskStart::Unconfirmed(err) => {
             // Never resubmit: the command may be running. The handle is still the way to find out.
             let msg =
                 format!("the start could not be confirmed ({err}); query this handle with get_task, or kill_sandbox to stop everything");
-            Ok(Reply::Now(stamped(render(&sandbox_id, &Snapshot::unconfirmed(&task_id, timeout, msg)))))
+            Ok(Reply::Now(stamped(render(&sandbox_id, &Snapshot::unconfirmed(&task_id, timeout, msg)), false)))
         }
     }
 }

@@ -75,8 +75,6 @@ pub struct Budget {
 struct Held {
     all: usize,
     by: Option<HashMap<String, usize>>,
-    /// Charges waiting for room.
-    waiting: usize,
     /// How many times room was given back so far (a waiting charge waits on while it grows).
     gives: u64,
     /// The charges waiting, oldest first: (ticket, client, bytes).
@@ -150,7 +148,7 @@ impl Budget {
     /// A budget of `total` bytes, at most `per_client` of them for one client.
     pub const fn new(total: usize, per_client: usize) -> Budget {
         Budget {
-            held: Mutex::new(Held { all: 0, by: None, waiting: 0, gives: 0, queue: VecDeque::new(), next_ticket: 0, making: 0 }),
+            held: Mutex::new(Held { all: 0, by: None, gives: 0, queue: VecDeque::new(), next_ticket: 0, making: 0 }),
             freed: Condvar::new(),
             total,
             per_client,
@@ -214,9 +212,7 @@ impl Budget {
                 held.queue.push_back((t, client.to_string(), bytes));
                 ticket = Some(t);
             }
-            held.waiting += 1;
             held = self.freed.wait_timeout(held, left).unwrap_or_else(|p| p.into_inner()).0;
-            held.waiting -= 1;
         }
     }
 
@@ -386,7 +382,8 @@ mod tests {
     fn waiting(b: &'static Budget, client: &'static str, bytes: usize) -> std::thread::JoinHandle<Result<usize, Full>> {
         let waiter = std::thread::spawn(move || b.take(client, bytes, Duration::from_secs(30)).map(|c| c.bytes));
         let deadline = Instant::now() + Duration::from_secs(10);
-        while b.held.lock().unwrap().waiting == 0 {
+        // In line, it waits: it joins the line and waits under one hold of the lock.
+        while b.held.lock().unwrap().queue.is_empty() {
             assert!(Instant::now() < deadline, "the charge of {bytes} bytes for {client} never waited");
             std::thread::yield_now();
         }

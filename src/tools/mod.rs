@@ -314,13 +314,14 @@ pub fn finish_command(app: &App, client: &str, mut structured: Value, wait: Dura
         Ok(charge) => return Finished { result: masked(app, success(structured)), charge },
         Err(full) => full,
     };
-    // The server's own secrets are masked before the cut, which could split one.
+    // The server's own secrets are masked before the cut, which could split one (and the text
+    // block made from the masked result needs no second pass).
     structured = masked(app, structured);
     if !command::fit_for_answer(&mut structured, &full.message()) {
         return refused(app, &full);
     }
     match answer_budget::charge(client, &structured, Duration::ZERO) {
-        Ok(charge) => Finished { result: masked(app, success(structured)), charge },
+        Ok(charge) => Finished { result: success(structured), charge },
         Err(full) => refused(app, &full),
     }
 }

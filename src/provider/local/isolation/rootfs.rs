@@ -87,7 +87,7 @@ fn fd_path(fd: &OwnedFd) -> PathBuf {
     PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
 }
 
-fn open_path(path: &Path) -> io::Result<OwnedFd> {
+pub(super) fn open_path(path: &Path) -> io::Result<OwnedFd> {
     Ok(rustix::fs::open(path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())?)
 }
 
@@ -206,12 +206,7 @@ fn layers_of(home: &Path, own_fs: bool) -> Option<OwnedFd> {
 fn mount_layers(dir: &OwnedFd, target: &Path) -> io::Result<()> {
     rustix::process::fchdir(dir)?;
     let made = (|| -> io::Result<()> {
-        for layer in [LAYER_LOWER, LAYER_WORK] {
-            match rustix::fs::mkdirat(dir, layer, Mode::RWXU) {
-                Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
+        make_layers(dir)?;
         let mut last = io::Error::other("no overlay was tried");
         for user_xattr in [true, false] {
             let options = std::ffi::CString::new(overlay_options(user_xattr)).map_err(io::Error::other)?;
@@ -230,6 +225,18 @@ fn mount_layers(dir: &OwnedFd, target: &Path) -> io::Result<()> {
     })();
     let _ = rustix::process::chdir("/");
     made
+}
+
+/// Makes the overlay's [`LAYER_LOWER`] and [`LAYER_WORK`] (mode 0700) in the sandbox's directory
+/// `dir`, where they are not already.
+pub fn make_layers(dir: &OwnedFd) -> io::Result<()> {
+    for layer in [LAYER_LOWER, LAYER_WORK] {
+        match rustix::fs::mkdirat(dir, layer, Mode::RWXU) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 /// Whether a directory made at the top of the overlay at `target` can be renamed there (what a

@@ -178,7 +178,8 @@ pub fn handed_over_home(own_fs: bool) -> String {
 /// keeps for root alone (ext4's reserved blocks, past disk quotas). A disk of the sandbox's own
 /// (`own_fs`), whose mount names no host path, is bound as it is.
 fn hand_over(home: &std::path::Path, own_fs: bool, (uid, gid): (u32, u32)) -> Result<(), String> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    use super::rootfs::{make_layers, open_path, LAYER_LOWER, LAYER_WORK};
+    use std::os::unix::fs::PermissionsExt;
     // Said here, at once, rather than by the init when it cannot open it.
     if !std::fs::metadata(home).map_err(|e| e.to_string())?.is_dir() {
         return Err("it is not a directory".into());
@@ -187,13 +188,9 @@ fn hand_over(home: &std::path::Path, own_fs: bool, (uid, gid): (u32, u32)) -> Re
     let Some(dir) = dir else {
         return rustix::mount::mount_bind(home, HANDOFF).map_err(|e| e.to_string());
     };
-    for layer in [super::rootfs::LAYER_LOWER, super::rootfs::LAYER_WORK] {
+    open_path(dir).and_then(|fd| make_layers(&fd)).map_err(|e| format!("make the overlay's layers in {}: {e}", dir.display()))?;
+    for layer in [LAYER_LOWER, LAYER_WORK] {
         let path = dir.join(layer);
-        match std::fs::DirBuilder::new().mode(0o700).create(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(format!("make {}: {e}", path.display())),
-        }
         std::os::unix::fs::lchown(&path, Some(uid), Some(gid)).map_err(|e| format!("give {} to the sandbox: {e}", path.display()))?;
     }
     std::os::unix::fs::lchown(dir, None, Some(gid)).map_err(|e| format!("let the sandbox's gid pass {}: {e}", dir.display()))?;

@@ -308,9 +308,16 @@ pub fn estimate(structured: &Value) -> usize {
     if serde_json::to_writer(&mut count, structured).is_err() {
         return usize::MAX;
     }
-    let is_image = structured.get("mime_type").and_then(Value::as_str).is_some_and(|m| m.starts_with("image/"));
-    let image = if is_image { structured.get("content_base64").and_then(Value::as_str).map_or(0, str::len) } else { 0 };
+    let image = read_image(structured).map_or(0, |(_, data)| data.len());
     count.bytes.saturating_mul(4).saturating_add(count.escapable).saturating_add(image.saturating_mul(2)).saturating_add(4096)
+}
+
+/// A read image in a tool's structured result (`mime_type` image/*, beside `content_base64`):
+/// its MIME type and base64 data. Its answer carries it once more as an `image` block (the
+/// tools' `success`), which [`estimate`] counts.
+pub fn read_image(structured: &Value) -> Option<(&str, &str)> {
+    let mime = structured.get("mime_type").and_then(Value::as_str).filter(|m| m.starts_with("image/"))?;
+    Some((mime, structured.get("content_base64").and_then(Value::as_str)?))
 }
 
 /// A writer that only counts: bytes, and the quotes and backslashes among them.

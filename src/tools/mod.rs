@@ -368,10 +368,8 @@ fn masked(app: &App, mut result: Value) -> Value {
 pub fn success(structured: Value) -> Value {
     let text = structured.to_string();
     let mut content = vec![json!({"type": "text", "text": text})];
-    if let (Some(mime), Some(data)) = (structured["mime_type"].as_str(), structured["content_base64"].as_str()) {
-        if mime.starts_with("image/") {
-            content.push(json!({"type": "image", "data": data, "mimeType": mime}));
-        }
+    if let Some((mime, data)) = answer_budget::read_image(&structured) {
+        content.push(json!({"type": "image", "data": data, "mimeType": mime}));
     }
     json!({"content": content, "structuredContent": structured, "isError": false})
 }

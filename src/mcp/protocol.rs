@@ -613,7 +613,9 @@ fn tasks_method(app: &Arc<App>, session: &Session, call: ToolCall, method: TaskM
         TaskMethod::ModernCancel(id) => parsed(id).and_then(|h| tasks::cancel_2026(app, &h)),
         TaskMethod::ModernUpdate(id) => parsed(id).and_then(|h| tasks::update_2026(app, &h)),
         TaskMethod::Result(id) => {
-            match parsed(id).and_then(|h| tasks::result(app, &call.in_flight.client(), &h, Some(limits::ANSWER_WAIT)).map(|r| (h, r))) {
+            match parsed(id)
+                .and_then(|h| tasks::result(app, &call.in_flight.client(), &h, tasks::Room::Wait(limits::ANSWER_WAIT)).map(|r| (h, r)))
+            {
                 Ok((_, Some(finished))) => return Executed::Now(answer(app, &call, finished)),
                 Ok((handle, None)) => {
                     let every = crate::provider::poll_interval(app.provider.as_ref());
@@ -700,7 +702,7 @@ impl Watch for ResultWatch {
         }
         // On the waiter's thread: no wait for room in the answer budget. Without room (-32000),
         // the call stays parked and reads again later (`Backoff`).
-        match tasks::result(&self.app, &self.call.in_flight.client(), &self.handle, Some(Duration::ZERO)) {
+        match tasks::result(&self.app, &self.call.in_flight.client(), &self.handle, tasks::Room::Wait(Duration::ZERO)) {
             Ok(Some(finished)) => Some(answer(&self.app, &self.call, finished)),
             Ok(None) => None,
             Err(err) if err.code == code::SERVER_BUSY => {

@@ -13,10 +13,11 @@
 use crate::answer_budget::{self, Charge};
 use crate::app::App;
 use crate::jsonrpc::{code, RpcError};
-use crate::limits::{MAX_SUBSCRIBED_TASKS, MAX_WAITING_CALLS};
+use crate::limits::{self, MAX_SUBSCRIBED_TASKS, MAX_WAITING_CALLS};
 use crate::mcp::envelope::{self, SUBSCRIPTION_ID_KEY};
-use crate::mcp::tasks::{self, Handle};
+use crate::mcp::tasks::{self, Handle, Room};
 use crate::queue::{Outcome, Response};
+use crate::supervisor::Snapshot;
 use crate::waiter::{Waiter, Watch};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -186,6 +187,8 @@ struct Followed {
     sent: Option<&'static str>,
     /// When it is read again after its notification found no room in the answer budget.
     retry: answer_budget::Backoff,
+    /// Since when its notification has found no room.
+    refused_since: Option<Instant>,
 }
 
 /// Follows the tasks a subscription named, parked with the waiter like a waiting call (same
@@ -194,6 +197,12 @@ struct Followed {
 /// exist (deleted, its sandbox gone: never a made-up status), is no longer followed. The watch
 /// leaves the waiter when no task is left, the subscription ends, or the server shuts down; the
 /// subscription itself stays open until the client or the shutdown ends it.
+///
+/// A completed task's result is inline, and takes its share of the answer budget. A push that
+/// finds no room is tried again later; once it has found none for [`limits::ANSWER_WAIT`] (as
+/// long as a call waits for room), and for every task whose end is still unpushed when the watch
+/// ends, the result goes with its output cut to what needs no room: the status is pushed once,
+/// and a stream whose client never gets it would wait for nothing (`tasks/get` reads it whole).
 pub struct TaskWatch {
     app: Arc<App>,
     id: Value,
@@ -209,7 +218,10 @@ impl TaskWatch {
     /// A watch for subscription `id` over `tasks`, pushing into `sink`.
     pub fn new(app: Arc<App>, id: Value, tasks: Vec<Handle>, sink: Sink) -> TaskWatch {
         let every = crate::provider::poll_interval(app.provider.as_ref());
-        let tasks = tasks.into_iter().map(|handle| Followed { handle, sent: None, retry: answer_budget::Backoff::default() }).collect();
+        let tasks = tasks
+            .into_iter()
+            .map(|handle| Followed { handle, sent: None, retry: answer_budget::Backoff::default(), refused_since: None })
+            .collect();
         // No task runs longer than the longest task timeout, so following ends by then.
         // A share of its own: two clients' subscriptions may have the same request id.
         static WATCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -256,24 +268,21 @@ impl Watch for TaskWatch {
             };
             let status = tasks::status(&state).0;
             if task.sent != Some(status) {
-                // A completed task's result is inline: it takes its share of the answer budget
-                // until the stream has written it. On the waiter's thread there is no wait for
-                // room: without, the status is pushed at a later check.
-                match tasks::detailed_2026(&self.app, &self.client, &task.handle, &state, Some(Duration::ZERO)) {
-                    Ok((detailed, charge)) => {
-                        let (line, charge) = Response::charged(task_notification(&self.id, detailed), charge).serialize();
-                        if !(self.sink.send)(line, charge) {
-                            return Some(over());
-                        }
-                        task.sent = Some(status);
-                    }
-                    Err(err) if err.code == code::SERVER_BUSY => {
+                // On the waiter's thread there is no wait for room.
+                let room = match task.refused_since {
+                    Some(since) if since.elapsed() >= limits::ANSWER_WAIT => Room::OrCut,
+                    _ => Room::Wait(Duration::ZERO),
+                };
+                match push(&self.app, &self.client, &self.id, &self.sink, task, &state, room) {
+                    Pushed::Sent => task.sent = Some(status),
+                    Pushed::Closed => return Some(over()),
+                    Pushed::Refused => {
+                        task.refused_since.get_or_insert_with(Instant::now);
                         task.retry.refused();
                         i += 1;
                         continue;
                     }
-                    Err(err) => {
-                        log::debug!("subscription {}: {} could not be read: {}", self.id, task.handle.encode(), err.message);
+                    Pushed::Unread => {
                         i += 1;
                         continue;
                     }
@@ -289,7 +298,19 @@ impl Watch for TaskWatch {
         self.tasks.is_empty().then(over)
     }
 
+    /// The watch's time is over: the end of each task it still follows, when that end was not
+    /// pushed yet (its result refused for room, or its read failed), is pushed now, cut to fit.
     fn give_up(self: Box<Self>) -> Outcome {
+        for task in &self.tasks {
+            if !self.sink.is_open() || self.app.is_draining() {
+                break;
+            }
+            let Ok(state) = tasks::state(&self.app, &task.handle) else { continue };
+            let status = tasks::status(&state).0;
+            if status != "working" && task.sent != Some(status) {
+                push(&self.app, &self.client, &self.id, &self.sink, task, &state, Room::OrCut);
+            }
+        }
         over()
     }
 
@@ -308,6 +329,38 @@ impl Watch for TaskWatch {
         sandboxes.sort_unstable();
         sandboxes.dedup();
         sandboxes
+    }
+}
+
+/// What became of one task's notification.
+enum Pushed {
+    Sent,
+    /// The subscriber is gone.
+    Closed,
+    /// Its result found no room in the answer budget.
+    Refused,
+    /// Its result could not be read now.
+    Unread,
+}
+
+/// Pushes `task`'s status as `state` shows it into `sink` (subscription `id`), a completed
+/// task's result inline, taking `client`'s share of the answer budget as `room` says.
+fn push(app: &App, client: &str, id: &Value, sink: &Sink, task: &Followed, state: &Snapshot, room: Room) -> Pushed {
+    match tasks::detailed_2026(app, client, &task.handle, state, room) {
+        Ok((detailed, charge)) => {
+            // The charge is held until the stream has written the notification.
+            let (line, charge) = Response::charged(task_notification(id, detailed), charge).serialize();
+            if (sink.send)(line, charge) {
+                Pushed::Sent
+            } else {
+                Pushed::Closed
+            }
+        }
+        Err(err) if err.code == code::SERVER_BUSY => Pushed::Refused,
+        Err(err) => {
+            log::debug!("subscription {id}: {} could not be read: {}", task.handle.encode(), err.message);
+            Pushed::Unread
+        }
     }
 }
 
@@ -425,9 +478,13 @@ mod tests {
         assert_eq!(closed.following(), 1, "nothing was read");
         // A task that does not exist is dropped without a notification (never a made-up
         // status), and with no task left the watch ends.
-        let mut unknown = TaskWatch::new(app.clone(), json!(2), vec![handle], sink(true));
+        let mut unknown = TaskWatch::new(app.clone(), json!(2), vec![handle.clone()], sink(true));
         assert_eq!(unknown.check(), Some(over()));
         assert_eq!(unknown.following(), 0);
+        assert!(sent.lock().unwrap().is_empty());
+        // Nor at the watch's end, which pushes only ends it can read.
+        let ending = TaskWatch::new(app.clone(), json!(3), vec![handle], sink(true));
+        assert_eq!(Box::new(ending).give_up(), over());
         assert!(sent.lock().unwrap().is_empty());
         assert!(unknown.every() <= Duration::from_secs(1) && unknown.until() > Instant::now() + Duration::from_secs(3600));
     }

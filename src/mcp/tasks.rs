@@ -203,11 +203,22 @@ pub fn list(app: &App, session: &Session, cursor: Option<&Value>) -> Result<Valu
     Ok(result)
 }
 
+/// How a finished task's result finds its room in the answer budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Room {
+    /// Waits at most this long for room; -32000 when it finds none (the result stays to be read
+    /// again).
+    Wait(Duration),
+    /// Takes room if there is some now, else goes with its output cut to what needs none
+    /// ([`tools::finish_command`]): for a final status that is pushed once, and would otherwise
+    /// not be pushed at all.
+    OrCut,
+}
+
 /// The `CallToolResult` of a finished task, shaped as run_command's (the whole saved logs, read
 /// page by page), with the related-task `_meta`, for `client` (whose share of the answer budget
-/// it takes, waiting at most `wait` for room: see [`tools::finish`]; -32000 when it finds none);
-/// `None` while it runs.
-pub fn result(app: &App, client: &str, handle: &Handle, wait: Option<Duration>) -> Result<Option<tools::Finished>, RpcError> {
+/// it takes as `room` says, see [`tools::finish`]); `None` while it runs.
+pub fn result(app: &App, client: &str, handle: &Handle, room: Room) -> Result<Option<tools::Finished>, RpcError> {
     let first = read(app, handle, Window { stdout_offset: 0, stderr_offset: 0, limit: limits::READ_LIMIT_MAX as u64 })?;
     if !first.state.is_final() && first.state != TaskState::Unknown {
         return Ok(None);
@@ -234,14 +245,21 @@ pub fn result(app: &App, client: &str, handle: &Handle, wait: Option<Duration>) 
         ("cancelled", _) => Err(ToolError::new("the task was cancelled (tasks/cancel); its command was stopped")),
         _ => Ok(CommandResult::of_task(&s, &out, &err).to_value()),
     };
-    let mut finished = tools::try_finish(app, client, outcome, wait).map_err(|full| {
-        RpcError::new(
-            code::SERVER_BUSY,
-            format!("the task's result was not sent: {}; ask again in a few seconds (the task and its result stay)", full.message()),
-        )
-    })?;
+    let mut finished = match (room, outcome) {
+        (Room::OrCut, Ok(structured)) => tools::finish_command(app, client, structured, Duration::ZERO),
+        (Room::OrCut, outcome) => tools::try_finish(app, client, outcome, None).map_err(busy)?,
+        (Room::Wait(wait), outcome) => tools::try_finish(app, client, outcome, Some(wait)).map_err(busy)?,
+    };
     finished.result["_meta"] = json!({RELATED_TASK_KEY: {"taskId": handle.encode()}});
     Ok(Some(finished))
+}
+
+/// The error of a task's result that found no room in the answer budget.
+fn busy(full: crate::answer_budget::Full) -> RpcError {
+    RpcError::new(
+        code::SERVER_BUSY,
+        format!("the task's result was not sent: {}; ask again in a few seconds (the task and its result stay)", full.message()),
+    )
 }
 
 /// The 2026-07-28 task fields (flat), without `resultType`.
@@ -273,7 +291,7 @@ pub fn create_result_2026(handle: &Handle, s: &Snapshot) -> Value {
 /// JSON-RPC error inline when failed (an outcome that cannot be observed).
 /// With the share of the answer budget the inline result takes for `client`.
 pub fn get_2026(app: &App, client: &str, handle: &Handle) -> Result<(Value, Charge), RpcError> {
-    detailed_2026(app, client, handle, &state(app, handle)?, Some(limits::ANSWER_WAIT))
+    detailed_2026(app, client, handle, &state(app, handle)?, Room::Wait(limits::ANSWER_WAIT))
 }
 
 /// A task's state without its logs; -32602 when it does not exist or its sandbox is gone.
@@ -284,13 +302,13 @@ pub fn state(app: &App, handle: &Handle) -> Result<Snapshot, RpcError> {
 /// The 2026-07-28 task of `tasks/get` (and of `notifications/tasks`) for state `s` just read:
 /// the task fields, with the `CallToolResult` inline once completed (read now) and a JSON-RPC
 /// error inline when failed; with the share of the answer budget the result takes for `client`
-/// (see [`tools::finish`] for `wait`).
-pub fn detailed_2026(app: &App, client: &str, handle: &Handle, s: &Snapshot, wait: Option<Duration>) -> Result<(Value, Charge), RpcError> {
+/// (found as `room` says).
+pub fn detailed_2026(app: &App, client: &str, handle: &Handle, s: &Snapshot, room: Room) -> Result<(Value, Charge), RpcError> {
     let mut m = task_fields_2026(handle, s);
     let mut charge = Charge::none();
     match status(s) {
         ("completed", _) => {
-            if let Some(finished) = result(app, client, handle, wait)? {
+            if let Some(finished) = result(app, client, handle, room)? {
                 let mut r = finished.result;
                 if let Value::Object(o) = &mut r {
                     o.remove("_meta");

@@ -398,6 +398,74 @@ fn http_subscriptions_are_shared_between_clients() {
     assert_eq!(h.stop().code(), Some(0));
 }
 
+/// A request that declares the tasks extension.
+fn tasks_request(id: i64, method: &str, params: Value) -> Value {
+    let mut b = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+    b["params"]["_meta"] = envelope();
+    b["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"] = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+    b
+}
+
+/// What a task writes for the notifications below: 1 MiB of control bytes per stream (a 26 MB
+/// notification once escaped, charged about 52 MB of the answer budget), then a pause so that
+/// it goes on as a task.
+const CONTROL_BYTES: &str = "head -c 1048576 /dev/zero | tr '\\0' '\\1'; head -c 1048576 /dev/zero | tr '\\0' '\\2' >&2; sleep 2";
+
+/// Starts `n` tasks running [`CONTROL_BYTES`] in a new sandbox as 2026 protocol tasks, and waits
+/// for their end; their task ids.
+fn control_byte_tasks(h: &Http, n: i64) -> Vec<String> {
+    let created = h.post(&headers("tools/call", Some("create_sandbox")), &call_body(1, "create_sandbox", json!({}))).json();
+    let sb = created["result"]["structuredContent"]["sandbox_id"].as_str().unwrap_or_else(|| panic!("{created}")).to_string();
+    let ids: Vec<String> = (0..n)
+        .map(|i| {
+            let call = json!({"name": "run_command", "arguments": {"sandbox_id": sb, "command": CONTROL_BYTES}});
+            let r = h.post(&headers("tools/call", Some("run_command")), &tasks_request(10 + i, "tools/call", call).to_string()).json();
+            r["result"]["taskId"].as_str().unwrap_or_else(|| panic!("not a task: {r}")).to_string()
+        })
+        .collect();
+    // Read with list_tasks: a completed task's tasks/get holds its whole result.
+    wait_for(std::time::Duration::from_secs(60), "the tasks to end", || {
+        let r = h.post(&headers("tools/call", Some("list_tasks")), &call_body(2, "list_tasks", json!({"sandbox_id": sb}))).json();
+        let tasks = r["result"]["structuredContent"]["tasks"].as_array().cloned().unwrap_or_default();
+        (tasks.len() == ids.len() && tasks.iter().all(|t| t["exit_code"] == 0)).then_some(())
+    });
+    ids
+}
+
+/// Opens subscription `id` of client `client` following `ids`; its answer is not read.
+fn task_stream(h: &Http, id: i64, client: &str, ids: &[String]) -> TcpStream {
+    let mut b = tasks_request(id, "subscriptions/listen", json!({"notifications": {"taskIds": ids}}));
+    b["params"]["_meta"]["io.modelcontextprotocol/clientInfo"]["name"] = json!(client);
+    let b = b.to_string();
+    let mut s = TcpStream::connect(h.addr).unwrap();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+MCP-Protocol-Version: {V}\r\nMcp-Method: subscriptions/listen\r\nContent-Length: {}\r\n\r\n{b}",
+        b.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s
+}
+
+/// Opens a [`task_stream`] per client name that is never read, and waits until each has more
+/// than its acknowledgement waiting: a notification is on its way, holding its charge.
+fn unread_task_streams(h: &Http, clients: &[String], ids: &[String]) -> Vec<TcpStream> {
+    let streams: Vec<TcpStream> = clients
+        .iter()
+        .enumerate()
+        .map(|(j, client)| {
+            let s = task_stream(h, 1000 + j as i64, client, ids);
+            s.set_nonblocking(true).unwrap();
+            s
+        })
+        .collect();
+    let mut buf = vec![0u8; 128 * 1024];
+    wait_for(std::time::Duration::from_secs(60), "a notification on every stream", || {
+        streams.iter().all(|s| s.peek(&mut buf).is_ok_and(|n| n >= 64 * 1024)).then_some(())
+    });
+    streams
+}
+
 /// A task's notification carries its result inline once it completed, and takes its share of
 /// the answer budget until its stream has written it. Four streams that never read, each
 /// following sixteen completed tasks whose logs are 1 MiB of control bytes per stream (a 26 MB
@@ -409,51 +477,10 @@ fn notifications_nobody_reads_stay_within_the_answer_budget() {
     let home = Home::new("modern-unread-notifications");
     let h = Http::start(&home, &[], &[("SANDBOX_MCP_TASK_AFTER", "1")]);
     let pid = h.child.id();
-    // A request that declares the tasks extension.
-    let tasks_request = |id: i64, method: &str, params: Value| {
-        let mut b = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        b["params"]["_meta"] = envelope();
-        b["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"] = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
-        b
-    };
-    let created = h.post(&headers("tools/call", Some("create_sandbox")), &call_body(1, "create_sandbox", json!({}))).json();
-    let sb = created["result"]["structuredContent"]["sandbox_id"].as_str().unwrap_or_else(|| panic!("{created}")).to_string();
-    let command = "head -c 1048576 /dev/zero | tr '\\0' '\\1'; head -c 1048576 /dev/zero | tr '\\0' '\\2' >&2; sleep 2";
-    let ids: Vec<String> = (0..16)
-        .map(|i| {
-            let call = json!({"name": "run_command", "arguments": {"sandbox_id": sb, "command": command}});
-            let r = h.post(&headers("tools/call", Some("run_command")), &tasks_request(10 + i, "tools/call", call).to_string()).json();
-            r["result"]["taskId"].as_str().unwrap_or_else(|| panic!("not a task: {r}")).to_string()
-        })
-        .collect();
-    // Read with list_tasks: a completed task's tasks/get holds its whole result.
-    wait_for(std::time::Duration::from_secs(60), "the tasks to end", || {
-        let r = h.post(&headers("tools/call", Some("list_tasks")), &call_body(2, "list_tasks", json!({"sandbox_id": sb}))).json();
-        let tasks = r["result"]["structuredContent"]["tasks"].as_array().cloned().unwrap_or_default();
-        (tasks.len() == ids.len() && tasks.iter().all(|t| t["exit_code"] == 0)).then_some(())
-    });
+    let ids = control_byte_tasks(&h, 16);
     let before = peak_kib(pid) >> 10;
-    let streams: Vec<TcpStream> = (0..4)
-        .map(|j| {
-            let mut b = tasks_request(1000 + j, "subscriptions/listen", json!({"notifications": {"taskIds": ids}}));
-            b["params"]["_meta"]["io.modelcontextprotocol/clientInfo"]["name"] = json!(format!("unread-{j}"));
-            let b = b.to_string();
-            let mut s = TcpStream::connect(h.addr).unwrap();
-            let head = format!(
-                "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
-MCP-Protocol-Version: {V}\r\nMcp-Method: subscriptions/listen\r\nContent-Length: {}\r\n\r\n{b}",
-                b.len()
-            );
-            s.write_all(head.as_bytes()).unwrap();
-            s.set_nonblocking(true).unwrap();
-            s
-        })
-        .collect();
-    // Every stream has more than its acknowledgement waiting: a notification is on its way.
-    let mut buf = vec![0u8; 128 * 1024];
-    wait_for(std::time::Duration::from_secs(60), "a notification on every stream", || {
-        streams.iter().all(|s| s.peek(&mut buf).is_ok_and(|n| n >= 64 * 1024)).then_some(())
-    });
+    let clients: Vec<String> = (0..4).map(|j| format!("unread-{j}")).collect();
+    let streams = unread_task_streams(&h, &clients, &ids);
     let peak = peak_kib(pid) >> 10;
     eprintln!("peak RSS {before} MiB before the streams, {peak} MiB with four unread streams of sixteen 26 MB notifications each");
     assert!(peak <= 450, "the server peaked at {peak} MiB with four unread streams");
@@ -470,4 +497,49 @@ MCP-Protocol-Version: {V}\r\nMcp-Method: subscriptions/listen\r\nContent-Length:
         "{}",
         note.to_string().chars().take(400).collect::<String>()
     );
+}
+
+/// A task's end is pushed once, so a notification that finds no room in the answer budget is
+/// not held back for good: once it has found none for as long as a call waits for room, it goes
+/// with its output cut to what needs none. Twelve streams that never read follow one task whose
+/// notification is 27 MB: eight took the budget's room, and the other four got their
+/// acknowledgement and then nothing, for as long as the eight held theirs.
+#[test]
+fn a_task_end_without_room_is_pushed_with_its_output_cut() {
+    let home = Home::new("modern-cut-notification");
+    let h = Http::start(&home, &[], &[("SANDBOX_MCP_TASK_AFTER", "1")]);
+    let ids = control_byte_tasks(&h, 1);
+    let clients: Vec<String> = (0..12).map(|j| format!("unread-{j}")).collect();
+    let started = Instant::now();
+    let streams = unread_task_streams(&h, &clients, &ids);
+    eprintln!("a notification was on its way on every stream after {:?}", started.elapsed());
+    let mut cut = 0;
+    for stream in streams {
+        let mut stream = BufReader::new(stream);
+        stream.get_ref().set_nonblocking(false).unwrap();
+        stream.get_ref().set_read_timeout(Some(TIMEOUT)).unwrap();
+        let ack = next_event(&mut stream);
+        assert_eq!(ack["method"], "notifications/subscriptions/acknowledged", "{ack}");
+        let note = next_event(&mut stream);
+        let text = || note.to_string().chars().take(600).collect::<String>();
+        assert_eq!(
+            (note["method"].as_str(), note["params"]["status"].as_str()),
+            (Some("notifications/tasks"), Some("completed")),
+            "{}",
+            text()
+        );
+        let sc = &note["params"]["result"]["structuredContent"];
+        assert_eq!((sc["exit_code"].as_i64(), sc["stdout_bytes"].as_i64()), (Some(0), Some(1_048_576)), "{}", text());
+        if sc["stdout_truncated"] == false {
+            assert_eq!(sc["stdout"].as_str().map(str::len), Some(1_048_576), "a whole notification has the whole output");
+            continue;
+        }
+        cut += 1;
+        assert_eq!(sc["stderr_truncated"], true, "{}", text());
+        let kept = sc["stdout"].as_str().unwrap_or_default().len();
+        assert!((1..=17_000).contains(&kept), "{kept} bytes of stdout kept: {}", text());
+        assert!(sc["warning"].as_str().is_some_and(|w| w.contains("no room")), "{}", text());
+    }
+    eprintln!("{cut} of 12 notifications were cut");
+    assert!(cut >= 1, "12 notifications of 27 MB cannot all have room in the answer budget");
 }

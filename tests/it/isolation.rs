@@ -104,7 +104,9 @@ fn host_files_other_sandboxes_and_the_state_root_are_out_of_sight() {
         let mut m = home.stdio();
         let other = m.create();
         m.ok("write_file", json!({"sandbox_id": other, "path": "needle-in-other.txt", "content": "other sandbox"}));
-        m.create();
+        let made = m.ok("create_sandbox", json!({}));
+        let layers = made["layers"].as_array().cloned().unwrap_or_default();
+        assert!(layers.contains(&json!("no_host_paths")), "{who}: the home's overlay is not reported: {made}");
         let (code, _, err) = sh(&mut m, &format!("cat {}", outside.display()));
         assert_ne!(code, 0, "{who}: a host file outside the sandbox was readable");
         assert!(err.contains("No such file"), "{who}: {err}");
@@ -1285,16 +1287,58 @@ impl Mounted {
         assert!(mounted.success(), "mount -o loop failed");
         self.at = Some((dir.to_path_buf(), image));
     }
+
+    /// An overlay mounted at `dir`, its layers in a directory beside it.
+    fn overlay(&mut self, dir: &Path) {
+        let layers = dir.with_extension("layers");
+        for layer in ["lower", "upper", "work"] {
+            std::fs::create_dir_all(layers.join(layer)).unwrap();
+        }
+        let options = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            layers.join("lower").display(),
+            layers.join("upper").display(),
+            layers.join("work").display()
+        );
+        let mounted = std::process::Command::new("mount").args(["-t", "overlay", "overlay", "-o", &options]).arg(dir).status().unwrap();
+        assert!(mounted.success(), "mount -t overlay failed");
+        self.at = Some((dir.to_path_buf(), layers));
+    }
 }
 
 impl Drop for Mounted {
     fn drop(&mut self) {
-        if let Some((dir, image)) = self.at.take() {
+        if let Some((dir, backing)) = self.at.take() {
             let _ = rustix::mount::unmount(&dir, rustix::mount::UnmountFlags::DETACH);
-            let _ = std::fs::remove_file(image);
+            let _ = std::fs::remove_file(&backing).or_else(|_| std::fs::remove_dir_all(&backing));
             let _ = std::fs::remove_dir(dir);
         }
     }
+}
+
+/// Where the kernel refuses the home's overlay (here: a state root on another overlay, which
+/// cannot be an overlay's upper layer), the home is bound and its host path shows in the
+/// sandbox's mountinfo; create_sandbox then says so by leaving `no_host_paths` out of its layers.
+/// It claimed nothing either way before.
+#[test]
+fn the_layers_say_when_the_homes_mount_shows_a_host_path() {
+    // Declared first, dropped last: after the home has ended its sandboxes.
+    let mut fs = Mounted::default();
+    let Some(home) = isolated_home("iso-bound-home") else { return };
+    if !is_root() {
+        return;
+    }
+    std::fs::create_dir_all(&home.path).unwrap();
+    fs.overlay(&home.path);
+    let mut m = home.stdio();
+    let made = m.ok("create_sandbox", json!({}));
+    let (_, mounts, _) = sh(&mut m, "cat /proc/self/mountinfo");
+    let state_root = home.path.display().to_string();
+    assert!(mounts.contains(&state_root), "the home's overlay held on an overlay; this test needs a case where it does not:\n{mounts}");
+    let layers = made["layers"].as_array().cloned().unwrap_or_default();
+    assert!(!layers.contains(&json!("no_host_paths")), "the layers claim no host path while mountinfo names {state_root}: {made}");
+    assert!(layers.contains(&json!("mount")), "{made}");
+    assert_eq!(sh(&mut m, "echo x > f && cat f").1, "x\n", "the bound home works");
 }
 
 /// A root server's sandbox writes its home with no more right to the disk than an unprivileged
@@ -1336,6 +1380,7 @@ fn a_disk_of_its_own_bounds_home_and_tmp_and_goes_with_the_sandbox() {
     let a = c["sandbox_id"].as_str().unwrap().to_string();
     assert_eq!(c["limits"]["disk_mb"], 64, "{c}");
     assert!(c["about"].as_str().unwrap().contains("64 MiB"), "{c}");
+    assert!(c["layers"].as_array().is_some_and(|l| l.contains(&json!("no_host_paths"))), "{c}");
     let b = m.create();
     let uid = sandbox_host_uid(&home, &a);
     let home_dir = home.sandbox_dir(&a).join("home");

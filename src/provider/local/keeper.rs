@@ -103,8 +103,13 @@ impl LocalProvider {
     }
 
     /// Starts the keeper of isolated sandbox `id` and waits for its init to be ready; the init
-    /// serves spawn requests on `spawner` (bound by the keeper when `None`).
-    pub(super) fn start_isolated(&self, id: &str, spawner: Option<std::os::unix::net::UnixListener>) -> Result<Init, ProviderError> {
+    /// serves spawn requests on `spawner` (bound by the keeper when `None`). With the init,
+    /// whether the mount of the sandbox's home names no host path.
+    pub(super) fn start_isolated(
+        &self,
+        id: &str,
+        spawner: Option<std::os::unix::net::UnixListener>,
+    ) -> Result<(Init, bool), ProviderError> {
         let unavailable = |why: String| ProviderError::Unavailable(format!("could not start the isolated sandbox: {why}"));
         let (answer_read, answer_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
             .map_err(|e| unavailable(format!("could not make its keeper's answer pipe: {e}")))?;
@@ -121,8 +126,10 @@ impl LocalProvider {
             return Err(unavailable(format!("could not start its keeper: {err}")));
         }
         match answer {
-            init::Answer::Line(line) if line == "ready" => {
-                Init::load(&self.dir(id)).ok_or_else(|| unavailable("its keeper did not record the init".into()))
+            init::Answer::Line(line) if line.split_whitespace().next() == Some("ready") => {
+                let hidden = line.split_whitespace().nth(1) == Some(super::isolation::NO_HOST_PATHS);
+                let init = Init::load(&self.dir(id)).ok_or_else(|| unavailable("its keeper did not record the init".into()))?;
+                Ok((init, hidden))
             }
             init::Answer::Line(line) => Err(unavailable(line.strip_prefix("error ").unwrap_or(&line).to_string())),
             init::Answer::Closed => Err(unavailable("its keeper exited without answering".into())),
@@ -297,7 +304,10 @@ fn run_keeper(root: &Path, id: &str, shell: &Path, start: Start) -> anyhow::Resu
                         serve_egress(&provider, id, listener);
                     }
                     serve_relays();
-                    let _ = writeln!(answer, "ready");
+                    let _ = match started.hidden {
+                        true => writeln!(answer, "ready {}", super::isolation::NO_HOST_PATHS),
+                        false => writeln!(answer, "ready"),
+                    };
                 }
                 Err(why) => {
                     let _ = writeln!(answer, "error {why}");

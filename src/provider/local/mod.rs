@@ -706,7 +706,12 @@ since {why}; leave network out, or run the server as root or where user namespac
                 if listener.is_some() {
                     self.prepare_first_shell(&id, &meta);
                 }
-                self.start_isolated(&id, listener).map_err(fail)?;
+                let (_, hidden) = self.start_isolated(&id, listener).map_err(fail)?;
+                if hidden {
+                    let mut info = meta.info();
+                    info.layers.push(isolation::NO_HOST_PATHS);
+                    return Ok(info);
+                }
             }
         }
         Ok(meta.info())

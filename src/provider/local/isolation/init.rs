@@ -73,6 +73,9 @@ pub struct Started {
     /// The listening socket of the sandbox's egress proxy, bound on its loopback interface (none
     /// for a sandbox on the host's network).
     pub egress: Option<std::net::TcpListener>,
+    /// Whether the mount of its home names no host path ([`rootfs::assemble`]): its `ready` line
+    /// then ends with [`super::NO_HOST_PATHS`].
+    pub hidden: bool,
 }
 
 /// Whether the kernel offers cgroup namespaces.
@@ -256,15 +259,15 @@ fn start_init_as(as_root: bool, tools: &Tools, exe: &Path, site: &Site<'_>, spaw
         Answer::Line(line) => {
             let mut it = line.split_whitespace();
             match (it.next(), it.next().and_then(|p| p.parse().ok()), it.next().and_then(|s| s.parse().ok())) {
-                (Some("ready"), Some(pid), Some(start)) => Some((pid, start)),
+                (Some("ready"), Some(pid), Some(start)) => Some((pid, start, it.next() == Some(super::NO_HOST_PATHS))),
                 _ => None,
             }
         }
         _ => None,
     };
-    if let Some((pid, start)) = parsed {
+    if let Some((pid, start, hidden)) = parsed {
         if host_network || egress.is_some() {
-            return Ok(Started { pid, start, holder, egress: egress.map(std::net::TcpListener::from) });
+            return Ok(Started { pid, start, holder, egress: egress.map(std::net::TcpListener::from), hidden });
         }
     }
     // Whatever it got to, the namespaces end with the init; the holder follows.
@@ -459,7 +462,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     let identity = session.and_then(|()| host_identity());
     let plan = Plan { home, extra_file, scratch };
     let setup = identity.and_then(|id| {
-        rootfs::assemble(&plan)?;
+        let hidden = rootfs::assemble(&plan)?;
         if loopback {
             loopback_up().map_err(|e| format!("bring up the loopback interface: {e}"))?;
         }
@@ -473,11 +476,11 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         out_of_reach()?;
         // Last, while this process has one thread: the filter holds for everything it starts.
         seccomp::install()?;
-        Ok((id, egress))
+        Ok((id, egress, hidden))
     });
     let mut out = io::stdout().lock();
     let ready = setup.and_then(|id| listener.map(|l| (id, l)));
-    let (((pid, start), egress), listener) = match ready {
+    let (((pid, start), egress, hidden), listener) = match ready {
         Ok(ready) => ready,
         Err(err) => {
             let _ = writeln!(out, "error {}", err.replace('\n', " "));
@@ -485,11 +488,16 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
             anyhow::bail!("{err}");
         }
     };
+    let mut ready = format!("ready {pid} {start}");
+    if hidden {
+        ready = format!("{ready} {}", super::NO_HOST_PATHS);
+    }
+    ready.push('\n');
     match egress {
         // The keeper serves the proxy on this socket; the init keeps no copy.
-        Some(egress) => fd_passing::send_with_fds(io::stdout(), format!("ready {pid} {start}\n").as_bytes(), &[egress.as_fd()])?,
+        Some(egress) => fd_passing::send_with_fds(io::stdout(), ready.as_bytes(), &[egress.as_fd()])?,
         None => {
-            writeln!(out, "ready {pid} {start}")?;
+            out.write_all(ready.as_bytes())?;
             out.flush()?;
         }
     }

@@ -75,6 +75,11 @@ impl Isolation {
     }
 }
 
+/// The layer of a namespace-isolated sandbox whose home's mount names no host path (an overlay,
+/// or a disk of its own), reported by its init; where the kernel refuses the overlay the home is
+/// bound, its host path shows in `/proc/self/mountinfo`, and the layer is left out.
+pub const NO_HOST_PATHS: &str = "no_host_paths";
+
 /// The layers a namespace-isolated sandbox gets: `net` unless it has the host's network,
 /// `cgroup` where the kernel has cgroup namespaces.
 pub fn namespace_layers(host_network: bool) -> Vec<&'static str> {

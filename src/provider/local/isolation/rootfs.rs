@@ -92,8 +92,10 @@ pub(super) fn open_path(path: &Path) -> io::Result<OwnedFd> {
 }
 
 /// Builds the new root under a staging mount point, moves into it with `pivot_root`, detaches
-/// the host's tree and leaves the process in [`HOME`]. Each error says which step failed.
-pub fn assemble(plan: &Plan) -> Result<(), String> {
+/// the host's tree and leaves the process in [`HOME`]; whether the home's mount names no host
+/// path (an overlay, or a disk of the sandbox's own, rather than a bind mount of the home, whose
+/// host path shows in mountinfo). Each error says which step failed.
+pub fn assemble(plan: &Plan) -> Result<bool, String> {
     let step = |what: &str, res: io::Result<()>| res.map_err(|e| format!("{what}: {e}"));
     // Held open before the staging mount can cover their paths (the home may lie under /tmp).
     let home_fd = open_path(&plan.home).map_err(|e| format!("open the sandbox home {}: {e}", plan.home.display()))?;
@@ -128,7 +130,7 @@ pub fn assemble(plan: &Plan) -> Result<(), String> {
     step("write /etc/hostname", fs::write(etc.join("hostname"), "sandbox\n"))?;
     let home = stage.join(HOME.trim_start_matches('/'));
     step("create /home/user", fs::create_dir_all(&home))?;
-    step("mount the sandbox home", mount_home(&home_fd, layers.as_ref(), &home))?;
+    let overlay = mount_home(&home_fd, layers.as_ref(), &home).map_err(|e| format!("mount the sandbox home: {e}"))?;
     let tmp = stage.join("tmp");
     step("create /tmp", fs::create_dir(&tmp))?;
     match &scratch {
@@ -151,7 +153,8 @@ pub fn assemble(plan: &Plan) -> Result<(), String> {
     step("pivot_root", pivot_into(&stage))?;
     step("make the root read-only", mount::mount_remount("/", MountFlags::RDONLY | nosuid_nodev, "").map_err(io::Error::from))?;
     step("enter the home", rustix::process::chdir(HOME).map_err(io::Error::from))?;
-    Ok(())
+    // A disk of the sandbox's own is bound from its own file system, whose paths are not the host's.
+    Ok(overlay || plan.scratch)
 }
 
 /// The home's name in the sandbox's directory: the overlay's upper layer ([`mount_home`]).
@@ -180,13 +183,14 @@ fn overlay_options(user_xattr: bool) -> String {
 /// empty: nothing is ever copied up, every write lands in the home itself, and mountinfo shows
 /// the layers by their names in that directory. Otherwise (no overlayfs, a file system that
 /// cannot be an upper layer, a directory this uid may not write) the home is bound as it is.
-fn mount_home(home_fd: &OwnedFd, layers: Option<&OwnedFd>, target: &Path) -> io::Result<()> {
+fn mount_home(home_fd: &OwnedFd, layers: Option<&OwnedFd>, target: &Path) -> io::Result<bool> {
     if let Some(dir) = layers {
         if mount_layers(dir, target).is_ok() {
-            return Ok(());
+            return Ok(true);
         }
     }
-    mount::mount_bind(fd_path(home_fd), target).map_err(io::Error::from)
+    mount::mount_bind(fd_path(home_fd), target)?;
+    Ok(false)
 }
 
 /// The sandbox's directory above `home`, opened, where the home can be an overlay's upper layer

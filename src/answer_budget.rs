@@ -58,6 +58,26 @@ impl Backoff {
         self.at = Some(Instant::now() + wait);
         self.refusals = self.refusals.saturating_add(1);
     }
+
+    /// Room was given back since the last try: the next one comes within [`RETRY`], however
+    /// long the wait had grown.
+    pub fn sooner(&mut self) {
+        let soon = Instant::now() + RETRY;
+        self.at = Some(self.at.map_or(soon, |at| at.min(soon)));
+    }
+}
+
+/// How the budget turns over, for an answer that found no room and is made again later (a
+/// subscription's notification): how many times room was given back so far, and whether an
+/// answer is being made now (it gives room back once sent).
+pub fn turnover() -> (u64, bool) {
+    let held = ANSWERS.held.lock().unwrap_or_else(|p| p.into_inner());
+    (held.gives, held.making > 0)
+}
+
+/// Bytes `client`'s answers hold now.
+pub fn held_by(client: &str) -> usize {
+    ANSWERS.held.lock().unwrap_or_else(|p| p.into_inner()).of(client)
 }
 
 /// The server's budget.
@@ -496,6 +516,12 @@ mod tests {
             waits.push((b.at.unwrap() - before).as_secs());
         }
         assert_eq!(waits, vec![1, 2, 4, 8, 16, 30, 30, 30]);
+        // Room given back: the next try comes within a second, and stays there.
+        b.sooner();
+        let soon = b.at.unwrap();
+        assert!(soon <= Instant::now() + RETRY && !b.due());
+        b.sooner();
+        assert_eq!(b.at, Some(soon), "a later look does not push the try back");
     }
 
     #[test]

@@ -594,7 +594,9 @@ fn task_offered(app: &App, session: &Session, call: &ToolCall) -> Outcome {
     let ctx = Ctx { app, session, cancel: call.in_flight.flag(), client: &client };
     match tools::run_command(&ctx, &call.arguments) {
         Ok(CommandOutcome::Running(running)) => task_created(app, session, call, &running.task, &running.task_state),
-        Ok(CommandOutcome::Completed(done)) => answer(app, call, tools::finish_command(app, &client, done.to_value(), limits::ANSWER_WAIT)),
+        Ok(CommandOutcome::Completed(done)) => {
+            answer(app, call, tools::finish_command(app, &client, done.to_value(), limits::ANSWER_WAIT, tools::COMMAND_OUTPUT_ELSEWHERE))
+        }
         Err(err) => answer(app, call, tools::finish(app, &client, Err(err), Some(limits::ANSWER_WAIT))),
     }
 }

@@ -187,8 +187,48 @@ struct Followed {
     sent: Option<&'static str>,
     /// When it is read again after its notification found no room in the answer budget.
     retry: answer_budget::Backoff,
-    /// Since when its notification has found no room.
-    refused_since: Option<Instant>,
+    /// How long its notification has found no room, once it did.
+    refused: Option<Refusal>,
+}
+
+/// The time a notification has been waiting for room in the answer budget, counted as a waiting
+/// call's is (`answer_budget::Budget::take`): from the last time room was given back (or an
+/// answer was being made), and in all; neither runs while the subscription's own stream still
+/// holds room (it has yet to write an earlier notification: its client is behind, and gives
+/// room back as it reads).
+#[derive(Debug, Clone, Copy)]
+struct Refusal {
+    since: Instant,
+    first: Instant,
+    /// [`answer_budget::turnover`]'s count when last looked at.
+    gives: u64,
+}
+
+impl Refusal {
+    fn new() -> Refusal {
+        let now = Instant::now();
+        Refusal { since: now, first: now, gives: answer_budget::turnover().0 }
+    }
+
+    /// Brings the clocks up to date for `client`'s notification; whether room was given back
+    /// since the last look.
+    fn look(&mut self, client: &str) -> bool {
+        let now = Instant::now();
+        let (gives, making) = answer_budget::turnover();
+        let turned = gives != self.gives || making;
+        self.gives = gives;
+        if answer_budget::held_by(client) > 0 {
+            (self.since, self.first) = (now, now);
+        } else if turned {
+            self.since = now;
+        }
+        turned
+    }
+
+    /// Whether it has waited long enough to go cut to what needs no room.
+    fn over(&self) -> bool {
+        self.since.elapsed() >= limits::ANSWER_WAIT || self.first.elapsed() >= limits::ANSWER_WAIT_MOST
+    }
 }
 
 /// Follows the tasks a subscription named, parked with the waiter like a waiting call (same
@@ -199,10 +239,12 @@ struct Followed {
 /// subscription itself stays open until the client or the shutdown ends it.
 ///
 /// A completed task's result is inline, and takes its share of the answer budget. A push that
-/// finds no room is tried again later; once it has found none for [`limits::ANSWER_WAIT`] (as
-/// long as a call waits for room), and for every task whose end is still unpushed when the watch
-/// ends, the result goes with its output cut to what needs no room: the status is pushed once,
-/// and a stream whose client never gets it would wait for nothing (`tasks/get` reads it whole).
+/// finds no room is tried again later (within a second of room being given back); once it has
+/// waited as long as a waiting call would ([`Refusal`]), and for every task whose end is still
+/// unpushed when the watch ends, the result goes with its output cut to what needs no room: the
+/// status is pushed once, and a stream whose client never gets it would wait for nothing
+/// (`tasks/get` reads it whole). A subscriber that is only behind in reading its own stream is
+/// not cut: its notifications wait for it.
 pub struct TaskWatch {
     app: Arc<App>,
     id: Value,
@@ -220,7 +262,7 @@ impl TaskWatch {
         let every = crate::provider::poll_interval(app.provider.as_ref());
         let tasks = tasks
             .into_iter()
-            .map(|handle| Followed { handle, sent: None, retry: answer_budget::Backoff::default(), refused_since: None })
+            .map(|handle| Followed { handle, sent: None, retry: answer_budget::Backoff::default(), refused: None })
             .collect();
         // No task runs longer than the longest task timeout, so following ends by then.
         // A share of its own: two clients' subscriptions may have the same request id.
@@ -248,7 +290,16 @@ impl Watch for TaskWatch {
                 return Some(over());
             }
             let task = &mut self.tasks[i];
-            if !task.retry.due() {
+            let waited = match &mut task.refused {
+                Some(refusal) => {
+                    if refusal.look(&self.client) {
+                        task.retry.sooner();
+                    }
+                    refusal.over()
+                }
+                None => false,
+            };
+            if !task.retry.due() && !waited {
                 i += 1;
                 continue;
             }
@@ -269,15 +320,12 @@ impl Watch for TaskWatch {
             let status = tasks::status(&state).0;
             if task.sent != Some(status) {
                 // On the waiter's thread there is no wait for room.
-                let room = match task.refused_since {
-                    Some(since) if since.elapsed() >= limits::ANSWER_WAIT => Room::OrCut,
-                    _ => Room::Wait(Duration::ZERO),
-                };
+                let room = if waited { Room::OrCut } else { Room::Wait(Duration::ZERO) };
                 match push(&self.app, &self.client, &self.id, &self.sink, task, &state, room) {
                     Pushed::Sent => task.sent = Some(status),
                     Pushed::Closed => return Some(over()),
                     Pushed::Refused => {
-                        task.refused_since.get_or_insert_with(Instant::now);
+                        task.refused.get_or_insert_with(Refusal::new);
                         task.retry.refused();
                         i += 1;
                         continue;
@@ -307,8 +355,11 @@ impl Watch for TaskWatch {
             }
             let Ok(state) = tasks::state(&self.app, &task.handle) else { continue };
             let status = tasks::status(&state).0;
-            if status != "working" && task.sent != Some(status) {
-                push(&self.app, &self.client, &self.id, &self.sink, task, &state, Room::OrCut);
+            if status != "working"
+                && task.sent != Some(status)
+                && matches!(push(&self.app, &self.client, &self.id, &self.sink, task, &state, Room::OrCut), Pushed::Closed)
+            {
+                break;
             }
         }
         over()

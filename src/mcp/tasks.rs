@@ -246,7 +246,10 @@ pub fn result(app: &App, client: &str, handle: &Handle, room: Room) -> Result<Op
         _ => Ok(CommandResult::of_task(&s, &out, &err).to_value()),
     };
     let mut finished = match (room, outcome) {
-        (Room::OrCut, Ok(structured)) => tools::finish_command(app, client, structured, Duration::ZERO),
+        (Room::OrCut, Ok(structured)) => {
+            let whole = format!("tasks/get with taskId {} reads the whole result", handle.encode());
+            tools::finish_command(app, client, structured, Duration::ZERO, &whole)
+        }
         (Room::OrCut, outcome) => tools::try_finish(app, client, outcome, None).map_err(busy)?,
         (Room::Wait(wait), outcome) => tools::try_finish(app, client, outcome, Some(wait)).map_err(busy)?,
     };

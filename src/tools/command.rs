@@ -182,10 +182,11 @@ fn inline(bytes: &[u8], max: usize, stream: &str) -> (String, bool) {
 /// Makes a run_command result (`structured`, completed or running) whose answer found no room in
 /// the server's answer memory (`why`, [`crate::answer_budget::Full::message`]) small enough to
 /// need none: each stream's text cut to its head and tail, [`limits::MAX_OUTPUT_DEFAULT`] bytes in
-/// all, with a marker where bytes were left out, and a `warning` that says why. The command has
-/// run, so its exit code and what fits of its output are worth more to the caller than an error
-/// that invites running it again. `false` (and nothing changed) for any other result.
-pub fn fit_for_answer(structured: &mut Value, why: &str) -> bool {
+/// all, with a marker where bytes were left out, and a `warning` that says why and where the
+/// whole output is (`whole`). The command has run, so its exit code and what fits of its output
+/// are worth more to the caller than an error that invites running it again. `false` (and
+/// nothing changed) for any other result.
+pub fn fit_for_answer(structured: &mut Value, why: &str, whole: &str) -> bool {
     let is_command = matches!(structured["state"].as_str(), Some("completed" | "running"))
         && structured["stdout"].is_string()
         && structured["stderr"].is_string();
@@ -204,8 +205,7 @@ pub fn fit_for_answer(structured: &mut Value, why: &str) -> bool {
     }
     let note = format!(
         "the output was cut to {max} bytes per stream in this answer because the server had no room for the whole of it ({why}); \
-the command ran once and is not to be repeated for its output: read it again with get_task where a task_id is given, or \
-redirect it to a file and read parts of it"
+the command ran once and is not to be repeated for its output: {whole}"
     );
     structured["warning"] = Value::String(match structured["warning"].as_str() {
         Some(earlier) => format!("{earlier}; {note}"),
@@ -696,7 +696,7 @@ mod tests {
         let big = format!("{}é{}", "a".repeat(40_000), "z".repeat(40_000));
         let mut result = json!({"state": "completed", "exit_code": 3, "stdout": big, "stderr": "short",
             "stdout_truncated": false, "stderr_truncated": false, "warning": "earlier"});
-        assert!(fit_for_answer(&mut result, "no room now"));
+        assert!(fit_for_answer(&mut result, "no room now", "read it elsewhere"));
         let out = result["stdout"].as_str().unwrap();
         assert!(out.len() <= limits::MAX_OUTPUT_DEFAULT as usize, "{}", out.len());
         assert!(out.starts_with('a') && out.ends_with('z') && out.contains("bytes left out"), "{out}");
@@ -704,13 +704,13 @@ mod tests {
         assert_eq!(result["stderr"], "short");
         assert_eq!(result["exit_code"], 3);
         let warning = result["warning"].as_str().unwrap();
-        assert!(warning.starts_with("earlier; ") && warning.contains("no room now"), "{warning}");
+        assert!(warning.starts_with("earlier; ") && warning.contains("no room now") && warning.ends_with("read it elsewhere"), "{warning}");
         // A multi-byte character at the cut stays whole.
         let wide = "é".repeat(20_000);
         assert!(head_and_tail(&wide, 1001).chars().all(|c| c == 'é' || c.is_ascii()));
         for other in [json!({"path": "f", "content": "x"}), json!({"state": "succeeded", "stdout": 1, "stderr": ""})] {
             let mut same = other.clone();
-            assert!(!fit_for_answer(&mut same, "no room"));
+            assert!(!fit_for_answer(&mut same, "no room", "elsewhere"));
             assert_eq!(same, other);
         }
     }

@@ -281,7 +281,7 @@ pub fn call(ctx: &Ctx<'_>, tool: &Tool, arguments: &Map<String, Value>) -> Reply
     match outcome {
         Ok(Reply::Wait(pending)) => Reply::Wait(pending),
         Ok(Reply::Now(structured)) if tool.name == command::RUN.name => {
-            Reply::Now(finish_command(ctx.app, ctx.client, structured, crate::limits::ANSWER_WAIT))
+            Reply::Now(finish_command(ctx.app, ctx.client, structured, crate::limits::ANSWER_WAIT, COMMAND_OUTPUT_ELSEWHERE))
         }
         Ok(Reply::Now(structured)) => Reply::Now(finish(ctx.app, ctx.client, Ok(structured), Some(crate::limits::ANSWER_WAIT))),
         Err(err) => Reply::Now(finish(ctx.app, ctx.client, Err(err), Some(crate::limits::ANSWER_WAIT))),
@@ -308,8 +308,9 @@ pub fn finish(app: &App, client: &str, outcome: ReadResult, wait: Option<Duratio
 
 /// [`finish`] for a run_command result, whose command has run whatever becomes of its answer:
 /// one that finds no room in the answer budget within `wait` is sent with its output cut to what
-/// needs none ([`command::fit_for_answer`]), rather than lost.
-pub fn finish_command(app: &App, client: &str, mut structured: Value, wait: Duration) -> Finished {
+/// needs none ([`command::fit_for_answer`], whose warning names `whole`: where the whole output
+/// is), rather than lost.
+pub fn finish_command(app: &App, client: &str, mut structured: Value, wait: Duration, whole: &str) -> Finished {
     let full = match answer_budget::charge(client, &structured, wait) {
         Ok(charge) => return Finished { result: masked(app, success(structured)), charge },
         Err(full) => full,
@@ -317,7 +318,7 @@ pub fn finish_command(app: &App, client: &str, mut structured: Value, wait: Dura
     // The server's own secrets are masked before the cut, which could split one (and the text
     // block made from the masked result needs no second pass).
     structured = masked(app, structured);
-    if !command::fit_for_answer(&mut structured, &full.message()) {
+    if !command::fit_for_answer(&mut structured, &full.message(), whole) {
         return refused(app, &full);
     }
     match answer_budget::charge(client, &structured, Duration::ZERO) {
@@ -325,6 +326,10 @@ pub fn finish_command(app: &App, client: &str, mut structured: Value, wait: Dura
         Err(full) => refused(app, &full),
     }
 }
+
+/// Where a run_command's whole output is when its answer was cut for room.
+pub const COMMAND_OUTPUT_ELSEWHERE: &str =
+    "read it again with get_task where a task_id is given, or redirect it to a file and read parts of it";
 
 /// The failure that answers a call whose result found no room in the answer budget.
 pub fn refused(app: &App, full: &answer_budget::Full) -> Finished {

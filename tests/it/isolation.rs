@@ -1332,11 +1332,19 @@ fn the_layers_say_when_the_homes_mount_shows_a_host_path() {
     fs.overlay(&home.path);
     let mut m = home.stdio();
     let made = m.ok("create_sandbox", json!({}));
+    let id = made["sandbox_id"].as_str().unwrap().to_string();
     let (_, mounts, _) = sh(&mut m, "cat /proc/self/mountinfo");
-    let state_root = home.path.display().to_string();
-    assert!(mounts.contains(&state_root), "the home's overlay held on an overlay; this test needs a case where it does not:\n{mounts}");
+    // The home's line: its root field is the home's path on the state root's file system (the
+    // host path itself, where the state root is not a mount point of its own).
+    let home_line = mounts.lines().find(|l| l.split(' ').nth(4) == Some("/home/user")).unwrap_or_default();
+    let bound = format!("/sandboxes/{id}/home");
+    assert_eq!(
+        home_line.split(' ').nth(3),
+        Some(bound.as_str()),
+        "the home's overlay held on an overlay; this test needs a case where it does not:\n{mounts}"
+    );
     let layers = made["layers"].as_array().cloned().unwrap_or_default();
-    assert!(!layers.contains(&json!("no_host_paths")), "the layers claim no host path while mountinfo names {state_root}: {made}");
+    assert!(!layers.contains(&json!("no_host_paths")), "the layers claim no host path while mountinfo names {bound}: {made}");
     assert!(layers.contains(&json!("mount")), "{made}");
     assert_eq!(sh(&mut m, "echo x > f && cat f").1, "x\n", "the bound home works");
 }

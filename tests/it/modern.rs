@@ -538,8 +538,43 @@ fn a_task_end_without_room_is_pushed_with_its_output_cut() {
         assert_eq!(sc["stderr_truncated"], true, "{}", text());
         let kept = sc["stdout"].as_str().unwrap_or_default().len();
         assert!((1..=17_000).contains(&kept), "{kept} bytes of stdout kept: {}", text());
-        assert!(sc["warning"].as_str().is_some_and(|w| w.contains("no room")), "{}", text());
+        let warning = sc["warning"].as_str().unwrap_or_default();
+        assert!(warning.contains("no room") && warning.contains(&format!("tasks/get with taskId {}", ids[0])), "{}", text());
     }
     eprintln!("{cut} of 12 notifications were cut");
     assert!(cut >= 1, "12 notifications of 27 MB cannot all have room in the answer budget");
+}
+
+/// A subscriber behind in reading its own stream only waits for its notifications: they are not
+/// cut. One subscription following two tasks whose notifications are 27 MB each has room for
+/// one at a time (its share of the answer budget); the second waits until the client has read
+/// the first. It was cut when the client took longer than 5 s to read the first.
+#[test]
+fn a_subscriber_behind_on_its_own_stream_gets_its_results_whole() {
+    let home = Home::new("modern-behind");
+    let h = Http::start(&home, &[], &[("SANDBOX_MCP_TASK_AFTER", "1")]);
+    let ids = control_byte_tasks(&h, 2);
+    let stream = task_stream(&h, 3000, "behind", &ids);
+    // The client under test: it reads nothing for longer than an answer waits for room.
+    std::thread::sleep(sandbox_mcp::limits::ANSWER_WAIT + std::time::Duration::from_secs(3));
+    let mut stream = BufReader::new(stream);
+    stream.get_ref().set_read_timeout(Some(TIMEOUT)).unwrap();
+    let ack = next_event(&mut stream);
+    assert_eq!(ack["method"], "notifications/subscriptions/acknowledged", "{ack}");
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let note = next_event(&mut stream);
+        let sc = &note["params"]["result"]["structuredContent"];
+        assert_eq!(
+            (sc["stdout_truncated"].as_bool(), sc["stdout"].as_str().map(str::len)),
+            (Some(false), Some(1_048_576)),
+            "a notification was cut: {}",
+            note.to_string().chars().take(600).collect::<String>()
+        );
+        seen.push(note["params"]["taskId"].as_str().unwrap_or_default().to_string());
+    }
+    seen.sort();
+    let mut want = ids.clone();
+    want.sort();
+    assert_eq!(seen, want);
 }

@@ -58,26 +58,26 @@ impl Backoff {
         self.at = Some(Instant::now() + wait);
         self.refusals = self.refusals.saturating_add(1);
     }
-
-    /// Room was given back since the last try: the next one comes within [`RETRY`], however
-    /// long the wait had grown.
-    pub fn sooner(&mut self) {
-        let soon = Instant::now() + RETRY;
-        self.at = Some(self.at.map_or(soon, |at| at.min(soon)));
-    }
 }
 
-/// How the budget turns over, for an answer that found no room and is made again later (a
-/// subscription's notification): how many times room was given back so far, and whether an
-/// answer is being made now (it gives room back once sent).
-pub fn turnover() -> (u64, bool) {
-    let held = ANSWERS.held.lock().unwrap_or_else(|p| p.into_inner());
-    (held.gives, held.making > 0)
+/// What the budget looks like to an answer that found no room and is made again later (a
+/// subscription's notification), without taking anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Look {
+    /// How many times room was given back so far.
+    pub gives: u64,
+    /// Whether an answer is being made now (it gives room back once sent).
+    pub making: bool,
+    /// Bytes the asking client's answers hold now.
+    pub mine: usize,
+    /// Whether a charge of the bytes asked about would be taken now without waiting.
+    pub fits: bool,
 }
 
-/// Bytes `client`'s answers hold now.
-pub fn held_by(client: &str) -> usize {
-    ANSWERS.held.lock().unwrap_or_else(|p| p.into_inner()).of(client)
+/// [`Look`] for a charge of `bytes` for `client`: a cheap test, so that the answer, whose
+/// making reads it again, is made only when it can be sent.
+pub fn look(client: &str, bytes: usize) -> Look {
+    ANSWERS.look(client, bytes)
 }
 
 /// The server's budget.
@@ -192,12 +192,7 @@ impl Budget {
         // This charge's place in line once it waits.
         let mut ticket = None;
         loop {
-            let mine = held.of(client);
-            let fits_all = held.all == 0 || held.all.saturating_add(bytes) <= self.total;
-            let fits_mine = mine == 0 || mine.saturating_add(bytes) <= self.per_client;
-            // In the order charges began to wait: a large one is not passed over for good by
-            // smaller ones that keep the total from ever having its room.
-            if fits_all && fits_mine && !held.first_in_line(ticket, self.per_client) {
+            if self.admits(&held, client, bytes, ticket) {
                 held.leave(ticket);
                 held.all += bytes;
                 held.making += 1;
@@ -217,7 +212,7 @@ impl Budget {
             }
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                let all = held.all;
+                let (all, mine) = (held.all, held.of(client));
                 held.leave(ticket);
                 drop(held);
                 if ticket.is_some() {
@@ -234,6 +229,24 @@ impl Budget {
             }
             held = self.freed.wait_timeout(held, left).unwrap_or_else(|p| p.into_inner()).0;
         }
+    }
+
+    /// Whether `held` admits a charge of `bytes` for `client` (waiting charge `ticket`, or a new
+    /// one): within the total and the client's share, and no charge waiting before it fits
+    /// its own share.
+    fn admits(&self, held: &Held, client: &str, bytes: usize, ticket: Option<u64>) -> bool {
+        let mine = held.of(client);
+        let fits_all = held.all == 0 || held.all.saturating_add(bytes) <= self.total;
+        let fits_mine = mine == 0 || mine.saturating_add(bytes) <= self.per_client;
+        // In the order charges began to wait: a large one is not passed over for good by
+        // smaller ones that keep the total from ever having its room.
+        fits_all && fits_mine && !held.first_in_line(ticket, self.per_client)
+    }
+
+    fn look(&self, client: &str, bytes: usize) -> Look {
+        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let fits = bytes < ANSWER_FREE || self.admits(&held, client, bytes, None);
+        Look { gives: held.gives, making: held.making > 0, mine: held.of(client), fits }
     }
 
     /// Gives `bytes` of `client`'s back; `made`: the answer is no longer being made.
@@ -516,12 +529,22 @@ mod tests {
             waits.push((b.at.unwrap() - before).as_secs());
         }
         assert_eq!(waits, vec![1, 2, 4, 8, 16, 30, 30, 30]);
-        // Room given back: the next try comes within a second, and stays there.
-        b.sooner();
-        let soon = b.at.unwrap();
-        assert!(soon <= Instant::now() + RETRY && !b.due());
-        b.sooner();
-        assert_eq!(b.at, Some(soon), "a later look does not push the try back");
+    }
+
+    /// A look tells what a zero-wait charge would meet, without taking anything.
+    #[test]
+    fn a_look_takes_nothing_and_tells_what_a_charge_would_meet() {
+        let b = budget(8 * MIB, 4 * MIB);
+        let mut held = b.take("a", 3 * MIB, Duration::ZERO).unwrap();
+        let first = b.look("a", 2 * MIB);
+        assert_eq!((first.mine, first.fits, first.making), (3 * MIB, false, true), "past a's share, its answer being made");
+        assert!(b.look("b", 4 * MIB).fits, "b has room");
+        assert_eq!(b.held(), 3 * MIB, "a look takes nothing");
+        held.shrink_to(MIB);
+        let after = b.look("a", 2 * MIB);
+        assert_eq!((after.mine, after.fits, after.making), (MIB, true, false));
+        assert_ne!(after.gives, first.gives, "room given back shows");
+        assert!(b.look("a", 100).fits, "what takes nothing always fits");
     }
 
     #[test]

@@ -15,7 +15,7 @@ use crate::app::App;
 use crate::jsonrpc::{code, RpcError};
 use crate::limits::{self, MAX_SUBSCRIBED_TASKS, MAX_WAITING_CALLS};
 use crate::mcp::envelope::{self, SUBSCRIPTION_ID_KEY};
-use crate::mcp::tasks::{self, Handle, Room};
+use crate::mcp::tasks::{self, Handle, Room, Unfinished};
 use crate::queue::{Outcome, Response};
 use crate::supervisor::Snapshot;
 use crate::waiter::{Waiter, Watch};
@@ -191,38 +191,41 @@ struct Followed {
     refused: Option<Refusal>,
 }
 
-/// The time a notification has been waiting for room in the answer budget, counted as a waiting
-/// call's is (`answer_budget::Budget::take`): from the last time room was given back (or an
-/// answer was being made), and in all; neither runs while the subscription's own stream still
-/// holds room (it has yet to write an earlier notification: its client is behind, and gives
-/// room back as it reads).
+/// A notification that found no room in the answer budget: the room it needed, and how long it
+/// has waited, counted as a waiting call's wait is (`answer_budget::Budget::take`): from the
+/// last time room was given back (or an answer was being made), and in all. Neither clock runs
+/// while the subscription's own stream still holds room: it has yet to write an earlier
+/// notification, its client is behind, and it gives room back as it reads.
 #[derive(Debug, Clone, Copy)]
 struct Refusal {
+    needed: usize,
     since: Instant,
     first: Instant,
-    /// [`answer_budget::turnover`]'s count when last looked at.
+    /// When the clocks were last brought up to date.
+    looked: Instant,
+    /// How many times room had been given back then.
     gives: u64,
 }
 
 impl Refusal {
-    fn new() -> Refusal {
+    fn new(client: &str, needed: usize) -> Refusal {
         let now = Instant::now();
-        Refusal { since: now, first: now, gives: answer_budget::turnover().0 }
+        Refusal { needed, since: now, first: now, looked: now, gives: answer_budget::look(client, needed).gives }
     }
 
-    /// Brings the clocks up to date for `client`'s notification; whether room was given back
-    /// since the last look.
+    /// Brings the clocks up to date for `client`'s notification; whether it would find room now.
     fn look(&mut self, client: &str) -> bool {
         let now = Instant::now();
-        let (gives, making) = answer_budget::turnover();
-        let turned = gives != self.gives || making;
-        self.gives = gives;
-        if answer_budget::held_by(client) > 0 {
-            (self.since, self.first) = (now, now);
-        } else if turned {
+        let budget = answer_budget::look(client, self.needed);
+        if budget.mine > 0 {
+            // Paused, not restarted: a subscriber that keeps its stream busy still meets the cap.
+            self.first += now.saturating_duration_since(self.looked);
+            self.since = now;
+        } else if budget.gives != self.gives || budget.making {
             self.since = now;
         }
-        turned
+        (self.gives, self.looked) = (budget.gives, now);
+        budget.fits
     }
 
     /// Whether it has waited long enough to go cut to what needs no room.
@@ -239,8 +242,9 @@ impl Refusal {
 /// subscription itself stays open until the client or the shutdown ends it.
 ///
 /// A completed task's result is inline, and takes its share of the answer budget. A push that
-/// finds no room is tried again later (within a second of room being given back); once it has
-/// waited as long as a waiting call would ([`Refusal`]), and for every task whose end is still
+/// finds no room is tried again when the room it needs is there (a cheap look at every check),
+/// or on its backoff; once it has waited as long as a waiting call would ([`Refusal`]), and for
+/// every task whose end is still
 /// unpushed when the watch ends, the result goes with its output cut to what needs no room: the
 /// status is pushed once, and a stream whose client never gets it would wait for nothing
 /// (`tasks/get` reads it whole). A subscriber that is only behind in reading its own stream is
@@ -290,16 +294,11 @@ impl Watch for TaskWatch {
                 return Some(over());
             }
             let task = &mut self.tasks[i];
-            let waited = match &mut task.refused {
-                Some(refusal) => {
-                    if refusal.look(&self.client) {
-                        task.retry.sooner();
-                    }
-                    refusal.over()
-                }
-                None => false,
+            let (fits, waited) = match &mut task.refused {
+                Some(refusal) => (refusal.look(&self.client), refusal.over()),
+                None => (false, false),
             };
-            if !task.retry.due() && !waited {
+            if !task.retry.due() && !fits && !waited {
                 i += 1;
                 continue;
             }
@@ -324,8 +323,8 @@ impl Watch for TaskWatch {
                 match push(&self.app, &self.client, &self.id, &self.sink, task, &state, room) {
                     Pushed::Sent => task.sent = Some(status),
                     Pushed::Closed => return Some(over()),
-                    Pushed::Refused => {
-                        task.refused.get_or_insert_with(Refusal::new);
+                    Pushed::Refused(needed) => {
+                        task.refused.get_or_insert_with(|| Refusal::new(&self.client, needed)).needed = needed;
                         task.retry.refused();
                         i += 1;
                         continue;
@@ -388,8 +387,8 @@ enum Pushed {
     Sent,
     /// The subscriber is gone.
     Closed,
-    /// Its result found no room in the answer budget.
-    Refused,
+    /// Its result found no room in the answer budget (it needed this many bytes).
+    Refused(usize),
     /// Its result could not be read now.
     Unread,
 }
@@ -407,8 +406,8 @@ fn push(app: &App, client: &str, id: &Value, sink: &Sink, task: &Followed, state
                 Pushed::Closed
             }
         }
-        Err(err) if err.code == code::SERVER_BUSY => Pushed::Refused,
-        Err(err) => {
+        Err(Unfinished::NoRoom(full)) => Pushed::Refused(full.needed),
+        Err(Unfinished::Error(err)) => {
             log::debug!("subscription {id}: {} could not be read: {}", task.handle.encode(), err.message);
             Pushed::Unread
         }

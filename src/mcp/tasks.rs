@@ -215,10 +215,43 @@ pub enum Room {
     OrCut,
 }
 
+/// Why a finished task's result was not made.
+#[derive(Debug)]
+pub enum Unfinished {
+    /// It could not be read (the task or its sandbox is gone, a read failed).
+    Error(RpcError),
+    /// It found no room in the answer budget.
+    NoRoom(crate::answer_budget::Full),
+}
+
+impl From<RpcError> for Unfinished {
+    fn from(err: RpcError) -> Unfinished {
+        Unfinished::Error(err)
+    }
+}
+
+impl From<Unfinished> for RpcError {
+    /// No room is -32000: the task and its result stay, to be asked for again.
+    fn from(why: Unfinished) -> RpcError {
+        match why {
+            Unfinished::Error(err) => err,
+            Unfinished::NoRoom(full) => RpcError::new(
+                code::SERVER_BUSY,
+                format!("the task's result was not sent: {}; ask again in a few seconds (the task and its result stay)", full.message()),
+            ),
+        }
+    }
+}
+
 /// The `CallToolResult` of a finished task, shaped as run_command's (the whole saved logs, read
 /// page by page), with the related-task `_meta`, for `client` (whose share of the answer budget
 /// it takes as `room` says, see [`tools::finish`]); `None` while it runs.
 pub fn result(app: &App, client: &str, handle: &Handle, room: Room) -> Result<Option<tools::Finished>, RpcError> {
+    finished(app, client, handle, room).map_err(RpcError::from)
+}
+
+/// [`result`], telling a result without room apart.
+fn finished(app: &App, client: &str, handle: &Handle, room: Room) -> Result<Option<tools::Finished>, Unfinished> {
     let first = read(app, handle, Window { stdout_offset: 0, stderr_offset: 0, limit: limits::READ_LIMIT_MAX as u64 })?;
     if !first.state.is_final() && first.state != TaskState::Unknown {
         return Ok(None);
@@ -250,19 +283,11 @@ pub fn result(app: &App, client: &str, handle: &Handle, room: Room) -> Result<Op
             let whole = format!("tasks/get with taskId {} reads the whole result", handle.encode());
             tools::finish_command(app, client, structured, Duration::ZERO, &whole)
         }
-        (Room::OrCut, outcome) => tools::try_finish(app, client, outcome, None).map_err(busy)?,
-        (Room::Wait(wait), outcome) => tools::try_finish(app, client, outcome, Some(wait)).map_err(busy)?,
+        (Room::OrCut, outcome) => tools::try_finish(app, client, outcome, None).map_err(Unfinished::NoRoom)?,
+        (Room::Wait(wait), outcome) => tools::try_finish(app, client, outcome, Some(wait)).map_err(Unfinished::NoRoom)?,
     };
     finished.result["_meta"] = json!({RELATED_TASK_KEY: {"taskId": handle.encode()}});
     Ok(Some(finished))
-}
-
-/// The error of a task's result that found no room in the answer budget.
-fn busy(full: crate::answer_budget::Full) -> RpcError {
-    RpcError::new(
-        code::SERVER_BUSY,
-        format!("the task's result was not sent: {}; ask again in a few seconds (the task and its result stay)", full.message()),
-    )
 }
 
 /// The 2026-07-28 task fields (flat), without `resultType`.
@@ -294,7 +319,7 @@ pub fn create_result_2026(handle: &Handle, s: &Snapshot) -> Value {
 /// JSON-RPC error inline when failed (an outcome that cannot be observed).
 /// With the share of the answer budget the inline result takes for `client`.
 pub fn get_2026(app: &App, client: &str, handle: &Handle) -> Result<(Value, Charge), RpcError> {
-    detailed_2026(app, client, handle, &state(app, handle)?, Room::Wait(limits::ANSWER_WAIT))
+    detailed_2026(app, client, handle, &state(app, handle)?, Room::Wait(limits::ANSWER_WAIT)).map_err(RpcError::from)
 }
 
 /// A task's state without its logs; -32602 when it does not exist or its sandbox is gone.
@@ -306,12 +331,12 @@ pub fn state(app: &App, handle: &Handle) -> Result<Snapshot, RpcError> {
 /// the task fields, with the `CallToolResult` inline once completed (read now) and a JSON-RPC
 /// error inline when failed; with the share of the answer budget the result takes for `client`
 /// (found as `room` says).
-pub fn detailed_2026(app: &App, client: &str, handle: &Handle, s: &Snapshot, room: Room) -> Result<(Value, Charge), RpcError> {
+pub fn detailed_2026(app: &App, client: &str, handle: &Handle, s: &Snapshot, room: Room) -> Result<(Value, Charge), Unfinished> {
     let mut m = task_fields_2026(handle, s);
     let mut charge = Charge::none();
     match status(s) {
         ("completed", _) => {
-            if let Some(finished) = result(app, client, handle, room)? {
+            if let Some(finished) = finished(app, client, handle, room)? {
                 let mut r = finished.result;
                 if let Value::Object(o) = &mut r {
                     o.remove("_meta");

@@ -193,7 +193,7 @@ struct Followed {
 
 /// A notification that found no room in the answer budget: the room it needed, and how long it
 /// has waited, counted as a waiting call's wait is (`answer_budget::Budget::take`): from the
-/// last time room was given back (or an answer was being made), and in all. Neither clock runs
+/// last time room was given back (or an answer was being made), and in all. Both are paused
 /// while the subscription's own stream still holds room: it has yet to write an earlier
 /// notification, its client is behind, and it gives room back as it reads.
 #[derive(Debug, Clone, Copy)]
@@ -243,12 +243,11 @@ impl Refusal {
 ///
 /// A completed task's result is inline, and takes its share of the answer budget. A push that
 /// finds no room is tried again when the room it needs is there (a cheap look at every check),
-/// or on its backoff; once it has waited as long as a waiting call would ([`Refusal`]), and for
-/// every task whose end is still
-/// unpushed when the watch ends, the result goes with its output cut to what needs no room: the
-/// status is pushed once, and a stream whose client never gets it would wait for nothing
-/// (`tasks/get` reads it whole). A subscriber that is only behind in reading its own stream is
-/// not cut: its notifications wait for it.
+/// or on its backoff. Once it has waited as long as a waiting call would ([`Refusal`]), and for
+/// every task whose end is still unpushed when the watch ends, the result goes with its output
+/// cut to what needs no room: the status is pushed once, and a stream whose client never gets
+/// it would wait for nothing (`tasks/get` reads it whole). A subscriber that is only behind in
+/// reading its own stream is not cut: its notifications wait for it.
 pub struct TaskWatch {
     app: Arc<App>,
     id: Value,

@@ -185,9 +185,7 @@ impl Sink {
 struct Followed {
     handle: Handle,
     sent: Option<&'static str>,
-    /// When it is read again after its notification found no room in the answer budget.
-    retry: answer_budget::Backoff,
-    /// How long its notification has found no room, once it did.
+    /// Its notification's wait for room in the answer budget, once it found none.
     refused: Option<Refusal>,
 }
 
@@ -199,6 +197,8 @@ struct Followed {
 #[derive(Debug, Clone, Copy)]
 struct Refusal {
     needed: usize,
+    /// When it is made again anyway (it reads the task's whole logs again).
+    retry: answer_budget::Backoff,
     since: Instant,
     first: Instant,
     /// When the clocks were last brought up to date.
@@ -210,7 +210,14 @@ struct Refusal {
 impl Refusal {
     fn new(client: &str, needed: usize) -> Refusal {
         let now = Instant::now();
-        Refusal { needed, since: now, first: now, looked: now, gives: answer_budget::look(client, needed).gives }
+        let gives = answer_budget::look(client, needed).gives;
+        Refusal { needed, retry: answer_budget::Backoff::default(), since: now, first: now, looked: now, gives }
+    }
+
+    /// It was refused (again), needing `needed` bytes: the next try waits.
+    fn refused(&mut self, needed: usize) {
+        self.needed = needed;
+        self.retry.refused();
     }
 
     /// Brings the clocks up to date for `client`'s notification; whether it would find room now.
@@ -263,10 +270,7 @@ impl TaskWatch {
     /// A watch for subscription `id` over `tasks`, pushing into `sink`.
     pub fn new(app: Arc<App>, id: Value, tasks: Vec<Handle>, sink: Sink) -> TaskWatch {
         let every = crate::provider::poll_interval(app.provider.as_ref());
-        let tasks = tasks
-            .into_iter()
-            .map(|handle| Followed { handle, sent: None, retry: answer_budget::Backoff::default(), refused: None })
-            .collect();
+        let tasks = tasks.into_iter().map(|handle| Followed { handle, sent: None, refused: None }).collect();
         // No task runs longer than the longest task timeout, so following ends by then.
         // A share of its own: two clients' subscriptions may have the same request id.
         static WATCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -293,11 +297,11 @@ impl Watch for TaskWatch {
                 return Some(over());
             }
             let task = &mut self.tasks[i];
-            let (fits, waited) = match &mut task.refused {
-                Some(refusal) => (refusal.look(&self.client), refusal.over()),
-                None => (false, false),
+            let (due, fits, waited) = match &mut task.refused {
+                Some(refusal) => (refusal.retry.due(), refusal.look(&self.client), refusal.over()),
+                None => (true, false, false),
             };
-            if !task.retry.due() && !fits && !waited {
+            if !due && !fits && !waited {
                 i += 1;
                 continue;
             }
@@ -323,8 +327,7 @@ impl Watch for TaskWatch {
                     Pushed::Sent => task.sent = Some(status),
                     Pushed::Closed => return Some(over()),
                     Pushed::Refused(needed) => {
-                        task.refused.get_or_insert_with(|| Refusal::new(&self.client, needed)).needed = needed;
-                        task.retry.refused();
+                        task.refused.get_or_insert_with(|| Refusal::new(&self.client, needed)).refused(needed);
                         i += 1;
                         continue;
                     }

@@ -680,6 +680,8 @@ since {why}; leave network out, or run the server as root or where user namespac
             cgroup::create(&id, &limits)
                 .map_err(|why| fail(ProviderError::Rejected(format!("cannot enforce {}: {why}", describe_limits(&limits)))))?;
         }
+        // Whether the home's mount names no host path, as the init reports it.
+        let mut hidden = false;
         match isolation {
             Isolation::None => self.spawn_keeper(&id),
             // Bound here, so that the first command can connect at once: it waits in the
@@ -706,15 +708,14 @@ since {why}; leave network out, or run the server as root or where user namespac
                 if listener.is_some() {
                     self.prepare_first_shell(&id, &meta);
                 }
-                let (_, hidden) = self.start_isolated(&id, listener).map_err(fail)?;
-                if hidden {
-                    let mut info = meta.info();
-                    info.layers.push(isolation::NO_HOST_PATHS);
-                    return Ok(info);
-                }
+                hidden = self.start_isolated(&id, listener).map_err(fail)?.1;
             }
         }
-        Ok(meta.info())
+        let mut info = meta.info();
+        if hidden {
+            info.layers.push(isolation::NO_HOST_PATHS);
+        }
+        Ok(info)
     }
 
     fn kill(&self, sandbox_id: &str, deadline: Instant) -> Result<bool, ProviderError> {

@@ -269,7 +269,7 @@ options! {
         takes_value: true,
         env: Some("SANDBOX_MCP_HTTP_STALL"),
         default: Text("30"),
-        help: "seconds an HTTP connection may make no progress (idle, a body that stops arriving, an answer the client does not read) before it is closed",
+        help: "seconds an HTTP connection may make no progress (idle, a body that stops arriving, an answer the client does not read) before it is closed; also the most a request head may take after the last answer, and the grace before a body or answer must average 64 KiB/s",
     };
     /// HTTP bearer token; never a flag, so it stays out of process listings.
     HTTP_TOKEN = OptionSpec {

@@ -125,6 +125,11 @@ pub const SANDBOX_DISK_MB_MAX: i64 = 1_048_576;
 /// them all, a request waits for a thread to come free.
 pub const HTTP_SPARE_HANDLERS: usize = 1024;
 
+/// The slowest an HTTP body may arrive and an answer be taken, on average, once a first
+/// `--http-stall` has gone by (bytes per second): a connection slower than that is ended, so that
+/// a client trickling bytes holds its threads for a bounded time.
+pub const HTTP_MIN_RATE: usize = 64 * 1024;
+
 /// `subscriptions/listen` streams open at once over HTTP (each holds a handler thread).
 pub const MAX_HTTP_SUBSCRIPTIONS: usize = 16;
 

@@ -11,8 +11,8 @@
 //! Every server, replaced or not, is a source of the handler threads ([`Handlers`]) until
 //! shutdown, so the connections it has keep being served.
 
+use super::connection_guard::ConnectionGuard;
 use super::handlers::{Handlers, Next, Source};
-use super::head_guard::HeadGuard;
 use crossbeam_channel::{Receiver, Sender};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -28,8 +28,8 @@ use tiny_http::{Request, Server};
 const HEADROOM: usize = 16;
 
 /// How often the watchdog gives starved handler sources a thread ([`Handlers::replenish`]),
-/// tiny_http's pool a connection to end ([`Acceptor::nudge`]) and the head guard a sweep
-/// ([`HeadGuard::sweep`]); more often when the stall time is short ([`tick`]).
+/// tiny_http's pool a connection to end ([`Acceptor::nudge`]) and the connection guard a sweep
+/// ([`ConnectionGuard::sweep`]); more often when the stall time is short ([`tick`]).
 const TICK: Duration = Duration::from_millis(500);
 
 /// The watchdog's period for a stall time of `stall`: [`TICK`], or a quarter of `stall` when that
@@ -63,7 +63,7 @@ impl Acceptor {
     pub fn start(
         socket: TcpListener,
         handlers: Arc<Handlers<Request>>,
-        guard: Arc<HeadGuard>,
+        guard: Arc<ConnectionGuard>,
         stall: Duration,
     ) -> anyhow::Result<(Arc<Acceptor>, SocketAddr)> {
         let addr = socket.local_addr()?;
@@ -82,7 +82,7 @@ impl Acceptor {
             anyhow::bail!("serving on {addr}: shutdown began");
         }
         let watched = acceptor.clone();
-        guard.guard(addr);
+        guard.guard(addr, stall);
         thread::Builder::new()
             .name("http-watchdog".into())
             .stack_size(256 * 1024)
@@ -120,15 +120,15 @@ impl Acceptor {
 
     /// The watchdog: on each wake-up, if the port does not answer, starts the next server; every
     /// `tick`, gives starved sources a thread where one can be made now, nudges the pool, and
-    /// ends connections whose heads have no end ([`HeadGuard::sweep`]).
-    fn watch(self: &Arc<Self>, woken: &Receiver<()>, guard: &HeadGuard, tick: Duration) {
+    /// ends connections whose heads have no end ([`ConnectionGuard::sweep`]).
+    fn watch(self: &Arc<Self>, woken: &Receiver<()>, guard: &ConnectionGuard, tick: Duration) {
         loop {
             match woken.recv_timeout(tick) {
                 Ok(()) => {}
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
                     self.handlers.replenish();
                     self.nudge();
-                    guard.sweep();
+                    guard.sweep(self.handlers.last_starved());
                     continue;
                 }
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,

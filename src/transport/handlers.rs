@@ -20,7 +20,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Idle handler threads kept (with at least one per source).
 pub const RESIDENT: usize = 8;
@@ -56,6 +56,8 @@ pub struct Handlers<T: Send + 'static> {
     /// could be made): the next thread to come free goes there, or [`Handlers::replenish`]
     /// starts one.
     starved: Mutex<Vec<Arc<Served<T>>>>,
+    /// When a source was last seen starved (the end of its last starving, as far as known).
+    starved_at: Mutex<Option<Instant>>,
     max: usize,
     resident: usize,
     idle: Duration,
@@ -86,6 +88,7 @@ impl<T: Send + 'static> Handlers<T> {
             handle: Arc::new(handle),
             live: AtomicUsize::new(0),
             starved: Mutex::new(Vec::new()),
+            starved_at: Mutex::new(None),
             max,
             resident,
             idle,
@@ -103,6 +106,9 @@ impl<T: Send + 'static> Handlers<T> {
     /// Starts a thread for each starved source, as far as the cap and the system allow.
     pub fn replenish(self: &Arc<Self>) {
         let starved = std::mem::take(&mut *self.starved.lock().unwrap_or_else(|p| p.into_inner()));
+        if !starved.is_empty() {
+            self.saw_starved();
+        }
         for served in starved {
             if served.waiting.load(Ordering::SeqCst) == 0 && !matches!(self.add(&served, false), Ok(true)) {
                 self.starve(served);
@@ -134,6 +140,20 @@ impl<T: Send + 'static> Handlers<T> {
 
     fn starve(&self, served: Arc<Served<T>>) {
         self.starved.lock().unwrap_or_else(|p| p.into_inner()).push(served);
+        self.saw_starved();
+    }
+
+    fn saw_starved(&self) {
+        *self.starved_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+    }
+
+    /// The last time a job may have waited in a source for a thread: now while a source is
+    /// starved; `None` if never.
+    pub fn last_starved(&self) -> Option<Instant> {
+        if !self.starved.lock().unwrap_or_else(|p| p.into_inner()).is_empty() {
+            return Some(Instant::now());
+        }
+        *self.starved_at.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A starved source for a thread leaving `from` (which keeps another waiting thread).
@@ -141,7 +161,11 @@ impl<T: Send + 'static> Handlers<T> {
         if from.waiting.load(Ordering::SeqCst) == 0 {
             return None;
         }
-        self.starved.lock().unwrap_or_else(|p| p.into_inner()).pop()
+        let popped = self.starved.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        if popped.is_some() {
+            self.saw_starved();
+        }
+        popped
     }
 
     /// A handler thread: takes jobs from its source until it ends, or until it is idle and not
@@ -200,7 +224,6 @@ impl<T: Send + 'static> Handlers<T> {
 mod tests {
     use super::*;
     use crossbeam_channel::{Receiver, RecvTimeoutError};
-    use std::time::Instant;
 
     /// A channel as a source; it ends when its senders are gone.
     struct Channel(Receiver<u32>);
@@ -273,16 +296,28 @@ mod tests {
     #[test]
     fn at_the_cap_a_job_waits_for_a_free_thread() {
         let (pool, release_tx, done_rx, jobs) = blocking_pool(3, 1, 3);
+        assert_eq!(pool.last_starved(), None, "no job has waited yet");
         for job in 0..4 {
             jobs.send(job).unwrap();
         }
         assert!(done_rx.recv_timeout(Duration::from_millis(200)).is_err(), "nothing ran past the cap");
         assert_eq!(pool.live(), 3);
+        // While the source is starved, a job may be waiting now.
+        let now = pool.last_starved().unwrap();
+        assert!(pool.last_starved().unwrap() > now, "a starved source is starved now");
         release_tx.send(()).unwrap();
         let mut done: Vec<u32> = (0..2).map(|_| done_rx.recv_timeout(Duration::from_secs(10)).unwrap()).collect();
         done.sort_unstable();
         assert!(done.contains(&3), "the waiting job ran on the freed thread: {done:?}");
         drop(release_tx);
+        for _ in 0..2 {
+            assert!(done_rx.recv_timeout(Duration::from_secs(10)).is_ok());
+        }
+        // Once it has a waiting thread again, the last time stays the end of its starving.
+        until("the source to have a waiting thread", || {
+            let ended = pool.last_starved();
+            ended.is_some_and(|t| t > now) && pool.last_starved() == ended
+        });
     }
 
     /// A source left without a waiting thread at the cap gets the next thread to come free from

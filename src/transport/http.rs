@@ -7,12 +7,12 @@
 //! Every early answer reads or discards the body first so keep-alive connections stay in sync.
 
 use super::body_budget::{self, Body, BodyBudget};
-use super::head_guard::HeadGuard;
+use super::connection_guard::ConnectionGuard;
 use crate::answer_budget::Charge;
 use crate::app::App;
 use crate::ids;
 use crate::jsonrpc::{self, code, Incoming, RpcError};
-use crate::limits::MAX_BODY_BYTES;
+use crate::limits::{HTTP_MIN_RATE, MAX_BODY_BYTES};
 use crate::mcp::envelope::{self, RequestMeta};
 use crate::mcp::protocol::{self, Listen, Refusal, Route, Work, WorkQueue, SUPPORTED_VERSIONS};
 use crate::mcp::session::{Session, Sessions};
@@ -109,7 +109,7 @@ pub struct Listener {
     /// Memory for request bodies, shared by every connection.
     budget: Arc<BodyBudget>,
     /// Ends connections that send more than their requests account for (heads without end).
-    guard: Arc<HeadGuard>,
+    guard: Arc<ConnectionGuard>,
 }
 
 /// How often an open `subscriptions/listen` stream looks for the start of shutdown.
@@ -133,7 +133,7 @@ impl Listener {
             streams: StreamShares::new(),
             waiter,
             budget,
-            guard: Arc::new(HeadGuard::new()),
+            guard: Arc::new(ConnectionGuard::new()),
         }
     }
 
@@ -210,7 +210,7 @@ fn peer_ip(req: &Request) -> Option<IpAddr> {
     req.remote_addr().map(SocketAddr::ip)
 }
 
-/// What `req` may have made its connection send (see `HeadGuard::account`): its head as
+/// What `req` may have made its connection send (see `ConnectionGuard::account`): its head as
 /// received (line and headers, with their separators), and its body: the announced length, a
 /// chunked one up to what is read or drained of it, none without either.
 fn sent_for(req: &Request) -> u64 {
@@ -324,21 +324,28 @@ fn constant_time_eq(given: &[u8], secret: &[u8]) -> bool {
 impl Listener {
     fn handle(&self, req: Request) {
         /// Counts the request out however `serve` ends (a panic included).
-        struct Busy<'a>(&'a AtomicUsize);
+        struct Busy<'a>(&'a AtomicUsize, &'a ConnectionGuard, Option<SocketAddr>);
         impl Drop for Busy<'_> {
             fn drop(&mut self) {
                 self.0.fetch_sub(1, Ordering::SeqCst);
+                self.1.done(self.2.as_ref());
             }
         }
         self.busy.fetch_add(1, Ordering::SeqCst);
-        let _busy = Busy(&self.busy);
-        self.guard.account(req.remote_addr(), sent_for(&req));
+        let peer = req.remote_addr().copied();
+        self.guard.account(peer.as_ref(), sent_for(&req));
+        let _busy = Busy(&self.busy, &self.guard, peer);
         self.serve(req);
     }
 
     fn serve(&self, mut req: Request) {
+        let peer = req.remote_addr().copied();
         let announced = req.body_length();
+        // The body must arrive in time, and the answer be taken (the stream of a subscription
+        // only writes, each write within the stall time).
+        self.guard.expect(peer.as_ref(), Some(self.deadline(announced.unwrap_or(MAX_BODY_BYTES).min(MAX_DRAIN_BYTES))));
         let body = body_budget::read_body(req.as_reader(), announced, MAX_BODY_BYTES, MAX_DRAIN_BYTES, &self.budget);
+        self.guard.expect(peer.as_ref(), None);
         if let Body::Abandon = body {
             // Dropping the request would make tiny_http allocate the announced length. The
             // connection and its pool thread stay held until the process ends.
@@ -370,6 +377,8 @@ impl Listener {
             None => (None, Vec::new()),
         };
         let large = bytes.len() >= memory::RELEASE_AFTER_BYTES;
+        // Until the handler is done: the answer, and what tiny_http drains of an unread body.
+        self.guard.expect(peer.as_ref(), Some(self.deadline(bytes.len())));
         let res = if answer.close {
             // tiny_http drops a `Connection` response header, so this answer is written raw.
             let mut head = format!("HTTP/1.1 {status} {}\r\nContent-Length: {}\r\nConnection: close\r\n", reason(status), bytes.len());
@@ -401,6 +410,12 @@ impl Listener {
             // The answer and the values it was made from are freed by now.
             memory::release_free();
         }
+    }
+
+    /// When a body or an answer of `bytes` begun now must have been moved: one stall time, then
+    /// [`HTTP_MIN_RATE`] on average.
+    fn deadline(&self, bytes: usize) -> Instant {
+        Instant::now() + self.app.config.http_stall + Duration::from_millis((bytes as u64).saturating_mul(1000) / HTTP_MIN_RATE as u64)
     }
 
     fn answer(&self, req: &Request, body: Body) -> Answer {

@@ -2,8 +2,8 @@
 
 pub mod accept;
 pub mod body_budget;
+pub mod connection_guard;
 pub mod handlers;
-pub mod head_guard;
 pub mod headers;
 pub mod http;
 pub mod stdio;

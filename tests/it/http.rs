@@ -551,6 +551,89 @@ fn connections_that_make_no_progress_end_at_the_stall_time() {
     assert!(!log.contains("stopped accepting") && !log.contains("Error accepting"), "an accept timed out:\n{log}");
 }
 
+/// A request head that trickles in is ended at the stall time: each byte came within the
+/// connection's receive timeout, so tiny_http went on reading it (a thread of its pool and two
+/// descriptors held) for as long as the client kept sending. A head still arriving one stall
+/// time after the connection's last answer now ends the connection; a keep-alive connection
+/// whose requests come whole, however long it lives, is served throughout.
+#[test]
+fn a_request_head_that_trickles_in_is_ended_at_the_stall_time() {
+    use std::io::{Read, Write};
+    let home = Home::new("http-trickled-head");
+    let h = Http::start(&home, &["--http-stall", "2"], &[]);
+    let sid = h.initialize();
+    let mut steady = Conn::open(h.addr);
+    let mut trickle = std::net::TcpStream::connect(h.addr).unwrap();
+    trickle.set_read_timeout(Some(Duration::from_millis(250))).unwrap();
+    // A first request comes whole and is answered; the next head trickles in.
+    let mut first = Conn::from_stream(trickle.try_clone().unwrap());
+    first.send("POST", "/mcp", &[("Mcp-Session-Id", &sid)], PING.as_bytes());
+    assert_eq!(first.read().status, 200);
+    trickle.write_all(format!("POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nMcp-Session-Id: {sid}\r\nX-Slow: ").as_bytes()).unwrap();
+    let began = std::time::Instant::now();
+    let mut ended = None;
+    while began.elapsed() < Duration::from_secs(20) {
+        if trickle.write_all(b"a").is_err() {
+            ended = Some(began.elapsed());
+            break;
+        }
+        match trickle.read(&mut [0u8; 64]) {
+            Err(err) if matches!(err.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            _ => {
+                ended = Some(began.elapsed());
+                break;
+            }
+        }
+        steady.send("POST", "/mcp", &[("Mcp-Session-Id", &sid)], PING.as_bytes());
+        let r = steady.read();
+        assert_eq!(r.status, 200, "{}", r.body);
+        if r.headers.iter().any(|(k, v)| k.eq_ignore_ascii_case("connection") && v.eq_ignore_ascii_case("close")) {
+            steady = Conn::open(h.addr);
+        }
+    }
+    let ended = ended.unwrap_or_else(|| panic!("a head trickling in for {:?} was still being read", began.elapsed()));
+    assert!(ended >= Duration::from_millis(1900), "ended before the stall time: {ended:?}");
+    assert_eq!(h.post(&[("Mcp-Session-Id", &sid)], PING).status, 200);
+    let log = h.stderr.lock().unwrap().clone();
+    assert!(log.contains("took longer than 2 s to arrive"), "the log does not say why:\n{log}");
+    eprintln!("a head trickling in was ended after {ended:?}");
+}
+
+/// A body that trickles in ends with its connection once it falls behind the least rate after a
+/// first stall time: each byte came within the connection's receive timeout, so the handler
+/// thread and tiny_http's pool thread were held for as long as the client went on (a 200 kB
+/// body at 1 kB/s: 200 s). Other clients are served meanwhile. (An answer taken slowly meets the
+/// same deadline, set the same way; only one larger than the kernel's socket buffers, some MiB,
+/// holds a thread at all, and its deadline is then minutes away: `connection_guard`'s unit tests cover
+/// the sweep that enforces both.)
+#[test]
+fn a_body_slower_than_the_least_rate_ends_its_connection() {
+    use std::io::Write;
+    let home = Home::new("http-least-rate");
+    let h = Http::start(&home, &["--http-stall", "1"], &[]);
+    let sid = h.initialize();
+    let ended_by = Duration::from_secs(60);
+
+    // A body of 200 kB announced, sent at about 1 kB/s: due within 1 s + 200 kB at 64 KiB/s.
+    let mut body = std::net::TcpStream::connect(h.addr).unwrap();
+    body.set_write_timeout(Some(TIMEOUT)).unwrap();
+    let head = format!("POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nMcp-Session-Id: {sid}\r\nContent-Length: 200000\r\n\r\n");
+    body.write_all(head.as_bytes()).unwrap();
+    let began = std::time::Instant::now();
+    let mut sent = 0;
+    while sent < 200_000 && began.elapsed() < ended_by && body.write_all(&[b' '; 100]).is_ok() {
+        sent += 100;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let body_ended = began.elapsed();
+    assert!(sent < 200_000 && body_ended < ended_by, "a body trickling in was read for {body_ended:?} ({sent} bytes)");
+    assert!(body_ended >= Duration::from_secs(3), "ended before its deadline: {body_ended:?}");
+    assert_eq!(h.post(&[("Mcp-Session-Id", &sid)], PING).status, 200);
+    let log = h.stderr.lock().unwrap().clone();
+    assert!(log.contains("moved slower than 64 KiB/s"), "the log does not say why:\n{log}");
+    eprintln!("a body at 1 kB/s ended after {body_ended:?} ({sent} bytes)");
+}
+
 /// Bodies that arrive together, paced, and overflow the budget between them are not all refused:
 /// a body refused midway used to keep its share while the rest of it was drained, so 48 clients
 /// each sending 3.85 MB in 64 KiB pieces 10 ms apart all got 503 (17 got 200 when bodies were

@@ -121,6 +121,13 @@ fn limits_from_the_code() -> Vec<(&'static str, String)> {
         ("task directories per OS user per sandbox", MAX_TASKS.to_string()),
         ("cancel confirmation", format!("{} s", CANCEL_CONFIRM.as_secs())),
         ("HTTP body (and one stdio message)", size(MAX_BODY_BYTES)),
+        (
+            "HTTP request head, body and answer over time",
+            format!(
+                "the head whole within --http-stall of the connection's last answer; a body and an answer each at {}/s on average after a first --http-stall (else the connection is ended)",
+                size(HTTP_MIN_RATE)
+            ),
+        ),
         ("read_file size", size(MAX_FILE_BYTES)),
         (
             "write_file content",

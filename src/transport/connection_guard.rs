@@ -1,0 +1,494 @@
+//! The guard of HTTP connections against sending without end and against taking forever.
+//!
+//! tiny_http 0.12 reads a request's line and headers without a bound: a client that sends one
+//! endless line, or headers without end, makes it buffer all it sends (300 MiB sent in 3.5 s took
+//! the server to 305 MiB of RSS; a few such clients take the host's memory), before any check of
+//! ours can run. tiny_http offers no limit, and no access to a connection's socket, so the guard
+//! looks from outside. Every tick of the acceptor's watchdog ([`ConnectionGuard::sweep`]) it finds
+//! the connections accepted on the HTTP port among the process's descriptors (through a copy of
+//! each taken with `pidfd_getfd`, so no descriptor of another part of the server is used by
+//! number), asks the kernel how many bytes each has handed to the server (`TCP_INFO`'s bytes
+//! received, less what is still queued unread), and ends a connection (shut down both ways:
+//! tiny_http's read or write and ours fail, and what tiny_http buffered is freed, given back to
+//! the system at the next sweep) that:
+//! - handed over more than the requests the server has seen on it account for
+//!   ([`ConnectionGuard::account`]: each head's own size plus its body's announced length, or the
+//!   most a chunked body is read or drained; nothing for a request without a body), plus
+//!   [`HEAD_ALLOWANCE`] and tiny_http's read-ahead for the head it may be reading now;
+//! - has been sending a next head for longer than the head time (`--http-stall`) since its last
+//!   answer (or since a sweep first saw it) while none of its requests was being handled and no
+//!   request waited for a handler thread: each byte coming within the receive timeout, tiny_http
+//!   would read such a head, holding a thread of its pool, for as long as the client went on. A
+//!   whole request is taken by a waiting handler thread at once, so a head that is not a request
+//!   by then is still arriving (unless every handler thread was busy: then it may be a request
+//!   waiting for one, and the connection is left alone);
+//! - is still moving a body or an answer past the deadline its handler set
+//!   ([`ConnectionGuard::expect`]: a first stall time, then [`crate::limits::HTTP_MIN_RATE`] on
+//!   average), which a client trickling bytes within the timeouts would otherwise extend for as
+//!   long as it went on.
+//!
+//! What a connection may send is kept by peer address and tied to the connection (its socket's
+//! inode) the first time a sweep sees it: a new connection from the same address and port starts
+//! from nothing, and a connection once ended is not ended again.
+//!
+//! Between two ticks (half a second) a connection can still make tiny_http buffer what it sends
+//! in that time, which costs more than its size when it is made of short header lines (each a
+//! pair of strings: about 25 times). Where the kernel has no pidfds (before Linux 5.6) the guard
+//! does nothing and says so once.
+
+use crate::tally::Tally;
+use rustix::fd::{AsFd, OwnedFd};
+use rustix::net::SocketType;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// What the head tiny_http may be reading now (not yet a request the server has seen) may take.
+/// MCP clients send a few hundred bytes.
+pub const HEAD_ALLOWANCE: u64 = 64 * 1024;
+
+/// What tiny_http may have read of a connection beyond what it parsed (its buffered reader).
+const READ_AHEAD: u64 = 8 * 1024;
+
+/// Connections ended so far for bytes ([`Overrun::Bytes`]).
+static ENDED: Tally = Tally::new();
+
+/// Connections ended so far for a slow head ([`Overrun::Head`]).
+static SLOW: Tally = Tally::new();
+
+/// Connections ended so far for a slow body or answer ([`Overrun::Late`]).
+static LATE: Tally = Tally::new();
+
+/// The guard of one HTTP listening socket.
+pub struct ConnectionGuard {
+    /// The bound address, once the socket is bound, and how long a head may take to arrive.
+    listen: OnceLock<(SocketAddr, Duration)>,
+    /// This process as a pidfd, to copy descriptors by number.
+    me: Option<OwnedFd>,
+    /// What each connection (by peer address) may have handed over so far.
+    accounted: Mutex<HashMap<SocketAddr, Allowance>>,
+    /// Whether the last sweep ended a connection (the next one gives memory back).
+    trim: AtomicBool,
+}
+
+/// What one connection may have handed over, and for how long it has been sending a head.
+#[derive(Debug)]
+struct Allowance {
+    /// Bytes of the requests the server has seen on it.
+    bytes: u64,
+    /// When `bytes` was last raised.
+    raised: Instant,
+    /// The socket inode of the connection, once a sweep has seen it.
+    inode: Option<u64>,
+    /// Whether it was ended (shut down) already.
+    ended: bool,
+    /// Its requests being handled now.
+    handling: u32,
+    /// Since when none has been (or since a sweep first saw the connection): from then on it
+    /// waits for, or sends, its next head.
+    idle_since: Instant,
+    /// What it had handed over when a sweep first saw it idle: bytes beyond are its next head's.
+    handed_idle: Option<u64>,
+    /// When the body or answer being moved now must have been ([`ConnectionGuard::expect`]).
+    deadline: Option<Instant>,
+}
+
+/// Why a connection is ended.
+#[derive(Debug, PartialEq)]
+enum Overrun {
+    /// It handed over more bytes than this allowance.
+    Bytes(u64),
+    /// Its next head has been arriving for longer than this without being whole.
+    Head(Duration),
+    /// A body or an answer was not moved by its deadline.
+    Late,
+}
+
+impl Allowance {
+    fn new() -> Allowance {
+        let now = Instant::now();
+        Allowance { bytes: 0, raised: now, inode: None, ended: false, handling: 0, idle_since: now, handed_idle: None, deadline: None }
+    }
+
+    /// Whether the connection of socket `inode`, which has handed over `handed` bytes, is to be
+    /// ended now: `Some` of why, and it counts as ended from then on. It is when it handed over
+    /// more than its requests account for, when the body or answer being moved missed its
+    /// deadline, or when, with none of its requests being handled, it
+    /// handed over bytes of a next head that did not become a request within `head_time`,
+    /// although no request waited for a handler thread since (`queue_waited`: the last time
+    /// one may have). Another inode than the one seen before is another connection from the
+    /// same address and port, which starts afresh (but for requests still being handled, which
+    /// may be its own).
+    fn overrun(&mut self, inode: u64, handed: u64, head_time: Duration, queue_waited: Option<Instant>) -> Option<Overrun> {
+        if self.inode.is_some_and(|seen| seen != inode) {
+            let handling = self.handling;
+            *self = Allowance::new();
+            self.handling = handling;
+        }
+        self.inode = Some(inode);
+        if self.ended {
+            return None;
+        }
+        let allowed = self.bytes.saturating_add(HEAD_ALLOWANCE + READ_AHEAD);
+        let why = if handed > allowed {
+            Overrun::Bytes(allowed)
+        } else if self.deadline.is_some_and(|by| Instant::now() >= by) {
+            Overrun::Late
+        } else if self.handling > 0 {
+            return None;
+        } else {
+            let since = self.idle_since;
+            let head = handed > *self.handed_idle.get_or_insert(handed);
+            let queued = queue_waited.is_some_and(|at| at >= since);
+            if !head || queued || since.elapsed() < head_time {
+                return None;
+            }
+            Overrun::Head(head_time)
+        };
+        self.ended = true;
+        Some(why)
+    }
+}
+
+impl Default for ConnectionGuard {
+    fn default() -> Self {
+        ConnectionGuard::new()
+    }
+}
+
+impl ConnectionGuard {
+    /// A guard of no socket yet ([`ConnectionGuard::guard`] names it).
+    pub fn new() -> ConnectionGuard {
+        let me = rustix::process::pidfd_open(rustix::process::getpid(), rustix::process::PidfdFlags::empty()).ok();
+        ConnectionGuard { listen: OnceLock::new(), me, accounted: Mutex::new(HashMap::new()), trim: AtomicBool::new(false) }
+    }
+
+    /// Starts guarding the connections accepted on `listen` (the bound address), whose heads
+    /// must each arrive within `head_time` of the connection's last answer (or of a sweep first
+    /// seeing it).
+    pub fn guard(&self, listen: SocketAddr, head_time: Duration) {
+        if self.me.is_none() {
+            log::warn!(
+                "this kernel has no pidfds: HTTP request heads are not bounded (a client can make the server buffer an endless one), \
+nor the time a head, body or answer takes"
+            );
+        }
+        let _ = self.listen.set((listen, head_time));
+    }
+
+    /// Records a request from `peer` that may have made its connection send `bytes` (its head
+    /// and its body).
+    pub fn account(&self, peer: Option<&SocketAddr>, bytes: u64) {
+        let Some(peer) = peer else { return };
+        let mut accounted = self.accounted.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = accounted.entry(*peer).or_insert_with(Allowance::new);
+        entry.bytes = entry.bytes.saturating_add(bytes);
+        entry.raised = Instant::now();
+        entry.handling += 1;
+    }
+
+    /// Sets when the body or answer a handler moves now on `peer`'s connection must have been
+    /// moved (`None`: no deadline, while a call runs or a stream lasts): a connection still
+    /// moving it then is ended at the next sweep, which fails the handler's blocked read or
+    /// write, and tiny_http's.
+    pub fn expect(&self, peer: Option<&SocketAddr>, by: Option<Instant>) {
+        let Some(peer) = peer else { return };
+        if let Some(entry) = self.accounted.lock().unwrap_or_else(|p| p.into_inner()).get_mut(peer) {
+            entry.deadline = by;
+        }
+    }
+
+    /// Records that a request from `peer` ([`ConnectionGuard::account`]) was handled: once none of its
+    /// connection's is, the connection's next head must arrive within the head time.
+    pub fn done(&self, peer: Option<&SocketAddr>) {
+        let Some(peer) = peer else { return };
+        let mut accounted = self.accounted.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(entry) = accounted.get_mut(peer) else { return };
+        entry.handling = entry.handling.saturating_sub(1);
+        if entry.handling == 0 {
+            entry.idle_since = Instant::now();
+            entry.handed_idle = None;
+            entry.deadline = None;
+        }
+    }
+
+    /// Ends every connection that handed over more than its requests account for, or has been
+    /// sending its next head for longer than the head time while no request waited for a
+    /// handler thread since `queue_waited` (the last time one may have); how many.
+    pub fn sweep(&self, queue_waited: Option<Instant>) -> usize {
+        let (Some(me), Some(&(listen, head_time))) = (&self.me, self.listen.get()) else { return 0 };
+        let began = Instant::now();
+        let Ok(entries) = std::fs::read_dir("/proc/self/fd") else { return 0 };
+        let mut live = std::collections::HashSet::new();
+        let mut ended = 0;
+        for entry in entries.flatten() {
+            let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+            let Some(inode) = std::fs::read_link(entry.path()).ok().as_deref().and_then(socket_inode) else { continue };
+            let Ok(copy) = rustix::process::pidfd_getfd(me, fd, rustix::process::PidfdGetfdFlags::empty()) else { continue };
+            if !accepted_on(&copy, listen) {
+                continue;
+            }
+            let Some(peer) = rustix::net::getpeername(&copy).ok().flatten().and_then(|a| SocketAddr::try_from(a).ok()) else { continue };
+            live.insert(peer);
+            let Some(handed) = handed_over(&copy) else { continue };
+            let overrun = self.accounted.lock().unwrap_or_else(|p| p.into_inner()).entry(peer).or_insert_with(Allowance::new).overrun(
+                inode,
+                handed,
+                head_time,
+                queue_waited,
+            );
+            let Some(why) = overrun else { continue };
+            let _ = rustix::net::shutdown(&copy, rustix::net::Shutdown::Both);
+            ended += 1;
+            match why {
+                Overrun::Bytes(allowed) => {
+                    if let Some(n) = ENDED.add() {
+                        log::warn!(
+                            "ended {n} HTTP connections so far that sent more than their requests account for (this one: \
+{handed} bytes, {allowed} allowed): a request head without end"
+                        );
+                    }
+                }
+                Overrun::Head(limit) => {
+                    if let Some(n) = SLOW.add() {
+                        log::warn!(
+                            "ended {n} HTTP connections so far whose request head took longer than {} s to arrive (--http-stall)",
+                            limit.as_secs()
+                        );
+                    }
+                }
+                Overrun::Late => {
+                    if let Some(n) = LATE.add() {
+                        log::warn!(
+                            "ended {n} HTTP connections so far whose body or answer moved slower than {} KiB/s after the first \
+{} s (--http-stall)",
+                            crate::limits::HTTP_MIN_RATE / 1024,
+                            head_time.as_secs()
+                        );
+                    }
+                }
+            }
+        }
+        // Forget connections that are gone, unless raised since this sweep began (a connection
+        // accepted after the descriptors were listed).
+        let mut accounted = self.accounted.lock().unwrap_or_else(|p| p.into_inner());
+        accounted.retain(|peer, a| a.raised >= began || live.contains(peer));
+        drop(accounted);
+        // What tiny_http buffered for a connection ended by the last sweep is freed by now.
+        if self.trim.swap(ended > 0, Ordering::SeqCst) {
+            crate::memory::release_free();
+        }
+        ended
+    }
+}
+
+/// The inode of a `/proc/self/fd` link naming a socket (`socket:[12345]`).
+fn socket_inode(link: &std::path::Path) -> Option<u64> {
+    link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+}
+
+/// Whether `fd` is a TCP connection accepted on `listen` (not the listening socket itself, nor a
+/// connection this process made to it).
+fn accepted_on(fd: &OwnedFd, listen: SocketAddr) -> bool {
+    use rustix::net::sockopt;
+    if sockopt::socket_type(fd).ok() != Some(SocketType::STREAM) || sockopt::socket_acceptconn(fd).unwrap_or(true) {
+        return false;
+    }
+    let Some(local) = rustix::net::getsockname(fd).ok().and_then(|a| SocketAddr::try_from(a).ok()) else { return false };
+    local.port() == listen.port() && (listen.ip().is_unspecified() || local.ip() == listen.ip())
+}
+
+/// Bytes the connection `fd` has handed to the process: received in order, less what waits
+/// unread in its queue; `None` when the kernel does not say.
+fn handed_over(fd: &impl AsFd) -> Option<u64> {
+    let received = bytes_received(fd)?;
+    let queued = rustix::io::ioctl_fionread(fd).ok()?;
+    Some(received.saturating_sub(queued))
+}
+
+/// `TCP_INFO`'s count of bytes received in order on `fd`.
+#[allow(unsafe_code)]
+fn bytes_received(fd: &impl AsFd) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `info` is a plain C struct of integers, valid when zeroed; `getsockopt` writes at
+    // most `len` bytes into it (its size) and sets `len` to what it wrote. The descriptor is
+    // `fd`'s, open while `fd` is borrowed. rustix has no wrapper for `TCP_INFO`.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    let done = unsafe {
+        libc::getsockopt(fd.as_fd().as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_INFO, (&mut info as *mut libc::tcp_info).cast(), &mut len)
+    };
+    // Kernels before 4.1 write a shorter struct without the count.
+    let wanted = std::mem::offset_of!(libc::tcp_info, tcpi_bytes_received) + std::mem::size_of::<u64>();
+    (done == 0 && len as usize >= wanted).then_some(info.tcpi_bytes_received)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+
+    /// A loopback listener and a guard of it; `None` where the kernel has no pidfds.
+    fn guarded_listener() -> Option<(TcpListener, std::net::SocketAddr, ConnectionGuard)> {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let guard = ConnectionGuard::new();
+        guard.me.as_ref()?;
+        guard.guard(addr, Duration::from_secs(3600));
+        Some((listener, addr, guard))
+    }
+
+    #[test]
+    fn a_new_connection_from_the_same_address_and_port_starts_afresh() {
+        let Some((listener, addr, guard)) = guarded_listener() else { return };
+        let sent = (HEAD_ALLOWANCE + READ_AHEAD + 1000) as usize;
+        // The first connection from a fixed port is allowed what it sent, and seen by a sweep.
+        let first = connect_from(addr, None);
+        let port = first.local_addr().unwrap().port();
+        let (mut accepted, peer) = listener.accept().unwrap();
+        guard.account(Some(&peer), sent as u64);
+        assert_eq!(guard.sweep(None), 0);
+        // It ends (the server's side first, so that the port is free at once) and the same
+        // address and port connect again: that connection's allowance starts from nothing.
+        drop(accepted);
+        drop(first);
+        let Some(mut again) = (0..50).find_map(|_| {
+            let s = connect_from(addr, Some(port));
+            (s.local_addr().ok()?.port() == port).then_some(s)
+        }) else {
+            return;
+        };
+        let (a, _) = listener.accept().unwrap();
+        accepted = a;
+        again.write_all(&vec![b'A'; sent]).unwrap();
+        accepted.read_exact(&mut vec![0u8; sent]).unwrap();
+        assert_eq!(guard.sweep(None), 1, "the allowance of the connection before was not carried over");
+        // Ended once, it is not ended again.
+        assert_eq!(guard.sweep(None), 0);
+    }
+
+    /// A connection to `addr`, from `port` when given (reusable at once).
+    fn connect_from(addr: std::net::SocketAddr, port: Option<u16>) -> TcpStream {
+        use rustix::net::{bind, connect, socket, sockopt, AddressFamily, SocketType};
+        let Some(port) = port else { return TcpStream::connect(addr).unwrap() };
+        let fd = socket(AddressFamily::INET, SocketType::STREAM, None).unwrap();
+        sockopt::set_socket_reuseaddr(&fd, true).unwrap();
+        let _ = bind(&fd, &std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+        connect(&fd, &addr).unwrap();
+        TcpStream::from(fd)
+    }
+
+    /// An allowance whose connection went idle `ago` and was first seen idle having handed over
+    /// `handed_idle` bytes.
+    fn idle(ago: Duration, handed_idle: u64) -> Allowance {
+        let mut a = Allowance::new();
+        a.inode = Some(1);
+        a.bytes = 1000;
+        a.idle_since = Instant::now().checked_sub(ago).unwrap();
+        a.handed_idle = Some(handed_idle);
+        a
+    }
+
+    #[test]
+    fn a_slow_head_body_or_answer_is_an_overrun() {
+        let head_time = Duration::from_secs(2);
+        let long = Duration::from_secs(3);
+        // Bytes of a next head for longer than the head time.
+        assert_eq!(idle(long, 900).overrun(1, 950, head_time, None), Some(Overrun::Head(head_time)));
+        // Not before the head time, nor without bytes since the connection went idle (a quiet
+        // keep-alive connection is tiny_http's to close at its receive timeout).
+        assert_eq!(idle(Duration::from_secs(1), 900).overrun(1, 950, head_time, None), None);
+        assert_eq!(idle(long, 900).overrun(1, 900, head_time, None), None);
+        // Not while one of its requests is being handled: what arrives may be its body.
+        let mut busy = idle(long, 900);
+        busy.handling = 1;
+        assert_eq!(busy.overrun(1, 950, head_time, None), None);
+        // Not when a request may have waited for a handler thread since: the head may be whole.
+        let waited = Some(Instant::now() - Duration::from_secs(1));
+        assert_eq!(idle(long, 900).overrun(1, 950, head_time, waited), None);
+        let before = Some(Instant::now() - Duration::from_secs(10));
+        assert_eq!(idle(long, 900).overrun(1, 950, head_time, before), Some(Overrun::Head(head_time)));
+        // The bytes count first, and a connection is ended once.
+        let mut a = idle(long, 900);
+        assert_eq!(
+            a.overrun(1, 1000 + HEAD_ALLOWANCE + READ_AHEAD + 1, head_time, None),
+            Some(Overrun::Bytes(1000 + HEAD_ALLOWANCE + READ_AHEAD))
+        );
+        assert_eq!(a.overrun(1, 2000 + HEAD_ALLOWANCE + READ_AHEAD, head_time, None), None);
+        // A body or an answer past its deadline, while its request is handled.
+        let mut late = idle(long, 900);
+        late.handling = 1;
+        late.deadline = Some(Instant::now() + Duration::from_secs(60));
+        assert_eq!(late.overrun(1, 900, head_time, None), None, "not before its deadline");
+        late.deadline = Instant::now().checked_sub(Duration::from_millis(1));
+        assert_eq!(late.overrun(1, 900, head_time, None), Some(Overrun::Late));
+        // What a sweep first sees of an idle connection is where its next head starts.
+        let mut fresh = idle(long, 0);
+        fresh.handed_idle = None;
+        assert_eq!(fresh.overrun(1, 950, head_time, None), None);
+        assert_eq!(fresh.overrun(1, 951, head_time, None), Some(Overrun::Head(head_time)));
+    }
+
+    #[test]
+    fn a_request_handled_holds_the_clock_and_its_end_restarts_it() {
+        let guard = ConnectionGuard::new();
+        let peer: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        guard.account(Some(&peer), 100);
+        guard.account(Some(&peer), 100);
+        guard.done(Some(&peer));
+        let handling = |g: &ConnectionGuard| g.accounted.lock().unwrap()[&peer].handling;
+        assert_eq!(handling(&guard), 1);
+        guard.accounted.lock().unwrap().get_mut(&peer).unwrap().handed_idle = Some(5);
+        guard.expect(Some(&peer), Some(Instant::now()));
+        assert!(guard.accounted.lock().unwrap()[&peer].deadline.is_some());
+        guard.done(Some(&peer));
+        let a = &guard.accounted.lock().unwrap()[&peer];
+        assert_eq!((a.handling, a.handed_idle, a.deadline), (0, None, None), "the next head is measured from this answer");
+        assert!(a.idle_since.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn what_a_connection_handed_over_is_what_was_read_of_it() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut accepted, _) = listener.accept().unwrap();
+        client.write_all(&[7u8; 5000]).unwrap();
+        let mut got = [0u8; 1000];
+        accepted.read_exact(&mut got).unwrap();
+        // The rest may still be on its way: the count never exceeds what was read and queued.
+        let handed = handed_over(&accepted).unwrap();
+        assert_eq!(handed, 1000, "read 1000 bytes; the others wait unread");
+    }
+
+    #[test]
+    fn a_connection_that_sent_more_than_its_requests_account_for_is_ended() {
+        let Some((listener, addr, guard)) = guarded_listener() else { return };
+        let mut endless = TcpStream::connect(addr).unwrap();
+        let (mut endless_accepted, _) = listener.accept().unwrap();
+        let mut large = TcpStream::connect(addr).unwrap();
+        let (mut large_accepted, _) = listener.accept().unwrap();
+        // One sends a head without end; the other a request whose announced body the server saw.
+        let sent = (HEAD_ALLOWANCE + READ_AHEAD + 1000) as usize;
+        for (s, a, seen) in [(&mut endless, &mut endless_accepted, None), (&mut large, &mut large_accepted, Some(sent))] {
+            s.write_all(&vec![b'A'; sent]).unwrap();
+            let mut buf = vec![0u8; sent];
+            a.read_exact(&mut buf).unwrap();
+            if let Some(body) = seen {
+                guard.account(a.peer_addr().ok().as_ref(), body as u64);
+            }
+        }
+        assert_eq!(guard.sweep(None), 1);
+        assert_eq!(endless_accepted.read(&mut [0u8; 8]).unwrap(), 0, "the endless head's connection was shut down");
+        large_accepted.set_nonblocking(true).unwrap();
+        assert!(large_accepted.read(&mut [0u8; 8]).is_err(), "the accounted one is left open (nothing to read, no end)");
+        // A connection ended is left alone until it closes; connections the sweep no longer
+        // sees are forgotten.
+        assert_eq!(guard.sweep(None), 0);
+        drop((large, large_accepted, endless, endless_accepted));
+        guard.sweep(None);
+        assert!(guard.accounted.lock().unwrap().is_empty());
+    }
+}

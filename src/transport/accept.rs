@@ -120,7 +120,7 @@ impl Acceptor {
 
     /// The watchdog: on each wake-up, if the port does not answer, starts the next server; every
     /// `tick`, gives starved sources a thread where one can be made now, nudges the pool, and
-    /// ends connections whose heads have no end ([`ConnectionGuard::sweep`]).
+    /// ends connections that send without end or too slowly ([`ConnectionGuard::sweep`]).
     fn watch(self: &Arc<Self>, woken: &Receiver<()>, guard: &ConnectionGuard, tick: Duration) {
         loop {
             match woken.recv_timeout(tick) {
@@ -128,7 +128,7 @@ impl Acceptor {
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
                     self.handlers.replenish();
                     self.nudge();
-                    guard.sweep(self.handlers.last_starved());
+                    guard.sweep(&|| self.handlers.last_starved());
                     continue;
                 }
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,

@@ -15,21 +15,26 @@
 //!   ([`ConnectionGuard::account`]: each head's own size plus its body's announced length, or the
 //!   most a chunked body is read or drained; nothing for a request without a body), plus
 //!   [`HEAD_ALLOWANCE`] and tiny_http's read-ahead for the head it may be reading now;
-//! - has been sending a next head for longer than the head time (`--http-stall`) since its last
-//!   answer (or since a sweep first saw it) while none of its requests was being handled and no
-//!   request waited for a handler thread: each byte coming within the receive timeout, tiny_http
-//!   would read such a head, holding a thread of its pool, for as long as the client went on. A
-//!   whole request is taken by a waiting handler thread at once, so a head that is not a request
-//!   by then is still arriving (unless every handler thread was busy: then it may be a request
-//!   waiting for one, and the connection is left alone);
-//! - is still moving a body or an answer past the deadline its handler set
-//!   ([`ConnectionGuard::expect`]: a first stall time, then [`crate::limits::HTTP_MIN_RATE`] on
-//!   average), which a client trickling bytes within the timeouts would otherwise extend for as
-//!   long as it went on.
+//! - has been sending a next head, seen by two sweeps, for longer than the head time
+//!   (`--http-stall`) since its last answer (or since a sweep first saw it) and since a request
+//!   last may have waited for a handler thread, while none of its requests was being handled:
+//!   each byte coming within the receive timeout, tiny_http would read such a head, holding a
+//!   thread of its pool, for as long as the client went on. A whole request is taken by a
+//!   waiting handler thread within moments, so a head that is not a request by then is still
+//!   arriving;
+//! - moves a body or an answer slower than [`crate::limits::HTTP_MIN_RATE`] on average after a
+//!   first head time ([`ConnectionGuard::transfer`]: its handler counts the bytes it reads or
+//!   that tiny_http takes to write, from the moment the connection is that answer's, since a
+//!   connection's pipelined answers go out in order), which a client trickling bytes within the
+//!   timeouts would otherwise make last for as long as it went on. A call being made and a
+//!   subscription's stream move nothing and are not held to it.
 //!
-//! What a connection may send is kept by peer address and tied to the connection (its socket's
-//! inode) the first time a sweep sees it: a new connection from the same address and port starts
-//! from nothing, and a connection once ended is not ended again.
+//! What a connection may send is kept by peer address (all tiny_http tells of a request's
+//! connection) and tied to the connection (its socket's inode) the first time a sweep sees it: a
+//! new connection from the same address and port starts from nothing, and a connection once
+//! ended is not ended again. Two connections open at once from one address and port (a client
+//! binding it twice, to two addresses of a wildcard listener) cannot be told apart: each sweep
+//! starts their record afresh, so their heads are bounded by the receive timeout alone.
 //!
 //! Between two ticks (half a second) a connection can still make tiny_http buffer what it sends
 //! in that time, which costs more than its size when it is made of short header lines (each a
@@ -41,8 +46,8 @@ use rustix::fd::{AsFd, OwnedFd};
 use rustix::net::SocketType;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// What the head tiny_http may be reading now (not yet a request the server has seen) may take.
@@ -91,8 +96,88 @@ struct Allowance {
     idle_since: Instant,
     /// What it had handed over when a sweep first saw it idle: bytes beyond are its next head's.
     handed_idle: Option<u64>,
-    /// When the body or answer being moved now must have been ([`ConnectionGuard::expect`]).
-    deadline: Option<Instant>,
+    /// Whether a sweep already saw bytes of a next head (a request is taken within moments of
+    /// its head arriving, so a head seen by two sweeps is still arriving, or waits for a thread).
+    head_seen: bool,
+    /// The bodies and answers its handlers are moving now ([`ConnectionGuard::transfer`]).
+    transfers: Vec<Arc<Moving>>,
+}
+
+/// One body or answer being moved, as its handler counts it.
+#[derive(Debug, Default)]
+struct Moving {
+    /// When its first byte could move: the clock of its rate.
+    began: OnceLock<Instant>,
+    /// Bytes moved so far.
+    moved: AtomicU64,
+    /// When it must be over, whatever moved ([`Transfer::until`]).
+    until: OnceLock<Instant>,
+}
+
+impl Moving {
+    /// Whether it fell behind: past its `until`, or, `grace` after it began, fewer bytes moved
+    /// than [`crate::limits::HTTP_MIN_RATE`] for the time since.
+    fn late(&self, now: Instant, grace: Duration) -> bool {
+        if self.until.get().is_some_and(|by| now >= *by) {
+            return true;
+        }
+        let Some(began) = self.began.get() else { return false };
+        let Some(rated) = now.saturating_duration_since(*began).checked_sub(grace) else { return false };
+        let due = u64::try_from(rated.as_millis().saturating_mul(crate::limits::HTTP_MIN_RATE as u128) / 1000).unwrap_or(u64::MAX);
+        self.moved.load(Ordering::Relaxed) < due
+    }
+}
+
+/// A body or an answer a handler moves on its connection, registered with the guard while it
+/// lives: a connection whose transfer falls behind is ended at the next sweep, which fails the
+/// handler's blocked read or write, and tiny_http's.
+pub struct Transfer<'a> {
+    guard: &'a ConnectionGuard,
+    peer: Option<SocketAddr>,
+    moving: Arc<Moving>,
+}
+
+impl Transfer<'_> {
+    /// The rate's clock starts now (once: later calls change nothing).
+    pub fn start(&self) {
+        let _ = self.moving.began.set(Instant::now());
+    }
+
+    /// `n` more bytes moved.
+    pub fn moved(&self, n: usize) {
+        self.moving.moved.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// It must be over by `by`, whatever moves meanwhile.
+    pub fn until(&self, by: Instant) {
+        let _ = self.moving.until.set(by);
+    }
+}
+
+impl Drop for Transfer<'_> {
+    fn drop(&mut self) {
+        let Some(peer) = self.peer else { return };
+        if let Some(entry) = self.guard.accounted.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&peer) {
+            entry.transfers.retain(|t| !Arc::ptr_eq(t, &self.moving));
+        }
+    }
+}
+
+/// A reader that counts what it reads into a [`Transfer`], whose clock starts at the first read.
+pub struct Counted<'a, R> {
+    /// What is read.
+    pub inner: R,
+    /// Where what is read is counted.
+    pub transfer: &'a Transfer<'a>,
+}
+
+impl<R: std::io::Read> std::io::Read for Counted<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.transfer.start();
+        let n = self.inner.read(buf)?;
+        self.transfer.moved(n);
+        Ok(n)
+    }
 }
 
 /// Why a connection is ended.
@@ -102,47 +187,60 @@ enum Overrun {
     Bytes(u64),
     /// Its next head has been arriving for longer than this without being whole.
     Head(Duration),
-    /// A body or an answer was not moved by its deadline.
+    /// A body or an answer fell behind ([`Moving::late`]).
     Late,
 }
 
 impl Allowance {
     fn new() -> Allowance {
         let now = Instant::now();
-        Allowance { bytes: 0, raised: now, inode: None, ended: false, handling: 0, idle_since: now, handed_idle: None, deadline: None }
+        Allowance {
+            bytes: 0,
+            raised: now,
+            inode: None,
+            ended: false,
+            handling: 0,
+            idle_since: now,
+            handed_idle: None,
+            head_seen: false,
+            transfers: Vec::new(),
+        }
     }
 
     /// Whether the connection of socket `inode`, which has handed over `handed` bytes, is to be
     /// ended now: `Some` of why, and it counts as ended from then on. It is when it handed over
-    /// more than its requests account for, when the body or answer being moved missed its
-    /// deadline, or when, with none of its requests being handled, it
-    /// handed over bytes of a next head that did not become a request within `head_time`,
-    /// although no request waited for a handler thread since (`queue_waited`: the last time
-    /// one may have). Another inode than the one seen before is another connection from the
-    /// same address and port, which starts afresh (but for requests still being handled, which
-    /// may be its own).
+    /// more than its requests account for; when a body or answer being moved fell behind (with
+    /// `head_time` as its grace); or when, with none of its requests being handled, it handed
+    /// over bytes of a next head, seen by an earlier sweep already, that did not become a
+    /// request within `head_time` of its last answer or of the last time a request may have
+    /// waited for a handler thread (`queue_waited`), whichever is later. Another inode than the
+    /// one seen before is another connection from the same address and port, which starts
+    /// afresh (but for requests still being handled, and their transfers, which may be its own).
     fn overrun(&mut self, inode: u64, handed: u64, head_time: Duration, queue_waited: Option<Instant>) -> Option<Overrun> {
         if self.inode.is_some_and(|seen| seen != inode) {
-            let handling = self.handling;
+            let (handling, transfers) = (self.handling, std::mem::take(&mut self.transfers));
             *self = Allowance::new();
-            self.handling = handling;
+            (self.handling, self.transfers) = (handling, transfers);
         }
         self.inode = Some(inode);
         if self.ended {
             return None;
         }
         let allowed = self.bytes.saturating_add(HEAD_ALLOWANCE + READ_AHEAD);
+        let now = Instant::now();
         let why = if handed > allowed {
             Overrun::Bytes(allowed)
-        } else if self.deadline.is_some_and(|by| Instant::now() >= by) {
+        } else if self.transfers.iter().any(|t| t.late(now, head_time)) {
             Overrun::Late
         } else if self.handling > 0 {
             return None;
         } else {
-            let since = self.idle_since;
-            let head = handed > *self.handed_idle.get_or_insert(handed);
-            let queued = queue_waited.is_some_and(|at| at >= since);
-            if !head || queued || since.elapsed() < head_time {
+            let since = queue_waited.map_or(self.idle_since, |at| at.max(self.idle_since));
+            if handed <= *self.handed_idle.get_or_insert(handed) {
+                return None;
+            }
+            let seen_before = std::mem::replace(&mut self.head_seen, true);
+            if !seen_before || now.saturating_duration_since(since) < head_time {
                 return None;
             }
             Overrun::Head(head_time)
@@ -189,15 +287,18 @@ nor the time a head, body or answer takes"
         entry.handling += 1;
     }
 
-    /// Sets when the body or answer a handler moves now on `peer`'s connection must have been
-    /// moved (`None`: no deadline, while a call runs or a stream lasts): a connection still
-    /// moving it then is ended at the next sweep, which fails the handler's blocked read or
-    /// write, and tiny_http's.
-    pub fn expect(&self, peer: Option<&SocketAddr>, by: Option<Instant>) {
-        let Some(peer) = peer else { return };
-        if let Some(entry) = self.accounted.lock().unwrap_or_else(|p| p.into_inner()).get_mut(peer) {
-            entry.deadline = by;
+    /// A body or an answer a handler of a request from `peer` ([`ConnectionGuard::account`]) is
+    /// about to move: once [`Transfer::start`]ed, it must move
+    /// [`crate::limits::HTTP_MIN_RATE`] on average after a first head time, for as long as it
+    /// lives. A call being made or a stream being held moves nothing and has no transfer.
+    pub fn transfer(&self, peer: Option<&SocketAddr>) -> Transfer<'_> {
+        let moving = Arc::new(Moving::default());
+        if let Some(peer) = peer {
+            if let Some(entry) = self.accounted.lock().unwrap_or_else(|p| p.into_inner()).get_mut(peer) {
+                entry.transfers.push(moving.clone());
+            }
         }
+        Transfer { guard: self, peer: peer.copied(), moving }
     }
 
     /// Records that a request from `peer` ([`ConnectionGuard::account`]) was handled: once none of its
@@ -210,23 +311,33 @@ nor the time a head, body or answer takes"
         if entry.handling == 0 {
             entry.idle_since = Instant::now();
             entry.handed_idle = None;
-            entry.deadline = None;
+            entry.head_seen = false;
         }
     }
 
-    /// Ends every connection that handed over more than its requests account for, or has been
-    /// sending its next head for longer than the head time while no request waited for a
-    /// handler thread since `queue_waited` (the last time one may have); how many.
-    pub fn sweep(&self, queue_waited: Option<Instant>) -> usize {
+    /// Ends every connection that handed over more than its requests account for, whose body
+    /// or answer fell behind, or that has been sending its next head for longer than the head
+    /// time since its last answer and since `queue_waited` said a request last may have waited
+    /// for a handler thread; how many.
+    pub fn sweep(&self, queue_waited: &dyn Fn() -> Option<Instant>) -> usize {
         let (Some(me), Some(&(listen, head_time))) = (&self.me, self.listen.get()) else { return 0 };
         let began = Instant::now();
         let Ok(entries) = std::fs::read_dir("/proc/self/fd") else { return 0 };
         let mut live = std::collections::HashSet::new();
+        // Whether some connection may have been missed (no descriptor to copy it with): then no
+        // record is forgotten.
+        let mut blind = false;
         let mut ended = 0;
         for entry in entries.flatten() {
             let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
             let Some(inode) = std::fs::read_link(entry.path()).ok().as_deref().and_then(socket_inode) else { continue };
-            let Ok(copy) = rustix::process::pidfd_getfd(me, fd, rustix::process::PidfdGetfdFlags::empty()) else { continue };
+            let copy = match rustix::process::pidfd_getfd(me, fd, rustix::process::PidfdGetfdFlags::empty()) {
+                Ok(copy) => copy,
+                Err(err) => {
+                    blind |= matches!(err, rustix::io::Errno::MFILE | rustix::io::Errno::NFILE | rustix::io::Errno::NOMEM);
+                    continue;
+                }
+            };
             if !accepted_on(&copy, listen) {
                 continue;
             }
@@ -237,7 +348,7 @@ nor the time a head, body or answer takes"
                 inode,
                 handed,
                 head_time,
-                queue_waited,
+                queue_waited(),
             );
             let Some(why) = overrun else { continue };
             let _ = rustix::net::shutdown(&copy, rustix::net::Shutdown::Both);
@@ -273,9 +384,10 @@ nor the time a head, body or answer takes"
         }
         // Forget connections that are gone, unless raised since this sweep began (a connection
         // accepted after the descriptors were listed).
-        let mut accounted = self.accounted.lock().unwrap_or_else(|p| p.into_inner());
-        accounted.retain(|peer, a| a.raised >= began || live.contains(peer));
-        drop(accounted);
+        if !blind {
+            let mut accounted = self.accounted.lock().unwrap_or_else(|p| p.into_inner());
+            accounted.retain(|peer, a| a.raised >= began || live.contains(peer));
+        }
         // What tiny_http buffered for a connection ended by the last sweep is freed by now.
         if self.trim.swap(ended > 0, Ordering::SeqCst) {
             crate::memory::release_free();
@@ -350,7 +462,7 @@ mod tests {
         let port = first.local_addr().unwrap().port();
         let (mut accepted, peer) = listener.accept().unwrap();
         guard.account(Some(&peer), sent as u64);
-        assert_eq!(guard.sweep(None), 0);
+        assert_eq!(guard.sweep(&|| None), 0);
         // It ends (the server's side first, so that the port is free at once) and the same
         // address and port connect again: that connection's allowance starts from nothing.
         drop(accepted);
@@ -365,9 +477,9 @@ mod tests {
         accepted = a;
         again.write_all(&vec![b'A'; sent]).unwrap();
         accepted.read_exact(&mut vec![0u8; sent]).unwrap();
-        assert_eq!(guard.sweep(None), 1, "the allowance of the connection before was not carried over");
+        assert_eq!(guard.sweep(&|| None), 1, "the allowance of the connection before was not carried over");
         // Ended once, it is not ended again.
-        assert_eq!(guard.sweep(None), 0);
+        assert_eq!(guard.sweep(&|| None), 0);
     }
 
     /// A connection to `addr`, from `port` when given (reusable at once).
@@ -381,72 +493,132 @@ mod tests {
         TcpStream::from(fd)
     }
 
-    /// An allowance whose connection went idle `ago` and was first seen idle having handed over
-    /// `handed_idle` bytes.
-    fn idle(ago: Duration, handed_idle: u64) -> Allowance {
+    /// An allowance whose connection went idle `ago`, first seen idle having handed over
+    /// `handed_idle` bytes, and (`seen`) whose next head an earlier sweep saw already.
+    fn idle(ago: Duration, handed_idle: u64, seen: bool) -> Allowance {
         let mut a = Allowance::new();
         a.inode = Some(1);
         a.bytes = 1000;
         a.idle_since = Instant::now().checked_sub(ago).unwrap();
         a.handed_idle = Some(handed_idle);
+        a.head_seen = seen;
         a
     }
 
     #[test]
-    fn a_slow_head_body_or_answer_is_an_overrun() {
+    fn a_head_still_arriving_after_the_head_time_is_an_overrun() {
         let head_time = Duration::from_secs(2);
         let long = Duration::from_secs(3);
-        // Bytes of a next head for longer than the head time.
-        assert_eq!(idle(long, 900).overrun(1, 950, head_time, None), Some(Overrun::Head(head_time)));
+        // Bytes of a next head, seen by an earlier sweep, for longer than the head time.
+        assert_eq!(idle(long, 900, true).overrun(1, 950, head_time, None), Some(Overrun::Head(head_time)));
+        // A head seen for the first time may be a request a handler is just taking.
+        let mut first = idle(long, 900, false);
+        assert_eq!(first.overrun(1, 950, head_time, None), None);
+        assert_eq!(first.overrun(1, 951, head_time, None), Some(Overrun::Head(head_time)));
         // Not before the head time, nor without bytes since the connection went idle (a quiet
         // keep-alive connection is tiny_http's to close at its receive timeout).
-        assert_eq!(idle(Duration::from_secs(1), 900).overrun(1, 950, head_time, None), None);
-        assert_eq!(idle(long, 900).overrun(1, 900, head_time, None), None);
+        assert_eq!(idle(Duration::from_secs(1), 900, true).overrun(1, 950, head_time, None), None);
+        assert_eq!(idle(long, 900, true).overrun(1, 900, head_time, None), None);
         // Not while one of its requests is being handled: what arrives may be its body.
-        let mut busy = idle(long, 900);
+        let mut busy = idle(long, 900, true);
         busy.handling = 1;
         assert_eq!(busy.overrun(1, 950, head_time, None), None);
-        // Not when a request may have waited for a handler thread since: the head may be whole.
-        let waited = Some(Instant::now() - Duration::from_secs(1));
-        assert_eq!(idle(long, 900).overrun(1, 950, head_time, waited), None);
-        let before = Some(Instant::now() - Duration::from_secs(10));
-        assert_eq!(idle(long, 900).overrun(1, 950, head_time, before), Some(Overrun::Head(head_time)));
+        // A request may have waited for a handler thread a second ago: the head may be whole,
+        // and it gets a head time from then. Long ago, or long before the connection went idle,
+        // changes nothing.
+        let ago = |secs| Instant::now().checked_sub(Duration::from_secs(secs));
+        assert_eq!(idle(long, 900, true).overrun(1, 950, head_time, ago(1)), None);
+        assert_eq!(idle(long, 900, true).overrun(1, 950, head_time, ago(10)), Some(Overrun::Head(head_time)));
+        assert_eq!(idle(Duration::from_secs(3600), 900, true).overrun(1, 950, head_time, ago(3000)), Some(Overrun::Head(head_time)));
         // The bytes count first, and a connection is ended once.
-        let mut a = idle(long, 900);
+        let mut a = idle(long, 900, true);
         assert_eq!(
             a.overrun(1, 1000 + HEAD_ALLOWANCE + READ_AHEAD + 1, head_time, None),
             Some(Overrun::Bytes(1000 + HEAD_ALLOWANCE + READ_AHEAD))
         );
         assert_eq!(a.overrun(1, 2000 + HEAD_ALLOWANCE + READ_AHEAD, head_time, None), None);
-        // A body or an answer past its deadline, while its request is handled.
-        let mut late = idle(long, 900);
-        late.handling = 1;
-        late.deadline = Some(Instant::now() + Duration::from_secs(60));
-        assert_eq!(late.overrun(1, 900, head_time, None), None, "not before its deadline");
-        late.deadline = Instant::now().checked_sub(Duration::from_millis(1));
-        assert_eq!(late.overrun(1, 900, head_time, None), Some(Overrun::Late));
         // What a sweep first sees of an idle connection is where its next head starts.
-        let mut fresh = idle(long, 0);
+        let mut fresh = idle(long, 0, false);
         fresh.handed_idle = None;
         assert_eq!(fresh.overrun(1, 950, head_time, None), None);
-        assert_eq!(fresh.overrun(1, 951, head_time, None), Some(Overrun::Head(head_time)));
+        assert_eq!(fresh.overrun(1, 951, head_time, None), None, "seen once");
+        assert_eq!(fresh.overrun(1, 952, head_time, None), Some(Overrun::Head(head_time)));
+    }
+
+    /// A transfer `began` ago that moved `moved` bytes.
+    fn moving(began: Duration, moved: u64) -> Arc<Moving> {
+        let m = Moving::default();
+        m.began.set(Instant::now().checked_sub(began).unwrap()).unwrap();
+        m.moved.store(moved, Ordering::Relaxed);
+        Arc::new(m)
     }
 
     #[test]
-    fn a_request_handled_holds_the_clock_and_its_end_restarts_it() {
+    fn a_transfer_behind_the_least_rate_is_an_overrun() {
+        let grace = Duration::from_secs(2);
+        let rate = crate::limits::HTTP_MIN_RATE as u64;
+        let now = Instant::now();
+        // Within the grace nothing need move; after it, the rate for the time since.
+        assert!(!moving(Duration::from_secs(1), 0).late(now, grace));
+        assert!(!moving(Duration::from_secs(4), 2 * rate + rate / 10).late(now, grace));
+        assert!(moving(Duration::from_secs(4), 2 * rate - rate / 10).late(now, grace));
+        // Not started (an answer waiting for its turn on the connection): never behind.
+        assert!(!Moving::default().late(now, grace));
+        // Past its end, whatever moved.
+        let ends = Moving::default();
+        ends.until.set(now.checked_sub(Duration::from_millis(1)).unwrap()).unwrap();
+        assert!(ends.late(now, grace));
+        // It ends its connection even while the request is handled, and only while it lives.
+        let guard = ConnectionGuard::new();
+        let peer: SocketAddr = "127.0.0.1:4001".parse().unwrap();
+        guard.account(Some(&peer), 100);
+        let behind = guard.transfer(Some(&peer));
+        let _ = behind.moving.began.set(Instant::now().checked_sub(Duration::from_secs(10)).unwrap());
+        let look = |g: &ConnectionGuard| {
+            let mut accounted = g.accounted.lock().unwrap();
+            let a = accounted.get_mut(&peer).unwrap();
+            a.inode = Some(1);
+            a.ended = false;
+            a.overrun(1, 0, grace, None)
+        };
+        assert_eq!(look(&guard), Some(Overrun::Late));
+        drop(behind);
+        assert_eq!(look(&guard), None, "a finished transfer is forgotten");
+        // A transfer counted through a reader starts at its first read.
+        let counting = guard.transfer(Some(&peer));
+        let mut counted = Counted { inner: &b"hello"[..], transfer: &counting };
+        assert!(counting.moving.began.get().is_none());
+        std::io::Read::read_to_end(&mut counted, &mut Vec::new()).unwrap();
+        assert!(counting.moving.began.get().is_some());
+        assert_eq!(counting.moving.moved.load(Ordering::Relaxed), 5);
+    }
+
+    /// Requests on one connection are handled at once when pipelined: one's transfer never
+    /// reaches another's, and the head clock starts when the last is done.
+    #[test]
+    fn a_request_handled_holds_the_head_clock_and_the_last_ones_end_restarts_it() {
         let guard = ConnectionGuard::new();
         let peer: SocketAddr = "127.0.0.1:4000".parse().unwrap();
         guard.account(Some(&peer), 100);
         guard.account(Some(&peer), 100);
+        let first = guard.transfer(Some(&peer));
+        let second = guard.transfer(Some(&peer));
+        assert_eq!(guard.accounted.lock().unwrap()[&peer].transfers.len(), 2);
+        drop(first);
         guard.done(Some(&peer));
         let handling = |g: &ConnectionGuard| g.accounted.lock().unwrap()[&peer].handling;
         assert_eq!(handling(&guard), 1);
-        guard.accounted.lock().unwrap().get_mut(&peer).unwrap().handed_idle = Some(5);
-        guard.expect(Some(&peer), Some(Instant::now()));
-        assert!(guard.accounted.lock().unwrap()[&peer].deadline.is_some());
+        assert!(Arc::ptr_eq(&guard.accounted.lock().unwrap()[&peer].transfers[0], &second.moving), "the other's transfer is kept");
+        drop(second);
+        {
+            let mut accounted = guard.accounted.lock().unwrap();
+            let a = accounted.get_mut(&peer).unwrap();
+            (a.handed_idle, a.head_seen) = (Some(5), true);
+        }
         guard.done(Some(&peer));
         let a = &guard.accounted.lock().unwrap()[&peer];
-        assert_eq!((a.handling, a.handed_idle, a.deadline), (0, None, None), "the next head is measured from this answer");
+        assert_eq!((a.handling, a.handed_idle, a.head_seen), (0, None, false), "the next head is measured from this answer");
+        assert!(a.transfers.is_empty());
         assert!(a.idle_since.elapsed() < Duration::from_secs(5));
     }
 
@@ -480,15 +652,15 @@ mod tests {
                 guard.account(a.peer_addr().ok().as_ref(), body as u64);
             }
         }
-        assert_eq!(guard.sweep(None), 1);
+        assert_eq!(guard.sweep(&|| None), 1);
         assert_eq!(endless_accepted.read(&mut [0u8; 8]).unwrap(), 0, "the endless head's connection was shut down");
         large_accepted.set_nonblocking(true).unwrap();
         assert!(large_accepted.read(&mut [0u8; 8]).is_err(), "the accounted one is left open (nothing to read, no end)");
         // A connection ended is left alone until it closes; connections the sweep no longer
         // sees are forgotten.
-        assert_eq!(guard.sweep(None), 0);
+        assert_eq!(guard.sweep(&|| None), 0);
         drop((large, large_accepted, endless, endless_accepted));
-        guard.sweep(None);
+        guard.sweep(&|| None);
         assert!(guard.accounted.lock().unwrap().is_empty());
     }
 }

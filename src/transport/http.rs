@@ -7,12 +7,12 @@
 //! Every early answer reads or discards the body first so keep-alive connections stay in sync.
 
 use super::body_budget::{self, Body, BodyBudget};
-use super::connection_guard::ConnectionGuard;
+use super::connection_guard::{ConnectionGuard, Counted, Transfer};
 use crate::answer_budget::Charge;
 use crate::app::App;
 use crate::ids;
 use crate::jsonrpc::{self, code, Incoming, RpcError};
-use crate::limits::{HTTP_MIN_RATE, MAX_BODY_BYTES};
+use crate::limits::MAX_BODY_BYTES;
 use crate::mcp::envelope::{self, RequestMeta};
 use crate::mcp::protocol::{self, Listen, Refusal, Route, Work, WorkQueue, SUPPORTED_VERSIONS};
 use crate::mcp::session::{Session, Sessions};
@@ -50,6 +50,9 @@ static ABANDONED: Tally = Tally::new();
 /// A body announced longer than this is never read, and its request never dropped
 /// ([`Body::Abandon`]): tiny_http would allocate the whole unread length at once.
 const MAX_DRAIN_BYTES: usize = 64 * 1024 * 1024;
+
+/// How much longer than a stall time tiny_http may take to drain what is left of a stalled body.
+const LEFTOVER_MARGIN: Duration = Duration::from_secs(1);
 
 /// After this long, a connection is asked to reconnect (`Connection: close`). tiny_http 0.12 gives
 /// every connection a thread of its pool, and when several connections arrive at once the pool
@@ -108,7 +111,8 @@ pub struct Listener {
     waiter: Waiter,
     /// Memory for request bodies, shared by every connection.
     budget: Arc<BodyBudget>,
-    /// Ends connections that send more than their requests account for (heads without end).
+    /// Ends connections that send more than their requests account for (heads without end), or
+    /// too slowly (heads, bodies and answers that trickle).
     guard: Arc<ConnectionGuard>,
 }
 
@@ -222,6 +226,16 @@ fn sent_for(req: &Request) -> u64 {
         None => 0,
     };
     (head + body) as u64
+}
+
+/// Writes `bytes` to `writer` in pieces, counting each into `transfer`, whose clock starts now.
+fn write_counted(writer: &mut dyn Write, bytes: &[u8], transfer: &Transfer<'_>) -> std::io::Result<()> {
+    transfer.start();
+    for piece in bytes.chunks(64 * 1024) {
+        writer.write_all(piece)?;
+        transfer.moved(piece.len());
+    }
+    Ok(())
 }
 
 fn get<'a>(req: &'a Request, name: &str) -> Option<&'a str> {
@@ -341,11 +355,20 @@ impl Listener {
     fn serve(&self, mut req: Request) {
         let peer = req.remote_addr().copied();
         let announced = req.body_length();
-        // The body must arrive in time, and the answer be taken (the stream of a subscription
-        // only writes, each write within the stall time).
-        self.guard.expect(peer.as_ref(), Some(self.deadline(announced.unwrap_or(MAX_BODY_BYTES).min(MAX_DRAIN_BYTES))));
-        let body = body_budget::read_body(req.as_reader(), announced, MAX_BODY_BYTES, MAX_DRAIN_BYTES, &self.budget);
-        self.guard.expect(peer.as_ref(), None);
+        let body = {
+            // The body, and the answer below, must move at the least rate after a first stall
+            // time (a call being made, and a subscription's stream, move nothing and have none).
+            let receiving = self.guard.transfer(peer.as_ref());
+            let mut counted = Counted { inner: req.as_reader(), transfer: &receiving };
+            body_budget::read_body(&mut counted, announced, MAX_BODY_BYTES, MAX_DRAIN_BYTES, &self.budget)
+        };
+        // What is left of a stalled body, tiny_http drains when the request goes; its reads
+        // time out after a stall time, and a client that sends again meanwhile gets no longer.
+        let _leftover = matches!(body, Body::Stalled).then(|| {
+            let leftover = self.guard.transfer(peer.as_ref());
+            leftover.until(Instant::now() + self.app.config.http_stall + LEFTOVER_MARGIN);
+            leftover
+        });
         if let Body::Abandon = body {
             // Dropping the request would make tiny_http allocate the announced length. The
             // connection and its pool thread stay held until the process ends.
@@ -377,8 +400,9 @@ impl Listener {
             None => (None, Vec::new()),
         };
         let large = bytes.len() >= memory::RELEASE_AFTER_BYTES;
-        // Until the handler is done: the answer, and what tiny_http drains of an unread body.
-        self.guard.expect(peer.as_ref(), Some(self.deadline(bytes.len())));
+        // Its clock starts once the connection is this answer's (tiny_http writes a connection's
+        // answers in order) and its head is written.
+        let sending = self.guard.transfer(peer.as_ref());
         let res = if answer.close {
             // tiny_http drops a `Connection` response header, so this answer is written raw.
             let mut head = format!("HTTP/1.1 {status} {}\r\nContent-Length: {}\r\nConnection: close\r\n", reason(status), bytes.len());
@@ -390,9 +414,11 @@ impl Listener {
             }
             head.push_str("\r\n");
             let mut writer = req.into_writer();
-            writer.write_all(head.as_bytes()).and_then(|()| writer.write_all(&bytes)).and_then(|()| writer.flush())
+            writer.write_all(head.as_bytes()).and_then(|()| write_counted(&mut writer, &bytes, &sending)).and_then(|()| writer.flush())
         } else {
-            let mut resp = Response::from_data(bytes).with_status_code(StatusCode(status));
+            let len = bytes.len();
+            let counted = Counted { inner: std::io::Cursor::new(bytes), transfer: &sending };
+            let mut resp = Response::new(StatusCode(status), Vec::new(), counted, Some(len), None);
             if let Some(ct) = content_type {
                 resp.add_header(header("Content-Type", ct));
             }
@@ -401,6 +427,7 @@ impl Listener {
             }
             req.respond(resp)
         };
+        drop(sending);
         if let Err(err) = res {
             log::debug!("could not send an HTTP {status} answer: {err}");
         }
@@ -410,12 +437,6 @@ impl Listener {
             // The answer and the values it was made from are freed by now.
             memory::release_free();
         }
-    }
-
-    /// When a body or an answer of `bytes` begun now must have been moved: one stall time, then
-    /// [`HTTP_MIN_RATE`] on average.
-    fn deadline(&self, bytes: usize) -> Instant {
-        Instant::now() + self.app.config.http_stall + Duration::from_millis((bytes as u64).saturating_mul(1000) / HTTP_MIN_RATE as u64)
     }
 
     fn answer(&self, req: &Request, body: Body) -> Answer {

@@ -563,12 +563,14 @@ fn a_request_head_that_trickles_in_is_ended_at_the_stall_time() {
     let h = Http::start(&home, &["--http-stall", "2"], &[]);
     let sid = h.initialize();
     let mut steady = Conn::open(h.addr);
-    let mut trickle = std::net::TcpStream::connect(h.addr).unwrap();
-    trickle.set_read_timeout(Some(Duration::from_millis(250))).unwrap();
+    let trickle = std::net::TcpStream::connect(h.addr).unwrap();
+    trickle.set_read_timeout(Some(TIMEOUT)).unwrap();
     // A first request comes whole and is answered; the next head trickles in.
     let mut first = Conn::from_stream(trickle.try_clone().unwrap());
     first.send("POST", "/mcp", &[("Mcp-Session-Id", &sid)], PING.as_bytes());
     assert_eq!(first.read().status, 200);
+    let mut trickle = trickle;
+    trickle.set_read_timeout(Some(Duration::from_millis(250))).unwrap();
     trickle.write_all(format!("POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nMcp-Session-Id: {sid}\r\nX-Slow: ").as_bytes()).unwrap();
     let began = std::time::Instant::now();
     let mut ended = None;
@@ -592,7 +594,7 @@ fn a_request_head_that_trickles_in_is_ended_at_the_stall_time() {
         }
     }
     let ended = ended.unwrap_or_else(|| panic!("a head trickling in for {:?} was still being read", began.elapsed()));
-    assert!(ended >= Duration::from_millis(1900), "ended before the stall time: {ended:?}");
+    assert!(ended >= Duration::from_millis(1500), "ended before the stall time: {ended:?}");
     assert_eq!(h.post(&[("Mcp-Session-Id", &sid)], PING).status, 200);
     let log = h.stderr.lock().unwrap().clone();
     assert!(log.contains("took longer than 2 s to arrive"), "the log does not say why:\n{log}");
@@ -602,10 +604,9 @@ fn a_request_head_that_trickles_in_is_ended_at_the_stall_time() {
 /// A body that trickles in ends with its connection once it falls behind the least rate after a
 /// first stall time: each byte came within the connection's receive timeout, so the handler
 /// thread and tiny_http's pool thread were held for as long as the client went on (a 200 kB
-/// body at 1 kB/s: 200 s). Other clients are served meanwhile. (An answer taken slowly meets the
-/// same deadline, set the same way; only one larger than the kernel's socket buffers, some MiB,
-/// holds a thread at all, and its deadline is then minutes away: `connection_guard`'s unit tests cover
-/// the sweep that enforces both.)
+/// body at 1 kB/s: 200 s). Other clients are served meanwhile. (An answer taken slowly is held
+/// to the same rate, counted the same way; on loopback only one larger than the kernel's socket
+/// buffers, some MiB, holds a thread at all: `connection_guard`'s unit tests cover the rule.)
 #[test]
 fn a_body_slower_than_the_least_rate_ends_its_connection() {
     use std::io::Write;
@@ -614,24 +615,28 @@ fn a_body_slower_than_the_least_rate_ends_its_connection() {
     let sid = h.initialize();
     let ended_by = Duration::from_secs(60);
 
-    // A body of 200 kB announced, sent at about 1 kB/s: due within 1 s + 200 kB at 64 KiB/s.
-    let mut body = std::net::TcpStream::connect(h.addr).unwrap();
-    body.set_write_timeout(Some(TIMEOUT)).unwrap();
-    let head = format!("POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nMcp-Session-Id: {sid}\r\nContent-Length: 200000\r\n\r\n");
-    body.write_all(head.as_bytes()).unwrap();
-    let began = std::time::Instant::now();
-    let mut sent = 0;
-    while sent < 200_000 && began.elapsed() < ended_by && body.write_all(&[b' '; 100]).is_ok() {
-        sent += 100;
-        std::thread::sleep(Duration::from_millis(100));
+    // Bodies sent at about 1 kB/s: behind 64 KiB/s once the first stall time has gone by,
+    // whatever length they announce (one over the body limit is drained, at the same rate; its
+    // deadline once came from the announced length: 15 minutes for 60 MB).
+    for announced in [200_000, 60_000_000] {
+        let mut body = std::net::TcpStream::connect(h.addr).unwrap();
+        body.set_write_timeout(Some(TIMEOUT)).unwrap();
+        let head = format!("POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nMcp-Session-Id: {sid}\r\nContent-Length: {announced}\r\n\r\n");
+        body.write_all(head.as_bytes()).unwrap();
+        let began = std::time::Instant::now();
+        let mut sent = 0;
+        while sent < announced && began.elapsed() < ended_by && body.write_all(&[b' '; 100]).is_ok() {
+            sent += 100;
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let ended = began.elapsed();
+        assert!(sent < announced && ended < ended_by, "a body of {announced} bytes trickling in was read for {ended:?} ({sent} bytes)");
+        assert!(ended >= Duration::from_secs(1), "ended within the stall time's grace: {ended:?}");
+        assert_eq!(h.post(&[("Mcp-Session-Id", &sid)], PING).status, 200);
+        eprintln!("a body of {announced} bytes at 1 kB/s ended after {ended:?} ({sent} bytes)");
     }
-    let body_ended = began.elapsed();
-    assert!(sent < 200_000 && body_ended < ended_by, "a body trickling in was read for {body_ended:?} ({sent} bytes)");
-    assert!(body_ended >= Duration::from_secs(3), "ended before its deadline: {body_ended:?}");
-    assert_eq!(h.post(&[("Mcp-Session-Id", &sid)], PING).status, 200);
     let log = h.stderr.lock().unwrap().clone();
     assert!(log.contains("moved slower than 64 KiB/s"), "the log does not say why:\n{log}");
-    eprintln!("a body at 1 kB/s ended after {body_ended:?} ({sent} bytes)");
 }
 
 /// Bodies that arrive together, paced, and overflow the budget between them are not all refused:

@@ -361,6 +361,89 @@ fn a_stream_outlives_the_stall_time() {
     let _ = &mut h;
 }
 
+/// A request of `body` for `method` (and tool `name`), as raw bytes to pipeline.
+fn raw_request(method: &str, name: Option<&str>, body: &str) -> String {
+    let mut head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+Content-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers(method, name) {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    format!("{head}\r\n{body}")
+}
+
+/// Reads one answer with a `Content-Length` from `reader`: its status and body.
+fn read_answer(reader: &mut BufReader<TcpStream>) -> (u16, Value) {
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    let status = line.split_whitespace().nth(1).unwrap_or_else(|| panic!("no status line: {line:?}")).parse().unwrap();
+    let mut len = 0;
+    loop {
+        let mut h = String::new();
+        reader.read_line(&mut h).unwrap();
+        if h.trim().is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            if k.eq_ignore_ascii_case("content-length") {
+                len = v.trim().parse().unwrap();
+            }
+        }
+    }
+    let mut body = vec![0u8; len];
+    std::io::Read::read_exact(reader, &mut body).unwrap();
+    (status, serde_json::from_slice(&body).unwrap())
+}
+
+/// Requests pipelined on one connection are handled together, and each answer waits for the
+/// one before it: neither that wait nor a stream that follows a call is a transfer that falls
+/// behind. (A first version of the connection guard kept one deadline per connection: the
+/// quick call's answer, waiting behind a 3 s call, ended the connection after 2.4 s with the
+/// slow call's answer lost, and a stream pipelined behind a call was cut after 3.4 s.)
+#[test]
+fn pipelined_calls_and_a_stream_behind_a_call_outlive_the_stall_time() {
+    let home = Home::new("modern-pipelined");
+    let mut h = Http::start(&home, &["--http-stall", "1"], &[]);
+    let created = h.post(&headers("tools/call", Some("create_sandbox")), &call_body(1, "create_sandbox", json!({"timeout": 120})));
+    let sandbox = created.json()["result"]["structuredContent"]["sandbox_id"].as_str().unwrap().to_string();
+    let run = |id: i64, command: &str| {
+        raw_request("tools/call", Some("run_command"), &call_body(id, "run_command", json!({"sandbox_id": sandbox, "command": command})))
+    };
+    let mut s = TcpStream::connect(h.addr).unwrap();
+    s.set_read_timeout(Some(TIMEOUT)).unwrap();
+    s.write_all(format!("{}{}", run(2, "sleep 3; echo slow"), run(3, "echo quick")).as_bytes()).unwrap();
+    let mut reader = BufReader::new(s);
+    for (id, out) in [(2, "slow\n"), (3, "quick\n")] {
+        let (status, answer) = read_answer(&mut reader);
+        assert_eq!((status, answer["id"].as_i64()), (200, Some(id)), "{answer}");
+        assert_eq!(answer["result"]["structuredContent"]["stdout"], out, "{answer}");
+    }
+    // A call of 2 s, and a stream behind it on the same connection.
+    let mut s = TcpStream::connect(h.addr).unwrap();
+    s.set_read_timeout(Some(TIMEOUT)).unwrap();
+    s.write_all(format!("{}{}", run(4, "sleep 2; echo done"), raw_request("subscriptions/listen", None, &listen_body(5, "it"))).as_bytes())
+        .unwrap();
+    let mut stream = BufReader::new(s);
+    let (status, answer) = read_answer(&mut stream);
+    assert_eq!((status, answer["result"]["structuredContent"]["stdout"].as_str()), (200, Some("done\n")), "{answer}");
+    assert_eq!(next_event(&mut stream)["method"], "notifications/subscriptions/acknowledged");
+    // Three stall times go by: each quiet connection is closed after one.
+    for _ in 0..3 {
+        let mut quiet = TcpStream::connect(h.addr).unwrap();
+        quiet.set_read_timeout(Some(TIMEOUT)).unwrap();
+        assert_eq!(std::io::Read::read(&mut quiet, &mut [0u8; 16]).unwrap(), 0, "a quiet connection is closed");
+    }
+    let pid = h.child.id();
+    assert!(std::process::Command::new("/bin/sh").args(["-c", &format!("kill -s TERM {pid}")]).status().unwrap().success());
+    let closing = next_event(&mut stream);
+    assert_eq!(closing["id"], 5, "the stream behind the call was not open after three stall times: {closing}");
+    let exit = wait_for(TIMEOUT, "the server to exit", || h.child.try_wait().unwrap());
+    assert_eq!(exit.code(), Some(0));
+    let _ = &mut h;
+}
+
 /// Streams are shared between clients: one that holds its share is refused one more (saying
 /// so), while another client, declaring another clientInfo from the same address, still opens
 /// one and its tool calls are answered at once.

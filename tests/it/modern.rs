@@ -346,7 +346,13 @@ fn a_stream_outlives_the_stall_time() {
     let mut h = Http::start(&home, &["--http-stall", "1"], &[]);
     let mut stream = open_listen(&h, 1);
     assert_eq!(next_event(&mut stream)["method"], "notifications/subscriptions/acknowledged");
-    // Three stall times go by: each quiet connection is closed after one.
+    still_open_after_three_stall_times(&mut h, &mut stream, 1);
+}
+
+/// Lets three stall times of `h` (started with `--http-stall 1`) go by, each a quiet connection
+/// closed after one; then stops the server, and checks that `stream` (of `subscriptions/listen`
+/// request `id`) was still open: it gets its closing result, and the server exits cleanly.
+fn still_open_after_three_stall_times(h: &mut Http, stream: &mut BufReader<TcpStream>, id: i64) {
     for _ in 0..3 {
         let mut quiet = TcpStream::connect(h.addr).unwrap();
         quiet.set_read_timeout(Some(TIMEOUT)).unwrap();
@@ -354,11 +360,10 @@ fn a_stream_outlives_the_stall_time() {
     }
     let pid = h.child.id();
     assert!(std::process::Command::new("/bin/sh").args(["-c", &format!("kill -s TERM {pid}")]).status().unwrap().success());
-    let closing = next_event(&mut stream);
-    assert_eq!(closing["id"], 1, "the stream was still open after three stall times: {closing}");
+    let closing = next_event(stream);
+    assert_eq!(closing["id"], id, "the stream was not open after three stall times: {closing}");
     let exit = wait_for(TIMEOUT, "the server to exit", || h.child.try_wait().unwrap());
     assert_eq!(exit.code(), Some(0));
-    let _ = &mut h;
 }
 
 /// A request of `body` for `method` (and tool `name`), as raw bytes to pipeline.
@@ -429,19 +434,7 @@ fn pipelined_calls_and_a_stream_behind_a_call_outlive_the_stall_time() {
     let (status, answer) = read_answer(&mut stream);
     assert_eq!((status, answer["result"]["structuredContent"]["stdout"].as_str()), (200, Some("done\n")), "{answer}");
     assert_eq!(next_event(&mut stream)["method"], "notifications/subscriptions/acknowledged");
-    // Three stall times go by: each quiet connection is closed after one.
-    for _ in 0..3 {
-        let mut quiet = TcpStream::connect(h.addr).unwrap();
-        quiet.set_read_timeout(Some(TIMEOUT)).unwrap();
-        assert_eq!(std::io::Read::read(&mut quiet, &mut [0u8; 16]).unwrap(), 0, "a quiet connection is closed");
-    }
-    let pid = h.child.id();
-    assert!(std::process::Command::new("/bin/sh").args(["-c", &format!("kill -s TERM {pid}")]).status().unwrap().success());
-    let closing = next_event(&mut stream);
-    assert_eq!(closing["id"], 5, "the stream behind the call was not open after three stall times: {closing}");
-    let exit = wait_for(TIMEOUT, "the server to exit", || h.child.try_wait().unwrap());
-    assert_eq!(exit.code(), Some(0));
-    let _ = &mut h;
+    still_open_after_three_stall_times(&mut h, &mut stream, 5);
 }
 
 /// Streams are shared between clients: one that holds its share is refused one more (saying

@@ -127,8 +127,9 @@ impl Acceptor {
                 Ok(()) => {}
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
                     self.handlers.replenish();
-                    self.nudge();
+                    // Before the nudge, whose connect may wait while the backlog is full.
                     guard.sweep(&|| self.handlers.last_starved());
+                    self.nudge();
                     continue;
                 }
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,

@@ -12,8 +12,9 @@
 //! tiny_http's read or write and ours fail, and what tiny_http buffered is freed, given back to
 //! the system at the next sweep) that:
 //! - handed over more than the requests the server has seen on it account for
-//!   ([`ConnectionGuard::account`]: each head's own size plus its body's announced length, or the
-//!   most a chunked body is read or drained; nothing for a request without a body), plus
+//!   ([`ConnectionGuard::account`]: each head's own size plus its body's announced length, or for
+//!   a chunked body [`CHUNKED_START`] and then [`CHUNKED_CREDIT`] per byte as it is read; nothing
+//!   for a request without a body), plus
 //!   [`HEAD_ALLOWANCE`] and tiny_http's read-ahead for the head it may be reading now;
 //! - has been sending a next head, seen by two sweeps, for longer than the head time
 //!   (`--http-stall`) since its last answer (or since a sweep first saw it) and since a request
@@ -56,6 +57,16 @@ pub const HEAD_ALLOWANCE: u64 = 64 * 1024;
 
 /// What tiny_http may have read of a connection beyond what it parsed (its buffered reader).
 const READ_AHEAD: u64 = 8 * 1024;
+
+/// What a chunked body may send before any of it is read (its first chunk's size line, and some
+/// of its data); the rest is credited as it is read ([`Transfer::credit`]). tiny_http's chunked
+/// decoder buffers a size line whole, so crediting a chunked body its largest length up front
+/// let one with an endless size line make the server buffer 64 MiB.
+pub const CHUNKED_START: u64 = 64 * 1024;
+
+/// What each byte read of a chunked body credits (its framing comes on top: a size line and two
+/// line ends per chunk, twice the data only for chunks of a few bytes).
+pub const CHUNKED_CREDIT: u64 = 2;
 
 /// Connections ended so far for bytes ([`Overrun::Bytes`]).
 static ENDED: Tally = Tally::new();
@@ -135,6 +146,8 @@ pub struct Transfer<'a> {
     guard: &'a ConnectionGuard,
     peer: Option<SocketAddr>,
     moving: Arc<Moving>,
+    /// What each byte moved adds to what its connection may send ([`Transfer::credit`]).
+    credit: u64,
 }
 
 impl Transfer<'_> {
@@ -146,6 +159,18 @@ impl Transfer<'_> {
     /// `n` more bytes moved.
     pub fn moved(&self, n: usize) {
         self.moving.moved.fetch_add(n as u64, Ordering::Relaxed);
+        if let (Some(peer), true) = (self.peer, self.credit > 0 && n > 0) {
+            if let Some(entry) = self.guard.accounted.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&peer) {
+                entry.bytes = entry.bytes.saturating_add((n as u64).saturating_mul(self.credit));
+            }
+        }
+    }
+
+    /// Each byte it moves from now on lets its connection send `per_byte` more: a chunked body,
+    /// whose length is known only as it is read (and whose framing comes on top), is credited
+    /// [`CHUNKED_START`] when its request is accounted, and the rest as it is read.
+    pub fn credit(&mut self, per_byte: u64) {
+        self.credit = per_byte;
     }
 
     /// It must be over by `by`, whatever moves meanwhile.
@@ -298,7 +323,7 @@ nor the time a head, body or answer takes"
                 entry.transfers.push(moving.clone());
             }
         }
-        Transfer { guard: self, peer: peer.copied(), moving }
+        Transfer { guard: self, peer: peer.copied(), moving, credit: 0 }
     }
 
     /// Records that a request from `peer` ([`ConnectionGuard::account`]) was handled: once none of its
@@ -330,7 +355,9 @@ nor the time a head, body or answer takes"
         let mut ended = 0;
         for entry in entries.flatten() {
             let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
-            let Some(inode) = std::fs::read_link(entry.path()).ok().as_deref().and_then(socket_inode) else { continue };
+            if std::fs::read_link(entry.path()).ok().as_deref().is_none_or(|link| socket_inode(link).is_none()) {
+                continue;
+            }
             let copy = match rustix::process::pidfd_getfd(me, fd, rustix::process::PidfdGetfdFlags::empty()) {
                 Ok(copy) => copy,
                 Err(err) => {
@@ -341,6 +368,8 @@ nor the time a head, body or answer takes"
             if !accepted_on(&copy, listen) {
                 continue;
             }
+            // The copy's own inode: the number listed may name another socket by now.
+            let Ok(inode) = rustix::fs::fstat(&copy).map(|st| st.st_ino) else { continue };
             let Some(peer) = rustix::net::getpeername(&copy).ok().flatten().and_then(|a| SocketAddr::try_from(a).ok()) else { continue };
             live.insert(peer);
             let Some(handed) = handed_over(&copy) else { continue };
@@ -591,6 +620,15 @@ mod tests {
         std::io::Read::read_to_end(&mut counted, &mut Vec::new()).unwrap();
         assert!(counting.moving.began.get().is_some());
         assert_eq!(counting.moving.moved.load(Ordering::Relaxed), 5);
+        // A crediting transfer (a chunked body) lets its connection send more as it moves.
+        let bytes = |g: &ConnectionGuard| g.accounted.lock().unwrap()[&peer].bytes;
+        let before = bytes(&guard);
+        let mut chunked = guard.transfer(Some(&peer));
+        chunked.credit(CHUNKED_CREDIT);
+        chunked.moved(1000);
+        assert_eq!(bytes(&guard), before + 1000 * CHUNKED_CREDIT);
+        counting.moved(1000);
+        assert_eq!(bytes(&guard), before + 1000 * CHUNKED_CREDIT, "others credit nothing");
     }
 
     /// Requests on one connection are handled at once when pipelined: one's transfer never

@@ -7,7 +7,7 @@
 //! Every early answer reads or discards the body first so keep-alive connections stay in sync.
 
 use super::body_budget::{self, Body, BodyBudget};
-use super::connection_guard::{ConnectionGuard, Counted, Transfer};
+use super::connection_guard::{ConnectionGuard, Counted, Transfer, CHUNKED_CREDIT, CHUNKED_START};
 use crate::answer_budget::Charge;
 use crate::app::App;
 use crate::ids;
@@ -216,13 +216,13 @@ fn peer_ip(req: &Request) -> Option<IpAddr> {
 
 /// What `req` may have made its connection send (see `ConnectionGuard::account`): its head as
 /// received (line and headers, with their separators), and its body: the announced length, a
-/// chunked one up to what is read or drained of it, none without either.
+/// chunked one its start (the rest is credited as it is read), none without either.
 fn sent_for(req: &Request) -> u64 {
     let headers: usize = req.headers().iter().map(|h| h.field.as_str().as_str().len() + h.value.as_str().len() + 4).sum();
     let head = req.method().as_str().len() + req.url().len() + "  HTTP/1.1\r\n\r\n".len() + headers;
     let body = match req.body_length() {
         Some(n) => n.min(MAX_DRAIN_BYTES),
-        None if get(req, "Transfer-Encoding").is_some() => MAX_DRAIN_BYTES,
+        None if chunked(req) => CHUNKED_START as usize,
         None => 0,
     };
     (head + body) as u64
@@ -236,6 +236,11 @@ fn write_counted(writer: &mut dyn Write, bytes: &[u8], transfer: &Transfer<'_>) 
         transfer.moved(piece.len());
     }
     Ok(())
+}
+
+/// Whether `req`'s body is chunked (tiny_http decodes any `Transfer-Encoding` as chunked).
+fn chunked(req: &Request) -> bool {
+    req.body_length().is_none() && get(req, "Transfer-Encoding").is_some()
 }
 
 fn get<'a>(req: &'a Request, name: &str) -> Option<&'a str> {
@@ -358,7 +363,10 @@ impl Listener {
         let body = {
             // The body, and the answer below, must move at the least rate after a first stall
             // time (a call being made, and a subscription's stream, move nothing and have none).
-            let receiving = self.guard.transfer(peer.as_ref());
+            let mut receiving = self.guard.transfer(peer.as_ref());
+            if chunked(&req) {
+                receiving.credit(CHUNKED_CREDIT);
+            }
             let mut counted = Counted { inner: req.as_reader(), transfer: &receiving };
             body_budget::read_body(&mut counted, announced, MAX_BODY_BYTES, MAX_DRAIN_BYTES, &self.budget)
         };

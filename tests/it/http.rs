@@ -731,6 +731,64 @@ fn a_request_head_without_end_is_cut_short() {
     eprintln!("an endless request line was ended after {sent} MiB were sent; RSS idle {idle} MiB, {after} MiB after");
 }
 
+/// Chunked bodies are read and served, and one whose chunk size line has no end is cut short
+/// like an endless head: a chunked body was credited its largest length (64 MiB) up front, and
+/// tiny_http's chunked decoder buffers a size line whole, so such a line made the server buffer
+/// up to 64 MiB per connection (8 connections: 388 MiB). A chunked body is now credited as it is
+/// read.
+#[test]
+fn a_chunked_body_without_end_is_cut_short() {
+    use std::io::Write;
+    let home = Home::new("http-endless-chunk");
+    let h = Http::start(&home, &[], &[]);
+    let pid = h.child.id();
+    let sid = h.initialize();
+    let idle = rss_kib(pid) >> 10;
+    let chunked = |body: &str, size: usize| {
+        let mut raw = format!(
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nMcp-Session-Id: {sid}\r\nContent-Type: application/json\r\n\
+Accept: application/json, text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+        );
+        for piece in body.as_bytes().chunks(size) {
+            raw.push_str(&format!("{:x}\r\n{}\r\n", piece.len(), String::from_utf8_lossy(piece)));
+        }
+        raw.push_str("0\r\n\r\n");
+        raw
+    };
+    // A small one in pieces of 10 bytes, and one of 3 MB in pieces of 1 KiB (past the credit
+    // given up front): both served.
+    let padded = format!(r#"{{"jsonrpc":"2.0","id":2,"method":"ping","params":{{"pad":"{}"}}}}"#, "x".repeat(3_000_000));
+    for (body, size) in [(PING.to_string(), 10), (padded, 1024)] {
+        let mut s = std::net::TcpStream::connect(h.addr).unwrap();
+        s.set_read_timeout(Some(TIMEOUT)).unwrap();
+        s.write_all(chunked(&body, size).as_bytes()).unwrap();
+        let r = Conn::from_stream(s).read();
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    // A size line without end.
+    let mut endless = std::net::TcpStream::connect(h.addr).unwrap();
+    endless.set_write_timeout(Some(TIMEOUT)).unwrap();
+    let head = format!("POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nMcp-Session-Id: {sid}\r\nTransfer-Encoding: chunked\r\n\r\n");
+    endless.write_all(head.as_bytes()).unwrap();
+    // At 20 MiB/s (unpaced, the whole allowance could go by between two sweeps).
+    let ones = vec![b'1'; 1 << 20];
+    let mut sent = 0usize;
+    while sent < 96 {
+        if endless.write_all(&ones).is_err() {
+            break;
+        }
+        sent += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(sent < 40, "{sent} MiB of one chunk size line went through before the connection was ended");
+    let after = wait_for(Duration::from_secs(30), "the buffered line's memory to return", || {
+        let mib = rss_kib(pid) >> 10;
+        (mib <= idle + 24).then_some(mib)
+    });
+    assert_eq!(h.post(&[("Mcp-Session-Id", &sid)], PING).status, 200);
+    eprintln!("an endless chunk size line was ended after {sent} MiB were sent; RSS idle {idle} MiB, {after} MiB after");
+}
+
 /// A new sandbox of `session`'s with `f`, a 4 MiB file of control bytes: read with read_file, a
 /// 54 MB answer once escaped twice.
 fn sandbox_with_control_bytes(h: &Http, session: &str) -> String {

@@ -264,7 +264,12 @@ impl LocalProvider {
                 return ProviderError::NotFound { id: id.to_string() };
             }
             let landlock = || self.load(id).is_ok_and(|m| m.isolation == Isolation::Landlock);
-            if matches!(err.kind(), io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound) && landlock() && !self.keeper_alive(id) {
+            // Refused, or (the spawner going away with the request in its backlog) cut.
+            let gone = matches!(
+                err.kind(),
+                io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound | io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+            );
+            if gone && landlock() && !self.keeper_alive(id) {
                 // No keeper holds the spawner's socket (a Landlock-tier sandbox's): a new one binds it again.
                 self.spawn_keeper(id);
                 return ProviderError::Unavailable(format!(

@@ -24,7 +24,7 @@
 //!   waiting handler thread within moments, so a head that is not a request by then is still
 //!   arriving;
 //! - moves a body or an answer slower than [`crate::limits::HTTP_MIN_RATE`] on average after a
-//!   first head time ([`ConnectionGuard::transfer`]: its handler counts the bytes it reads or
+//!   first head time and [`RATE_MARGIN`] ([`ConnectionGuard::transfer`]: its handler counts the bytes it reads or
 //!   that tiny_http takes to write, from the moment the connection is that answer's, since a
 //!   connection's pipelined answers go out in order), which a client trickling bytes within the
 //!   timeouts would otherwise make last for as long as it went on. A call being made and a
@@ -57,6 +57,11 @@ pub const HEAD_ALLOWANCE: u64 = 64 * 1024;
 
 /// What tiny_http may have read of a connection beyond what it parsed (its buffered reader).
 const READ_AHEAD: u64 = 8 * 1024;
+
+/// What a transfer's grace adds to the head time (`--http-stall`): a body or an answer that
+/// stops outright meets its connection's receive or send timeout first (a body is answered 408),
+/// before the rate would end the connection unanswered.
+pub const RATE_MARGIN: Duration = Duration::from_secs(1);
 
 /// What a chunked body may send before any of it is read (its first chunk's size line, and some
 /// of its data); the rest is credited as it is read ([`Transfer::credit`]). tiny_http's chunked
@@ -255,7 +260,7 @@ impl Allowance {
         let now = Instant::now();
         let why = if handed > allowed {
             Overrun::Bytes(allowed)
-        } else if self.transfers.iter().any(|t| t.late(now, head_time)) {
+        } else if self.transfers.iter().any(|t| t.late(now, head_time + RATE_MARGIN)) {
             Overrun::Late
         } else if self.handling > 0 {
             return None;
@@ -314,8 +319,8 @@ nor the time a head, body or answer takes"
 
     /// A body or an answer a handler of a request from `peer` ([`ConnectionGuard::account`]) is
     /// about to move: once [`Transfer::start`]ed, it must move
-    /// [`crate::limits::HTTP_MIN_RATE`] on average after a first head time, for as long as it
-    /// lives. A call being made or a stream being held moves nothing and has no transfer.
+    /// [`crate::limits::HTTP_MIN_RATE`] on average after a first head time and [`RATE_MARGIN`],
+    /// for as long as it lives. A call being made or a stream being held moves nothing and has no transfer.
     pub fn transfer(&self, peer: Option<&SocketAddr>) -> Transfer<'_> {
         let moving = Arc::new(Moving::default());
         if let Some(peer) = peer {
@@ -613,6 +618,14 @@ mod tests {
         assert_eq!(look(&guard), Some(Overrun::Late));
         drop(behind);
         assert_eq!(look(&guard), None, "a finished transfer is forgotten");
+        // A body that stopped outright is the receive timeout's to answer (408) at the head
+        // time: the rate ends its connection only a margin later. (Without the margin, a sweep
+        // just after the stall time cut the connection before the 408 was written.)
+        let stopped = guard.transfer(Some(&peer));
+        let _ = stopped.moving.began.set(Instant::now().checked_sub(grace + Duration::from_millis(500)).unwrap());
+        stopped.moved(5);
+        assert_eq!(look(&guard), None);
+        drop(stopped);
         // A transfer counted through a reader starts at its first read.
         let counting = guard.transfer(Some(&peer));
         let mut counted = Counted { inner: &b"hello"[..], transfer: &counting };

@@ -124,7 +124,7 @@ fn limits_from_the_code() -> Vec<(&'static str, String)> {
         (
             "HTTP request head, body and answer over time",
             format!(
-                "the head whole within --http-stall of the connection's last answer; a body and an answer each at {}/s on average after a first --http-stall (else the connection is ended)",
+                "the head whole within --http-stall of the connection's last answer; a body and an answer each at {}/s on average after a first --http-stall and one second (else the connection is ended)",
                 size(HTTP_MIN_RATE)
             ),
         ),

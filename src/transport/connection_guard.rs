@@ -58,9 +58,10 @@ pub const HEAD_ALLOWANCE: u64 = 64 * 1024;
 /// What tiny_http may have read of a connection beyond what it parsed (its buffered reader).
 const READ_AHEAD: u64 = 8 * 1024;
 
-/// What a transfer's grace adds to the head time (`--http-stall`): a body or an answer that
-/// stops outright meets its connection's receive or send timeout first (a body is answered 408),
-/// before the rate would end the connection unanswered.
+/// What the guard adds to a stall time (`--http-stall`) before it ends a connection that a
+/// receive or send timeout would end then: a body or an answer that stops outright meets its
+/// timeout first (a body is answered 408), before the rate would end the connection unanswered,
+/// and so does what tiny_http drains of a stalled body ([`Transfer::until`]).
 pub const RATE_MARGIN: Duration = Duration::from_secs(1);
 
 /// What a chunked body may send before any of it is read (its first chunk's size line, and some
@@ -240,7 +241,7 @@ impl Allowance {
     /// Whether the connection of socket `inode`, which has handed over `handed` bytes, is to be
     /// ended now: `Some` of why, and it counts as ended from then on. It is when it handed over
     /// more than its requests account for; when a body or answer being moved fell behind (with
-    /// `head_time` as its grace); or when, with none of its requests being handled, it handed
+    /// `head_time` and [`RATE_MARGIN`] as its grace); or when, with none of its requests being handled, it handed
     /// over bytes of a next head, seen by an earlier sweep already, that did not become a
     /// request within `head_time` of its last answer or of the last time a request may have
     /// waited for a handler thread (`queue_waited`), whichever is later. Another inode than the
@@ -360,7 +361,7 @@ nor the time a head, body or answer takes"
         let mut ended = 0;
         for entry in entries.flatten() {
             let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
-            if std::fs::read_link(entry.path()).ok().as_deref().is_none_or(|link| socket_inode(link).is_none()) {
+            if !std::fs::read_link(entry.path()).is_ok_and(|link| is_socket(&link)) {
                 continue;
             }
             let copy = match rustix::process::pidfd_getfd(me, fd, rustix::process::PidfdGetfdFlags::empty()) {
@@ -430,9 +431,10 @@ nor the time a head, body or answer takes"
     }
 }
 
-/// The inode of a `/proc/self/fd` link naming a socket (`socket:[12345]`).
-fn socket_inode(link: &std::path::Path) -> Option<u64> {
-    link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+/// Whether a `/proc/self/fd` link names a socket (`socket:[12345]`; the inode is taken from the
+/// copy, which the number may no longer name).
+fn is_socket(link: &std::path::Path) -> bool {
+    link.to_str().is_some_and(|l| l.starts_with("socket:[") && l.ends_with(']'))
 }
 
 /// Whether `fd` is a TCP connection accepted on `listen` (not the listening socket itself, nor a

@@ -140,9 +140,9 @@ impl<T: Send + 'static> Handlers<T> {
 
     fn starve(&self, served: Arc<Served<T>>) {
         self.starved.lock().unwrap_or_else(|p| p.into_inner()).push(served);
-        self.saw_starved();
     }
 
+    /// Notes that a source was starved until now (one leaves the starved list).
     fn saw_starved(&self) {
         *self.starved_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
     }

@@ -7,7 +7,7 @@
 //! Every early answer reads or discards the body first so keep-alive connections stay in sync.
 
 use super::body_budget::{self, Body, BodyBudget};
-use super::connection_guard::{ConnectionGuard, Counted, Transfer, CHUNKED_CREDIT, CHUNKED_START};
+use super::connection_guard::{ConnectionGuard, Counted, Transfer, CHUNKED_CREDIT, CHUNKED_START, RATE_MARGIN};
 use crate::answer_budget::Charge;
 use crate::app::App;
 use crate::ids;
@@ -50,9 +50,6 @@ static ABANDONED: Tally = Tally::new();
 /// A body announced longer than this is never read, and its request never dropped
 /// ([`Body::Abandon`]): tiny_http would allocate the whole unread length at once.
 const MAX_DRAIN_BYTES: usize = 64 * 1024 * 1024;
-
-/// How much longer than a stall time tiny_http may take to drain what is left of a stalled body.
-const LEFTOVER_MARGIN: Duration = Duration::from_secs(1);
 
 /// After this long, a connection is asked to reconnect (`Connection: close`). tiny_http 0.12 gives
 /// every connection a thread of its pool, and when several connections arrive at once the pool
@@ -354,11 +351,11 @@ impl Listener {
         let peer = req.remote_addr().copied();
         self.guard.account(peer.as_ref(), sent_for(&req));
         let _busy = Busy(&self.busy, &self.guard, peer);
-        self.serve(req);
+        self.serve(req, peer);
     }
 
-    fn serve(&self, mut req: Request) {
-        let peer = req.remote_addr().copied();
+    /// Serves `req`, which came from `peer`.
+    fn serve(&self, mut req: Request, peer: Option<SocketAddr>) {
         let announced = req.body_length();
         let body = {
             // The body, and the answer below, must move at the least rate after a first stall
@@ -374,7 +371,7 @@ impl Listener {
         // time out after a stall time, and a client that sends again meanwhile gets no longer.
         let _leftover = matches!(body, Body::Stalled).then(|| {
             let leftover = self.guard.transfer(peer.as_ref());
-            leftover.until(Instant::now() + self.app.config.http_stall + LEFTOVER_MARGIN);
+            leftover.until(Instant::now() + self.app.config.http_stall + RATE_MARGIN);
             leftover
         });
         if let Body::Abandon = body {

@@ -532,6 +532,10 @@ fn kill_supervisor(at: &str, killer: Killer, pid: u32, start: u64, sb: &str) -> 
     let tag = format!("SANDBOX_MCP_SANDBOX={sb}");
     let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
     if !env.split(|b| *b == 0).any(|v| v == tag.as_bytes()) {
+        if env.is_empty() {
+            // An exiting process shows no environment for a moment before it is a zombie.
+            wait_for(Duration::from_secs(5), "the exiting supervisor to end", || (!same()).then_some(()));
+        }
         assert!(!same(), "{at} pid {pid} is not a process of sandbox {sb}");
         return false;
     }

@@ -126,9 +126,8 @@ impl Acceptor {
             match woken.recv_timeout(tick) {
                 Ok(()) => {}
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                    self.handlers.replenish();
                     // Before the nudge, whose connect may wait while the backlog is full.
-                    guard.sweep(&|| self.handlers.last_starved());
+                    self.tend(guard);
                     self.nudge();
                     continue;
                 }
@@ -144,10 +143,17 @@ impl Acceptor {
                 continue;
             }
             log::error!("the HTTP listener does not accept connections; it starts again once descriptors and a thread are free");
-            if self.restart() {
+            if self.restart(guard, tick) {
                 log::info!("the HTTP listener accepts connections again");
             }
         }
+    }
+
+    /// Gives starved sources a thread where one can be made now, and ends connections that send
+    /// without end or too slowly.
+    fn tend(&self, guard: &ConnectionGuard) {
+        self.handlers.replenish();
+        guard.sweep(&|| self.handlers.last_starved());
     }
 
     /// Opens a connection to the port and closes it at once, for two reasons:
@@ -165,9 +171,10 @@ impl Acceptor {
         let _ = TcpStream::connect_timeout(&self.probe, PROBE);
     }
 
-    /// Starts a new server on the socket, retrying until it runs or shutdown begins.
-    fn restart(self: &Arc<Self>) -> bool {
-        let mut pause = Duration::from_millis(100);
+    /// Starts a new server on the socket, retrying every `tick` until it runs or shutdown begins;
+    /// meanwhile the connections that are open are tended as usual (idle ones that used up the
+    /// descriptors may well be what keeps the server from starting).
+    fn restart(self: &Arc<Self>, guard: &ConnectionGuard, tick: Duration) -> bool {
         loop {
             if self.stopping.load(Ordering::SeqCst) {
                 return false;
@@ -186,8 +193,8 @@ impl Acceptor {
                     }
                 }
             }
-            thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_secs(2));
+            thread::sleep(tick);
+            self.tend(guard);
         }
     }
 }

@@ -140,11 +140,10 @@ pub enum Body {
     Incomplete,
     /// No byte of it came for the connection's receive timeout, `--http-stall` (408).
     Stalled,
-    /// Announced longer than `max_drain`: not read at all, and the request must never be
-    /// dropped. tiny_http allocates a body's whole unread announced length at once, both when the
-    /// request is dropped and when a read reaches the client's end of data; a length beyond
-    /// memory aborts the process. The connection is abandoned without an answer.
-    Abandon,
+    /// Announced longer than `max_drain`: not read at all (413, and the connection closed).
+    /// tiny_http drains what comes of it when the request goes, for as long as the connection
+    /// guard lets the connection live.
+    FarTooLarge,
 }
 
 /// Reads one body of at most `cap` bytes from `reader` within `budget`. `announced` is the
@@ -152,7 +151,7 @@ pub enum Body {
 /// answered as unparsable).
 pub fn read_body(reader: &mut dyn Read, announced: Option<usize>, cap: usize, max_drain: usize, budget: &Arc<BodyBudget>) -> Body {
     if announced.is_some_and(|n| n > max_drain) {
-        return Body::Abandon;
+        return Body::FarTooLarge;
     }
     let mut share = Share::new(budget);
     if let Some(n) = announced {
@@ -233,10 +232,8 @@ fn read_some(reader: &mut dyn Read, buf: &mut [u8]) -> io::Result<usize> {
     }
 }
 
-/// Reads and discards the rest of a body in small chunks, so that tiny_http, which drains an
-/// unread body on drop by allocating all of its remaining announced length at once, has nothing
-/// left to drain; answers `then`. (The bodies read here announced at most `max_drain` bytes, so
-/// what tiny_http allocates for a client that stopped early is bounded too.)
+/// Reads and discards the rest of a body, so that its client, which may read the answer only
+/// once it has sent the whole body, gets the answer; answers `then`.
 fn drain(reader: &mut dyn Read, then: Body) -> Body {
     let mut chunk = [0u8; 8 * 1024];
     while let Ok(1..) = read_some(reader, &mut chunk) {}
@@ -326,11 +323,9 @@ mod tests {
         );
         assert!(matches!(read(&[0u8; 1200], None, &budget), Body::TooLarge(p) if !p.is_empty()));
         assert_eq!(budget.used(), 0);
-        // A body announced beyond what may be drained is not read at all: a read that reached
-        // the client's end of data would make tiny_http allocate the whole announced length
-        // (10^15 bytes aborted the server).
+        // A body announced beyond what may be drained is not read at all.
         let mut untouched = &[0u8; 10][..];
-        assert!(matches!(read_body(&mut untouched, Some(1_000_000_000_000_000), CAP, 10_000, &budget), Body::Abandon));
+        assert!(matches!(read_body(&mut untouched, Some(1_000_000_000_000_000), CAP, 10_000, &budget), Body::FarTooLarge));
         assert_eq!(untouched.len(), 10, "nothing was read");
         // Announced within it but cut short: drained to its end and refused.
         assert!(matches!(read(&[0u8; 10], Some(5000), &budget), Body::TooLarge(_)));

@@ -32,15 +32,19 @@
 //!
 //! What a connection may send is kept by peer address (all tiny_http tells of a request's
 //! connection) and tied to the connection (its socket's inode) the first time a sweep sees it: a
-//! new connection from the same address and port starts from nothing, and a connection once
-//! ended is not ended again. Two connections open at once from one address and port (a client
+//! new connection from the same address and port starts from what was accounted since a sweep
+//! last saw the one before (its own requests, if it came at once), and a connection once ended
+//! is not ended again. Two connections open at once from one address and port (a client
 //! binding it twice, to two addresses of a wildcard listener) cannot be told apart: each sweep
 //! starts their record afresh, so their heads are bounded by the receive timeout alone.
 //!
 //! Between two ticks (half a second) a connection can still make tiny_http buffer what it sends
 //! in that time, which costs more than its size when it is made of short header lines (each a
 //! pair of strings: about 25 times). Where the kernel has no pidfds (before Linux 5.6) the guard
-//! does nothing and says so once.
+//! does nothing and says so once. Idle connections can use up the process's descriptors; the
+//! guard keeps what a sweep needs then (`/proc/self/fd` open, and a spare descriptor to free for
+//! each copy in turn), so its bounds hold unless another thread takes the freed one first (the
+//! watchdog goes on sweeping while it waits to start the listener again).
 
 use crate::tally::Tally;
 use rustix::fd::{AsFd, OwnedFd};
@@ -89,10 +93,50 @@ pub struct ConnectionGuard {
     listen: OnceLock<(SocketAddr, Duration)>,
     /// This process as a pidfd, to copy descriptors by number.
     me: Option<OwnedFd>,
+    /// The descriptors a sweep needs when the process has run out of them, so that the bounds
+    /// hold then too (idle connections can use them all up, and the guard would then let an
+    /// endless head through): `/proc/self/fd`, kept open, and one to free for a copy.
+    reserve: Mutex<Reserve>,
     /// What each connection (by peer address) may have handed over so far.
     accounted: Mutex<HashMap<SocketAddr, Allowance>>,
     /// Whether the last sweep ended a connection (the next one gives memory back).
     trim: AtomicBool,
+}
+
+/// What a sweep keeps for when the process is out of descriptors ([`ConnectionGuard::reserve`]).
+#[derive(Default)]
+struct Reserve {
+    /// `/proc/self/fd`, read afresh by each sweep.
+    fds: Option<rustix::fs::Dir>,
+    /// Closed when a copy finds no free descriptor, which the copy then takes; made again at
+    /// the end of the sweep, when the last copy has given its descriptor back.
+    spare: Option<OwnedFd>,
+}
+
+impl Reserve {
+    /// What is missing, made again where descriptors allow.
+    fn refill(&mut self, me: &OwnedFd) {
+        if self.fds.is_none() {
+            use rustix::fs::{Dir, Mode, OFlags};
+            let dir = rustix::fs::open("/proc/self/fd", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty());
+            self.fds = dir.and_then(Dir::new).ok();
+        }
+        if self.spare.is_none() {
+            self.spare = rustix::io::fcntl_dupfd_cloexec(me, 0).ok();
+        }
+    }
+
+    /// A copy of this process's descriptor `fd`, taken with the spare's place when no other is free.
+    fn copy(&mut self, me: &OwnedFd, fd: i32) -> rustix::io::Result<OwnedFd> {
+        let copy = || rustix::process::pidfd_getfd(me, fd, rustix::process::PidfdGetfdFlags::empty());
+        match copy() {
+            Err(rustix::io::Errno::MFILE | rustix::io::Errno::NFILE) if self.spare.is_some() => {
+                self.spare = None;
+                copy()
+            }
+            other => other,
+        }
+    }
 }
 
 /// What one connection may have handed over, and for how long it has been sending a head.
@@ -104,6 +148,9 @@ struct Allowance {
     raised: Instant,
     /// The socket inode of the connection, once a sweep has seen it.
     inode: Option<u64>,
+    /// What `bytes` was when a sweep last saw that connection: what was accounted since may be
+    /// the next connection's.
+    sighted: u64,
     /// Whether it was ended (shut down) already.
     ended: bool,
     /// Its requests being handled now.
@@ -229,6 +276,7 @@ impl Allowance {
             bytes: 0,
             raised: now,
             inode: None,
+            sighted: 0,
             ended: false,
             handling: 0,
             idle_since: now,
@@ -246,14 +294,17 @@ impl Allowance {
     /// request within `head_time` of its last answer or of the last time a request may have
     /// waited for a handler thread (`queue_waited`), whichever is later. Another inode than the
     /// one seen before is another connection from the same address and port, which starts
-    /// afresh (but for requests still being handled, and their transfers, which may be its own).
+    /// afresh but for what may be its own: requests accounted since the last sweep saw the one
+    /// before, requests still being handled, and their transfers.
     fn overrun(&mut self, inode: u64, handed: u64, head_time: Duration, queue_waited: Option<Instant>) -> Option<Overrun> {
         if self.inode.is_some_and(|seen| seen != inode) {
+            let carried = self.bytes.saturating_sub(self.sighted);
             let (handling, transfers) = (self.handling, std::mem::take(&mut self.transfers));
             *self = Allowance::new();
-            (self.handling, self.transfers) = (handling, transfers);
+            (self.bytes, self.handling, self.transfers) = (carried, handling, transfers);
         }
         self.inode = Some(inode);
+        self.sighted = self.bytes;
         if self.ended {
             return None;
         }
@@ -291,7 +342,17 @@ impl ConnectionGuard {
     /// A guard of no socket yet ([`ConnectionGuard::guard`] names it).
     pub fn new() -> ConnectionGuard {
         let me = rustix::process::pidfd_open(rustix::process::getpid(), rustix::process::PidfdFlags::empty()).ok();
-        ConnectionGuard { listen: OnceLock::new(), me, accounted: Mutex::new(HashMap::new()), trim: AtomicBool::new(false) }
+        let mut reserve = Reserve::default();
+        if let Some(me) = &me {
+            reserve.refill(me);
+        }
+        ConnectionGuard {
+            listen: OnceLock::new(),
+            me,
+            reserve: Mutex::new(reserve),
+            accounted: Mutex::new(HashMap::new()),
+            trim: AtomicBool::new(false),
+        }
     }
 
     /// Starts guarding the connections accepted on `listen` (the bound address), whose heads
@@ -353,18 +414,26 @@ nor the time a head, body or answer takes"
     pub fn sweep(&self, queue_waited: &dyn Fn() -> Option<Instant>) -> usize {
         let (Some(me), Some(&(listen, head_time))) = (&self.me, self.listen.get()) else { return 0 };
         let began = Instant::now();
-        let Ok(entries) = std::fs::read_dir("/proc/self/fd") else { return 0 };
+        let mut reserve = self.reserve.lock().unwrap_or_else(|p| p.into_inner());
+        reserve.refill(me);
+        let Some(mut fds) = reserve.fds.take() else { return 0 };
+        fds.rewind();
         let mut live = std::collections::HashSet::new();
         // Whether some connection may have been missed (no descriptor to copy it with): then no
         // record is forgotten.
         let mut blind = false;
         let mut ended = 0;
-        for entry in entries.flatten() {
-            let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
-            if !std::fs::read_link(entry.path()).is_ok_and(|link| is_socket(&link)) {
+        while let Some(entry) = fds.read() {
+            let Ok(entry) = entry else {
+                blind = true;
+                break;
+            };
+            let Some(fd) = entry.file_name().to_str().ok().and_then(|n| n.parse::<i32>().ok()) else { continue };
+            let Ok(dir) = fds.fd() else { break };
+            if !rustix::fs::readlinkat(dir, entry.file_name(), Vec::new()).is_ok_and(|link| is_socket(link.as_bytes())) {
                 continue;
             }
-            let copy = match rustix::process::pidfd_getfd(me, fd, rustix::process::PidfdGetfdFlags::empty()) {
+            let copy = match reserve.copy(me, fd) {
                 Ok(copy) => copy,
                 Err(err) => {
                     blind |= matches!(err, rustix::io::Errno::MFILE | rustix::io::Errno::NFILE | rustix::io::Errno::NOMEM);
@@ -393,7 +462,7 @@ nor the time a head, body or answer takes"
                     if let Some(n) = ENDED.add() {
                         log::warn!(
                             "ended {n} HTTP connections so far that sent more than their requests account for (this one: \
-{handed} bytes, {allowed} allowed): a request head without end"
+{handed} bytes, {allowed} allowed): a request head without end, or a refused body that goes on"
                         );
                     }
                 }
@@ -417,6 +486,9 @@ nor the time a head, body or answer takes"
                 }
             }
         }
+        reserve.fds = Some(fds);
+        reserve.refill(me);
+        drop(reserve);
         // Forget connections that are gone, unless raised since this sweep began (a connection
         // accepted after the descriptors were listed).
         if !blind {
@@ -433,8 +505,8 @@ nor the time a head, body or answer takes"
 
 /// Whether a `/proc/self/fd` link names a socket (`socket:[12345]`; the inode is taken from the
 /// copy, which the number may no longer name).
-fn is_socket(link: &std::path::Path) -> bool {
-    link.to_str().is_some_and(|l| l.starts_with("socket:[") && l.ends_with(']'))
+fn is_socket(link: &[u8]) -> bool {
+    link.starts_with(b"socket:[") && link.ends_with(b"]")
 }
 
 /// Whether `fd` is a TCP connection accepted on `listen` (not the listening socket itself, nor a
@@ -516,6 +588,26 @@ mod tests {
         assert_eq!(guard.sweep(&|| None), 1, "the allowance of the connection before was not carried over");
         // Ended once, it is not ended again.
         assert_eq!(guard.sweep(&|| None), 0);
+    }
+
+    #[test]
+    fn requests_accounted_since_the_last_sweep_carry_over_to_the_next_connection() {
+        let hour = Duration::from_secs(3600);
+        let body = 2_000_000;
+        for (accounted_after_sweep, ended) in [(true, false), (false, true)] {
+            let mut a = Allowance::new();
+            a.bytes = 1000;
+            if !accounted_after_sweep {
+                a.bytes += body;
+            }
+            assert!(a.overrun(1, 500, hour, None).is_none());
+            if accounted_after_sweep {
+                // A request of a client that reconnected at once from the same port, handled
+                // before a sweep saw its new connection.
+                a.bytes += body;
+            }
+            assert_eq!(a.overrun(2, body, hour, None).is_some(), ended, "accounted after the sweep: {accounted_after_sweep}");
+        }
     }
 
     /// A connection to `addr`, from `port` when given (reusable at once).

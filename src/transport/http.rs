@@ -19,7 +19,6 @@ use crate::mcp::session::{Session, Sessions};
 use crate::mcp::subscription;
 use crate::memory;
 use crate::queue::{self, Outcome};
-use crate::tally::Tally;
 use crate::transport::accept::Acceptor;
 use crate::transport::handlers::Handlers;
 use crate::transport::headers;
@@ -44,12 +43,12 @@ const REPLY_WAIT: Duration = Duration::from_secs(3600 + 300);
 const EVENT_HEAD: &str = "event: message\ndata: ";
 const EVENT_END: &str = "\n\n";
 
-/// Connections abandoned so far ([`Body::Abandon`]).
-static ABANDONED: Tally = Tally::new();
-
-/// A body announced longer than this is never read, and its request never dropped
-/// ([`Body::Abandon`]): tiny_http would allocate the whole unread length at once.
+/// A body announced longer than this is not read before its 413 ([`Body::FarTooLarge`]), and no
+/// more of it is credited to its connection (see `sent_for`).
 const MAX_DRAIN_BYTES: usize = 64 * 1024 * 1024;
+
+/// The answer to a body over [`MAX_BODY_BYTES`].
+const TOO_LARGE: &str = "Payload Too Large: the body limit is 4 MiB; send smaller messages (write a large file in parts)";
 
 /// After this long, a connection is asked to reconnect (`Connection: close`). tiny_http 0.12 gives
 /// every connection a thread of its pool, and when several connections arrive at once the pool
@@ -367,23 +366,15 @@ impl Listener {
             let mut counted = Counted { inner: req.as_reader(), transfer: &receiving };
             body_budget::read_body(&mut counted, announced, MAX_BODY_BYTES, MAX_DRAIN_BYTES, &self.budget)
         };
-        // What is left of a stalled body, tiny_http drains when the request goes; its reads
-        // time out after a stall time, and a client that sends again meanwhile gets no longer.
-        let _leftover = matches!(body, Body::Stalled).then(|| {
+        // What is left of a stalled or unread body, tiny_http drains when the request goes; a
+        // stalled one's reads time out after a stall time, and a client that goes on sending
+        // gets no longer.
+        let _leftover = matches!(body, Body::Stalled | Body::FarTooLarge).then(|| {
             let leftover = self.guard.transfer(peer.as_ref());
             leftover.until(Instant::now() + self.app.config.http_stall + RATE_MARGIN);
             leftover
         });
-        if let Body::Abandon = body {
-            // Dropping the request would make tiny_http allocate the announced length. The
-            // connection and its pool thread stay held until the process ends.
-            if let Some(n) = ABANDONED.add() {
-                log::warn!("abandoned {n} connections so far that announced bodies over {MAX_DRAIN_BYTES} bytes (this one: {announced:?})");
-            }
-            std::mem::forget(req);
-            return;
-        }
-        let too_large = matches!(body, Body::TooLarge(_));
+        let too_large = matches!(body, Body::TooLarge(_) | Body::FarTooLarge);
         let mut answer = self.answer(&req, body);
         if let Some((listen, slot)) = answer.listen.take() {
             self.hold(req, listen);
@@ -518,13 +509,12 @@ impl Listener {
                 Body::TooLarge(prefix) => {
                     // Its own id when its start names one, so that the client matches the answer.
                     let id = crate::jsonrpc::id_in_prefix(&prefix).unwrap_or(serde_json::Value::Null);
-                    let message = "Payload Too Large: the body limit is 4 MiB; send smaller messages (write a large file in parts)";
                     Answer::json(
                         413,
-                        serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {"code": code::INVALID_REQUEST, "message": message}}),
+                        serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {"code": code::INVALID_REQUEST, "message": TOO_LARGE}}),
                     )
                 }
-                Body::Abandon => Answer::rejected(413, code::INVALID_REQUEST, "Payload Too Large: the body limit is 4 MiB"),
+                Body::FarTooLarge => Answer::rejected(413, code::INVALID_REQUEST, TOO_LARGE),
             },
             (Method::Delete, "/mcp") => self.delete(req),
             (_, "/mcp") => Answer::rejected(405, code::METHOD_NOT_ALLOWED, "Method Not Allowed: use POST (and DELETE to end a session)")

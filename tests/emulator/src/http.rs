@@ -13,7 +13,7 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::OwnedFd;
 
-/// Largest request body read; larger requests get 413 and their connection is abandoned.
+/// Largest request body read; larger requests get 413.
 pub const EMULATOR_MAX_BODY: usize = 64 * 1024 * 1024;
 
 /// What follows the allowed bytes of a cut response (never a valid chunk-size line).

@@ -133,17 +133,7 @@ fn the_listener_accepts_again_after_running_out_of_descriptors() {
         let home = Home::new(&format!("http-emfile-{limit}"));
         let h = Http::start_with_descriptors(&home, limit, &["--workers", "2"]);
         let sid = h.initialize();
-        // Idle connections until the server's accepts fail (each takes two of its descriptors).
-        let mut idle = Vec::new();
-        wait_for(Duration::from_secs(30), "the server to run out of descriptors", || {
-            for _ in 0..4 {
-                if let Ok(s) = std::net::TcpStream::connect(h.addr) {
-                    idle.push(s);
-                }
-            }
-            h.stderr.lock().unwrap().contains("Too many open files").then_some(())
-        });
-        drop(idle);
+        drop(idle_until_out_of_descriptors(&h));
         let answered = wait_for(Duration::from_secs(30), "the listener to accept again", || {
             let mut c = std::net::TcpStream::connect(h.addr).ok()?;
             c.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
@@ -158,6 +148,20 @@ fn the_listener_accepts_again_after_running_out_of_descriptors() {
         });
         assert!(answered.contains("\"result\""), "limit {limit}: {answered}");
     }
+}
+
+/// Idle connections to `h` until the server's accepts fail (each takes two of its descriptors).
+fn idle_until_out_of_descriptors(h: &Http) -> Vec<std::net::TcpStream> {
+    let mut idle = Vec::new();
+    wait_for(Duration::from_secs(30), "the server to run out of descriptors", || {
+        for _ in 0..4 {
+            if let Ok(s) = std::net::TcpStream::connect(h.addr) {
+                idle.push(s);
+            }
+        }
+        h.stderr.lock().unwrap().contains("Too many open files").then_some(())
+    });
+    idle
 }
 
 /// The connection guard still ends an endless request head while idle connections have used up
@@ -175,15 +179,7 @@ fn an_endless_head_is_cut_short_while_the_server_is_out_of_descriptors() {
         let h = Http::start_with_descriptors(&home, limit, &["--workers", "2", "--http-stall", "20"]);
         let mut endless = std::net::TcpStream::connect(h.addr).unwrap();
         endless.write_all(b"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n").unwrap();
-        let mut idle = Vec::new();
-        wait_for(Duration::from_secs(30), "the server to run out of descriptors", || {
-            for _ in 0..4 {
-                if let Ok(s) = std::net::TcpStream::connect(h.addr) {
-                    idle.push(s);
-                }
-            }
-            h.stderr.lock().unwrap().contains("Too many open files").then_some(())
-        });
+        let idle = idle_until_out_of_descriptors(&h);
         // Header lines without end, as fast as the server takes them, well within the idle
         // connections' stall time. The guard's sweep comes every half second, and the server
         // reads several hundred MiB a second of such a head; without the guard it would buffer

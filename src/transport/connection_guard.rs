@@ -12,9 +12,10 @@
 //! tiny_http's read or write and ours fail, and what tiny_http buffered is freed, given back to
 //! the system at the next sweep) that:
 //! - handed over more than the requests the server has seen on it account for
-//!   ([`ConnectionGuard::account`]: each head's own size plus its body's announced length, or for
-//!   a chunked body [`CHUNKED_START`] and then [`CHUNKED_CREDIT`] per byte as it is read; nothing
-//!   for a request without a body), plus
+//!   ([`ConnectionGuard::account`]: each head's own size plus its body's announced length, less
+//!   what its handler did not read of it ([`Transfer::take_back_unmoved`]; nothing for a body
+//!   refused unread), or for a chunked body [`CHUNKED_START`] and then [`CHUNKED_CREDIT`] per byte
+//!   as it is read; nothing for a request without a body), plus
 //!   [`HEAD_ALLOWANCE`] and tiny_http's read-ahead for the head it may be reading now;
 //! - has been sending a next head, seen by two sweeps, for longer than the head time
 //!   (`--http-stall`) since its last answer (or since a sweep first saw it) and since a request
@@ -130,7 +131,7 @@ impl Reserve {
     fn copy(&mut self, me: &OwnedFd, fd: i32) -> rustix::io::Result<OwnedFd> {
         let copy = || rustix::process::pidfd_getfd(me, fd, rustix::process::PidfdGetfdFlags::empty());
         match copy() {
-            Err(rustix::io::Errno::MFILE | rustix::io::Errno::NFILE) if self.spare.is_some() => {
+            Err(rustix::io::Errno::MFILE) if self.spare.is_some() => {
                 self.spare = None;
                 copy()
             }
@@ -224,6 +225,16 @@ impl Transfer<'_> {
     /// [`CHUNKED_START`] when its request is accounted, and the rest as it is read.
     pub fn credit(&mut self, per_byte: u64) {
         self.credit = per_byte;
+    }
+
+    /// Takes back what of `credited`, credited to its connection up front for what it would
+    /// move, it did not move.
+    pub fn take_back_unmoved(&self, credited: u64) {
+        let Some(peer) = self.peer else { return };
+        let unmoved = credited.saturating_sub(self.moving.moved.load(Ordering::Relaxed));
+        if let Some(entry) = self.guard.accounted.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&peer) {
+            entry.bytes = entry.bytes.saturating_sub(unmoved);
+        }
     }
 
     /// It must be over by `by`, whatever moves meanwhile.
@@ -478,7 +489,7 @@ nor the time a head, body or answer takes"
                     if let Some(n) = LATE.add() {
                         log::warn!(
                             "ended {n} HTTP connections so far whose body or answer moved slower than {} KiB/s after the first \
-{} s (--http-stall)",
+{} s (--http-stall), or whose refused body was still arriving after its answer",
                             crate::limits::HTTP_MIN_RATE / 1024,
                             head_time.as_secs()
                         );

@@ -43,8 +43,8 @@ const REPLY_WAIT: Duration = Duration::from_secs(3600 + 300);
 const EVENT_HEAD: &str = "event: message\ndata: ";
 const EVENT_END: &str = "\n\n";
 
-/// A body announced longer than this is not read before its 413 ([`Body::FarTooLarge`]), and no
-/// more of it is credited to its connection (see `sent_for`).
+/// A body announced longer than this is not read at all ([`Body::FarTooLarge`]): it is answered
+/// 413 at once, and its connection ended about a second later.
 const MAX_DRAIN_BYTES: usize = 64 * 1024 * 1024;
 
 /// The answer to a body over [`MAX_BODY_BYTES`].
@@ -211,17 +211,22 @@ fn peer_ip(req: &Request) -> Option<IpAddr> {
 }
 
 /// What `req` may have made its connection send (see `ConnectionGuard::account`): its head as
-/// received (line and headers, with their separators), and its body: the announced length, a
-/// chunked one its start (the rest is credited as it is read), none without either.
+/// received (line and headers, with their separators), and its body: the announced length if it
+/// is to be read (what its handler does not read of it is taken back, see `serve`), a chunked
+/// one its start (the rest is credited as it is read), none without either.
 fn sent_for(req: &Request) -> u64 {
     let headers: usize = req.headers().iter().map(|h| h.field.as_str().as_str().len() + h.value.as_str().len() + 4).sum();
     let head = req.method().as_str().len() + req.url().len() + "  HTTP/1.1\r\n\r\n".len() + headers;
-    let body = match req.body_length() {
-        Some(n) => n.min(MAX_DRAIN_BYTES),
+    (head + body_credit(req)) as u64
+}
+
+/// What `req`'s body is credited before it is read (see `sent_for`).
+fn body_credit(req: &Request) -> usize {
+    match req.body_length() {
+        Some(n) if n <= MAX_DRAIN_BYTES => n,
         None if chunked(req) => CHUNKED_START as usize,
-        None => 0,
-    };
-    (head + body) as u64
+        _ => 0,
+    }
 }
 
 /// Writes `bytes` to `writer` in pieces, counting each into `transfer`, whose clock starts now.
@@ -356,7 +361,11 @@ impl Listener {
     /// Serves `req`, which came from `peer`.
     fn serve(&self, mut req: Request, peer: Option<SocketAddr>) {
         let announced = req.body_length();
-        let body = {
+        let body = if announced.is_some_and(|n| n > MAX_DRAIN_BYTES) {
+            // Not a byte of it is read: asking for the reader would tell a client that waits for
+            // `100 Continue` to send it.
+            Body::FarTooLarge
+        } else {
             // The body, and the answer below, must move at the least rate after a first stall
             // time (a call being made, and a subscription's stream, move nothing and have none).
             let mut receiving = self.guard.transfer(peer.as_ref());
@@ -364,24 +373,40 @@ impl Listener {
                 receiving.credit(CHUNKED_CREDIT);
             }
             let mut counted = Counted { inner: req.as_reader(), transfer: &receiving };
-            body_budget::read_body(&mut counted, announced, MAX_BODY_BYTES, MAX_DRAIN_BYTES, &self.budget)
+            let body = body_budget::read_body(&mut counted, announced, MAX_BODY_BYTES, &self.budget);
+            // What was credited of a body with a length and not read (it stalled, or ended
+            // early) must not pay for a next head on the connection.
+            if announced.is_some() {
+                receiving.take_back_unmoved(body_credit(&req) as u64);
+            }
+            body
         };
-        // What is left of a stalled or unread body, tiny_http drains when the request goes; a
-        // stalled one's reads time out after a stall time, and a client that goes on sending
-        // gets no longer.
+        // What is left of a stalled or unread body, tiny_http drains when the request goes,
+        // credited nothing: a client that goes on sending is cut at the next sweep. A stalled
+        // one's reads time out after a stall time (it is answered 408 after them), and a client
+        // that sends again meanwhile gets no longer; an unread one is answered first, and its
+        // client gets a second to read the answer.
+        let far_too_large = matches!(body, Body::FarTooLarge);
         let _leftover = matches!(body, Body::Stalled | Body::FarTooLarge).then(|| {
             let leftover = self.guard.transfer(peer.as_ref());
-            leftover.until(Instant::now() + self.app.config.http_stall + RATE_MARGIN);
+            let grace = if far_too_large { RATE_MARGIN } else { self.app.config.http_stall + RATE_MARGIN };
+            leftover.until(Instant::now() + grace);
             leftover
         });
-        let too_large = matches!(body, Body::TooLarge(_) | Body::FarTooLarge);
-        let mut answer = self.answer(&req, body);
+        let too_large = matches!(body, Body::TooLarge(_));
+        let mut answer = match body {
+            // Whatever the request: nothing of it was read.
+            Body::FarTooLarge => Answer::rejected(413, code::INVALID_REQUEST, TOO_LARGE),
+            body => self.answer(&req, body),
+        };
         if let Some((listen, slot)) = answer.listen.take() {
             self.hold(req, listen);
             drop(slot);
             return;
         }
-        answer.close |= too_large || self.should_close(req.remote_addr());
+        // An answer written raw goes after tiny_http drained what is left of the body, which for
+        // an unread one lasts until the connection is cut; through tiny_http it goes first.
+        answer.close = !far_too_large && (answer.close || too_large || self.should_close(req.remote_addr()));
         let status = answer.status;
         let sse_only =
             get(&req, "Accept").is_some_and(|a| a.contains("text/event-stream") && !a.contains("application/json") && !a.contains("*/*"));

@@ -122,6 +122,73 @@ fn absurd_content_lengths_are_refused_and_cost_nothing_after() {
     });
 }
 
+/// A body refused unread (announced over 64 MiB) is answered 413 at once, before anything is
+/// read of it, and its client, which may wait for `100 Continue`, is never told to send it; and
+/// neither such a body nor one that stalled pays for a next head on its connection. Before, the
+/// 413 came only after the rest of the body was drained (a stall time for a client that waits,
+/// never for one that goes on sending), a client sending `Expect: 100-continue` was told to
+/// send, and a body's announced length (up to 64 MiB) was credited up front, so a head after it
+/// could grow to 64 MiB of short header lines, which took a reviewer's server to 1.55 GiB.
+#[test]
+fn a_refused_body_is_answered_first_and_pays_for_no_next_head() {
+    use std::io::{Read, Write};
+    let home = Home::new("http-refused-credit");
+    let h = Http::start(&home, &["--workers", "2", "--http-stall", "5"], &[]);
+    let head = |length: &str, extra: &str| {
+        format!("POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{extra}Content-Length: {length}\r\n\r\n")
+    };
+    let answer_of = |s: &mut std::net::TcpStream| {
+        let mut got = Vec::new();
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+            let mut buf = [0u8; 1024];
+            match s.read(&mut buf) {
+                Ok(n) if n > 0 => got.extend_from_slice(&buf[..n]),
+                _ => break,
+            }
+        }
+        String::from_utf8_lossy(&got).into_owned()
+    };
+    let allowed_cut = |log: &str| -> Vec<u64> {
+        log.split(" allowed)").filter_map(|before| before.rsplit(", ").next()?.trim_end_matches(" bytes").parse().ok()).collect()
+    };
+    // A client that waits, with and without `Expect: 100-continue`: its 413 comes at once.
+    for extra in ["", "Expect: 100-continue\r\n"] {
+        let mut s = std::net::TcpStream::connect(h.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        s.write_all(head("1000000000000000", extra).as_bytes()).unwrap();
+        let began = std::time::Instant::now();
+        let answer = answer_of(&mut s);
+        assert!(answer.starts_with("HTTP/1.1 413"), "{extra:?}: {answer:?}");
+        assert!(began.elapsed() < Duration::from_secs(3), "{extra:?}: the 413 took {:?}", began.elapsed());
+    }
+    // After a refused body, and after a stalled one, a head without end on the same connection
+    // is allowed what any head is, not what the body announced.
+    for (length, first_bytes, status) in [("70000000", "", "413"), ("3000000", "{\"jsonrpc\"", "408")] {
+        let mut s = std::net::TcpStream::connect(h.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        s.write_all(format!("{}{first_bytes}", head(length, "")).as_bytes()).unwrap();
+        let answer = answer_of(&mut s);
+        assert!(answer.starts_with(&format!("HTTP/1.1 {status}")), "{length}: {answer:?}");
+        let before = allowed_cut(&h.stderr.lock().unwrap()).len();
+        let lines = "a:b\r\n".repeat(16 * 1024);
+        let mut sent = 0usize;
+        if s.write_all(b"POST /mcp HTTP/1.1\r\n").is_ok() {
+            s.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+            while sent < 256 << 20 && s.write_all(lines.as_bytes()).is_ok() {
+                sent += lines.len();
+            }
+        }
+        // The connection may have been ended before the next head (the refused body's own
+        // time); then no allowance was spent on it at all.
+        let log = h.stderr.lock().unwrap().clone();
+        let allowed = allowed_cut(&log);
+        assert!(sent < 256 << 20, "{length}: {sent} bytes of one head went through");
+        for a in &allowed[before.min(allowed.len())..] {
+            assert!(*a < 1 << 20, "{length}: a head after it was allowed {a} bytes\n{log}");
+        }
+    }
+}
+
 /// A server out of descriptors accepts connections again once some are free: tiny_http's accept
 /// loop ended at its first failed accept, and the port then refused every client for as long as
 /// the process lived. Which call fails depends on how many descriptors are left (the accept

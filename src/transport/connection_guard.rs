@@ -489,7 +489,7 @@ nor the time a head, body or answer takes"
                     if let Some(n) = LATE.add() {
                         log::warn!(
                             "ended {n} HTTP connections so far whose body or answer moved slower than {} KiB/s after the first \
-{} s (--http-stall), or whose refused body was still arriving after its answer",
+{} s (--http-stall), or that still held a refused or stalled body at its time",
                             crate::limits::HTTP_MIN_RATE / 1024,
                             head_time.as_secs()
                         );

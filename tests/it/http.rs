@@ -108,7 +108,7 @@ fn absurd_content_lengths_are_refused_and_cost_nothing_after() {
     assert_eq!(h.post(&[("Mcp-Session-Id", &sid)], PING).status, 200, "a client after them is answered");
     // A client that goes on sending such a body after its answer is cut off: tiny_http drains
     // it (into a small buffer, at gigabytes a second) only until the guard's next sweep finds
-    // its connection past what the request was credited, or past the stall time and a second.
+    // its connection past its head's allowance (the body is credited nothing).
     let mut s = std::net::TcpStream::connect(h.addr).unwrap();
     s.write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000000000000000\r\n\r\n")
         .unwrap();

@@ -140,10 +140,6 @@ pub enum Body {
     Incomplete,
     /// No byte of it came for the connection's receive timeout, `--http-stall` (408).
     Stalled,
-    /// Announced too long to be read at all (see `http::serve`): answered 413, and tiny_http
-    /// drains what comes of it when the request goes, for as long as the connection guard lets
-    /// the connection live.
-    FarTooLarge,
 }
 
 /// Reads one body of at most `cap` bytes from `reader` within `budget`. `announced` is the

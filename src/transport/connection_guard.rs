@@ -213,10 +213,8 @@ impl Transfer<'_> {
     /// `n` more bytes moved.
     pub fn moved(&self, n: usize) {
         self.moving.moved.fetch_add(n as u64, Ordering::Relaxed);
-        if let (Some(peer), true) = (self.peer, self.credit > 0 && n > 0) {
-            if let Some(entry) = self.guard.accounted.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&peer) {
-                entry.bytes = entry.bytes.saturating_add((n as u64).saturating_mul(self.credit));
-            }
+        if self.credit > 0 && n > 0 {
+            self.guard.with(self.peer.as_ref(), |entry| entry.bytes = entry.bytes.saturating_add((n as u64).saturating_mul(self.credit)));
         }
     }
 
@@ -230,11 +228,8 @@ impl Transfer<'_> {
     /// Takes back what of `credited`, credited to its connection up front for what it would
     /// move, it did not move.
     pub fn take_back_unmoved(&self, credited: u64) {
-        let Some(peer) = self.peer else { return };
         let unmoved = credited.saturating_sub(self.moving.moved.load(Ordering::Relaxed));
-        if let Some(entry) = self.guard.accounted.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&peer) {
-            entry.bytes = entry.bytes.saturating_sub(unmoved);
-        }
+        self.guard.with(self.peer.as_ref(), |entry| entry.bytes = entry.bytes.saturating_sub(unmoved));
     }
 
     /// It must be over by `by`, whatever moves meanwhile.
@@ -245,10 +240,7 @@ impl Transfer<'_> {
 
 impl Drop for Transfer<'_> {
     fn drop(&mut self) {
-        let Some(peer) = self.peer else { return };
-        if let Some(entry) = self.guard.accounted.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&peer) {
-            entry.transfers.retain(|t| !Arc::ptr_eq(t, &self.moving));
-        }
+        self.guard.with(self.peer.as_ref(), |entry| entry.transfers.retain(|t| !Arc::ptr_eq(t, &self.moving)));
     }
 }
 
@@ -396,25 +388,29 @@ nor the time a head, body or answer takes"
     /// for as long as it lives. A call being made or a stream being held moves nothing and has no transfer.
     pub fn transfer(&self, peer: Option<&SocketAddr>) -> Transfer<'_> {
         let moving = Arc::new(Moving::default());
-        if let Some(peer) = peer {
-            if let Some(entry) = self.accounted.lock().unwrap_or_else(|p| p.into_inner()).get_mut(peer) {
-                entry.transfers.push(moving.clone());
-            }
-        }
+        self.with(peer, |entry| entry.transfers.push(moving.clone()));
         Transfer { guard: self, peer: peer.copied(), moving, credit: 0 }
     }
 
     /// Records that a request from `peer` ([`ConnectionGuard::account`]) was handled: once none of its
     /// connection's is, the connection's next head must arrive within the head time.
     pub fn done(&self, peer: Option<&SocketAddr>) {
+        self.with(peer, |entry| {
+            entry.handling = entry.handling.saturating_sub(1);
+            if entry.handling == 0 {
+                entry.idle_since = Instant::now();
+                entry.handed_idle = None;
+                entry.head_seen = false;
+            }
+        });
+    }
+
+    /// Applies `change` to what `peer`'s connection may send, where a request of it was
+    /// accounted ([`ConnectionGuard::account`]).
+    fn with(&self, peer: Option<&SocketAddr>, change: impl FnOnce(&mut Allowance)) {
         let Some(peer) = peer else { return };
-        let mut accounted = self.accounted.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(entry) = accounted.get_mut(peer) else { return };
-        entry.handling = entry.handling.saturating_sub(1);
-        if entry.handling == 0 {
-            entry.idle_since = Instant::now();
-            entry.handed_idle = None;
-            entry.head_seen = false;
+        if let Some(entry) = self.accounted.lock().unwrap_or_else(|p| p.into_inner()).get_mut(peer) {
+            change(entry);
         }
     }
 

@@ -43,8 +43,8 @@ const REPLY_WAIT: Duration = Duration::from_secs(3600 + 300);
 const EVENT_HEAD: &str = "event: message\ndata: ";
 const EVENT_END: &str = "\n\n";
 
-/// A body announced longer than this is not read at all ([`Body::FarTooLarge`]): it is answered
-/// 413 at once, and its connection ended about a second later.
+/// A body announced longer than this is not read at all: it is answered 413 at once, and its
+/// connection ended about a second later (see `serve`).
 const MAX_DRAIN_BYTES: usize = 64 * 1024 * 1024;
 
 /// The answer to a body over [`MAX_BODY_BYTES`].
@@ -361,11 +361,10 @@ impl Listener {
     /// Serves `req`, which came from `peer`.
     fn serve(&self, mut req: Request, peer: Option<SocketAddr>) {
         let announced = req.body_length();
-        let body = if announced.is_some_and(|n| n > MAX_DRAIN_BYTES) {
-            // Not a byte of it is read: asking for the reader would tell a client that waits for
-            // `100 Continue` to send it.
-            Body::FarTooLarge
-        } else {
+        // A body too large to read at all: not a byte of it is read (asking for the reader would
+        // tell a client that waits for `100 Continue` to send it).
+        let far_too_large = announced.is_some_and(|n| n > MAX_DRAIN_BYTES);
+        let body = (!far_too_large).then(|| {
             // The body, and the answer below, must move at the least rate after a first stall
             // time (a call being made, and a subscription's stream, move nothing and have none).
             let mut receiving = self.guard.transfer(peer.as_ref());
@@ -380,24 +379,23 @@ impl Listener {
                 receiving.take_back_unmoved(body_credit(&req) as u64);
             }
             body
-        };
+        });
         // What is left of a stalled or unread body, tiny_http drains when the request goes,
         // credited nothing: a client that goes on sending is cut at the next sweep. A stalled
         // one's reads time out after a stall time (it is answered 408 after them), and a client
         // that sends again meanwhile gets no longer; an unread one is answered first, and its
         // client gets a second to read the answer.
-        let far_too_large = matches!(body, Body::FarTooLarge);
-        let _leftover = matches!(body, Body::Stalled | Body::FarTooLarge).then(|| {
+        let _leftover = (far_too_large || matches!(body, Some(Body::Stalled))).then(|| {
             let leftover = self.guard.transfer(peer.as_ref());
             let grace = if far_too_large { RATE_MARGIN } else { self.app.config.http_stall + RATE_MARGIN };
             leftover.until(Instant::now() + grace);
             leftover
         });
-        let too_large = matches!(body, Body::TooLarge(_));
+        let too_large = matches!(body, Some(Body::TooLarge(_)));
         let mut answer = match body {
+            Some(body) => self.answer(&req, body),
             // Whatever the request: nothing of it was read.
-            Body::FarTooLarge => Answer::rejected(413, code::INVALID_REQUEST, TOO_LARGE),
-            body => self.answer(&req, body),
+            None => Answer::rejected(413, code::INVALID_REQUEST, TOO_LARGE),
         };
         if let Some((listen, slot)) = answer.listen.take() {
             self.hold(req, listen);
@@ -539,7 +537,6 @@ impl Listener {
                         serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {"code": code::INVALID_REQUEST, "message": TOO_LARGE}}),
                     )
                 }
-                Body::FarTooLarge => Answer::rejected(413, code::INVALID_REQUEST, TOO_LARGE),
             },
             (Method::Delete, "/mcp") => self.delete(req),
             (_, "/mcp") => Answer::rejected(405, code::METHOD_NOT_ALLOWED, "Method Not Allowed: use POST (and DELETE to end a session)")

@@ -27,6 +27,17 @@ pub fn receive(from: &mut impl std::io::Read, size: usize) -> Result<()> {
     Ok(())
 }
 
+/// What a relay row names ([`Bench::transfer_rows`]).
+pub struct Transfer<'a> {
+    pub group: &'static str,
+    pub label: &'a str,
+    /// What the direct transfer is, before its time.
+    pub vs: &'a str,
+    pub key: &'a str,
+    pub via_name: &'a str,
+    pub bytes: usize,
+}
+
 /// Upper bound of any one request loop.
 pub const MAX_ITERATIONS: u64 = 2_000_000;
 
@@ -81,31 +92,37 @@ impl Bench {
         self.rows.push(r);
     }
 
-    /// The row of a transfer of `bytes` through a relay (samples `via`, kept as `{key}.{via_name}`)
-    /// against the same transfer direct (`direct`, kept as `{key}.direct`): the share of the
-    /// direct rate the relay reaches, with its target of 80%.
-    #[allow(clippy::too_many_arguments)]
-    pub fn transfer_row(
-        &mut self,
-        group: &'static str,
-        label: &str,
-        vs: &str,
-        key: &str,
-        via_name: &str,
-        bytes: usize,
-        via: &[f64],
-        direct: &[f64],
-    ) {
-        let relayed = self.keep(&format!("{key}.{via_name}"), via);
-        let direct = self.keep(&format!("{key}.direct"), direct);
+    /// The rows of a transfer through a relay: its samples (`xs`, in the order the product's
+    /// relay, direct, the bare relay of [`crate::bare_relay`]) kept as `{key}.{via_name}`,
+    /// `{key}.direct` and `{key}.bare`; the share of the direct rate the relay reaches, with its
+    /// target of 80%, and a floor row: the share a bare copy loop reaches in the same run, and
+    /// the relay's share of that.
+    pub fn transfer_rows(&mut self, t: Transfer<'_>, xs: &[Vec<f64>]) {
+        let [via, direct, bare] = xs else {
+            self.row(Row::new(t.group, t.label).not_measured(format!("{} sample sets, not 3", xs.len())));
+            return;
+        };
+        let relayed = self.keep(&format!("{}.{}", t.key, t.via_name), via);
+        let direct = self.keep(&format!("{}.direct", t.key), direct);
+        let bare = self.keep(&format!("{}.bare", t.key), bare);
         let share = direct.median / relayed.median;
         self.row(
-            Row::new(group, label)
+            Row::new(t.group, t.label)
                 .lat(&relayed)
-                .rate(crate::units::per_s(bytes as f64 / relayed.median / 1e6, "MB"))
-                .vs(format!("{vs}{}", crate::units::dur(direct.median)))
+                .rate(crate::units::per_s(t.bytes as f64 / relayed.median / 1e6, "MB"))
+                .vs(format!("{}{}", t.vs, crate::units::dur(direct.median)))
                 .ratio(format!("{:.0}% of direct", share * 100.0))
                 .target("≥ 80% of direct", share >= 0.8),
+        );
+        self.row(
+            Row::floor(t.group, "the same transfer through a bare relay (read/write loop, 2 MiB buffer, no limits)", &bare)
+                .rate(crate::units::per_s(t.bytes as f64 / bare.median / 1e6, "MB"))
+                .vs(format!("direct {}", crate::units::dur(direct.median)))
+                .ratio(format!(
+                    "{:.0}% of direct; the relay {:.0}% of it",
+                    direct.median / bare.median * 100.0,
+                    bare.median / relayed.median * 100.0
+                )),
         );
     }
 

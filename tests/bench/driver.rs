@@ -20,6 +20,7 @@
 
 #![forbid(unsafe_code)]
 
+mod bare_relay;
 mod bench;
 mod concurrency;
 mod control;

@@ -1,10 +1,10 @@
 //! What a sandbox's egress proxy costs: 100 MB through it (a CONNECT tunnel to a loopback origin)
-//! against the same transfer direct, a connection set up through it against a direct connect,
+//! against the same transfer direct and through a bare relay (the floor of any relay), a connection set up through it against a direct connect,
 //! and an idle sandbox's keeper with its proxy against one without (RSS, and the proxy's CPU time
 //! over an idle stretch). The transfer and setup rows run the proxy's own code in this process,
 //! with host services allowed so that a loopback origin may stand in for the internet.
 
-use crate::bench::Bench;
+use crate::bench::{Bench, Transfer};
 use crate::probes::interleave;
 use crate::session::{self, Tools};
 use crate::table::Row;
@@ -116,22 +116,26 @@ pub fn egress_rows(b: &mut Bench) -> Result<()> {
     let origin = origin()?;
     let via = proxy(&dir)?;
     let (warm, rounds, block) = (b.n(2), b.n(5), b.n(2));
+    let bare = crate::bare_relay::start(origin)?;
     let xs = interleave(
         warm,
         rounds,
         block,
-        &mut [Box::new(|| transfer(origin, Some(via), BYTES)), Box::new(|| transfer(origin, None, BYTES))],
+        &mut [
+            Box::new(|| transfer(origin, Some(via), BYTES)),
+            Box::new(|| transfer(origin, None, BYTES)),
+            Box::new(|| transfer(bare, None, BYTES)),
+        ],
     )?;
-    b.transfer_row(
-        "egress",
-        "100 MB from a loopback origin through the egress proxy (CONNECT tunnel)",
-        "direct ",
-        "egress.transfer_100mb",
-        "proxy",
-        BYTES,
-        &xs[0],
-        &xs[1],
-    );
+    let row = Transfer {
+        group: "egress",
+        label: "100 MB from a loopback origin through the egress proxy (CONNECT tunnel)",
+        vs: "direct ",
+        key: "egress.transfer_100mb",
+        via_name: "proxy",
+        bytes: BYTES,
+    };
+    b.transfer_rows(row, &xs);
     let (warm, rounds, block) = (b.n(20), b.n(10), b.n(20));
     let xs = interleave(warm, rounds, block, &mut [Box::new(|| transfer(origin, Some(via), 1)), Box::new(|| transfer(origin, None, 1))])?;
     let proxied = b.keep("egress.setup.proxy", &xs[0]);

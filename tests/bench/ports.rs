@@ -1,8 +1,9 @@
 //! What an exposed port costs: 100 MB from a server inside an isolated sandbox through
 //! expose_port's relay (the sandbox's keeper, and a socket its init dialed inside the sandbox's
-//! network namespace) against the same server program on the host's loopback, read direct.
+//! network namespace) against the same server program on the host's loopback, read direct and
+//! through a bare relay on the host (the floor of any relay).
 
-use crate::bench::Bench;
+use crate::bench::{Bench, Transfer};
 use crate::probes::interleave;
 use crate::session::{self, Tools};
 use crate::table::Row;
@@ -82,22 +83,30 @@ pub fn port_rows(b: &mut Bench) -> Result<()> {
     };
     let exposed_addr = url.trim_start_matches("http://").to_string();
     let (warm, rounds, block) = (b.n(2), b.n(5), b.n(2));
-    let xs =
-        interleave(warm, rounds, block, &mut [Box::new(|| transfer(&exposed_addr, BYTES)), Box::new(|| transfer(&direct_addr, BYTES))]);
+    let bare_addr = crate::bare_relay::start(direct_addr.parse()?)?.to_string();
+    let xs = interleave(
+        warm,
+        rounds,
+        block,
+        &mut [
+            Box::new(|| transfer(&exposed_addr, BYTES)),
+            Box::new(|| transfer(&direct_addr, BYTES)),
+            Box::new(|| transfer(&bare_addr, BYTES)),
+        ],
+    );
     let _ = rpc.tool("kill_sandbox", &json!({"sandbox_id": id}));
     let _ = rpc.end();
     let _ = host.kill();
     let _ = host.wait();
     let xs = xs?;
-    b.transfer_row(
-        "ports",
-        "100 MB from a sandbox's server through expose_port's relay (keeper, init-dialed socket)",
-        "same server on host loopback, direct ",
-        "ports.transfer_100mb",
-        "exposed",
-        BYTES,
-        &xs[0],
-        &xs[1],
-    );
+    let row = Transfer {
+        group: "ports",
+        label: "100 MB from a sandbox's server through expose_port's relay (keeper, init-dialed socket)",
+        vs: "same server on host loopback, direct ",
+        key: "ports.transfer_100mb",
+        via_name: "exposed",
+        bytes: BYTES,
+    };
+    b.transfer_rows(row, &xs);
     Ok(())
 }

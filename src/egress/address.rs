@@ -23,6 +23,12 @@ pub fn forbidden(ip: IpAddr) -> Option<&'static str> {
                 Some("a multicast address")
             } else if first & 0xffc0 == 0xfec0 {
                 Some("a site-local address")
+            } else if first & 0xe000 != 0x2000 {
+                Some("a reserved address (outside the global unicast range 2000::/3)")
+            } else if matches!(v6.segments(), [0x2001, 0..=0x1ff, ..] | [0x2001, 0xdb8, ..] | [0x3fff, 0..=0xfff, ..]) {
+                Some("a special-purpose address (protocol assignments, Teredo or documentation)")
+            } else if first == 0x2002 {
+                Some("a 6to4 address (it reaches an IPv4 address unchecked)")
             } else {
                 None
             }
@@ -44,9 +50,20 @@ fn forbidden_v4(ip: Ipv4Addr) -> Option<&'static str> {
         Some("a shared address (CGNAT, 100.64.0.0/10)")
     } else if ip.is_multicast() || a >= 240 {
         Some("a multicast, reserved or broadcast address")
+    } else if special_purpose_v4(ip) {
+        Some("a special-purpose address (documentation, benchmarking or protocol assignments)")
     } else {
         None
     }
+}
+
+/// Whether `ip` is in one of the IANA special-purpose IPv4 ranges that are not globally
+/// reachable and not named above: 192.0.0.0/24 (protocol assignments), 192.0.2.0/24,
+/// 198.51.100.0/24 and 203.0.113.0/24 (documentation, which some hosts number their own network
+/// from), 198.18.0.0/15 (benchmarking, and the fake addresses of some VPN clients' DNS) and
+/// 192.88.99.0/24 (the former 6to4 relays).
+fn special_purpose_v4(ip: Ipv4Addr) -> bool {
+    matches!(ip.octets(), [192, 0, 0 | 2, _] | [198, 51, 100, _] | [203, 0, 113, _] | [198, 18 | 19, ..] | [192, 88, 99, _])
 }
 
 /// The IPv4 address an IPv6 address carries (IPv4-mapped `::ffff:a.b.c.d`, IPv4-compatible
@@ -112,11 +129,41 @@ mod tests {
             "::ffff:169.254.169.254",
             "::127.0.0.1",
             "64:ff9b::10.0.0.1",
+            // Special-purpose ranges (found by a review: this very machine's network was
+            // 192.0.2.0/24, its gateway 192.0.2.1).
+            "192.0.2.1",
+            "192.0.0.1",
+            "198.18.0.1",
+            "198.19.255.254",
+            "198.51.100.1",
+            "203.0.113.1",
+            "192.88.99.1",
+            "::ffff:192.0.2.1",
+            "2001:db8::1",
+            "2001::1",
+            "2001:1ff::1",
+            "3fff::1",
+            "100::1",
+            "2002:7f00:1::1",
+            "64:ff9b:1::a00:1",
+            "4000::1",
         ] {
             assert!(refused(ip(bad), false).is_some(), "{bad} must be refused");
             assert!(refused(ip(bad), true).is_none(), "{bad} is allowed with host services");
         }
-        for good in ["1.1.1.1", "140.82.112.3", "100.128.0.1", "172.32.0.1", "2606:4700::1111", "::ffff:8.8.8.8"] {
+        for good in [
+            "1.1.1.1",
+            "140.82.112.3",
+            "100.128.0.1",
+            "172.32.0.1",
+            "192.0.3.1",
+            "198.20.0.1",
+            "2606:4700::1111",
+            "2001:200::1",
+            "2a00:1450::1",
+            "::ffff:8.8.8.8",
+            "64:ff9b::8.8.8.8",
+        ] {
             assert_eq!(forbidden(ip(good)), None, "{good} is public");
         }
         assert!(refused(ip("169.254.169.254"), false).unwrap().contains("cloud metadata"));

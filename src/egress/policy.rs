@@ -160,10 +160,22 @@ fn check_pattern(entry: &str) -> Result<String, String> {
         return Err("is an IP address; a policy takes domain names (exact, or *. and a name)".into());
     }
     check_name(name)?;
-    if name.rsplit('.').next().is_some_and(|last| last.bytes().all(|b| b.is_ascii_digit())) {
+    if ends_numeric(name) {
         return Err("ends in a numeric label, as an IP address does; a policy takes domain names".into());
     }
     Ok(lower)
+}
+
+/// Whether `name`'s last label is a number (decimal digits, or `0x` and hex digits): no domain
+/// name ends so, while resolvers read such a name as an IPv4 address in a shorthand notation
+/// (`127.1`, `2130706433`, `0x7f.1` all mean 127.0.0.1).
+pub fn ends_numeric(name: &str) -> bool {
+    let last = name.rsplit('.').next().unwrap_or_default();
+    let hex = last.strip_prefix("0x").or_else(|| last.strip_prefix("0X"));
+    match hex {
+        Some(digits) => digits.bytes().all(|b| b.is_ascii_hexdigit()),
+        None => !last.is_empty() && last.bytes().all(|b| b.is_ascii_digit()),
+    }
 }
 
 /// Checks a domain name: labels of letters, digits, `-` and `_`, 1 to 63 bytes each, 253 in all.

@@ -222,3 +222,76 @@ fn answer(conn: &TcpStream, status: u16, reason: &str, body: &str) {
     let _ = conn.set_read_timeout(Some(Duration::from_millis(200)));
     while Instant::now() < until && matches!((&*conn).read(&mut sink), Ok(n) if n > 0) {}
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::egress::Upstream;
+    use std::io::Write;
+    use std::net::TcpListener;
+    use std::sync::{Arc, Mutex};
+
+    /// A stand-in for a parent proxy on loopback: it records the first line of what reaches it
+    /// and closes.
+    fn parent(seen: Arc<Mutex<Vec<String>>>) -> u16 {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+                let mut head = [0u8; 256];
+                let n = (&conn).read(&mut head).unwrap_or(0);
+                let line = String::from_utf8_lossy(&head[..n]).lines().next().unwrap_or_default().to_string();
+                seen.lock().unwrap().push(line);
+            }
+        });
+        port
+    }
+
+    /// Sends `request` to the proxy through a connection of its own; what the proxy answered.
+    fn ask(proxy: &Arc<Proxy>, request: &[u8]) -> Vec<u8> {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (s, _) = listener.accept().unwrap();
+        let p = proxy.clone();
+        let served = std::thread::spawn(move || handle(s, &p));
+        c.write_all(request).unwrap();
+        let _ = c.shutdown(std::net::Shutdown::Write);
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut answer = Vec::new();
+        let _ = c.read_to_end(&mut answer);
+        served.join().unwrap();
+        answer
+    }
+
+    /// An IPv4 address in a shorthand notation (`127.1`) is refused before anything reaches the
+    /// parent proxy, which would resolve it to the host's loopback, by CONNECT, by an absolute
+    /// URL and by a SOCKS5 name (found by a review: it went to the parent as a name).
+    #[test]
+    fn shorthand_ipv4_never_reaches_the_parent_proxy() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let port = parent(seen.clone());
+        let dir = std::env::temp_dir().join(format!("egress-shorthand-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let settings = Settings { upstream: Some(Upstream::parse(&format!("http://127.0.0.1:{port}")).unwrap()), host_services: false };
+        let proxy = Arc::new(Proxy::new(Box::new(|| Network::Any), BlockLog::new(&dir), settings));
+        for odd in ["127.1", "2130706433", "0x7f.1", "0177.0.0.1"] {
+            let answer = ask(&proxy, format!("CONNECT {odd}:22 HTTP/1.1\r\n\r\n").as_bytes());
+            assert!(answer.starts_with(b"HTTP/1.1 400"), "{odd}: {}", String::from_utf8_lossy(&answer));
+            let answer = ask(&proxy, format!("GET http://{odd}:22/ HTTP/1.1\r\n\r\n").as_bytes());
+            assert!(answer.starts_with(b"HTTP/1.1 400"), "{odd}: {}", String::from_utf8_lossy(&answer));
+            let mut socks = vec![5, 1, 0, 5, 1, 0, 3, odd.len() as u8];
+            socks.extend_from_slice(odd.as_bytes());
+            socks.extend_from_slice(&22u16.to_be_bytes());
+            let answer = ask(&proxy, &socks);
+            assert_eq!(answer.get(..2), Some(&[5, 0][..]), "{odd}: {answer:?}");
+            assert_ne!(answer.get(3), Some(&0), "{odd}: the SOCKS request succeeded: {answer:?}");
+        }
+        // The stand-in is reachable: a name goes there.
+        let answer = ask(&proxy, b"CONNECT pkgs.test:443 HTTP/1.1\r\n\r\n");
+        assert!(!answer.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&answer));
+        let _ = std::fs::remove_dir_all(&dir);
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen, vec!["CONNECT pkgs.test:443 HTTP/1.1".to_string()], "only the name reached the parent");
+    }
+}

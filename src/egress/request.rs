@@ -14,14 +14,18 @@ pub fn read_head(conn: &TcpStream, mut buf: Vec<u8>, deadline: Instant) -> Resul
     // Where the search for the blank line goes on from: what was searched is not searched again
     // (a head trickled a byte at a time would cost quadratic time).
     let mut searched = 0;
+    let too_long = || format!("the request head is longer than {MAX_HEAD} bytes");
     loop {
         if let Some(end) = buf[searched..].windows(4).position(|w| w == b"\r\n\r\n").map(|at| searched + at) {
+            if end + 4 > MAX_HEAD {
+                return Err(too_long());
+            }
             let rest = buf.split_off(end + 4);
             return Ok((buf, rest));
         }
         searched = buf.len().saturating_sub(3);
-        if buf.len() > MAX_HEAD {
-            return Err(format!("the request head is longer than {MAX_HEAD} bytes"));
+        if buf.len() >= MAX_HEAD {
+            return Err(too_long());
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() || conn.set_read_timeout(Some(left)).is_err() {
@@ -88,7 +92,8 @@ impl Request {
         let (Some(method), Some(target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
             return Err("a malformed request line".into());
         };
-        if !version.starts_with("HTTP/1.") {
+        // No control byte anywhere in the line (a parent proxy could split or read it otherwise).
+        if !matches!(version, "HTTP/1.0" | "HTTP/1.1") || line.bytes().any(|b| b < 0x20 || b == 0x7f) {
             return Err("a malformed request line".into());
         }
         if !METHODS.contains(&method) {
@@ -116,9 +121,7 @@ impl Request {
         // another header, or another request, by a parent proxy less strict than this one.
         let token = |name: &str| !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
         let clean = |value: &str| value.bytes().all(|b| b == b'\t' || (b >= 0x20 && b != 0x7f));
-        if line.contains(['\r', '\n'])
-            || headers.iter().any(|h| h.split_once(':').is_none_or(|(name, value)| !token(name) || !clean(value)))
-        {
+        if headers.iter().any(|h| h.split_once(':').is_none_or(|(name, value)| !token(name) || !clean(value))) {
             return Err("a malformed request head: each header must be `Name: value` on a line of its own ending in CRLF".into());
         }
         Ok(Request { method: method.to_string(), host, port, path, version: version.to_string(), headers })
@@ -178,9 +181,11 @@ pub fn split_host_port(authority: &str, default: u16) -> Option<(String, u16)> {
     valid_host(&host).then_some((host, port))
 }
 
-/// Whether `host` is an IP literal or a valid domain name.
+/// Whether `host` is an IP literal or a valid domain name. A name whose last label is a number
+/// is refused: resolvers, and a parent proxy given the name unresolved, read it as an IPv4
+/// address in a shorthand notation (`127.1`), which would pass unchecked as a name.
 pub fn valid_host(host: &str) -> bool {
-    host.parse::<IpAddr>().is_ok() || policy::check_name(host).is_ok()
+    host.parse::<IpAddr>().is_ok() || (policy::check_name(host).is_ok() && !policy::ends_numeric(host))
 }
 
 #[cfg(test)]
@@ -229,6 +234,14 @@ mod tests {
             b"GET http://a.test/ HTTP/1.1\r\nAccept: */*\r\n folded: x\r\n\r\n",
             b"GET http://a.test/ HTTP/1.1\r\nX-Null: a\x00b\r\n\r\n",
             b"TRACE http://a.test/ HTTP/1.1\r\nMax-Forwards: 0\r\n\r\n",
+            // Control bytes in the request line, and versions other than 1.0 and 1.1 (found by
+            // a review: only CR and LF were refused there).
+            b"GET http://a.test/x\x00y HTTP/1.1\r\n\r\n",
+            b"GET http://a.test/x\thttp://b.test/ HTTP/1.1\r\n\r\n",
+            b"GET http://a.test/ HTTP/1.1\x0b\r\n\r\n",
+            b"GET http://a.test/\x7f HTTP/1.1\r\n\r\n",
+            b"GET http://a.test/ HTTP/1.1x\r\n\r\n",
+            b"GET http://a.test/ HTTP/1.9\r\n\r\n",
         ] {
             assert!(Request::parse(head).is_err(), "{}", String::from_utf8_lossy(head));
         }
@@ -256,6 +269,42 @@ mod tests {
         let early = b"GET http://x.test/ HTTP/1.1\r\nA: b\r\n\r".to_vec();
         let (head, rest) = read_head(&conn, early, Instant::now() + Duration::from_secs(5)).unwrap();
         assert!(head.ends_with(b"A: b\r\n\r\n") && rest == b"body", "{:?}", String::from_utf8_lossy(&rest));
+    }
+
+    /// A name whose last label is a number is an IPv4 address in a shorthand notation to a
+    /// resolver: with a parent proxy it would go there unchecked, and reach the host's loopback
+    /// (found by a review). Names that merely hold digits are names.
+    #[test]
+    fn shorthand_ipv4_hosts_are_refused_in_requests_and_socks_names() {
+        for odd in ["127.1", "2130706433", "0x7f.1", "0177.0.0.1", "0x7f000001", "0X7F.0.0.1", "10.1", "a.0x", "1.2.3.4.5"] {
+            assert!(!valid_host(odd), "{odd}");
+            let head = format!("CONNECT {odd}:443 HTTP/1.1\r\n\r\n");
+            assert!(Request::parse(head.as_bytes()).is_err(), "{odd}");
+            let head = format!("GET http://{odd}/ HTTP/1.1\r\n\r\n");
+            assert!(Request::parse(head.as_bytes()).is_err(), "{odd}");
+        }
+        for name in ["127.0.0.1", "1e100.net", "a1.test", "0x.test", "123.example", "::1", "x-0.test"] {
+            assert!(valid_host(name), "{name}");
+        }
+    }
+
+    /// A head of exactly [`MAX_HEAD`] bytes is read; one byte more is refused, whatever the
+    /// reads' sizes (found by a review: up to a read's size more got through).
+    #[test]
+    fn a_head_is_at_most_max_head_bytes() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        for (size, fits) in [(MAX_HEAD, true), (MAX_HEAD + 1, false), (MAX_HEAD + 4000, false)] {
+            let start = b"GET http://x.test/ HTTP/1.1\r\nX-Filler: ";
+            let mut head = start.to_vec();
+            head.resize(size - 4, b'a');
+            head.extend_from_slice(b"\r\n\r\n");
+            let mut c = TcpStream::connect(addr).unwrap();
+            c.write_all(&head).unwrap();
+            let (conn, _) = listener.accept().unwrap();
+            let got = read_head(&conn, Vec::new(), Instant::now() + Duration::from_secs(5));
+            assert_eq!(got.is_ok(), fits, "{size}: {:?}", got.map(|(h, _)| h.len()));
+        }
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Descriptors this process inherited from whoever started it.
+//! Descriptors this process inherited from whoever started it, and how many it may open.
 //!
 //! A client, a terminal multiplexer or a test harness may start the server with open descriptors
 //! beyond stdin, stdout and stderr, without close-on-exec. Left alone they would pass on to every
@@ -16,6 +16,20 @@
 use rustix::fs::{Mode, OFlags};
 use rustix::io::FdFlags;
 use std::os::fd::{AsRawFd, BorrowedFd};
+
+/// Raises this process's soft limit of open files to its hard limit. Call it first thing in
+/// `main`: every process of this program may need more than the usual 1024. An HTTP connection
+/// holds two descriptors; a keeper's exposed ports may relay 16 × 32 connections of two sockets
+/// each besides its egress proxy's 64 (limits.rs), and a server or keeper out of descriptors stops
+/// accepting until some are free. Sandbox processes inherit the raised soft limit, which gives
+/// them nothing: any process may raise its own up to the hard limit.
+pub fn raise_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        let _ = setrlimit(Resource::Nofile, Rlimit { current: limit.maximum, maximum: limit.maximum });
+    }
+}
 
 /// Marks every descriptor above 2 close-on-exec. Call it first thing in `main`, while the process
 /// is single-threaded and has opened nothing of its own.

@@ -9,6 +9,7 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     // Nothing this process inherited beyond its stdio may reach a sandbox.
     sandbox_mcp::descriptors::close_inherited_on_exec();
+    sandbox_mcp::descriptors::raise_limit();
     let argv: Vec<String> = std::env::args().skip(1).collect();
     // The local provider's internal subcommands (its keeper, a sandbox's init), started detached
     // with an empty environment: they need no config, and their arguments are their own.

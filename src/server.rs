@@ -152,22 +152,8 @@ fn flush(replies: &Sender<Out>, wait: Duration) {
     }
 }
 
-/// Raises this process's soft limit of open files to its hard limit: every HTTP connection holds
-/// two descriptors, and a server that runs out of them stops accepting until some are free.
-fn raise_descriptor_limit() {
-    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
-    let limit = getrlimit(Resource::Nofile);
-    if limit.current < limit.maximum {
-        match setrlimit(Resource::Nofile, Rlimit { current: limit.maximum, maximum: limit.maximum }) {
-            Ok(()) => log::debug!("open files: {:?} (was {:?})", limit.maximum, limit.current),
-            Err(err) => log::debug!("open files stay at {:?}: {err}", limit.current),
-        }
-    }
-}
-
 /// Serves MCP over HTTP until SIGTERM/SIGINT, then ends every session.
 pub fn run_http(config: Config) -> Result<()> {
-    raise_descriptor_limit();
     let app = Arc::new(App::new(config)?);
     let waiter = Waiter::start().context("starting the waiter thread")?;
     let sharing = queue::Sharing::for_workers(app.config.workers, app.config.queue_capacity);

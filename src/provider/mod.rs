@@ -360,8 +360,11 @@ pub enum InputError {
         /// Bytes written before the buffer stayed full.
         written: Option<usize>,
     },
-    /// Something in the sandbox replaced a file of the channel: what it found there.
+    /// Something in the sandbox replaced a file of the channel: what it found there. Nothing was
+    /// written.
     Tampered(String),
+    /// The data went in whole, but the end of input asked for with it could not be sent: why.
+    EndNotSent(String),
     /// The call cannot be done as asked (why, and what to do instead).
     Refused(String),
     /// The sandbox could not be reached.

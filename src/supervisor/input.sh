@@ -2,8 +2,10 @@
 # (in printf %b form: the server doubles backslashes and writes NUL as \0000) to task ID's input
 # FIFO, then closes the input when EOF is 1. Arguments: see the table in src/supervisor/mod.rs.
 # Answers `@written`, `@none` (no such task), `@missing` (a task without input), `@closed`,
-# `@full` (the write did not finish within INPUT_WAIT_S: the task is not reading) or
-# `@tampered WHAT`. Every write that can block runs under `timeout`: this shell never hangs.
+# `@full` (the write did not finish within INPUT_WAIT_S: the task is not reading),
+# `@tampered WHAT` (`stdin`) or `@tampered-eof WHAT` (`stdin.eof`; both before any byte went in),
+# or `@written-open` (DATA went in, but the input could not be closed). Every write that can
+# block runs under `timeout`: this shell never hangs.
 
 exec 3>&2 2>/dev/null
 task_root
@@ -25,10 +27,12 @@ elif [ -d "$F" ]; then
     printf '@tampered a directory\n'
 elif ! [ -p "$F" ]; then
     printf '@tampered not a FIFO\n'
+elif [ "$2" = 1 ] && { [ -L "$D/stdin.eof" ] || ! [ -p "$D/stdin.eof" ]; }; then
+    printf '@tampered-eof not a FIFO\n'
 elif [ -n "$3" ] && ! timeout "$INPUT_WAIT_S" sh -c 'printf "%b" "$1" >"$2"' sh "$3" "$F"; then
     printf '@full\n'
-elif [ "$2" = 1 ] && { [ -L "$D/stdin.eof" ] || ! [ -p "$D/stdin.eof" ] || ! timeout 1 sh -c ': >"$1"' sh "$D/stdin.eof"; }; then
-    printf '@closed\n'
+elif [ "$2" = 1 ] && ! timeout 1 sh -c ': >"$1"' sh "$D/stdin.eof"; then
+    if [ -n "$3" ]; then printf '@written-open\n'; else printf '@closed\n'; fi
 else
     printf '@written\n'
 fi

@@ -512,10 +512,12 @@ pub fn send_input(target: &Target<'_>, task_id: &str, data: &[u8], eof: bool) ->
         "@none" | "@missing" => Err(InputError::Missing),
         "@closed" => Err(InputError::Closed),
         "@full" => Err(InputError::Full { written: None }),
-        "@tampered" => Err(InputError::Tampered(format!(
-            "the task's input channel \"stdin\" is {}, not the FIFO the supervisor made",
+        "@tampered" | "@tampered-eof" => Err(InputError::Tampered(format!(
+            "the task's input channel {:?} is {}, not the FIFO the supervisor made",
+            if word == "@tampered" { "stdin" } else { "stdin.eof" },
             rest.chars().take(80).collect::<String>()
         ))),
+        "@written-open" => Err(InputError::EndNotSent("the input was closed meanwhile".into())),
         _ => Err(InputError::Provider(ProviderError::Unavailable(format!("send_input got an unreadable answer: {}", excerpt(&out))))),
     }
 }

@@ -117,6 +117,9 @@ Send the rest later, check the task with get_task, or cancel_task it",
         InputError::Tampered(what) => {
             format!("{what}: something in the sandbox replaced it, so input cannot reach task {task_id}; nothing was written")
         }
+        InputError::EndNotSent(why) => format!(
+            "all {len} bytes went in to task {task_id}, but its input could not be closed ({why}); do not send them again"
+        ),
         InputError::Refused(msg) => msg,
         InputError::Provider(e) => e.to_string(),
     };

@@ -31,6 +31,19 @@ fn send_err(m: &mut Mcp, sb: &str, task: &str, data: &str) -> String {
 }
 
 /// Waits until the task's stdout holds `want`; returns the stdout.
+/// Replaces task `task`'s end-of-input FIFO with a regular file (`dir`: the task directory, as the
+/// sandbox names it), then sends data with `eof`: the call fails saying so, and none of the data
+/// reached the task (a later input is the first it reads). Found by a review: the data went in and
+/// the answer said nothing had, inviting the model to send it again.
+fn eof_replaced_writes_nothing(m: &mut Mcp, sb: &str, task: &str, dir: &str) {
+    m.ok("run_command", json!({"sandbox_id": sb, "command": format!("cd {dir} && rm stdin.eof && : >stdin.eof")}));
+    let e = m.err("send_input", json!({"sandbox_id": sb, "task_id": task, "data": "secret-input\n", "eof": true}));
+    assert!(e.contains("stdin.eof") && e.contains("replaced") && e.contains("nothing was written"), "{e}");
+    send_ok(m, sb, task, "after\n");
+    let out = stdout_has(m, sb, task, "after\n");
+    assert!(!out.contains("secret-input"), "{out}");
+}
+
 fn stdout_has(m: &mut Mcp, sb: &str, task: &str, want: &str) -> String {
     wait_for(Duration::from_secs(20), &format!("{want:?} in the task's output"), || {
         let s = m.ok("get_task", json!({"sandbox_id": sb, "task_id": task, "wait": 2}));
@@ -202,6 +215,9 @@ fn attacks(home: &Home) {
         let cleanup = format!("[ -p {inside}/outside.fifo ] && timeout 2 sh -c ': >{inside}/outside.fifo'; rm -f {inside}/outside.*; true");
         m.ok("run_command", json!({"sandbox_id": sb, "command": cleanup}));
     }
+    let task = start(&mut m, &sb, "cat; sleep 60", json!({"stdin": true}));
+    eof_replaced_writes_nothing(&mut m, &sb, &task, &format!("{inside}/.sandbox-mcp/tasks/{task}"));
+    m.ok("cancel_task", json!({"sandbox_id": sb, "task_id": task}));
     // The host file behind a link is untouched.
     let hostname = std::fs::read("/etc/hostname").unwrap_or_default();
     assert!(!String::from_utf8_lossy(&hostname).contains("secret-input"));
@@ -334,7 +350,9 @@ fn input_and_terminals_on_e2b() {
     b.ok("run_command", json!({"sandbox_id": sb, "command": format!("cd ~/{fake_dir} && rm stdin && ln -s ~/{dir}/cmd stdin")}));
     let m = send_err(&mut b, &sb, &fake, "x");
     assert!(m.contains("replaced"), "{m}");
-    for t in [&pty, &plain, &idle, &fake] {
+    let eof = start(&mut b, &sb, "cat; sleep 60", json!({"stdin": true}));
+    eof_replaced_writes_nothing(&mut b, &sb, &eof, &format!("~/.sandbox-mcp/tasks/{eof}"));
+    for t in [&pty, &plain, &idle, &fake, &eof] {
         b.ok("cancel_task", json!({"sandbox_id": sb, "task_id": t}));
     }
     b.close();

@@ -324,3 +324,74 @@ fn a_hostile_sandbox_costs_only_its_own_connections() {
     drop((floods, held, stuck));
     m.ok("kill_sandbox", json!({"sandbox_id": sb}));
 }
+
+/// The soft and hard limits of open files of process `pid`.
+fn open_files_limits(pid: &str) -> (String, String) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits.lines().find(|l| l.starts_with("Max open files")).unwrap().to_string();
+    let fields: Vec<&str> = line["Max open files".len()..].split_whitespace().collect();
+    (fields[0].to_string(), fields[1].to_string())
+}
+
+/// Clock ticks process `pid` has run, user and system.
+fn cpu_ticks(pid: &str) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<u64> = stat.rsplit_once(')').unwrap().1.split_whitespace().filter_map(|f| f.parse().ok()).collect();
+    // After the state field (not a number): utime and stime are fields 14 and 15 of the line.
+    fields[10] + fields[11]
+}
+
+/// A keeper holds what its caps allow, whatever soft limit of open files its server started
+/// with: it runs with its hard limit (16 ports × 32 connections of two sockets each need more
+/// than the usual 1024). And a keeper out of descriptors waits for them rather than spin on the
+/// request in its backlog, then answers again (found by a review: a keeper of a stdio server had
+/// the usual 1024, and at its limit spun a core until descriptors freed).
+#[test]
+fn a_keeper_out_of_descriptors_waits_and_answers_again() {
+    let Some(home) = isolated("ports-descriptors") else { return };
+    let mut cmd = std::process::Command::new("/bin/sh");
+    cmd.args(["-c", "ulimit -S -n 256 && exec \"$@\"", "sh"]).arg(bin()).arg("stdio").envs(home.env());
+    let mut client = sandbox_mcp::client::StdioClient::start(cmd, sandbox_mcp::client::Reads::WithTimeouts).expect("spawn server");
+    client.initialize().expect("initialize");
+    let mut m = Mcp { client };
+    let sb = m.create();
+    start_servers(&mut m, &sb);
+    let addr = address(&m.ok("expose_port", json!({"port": 8000}))["url"]);
+    assert_eq!(echo(&addr, b"x").unwrap(), b"x");
+    let keeper = std::fs::read_to_string(home.sandbox_dir(&sb).join("keeper.pid")).unwrap();
+    let keeper = keeper.split_whitespace().next().unwrap().to_string();
+    let (soft, hard) = open_files_limits(&keeper);
+    assert_eq!(soft, hard, "the keeper's soft limit of open files is its hard one");
+
+    // No descriptor number left below the soft limit: the lowest free one becomes the limit, once
+    // the relayed connection's descriptors are closed (the set stays the same for half a second).
+    let fds = || -> std::collections::BTreeSet<u64> {
+        std::fs::read_dir(format!("/proc/{keeper}/fd")).unwrap().filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect()
+    };
+    let mut last = fds();
+    let used = wait_for(Duration::from_secs(10), "the keeper's descriptors to settle", || {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = fds();
+        let settled = now == last;
+        last = now;
+        settled.then(|| last.clone())
+    });
+    let free = (0..).find(|n| !used.contains(n)).unwrap();
+    let pin = std::process::Command::new("prlimit").args(["--pid", &keeper, &format!("--nofile={free}:")]).status().unwrap();
+    assert!(pin.success());
+    // An accept that was waiting holds the descriptor it will return: one more request gets
+    // through, and the next accept finds none.
+    let err = m.err("unexpose_port", json!({"sandbox_id": sb, "port": 8001}));
+    assert!(err.contains("port 8001 is not exposed"), "{err}");
+    let before = cpu_ticks(&keeper);
+    std::thread::sleep(Duration::from_secs(1));
+    let spent = cpu_ticks(&keeper) - before;
+    // A spin runs a core: 100 ticks a second.
+    assert!(spent < 25, "the keeper ran {spent} ticks in a second out of descriptors");
+
+    let restore = std::process::Command::new("prlimit").args(["--pid", &keeper, &format!("--nofile={hard}:")]).status().unwrap();
+    assert!(restore.success());
+    let closed = m.ok("unexpose_port", json!({"sandbox_id": sb, "port": 8000}));
+    assert_eq!(closed["closed"].as_bool(), Some(true), "{closed}");
+    m.ok("kill_sandbox", json!({"sandbox_id": sb}));
+}

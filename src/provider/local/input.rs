@@ -34,25 +34,52 @@ pub fn open_task_dir(base: impl AsFd, task_dir: &str) -> Result<OwnedFd, InputEr
     }
 }
 
-/// Writes `data` to the channel in task directory `dir`, then closes the input when `eof`.
+/// Writes `data` to the channel in task directory `dir`, then closes the input when `eof`. An
+/// error before the data went in means none of it did; once it went in, a failure to close the
+/// input is [`InputError::EndNotSent`].
 pub fn write(dir: &OwnedFd, data: &[u8], eof: bool, deadline: Instant) -> Result<(), InputError> {
     if statat(dir, input_channel::CLOSED, AtFlags::SYMLINK_NOFOLLOW).is_ok() {
         return Err(InputError::Closed);
     }
-    if !data.is_empty() || !eof {
+    let with_data = !data.is_empty() || !eof;
+    if with_data {
         let fifo = open_fifo(dir, input_channel::FIFO)?;
+        if eof {
+            // The end-of-input FIFO replaced by the sandbox fails the call before any byte goes
+            // in (found by a review: the data went in and the answer said nothing had).
+            check_fifo(dir, input_channel::EOF)?;
+        }
         write_all(&fifo, data, deadline)?;
     }
     if eof {
         // Opening and closing the end-of-input FIFO lets the holder go (see the supervisor's
         // "Input"); without a reader there, the holder is already gone.
-        match open_fifo(dir, input_channel::EOF) {
-            Ok(_) => {}
-            Err(InputError::NoReader) => return Err(InputError::Closed),
-            Err(e) => return Err(e),
+        match (open_fifo(dir, input_channel::EOF), with_data) {
+            (Ok(_), _) => {}
+            (Err(InputError::NoReader), false) => return Err(InputError::Closed),
+            (Err(e), false) => return Err(e),
+            (Err(InputError::NoReader), true) => return Err(InputError::EndNotSent("the input was closed meanwhile".into())),
+            (Err(InputError::Tampered(what)), true) => return Err(InputError::EndNotSent(what)),
+            (Err(_), true) => return Err(InputError::EndNotSent("the end-of-input FIFO could not be opened".into())),
         }
     }
     Ok(())
+}
+
+/// Checks, without opening it, that `name` of `dir` is a FIFO and no link.
+fn check_fifo(dir: &OwnedFd, name: &str) -> Result<(), InputError> {
+    let kind = match statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => FileType::from_raw_mode(st.st_mode),
+        Err(Errno::NOENT) => return Err(InputError::Missing),
+        Err(e) => return Err(InputError::Provider(ProviderError::Unavailable(format!("cannot check the task's input: {e}")))),
+    };
+    match kind {
+        FileType::Fifo => Ok(()),
+        FileType::Symlink => Err(tampered(name, "a symbolic link")),
+        FileType::RegularFile => Err(tampered(name, "a regular file")),
+        FileType::Directory => Err(tampered(name, "a directory")),
+        _ => Err(tampered(name, "not a FIFO")),
+    }
 }
 
 /// Opens FIFO `name` of `dir` for writing without blocking, following no link, and checks that
@@ -124,6 +151,38 @@ mod tests {
 
     fn mkfifo(path: &std::path::Path) {
         rustix::fs::mknodat(rustix::fs::CWD, path, FileType::Fifo, Mode::from_raw_mode(0o600), 0).unwrap();
+    }
+
+    /// With `eof`, an end-of-input FIFO the sandbox replaced fails the call before the data goes
+    /// in; once the data went in, a failure to close the input says so (found by a review: the
+    /// data went in, and the answer said nothing had, inviting the model to send it again).
+    #[test]
+    fn data_with_eof_goes_in_whole_or_not_at_all() {
+        let (path, fd) = dir("eof");
+        let t = path.join("t");
+        let soon = || Instant::now() + Duration::from_millis(200);
+        mkfifo(&t.join("stdin"));
+        let mut reader = std::fs::OpenOptions::new().read(true).custom_flags_nonblock().open(t.join("stdin")).unwrap();
+        let mut got = Vec::new();
+        for (what, replace) in [("regular file", 0), ("symbolic link", 1), ("directory", 2)] {
+            let eof = t.join("stdin.eof");
+            match replace {
+                0 => std::fs::write(&eof, b"").unwrap(),
+                1 => std::os::unix::fs::symlink(path.join("elsewhere"), &eof).unwrap(),
+                _ => std::fs::create_dir(&eof).unwrap(),
+            }
+            assert!(matches!(write(&fd, b"secret\n", true, soon()), Err(InputError::Tampered(m)) if m.contains(what)), "{what}");
+            let _ = reader.read_to_end(&mut got);
+            assert!(got.is_empty(), "{what}: {got:?}");
+            let _ = std::fs::remove_file(&eof).or_else(|_| std::fs::remove_dir(&eof));
+        }
+        // A FIFO nobody holds: the data went in, the input could not be closed, and it says so.
+        mkfifo(&t.join("stdin.eof"));
+        assert!(matches!(write(&fd, b"secret\n", true, soon()), Err(InputError::EndNotSent(_))));
+        let mut got = [0u8; 7];
+        reader.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"secret\n");
+        std::fs::remove_dir_all(&path).unwrap();
     }
 
     #[test]

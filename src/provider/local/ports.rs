@@ -147,8 +147,14 @@ impl Relays {
         }
         relays.save();
         let spawned = std::thread::Builder::new().name("ports".into()).stack_size(128 * 1024).spawn(move || {
-            for conn in listener.incoming().flatten() {
-                relays.answer(conn);
+            loop {
+                match listener.accept() {
+                    Ok((conn, _)) => relays.answer(conn),
+                    Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                    // Out of descriptors, say: the request waits in the backlog; wait rather
+                    // than spin on it (found by a review: a full core until descriptors freed).
+                    Err(_) => std::thread::sleep(Duration::from_millis(50)),
+                }
             }
         });
         if let Err(err) = spawned {

@@ -43,5 +43,6 @@ pub mod relay;
 pub mod base64;
 pub mod client;
 pub mod ids;
+pub mod log_line;
 pub mod mask;
 pub mod tally;

@@ -146,8 +146,10 @@ fn main() -> ExitCode {
     }
 }
 
-/// The stderr logger minus the HTTP client's trace level: there ureq-proto hex-dumps every
-/// exchange with E2B (`X-API-KEY` and `X-Access-Token` headers, token-bearing bodies) and ureq
+/// The stderr logger minus the HTTP client's trace level, and with every record's text passed
+/// through `log_line::clean` (a sandbox's error line may carry terminal escapes; found by a
+/// review, where a warning carried one raw to the operator's terminal). At trace level
+/// ureq-proto hex-dumps every exchange with E2B (`X-API-KEY` and `X-Access-Token` headers, token-bearing bodies) and ureq
 /// prints whole URLs (file paths a caller chose), and the server never logs its secrets
 /// (docs/contract.md, "Secrets"), whatever `RUST_LOG` asks for. Refusing `Trace` for `ureq*`
 /// targets also makes ureq's own "is trace on?" checks answer no, so its debug lines keep URLs
@@ -166,9 +168,21 @@ impl log::Log for NoWireDumps {
     }
 
     fn log(&self, record: &log::Record<'_>) {
-        if !NoWireDumps::dropped(record.metadata()) {
-            self.0.log(record);
+        if NoWireDumps::dropped(record.metadata()) {
+            return;
         }
+        // Log lines carry sandbox and client text: nothing in them acts on a terminal.
+        let text = record.args().to_string();
+        let clean = sandbox_mcp::log_line::clean(&text);
+        self.0.log(
+            &log::Record::builder()
+                .args(format_args!("{clean}"))
+                .metadata(record.metadata().clone())
+                .module_path(record.module_path())
+                .file(record.file())
+                .line(record.line())
+                .build(),
+        );
     }
 
     fn flush(&self) {

@@ -317,17 +317,17 @@ impl Target<'_> {
 
     /// [`Target::run`] with the variables `envs` in the snippet's environment.
     fn run_with(&self, argv: Vec<String>, envs: &BTreeMap<String, String>) -> Result<ExecOutput, ProviderError> {
-        let req = ExecRequest {
-            argv,
-            envs: envs.clone(),
-            cwd: None,
-            output_cap: limits::MAX_LOG_BYTES,
-            deadline: Instant::now() + SNIPPET_BUDGET,
-            cancel: None,
-        };
+        self.run_until(argv, envs, Instant::now() + SNIPPET_BUDGET)
+    }
+
+    /// [`Target::run_with`] that ends by `deadline` (at most [`SNIPPET_BUDGET`] from now).
+    fn run_until(&self, argv: Vec<String>, envs: &BTreeMap<String, String>, deadline: Instant) -> Result<ExecOutput, ProviderError> {
+        let now = Instant::now();
+        let deadline = deadline.min(now + SNIPPET_BUDGET);
+        let req = ExecRequest { argv, envs: envs.clone(), cwd: None, output_cap: limits::MAX_LOG_BYTES, deadline, cancel: None };
         let out = self.provider.exec(self.sandbox_id, &req, Touch::Observe)?;
         if out.timed_out {
-            return Err(ProviderError::Timeout { what: "the supervisor snippet".into(), after: SNIPPET_BUDGET });
+            return Err(ProviderError::Timeout { what: "the supervisor snippet".into(), after: deadline.saturating_duration_since(now) });
         }
         Ok(out)
     }
@@ -441,7 +441,12 @@ fn page_result(out: &ExecOutput, task_id: &str, window: Window) -> Result<Option
 
 /// Lists the tasks of the sandbox's user.
 pub fn list(target: &Target<'_>) -> Result<Vec<Snapshot>, ProviderError> {
-    let out = target.call(Call::List)?;
+    list_by(target, Instant::now() + SNIPPET_BUDGET)
+}
+
+/// [`list`] that ends by `deadline`.
+pub fn list_by(target: &Target<'_>, deadline: Instant) -> Result<Vec<Snapshot>, ProviderError> {
+    let out = target.run_until(Call::List.argv(target.provider), &BTreeMap::new(), deadline)?;
     parse_list(&out.stdout).ok_or_else(|| ProviderError::Unavailable(format!("the task list was unreadable: {}", excerpt(&out))))
 }
 

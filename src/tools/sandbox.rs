@@ -11,6 +11,14 @@ use std::time::{Duration, Instant};
 /// How long creating or killing a sandbox may take.
 const SANDBOX_CALL_BUDGET: Duration = Duration::from_secs(60);
 
+/// How long list_sandboxes waits for one sandbox's task counts (a healthy one answers in
+/// milliseconds).
+const SANDBOX_TASK_COUNT_BUDGET: Duration = Duration::from_secs(2);
+
+/// How long list_sandboxes spends on task counts in all; sandboxes not reached by then show
+/// `tasks: null`.
+const TASK_COUNTS_BUDGET: Duration = Duration::from_secs(10);
+
 const TEMPLATE: Param = Param { name: "template", kind: Kind::Str { max_chars: 128 }, required: false, description: "" };
 
 const TIMEOUT: Param = Param {
@@ -129,11 +137,17 @@ fn list(ctx: &Ctx<'_>, _args: &Args) -> Result<Reply, ToolError> {
             .map(|info| (info, None, Default::default()))
             .collect(),
     };
+    // Each sandbox's task counts within a budget of their own, all of them within one: a sandbox
+    // whose listing hangs costs its own `tasks` (null), not the call (found by a review: 30 s for
+    // each such sandbox, one after another).
+    let counted_by = Instant::now() + TASK_COUNTS_BUDGET;
     let sandboxes: Vec<_> = listed
         .iter()
         .map(|(info, created_at, metadata)| {
             let target = supervisor::Target { provider, sandbox_id: &info.sandbox_id };
-            let tasks = supervisor::list(&target).ok().map(|tasks| {
+            let deadline = counted_by.min(Instant::now() + SANDBOX_TASK_COUNT_BUDGET);
+            let counted = if Instant::now() < deadline { supervisor::list_by(&target, deadline).ok() } else { None };
+            let tasks = counted.map(|tasks| {
                 let running = tasks.iter().filter(|t| t.state == supervisor::TaskState::Running).count();
                 json!({"running": running, "total": tasks.len()})
             });

@@ -1475,3 +1475,32 @@ fn expiry_and_an_interrupted_kill_release_the_disk() {
         });
     }
 }
+
+/// A sandbox's text in a server's log line is written with its control and invisible characters
+/// as escapes: here the error line of a handover whose `chmod` the sandbox replaced (root of its
+/// mount namespace may mount over it), carrying an escape sequence, a carriage return and a
+/// right-to-left override. Found by a review: a warning carried such a line raw to the operator's
+/// terminal (window title set, screen cleared, a forged log line).
+#[test]
+fn sandbox_text_in_the_servers_log_is_escaped() {
+    let Some(home) = isolated_home("log-escapes") else { return };
+    let log_path = home.path.join("server.log");
+    let mut cmd = home.stdio_command(&bin(), &[("SANDBOX_MCP_TASK_AFTER", "1")]);
+    cmd.stderr(std::fs::File::create(&log_path).unwrap());
+    let mut client = sandbox_mcp::client::StdioClient::start(cmd, sandbox_mcp::client::Reads::WithTimeouts).unwrap();
+    client.initialize().unwrap();
+    let mut m = Mcp { client };
+    let _ = m.create();
+    let plant = r#"printf '#!/bin/sh\nprintf "@error \\033]0;TITLE\\007 \\r\\342\\200\\256FORGED\\n"\nkill -9 $PPID\n' >/tmp/fake && chmod 755 /tmp/fake && mount --bind /tmp/fake "$(command -v chmod)" && echo planted"#;
+    assert_eq!(sh(&mut m, plant).1, "planted\n");
+    // Longer than SANDBOX_MCP_TASK_AFTER: the command is handed over to a supervisor.
+    let _ = m.call("run_command", json!({"command": "sleep 2; echo done", "timeout": 30}));
+    m.close();
+    let log = std::fs::read(&log_path).unwrap();
+    let text = String::from_utf8_lossy(&log);
+    assert!(text.contains("FORGED"), "the handover's error was logged: {text}");
+    for raw in ["\u{1b}", "\r", "\u{202e}", "\u{7}"] {
+        assert!(!text.contains(raw), "{raw:?} reached the log raw: {text:?}");
+    }
+    assert!(text.contains("\\u{d}\\u{202e}FORGED"), "{text:?}");
+}

@@ -450,6 +450,46 @@ fn list_sandboxes_shows_what_the_caller_can_use() {
     h.stop();
 }
 
+/// A FIFO where a task's `cmd` should be holds neither list_tasks nor list_sandboxes: the listing
+/// reads regular files only, and list_sandboxes gives each sandbox's task counts a short budget
+/// (found by a review: 30 s for list_tasks, and 30 s per such sandbox for list_sandboxes).
+#[test]
+fn a_fifo_in_a_task_directory_holds_no_listing() {
+    let home = Home::new("list-fifo");
+    let mut m = home.stdio();
+    let mut planted = Vec::new();
+    for _ in 0..2 {
+        let sb = m.create();
+        let task = "0123456789abcdef0123456789abcdef";
+        let plant = format!(
+            "mkdir -p .sandbox-mcp/tasks/{task} && cd .sandbox-mcp/tasks/{task} && printf 'status=exited\\nexit_code=0\\n.\\n' >state && mkfifo cmd && echo planted"
+        );
+        assert_eq!(m.ok("run_command", json!({"sandbox_id": sb, "command": plant}))["stdout"], "planted\n");
+        planted.push(sb);
+    }
+    let t0 = Instant::now();
+    let listed = m.ok("list_tasks", json!({"sandbox_id": planted[0]}));
+    assert!(t0.elapsed() < Duration::from_secs(10), "list_tasks took {:?}: {listed}", t0.elapsed());
+    // Where sandbox code can put its own program in place of one the listing runs (root of its
+    // mount namespace), a listing that hangs costs that sandbox's own counts, not the call.
+    if home.isolated() {
+        for sb in &planted {
+            let hang = "cd .sandbox-mcp/tasks/0123456789abcdef0123456789abcdef && rm cmd && echo x >cmd && printf '#!/bin/sh\\nexec sleep 60\\n' >/tmp/hang && chmod +x /tmp/hang && mount --bind /tmp/hang \"$(command -v od)\" && echo hung";
+            assert_eq!(m.ok("run_command", json!({"sandbox_id": sb, "command": hang}))["stdout"], "hung\n");
+        }
+    }
+    let t0 = Instant::now();
+    let all = m.ok("list_sandboxes", json!({}));
+    assert!(t0.elapsed() < Duration::from_secs(10), "list_sandboxes took {:?}: {all}", t0.elapsed());
+    if home.isolated() {
+        let hung = all["sandboxes"].as_array().unwrap().iter().filter(|s| planted.iter().any(|p| s["sandbox_id"] == p.as_str()));
+        assert!(hung.clone().count() == 2 && hung.clone().all(|s| s["tasks"].is_null()), "{all}");
+    }
+    for sb in &planted {
+        m.ok("kill_sandbox", json!({"sandbox_id": sb}));
+    }
+}
+
 #[test]
 fn read_file_of_an_image_also_returns_an_image_block() {
     let home = Home::new("image");

@@ -17,13 +17,8 @@ use std::time::{Duration, Instant};
 
 use super::sandbox_url::{SandboxUrl, ENVD_PORT};
 
-/// The answer of `filesystem.Filesystem/ListDir`.
-#[derive(Debug, Default, PartialEq, Deserialize)]
-#[serde(default)]
-struct ListDirReply {
-    #[serde(deserialize_with = "loose::list")]
-    entries: Vec<EntryReply>,
-}
+/// The most of an envd answer read (ListDir's JSON).
+const RPC_ANSWER_MAX: usize = 16 * 1024 * 1024;
 
 /// One entry of a ListDir answer.
 #[derive(Debug, Default, PartialEq, Deserialize)]
@@ -113,11 +108,23 @@ impl Envd {
         let mut resp = res.map_err(|err| reply::transport_error(method, &err, timeout))?;
         let status = resp.status().as_u16();
         let mut buf = Vec::new();
-        let _ = resp.body_mut().as_reader().take(16 * 1024 * 1024).read_to_end(&mut buf);
-        if status == 200 {
-            return Ok(buf);
+        let read = resp.body_mut().as_reader().take(RPC_ANSWER_MAX as u64 + 1).read_to_end(&mut buf);
+        if status != 200 {
+            buf.truncate(RPC_ANSWER_MAX);
+            return Err(error(control, id, method, &Reply { status, body: buf }, deadline));
         }
-        Err(error(control, id, method, &Reply { status, body: buf }, deadline))
+        // A cut or oversized answer is an error, never read as a shorter one (found by a review:
+        // it read as an empty directory, reported complete).
+        if let Err(err) = read {
+            return Err(ProviderError::Unavailable(format!("envd's answer to {method} was cut short ({err}); try again")));
+        }
+        if buf.len() > RPC_ANSWER_MAX {
+            return Err(ProviderError::Rejected(format!(
+                "envd's answer to {method} is over {} MiB; ask for less (a smaller directory)",
+                RPC_ANSWER_MAX >> 20
+            )));
+        }
+        Ok(buf)
     }
 
     /// Runs one command through `process.Process/Start` and reads its event stream to the end.
@@ -284,11 +291,9 @@ impl Envd {
         deadline: Instant,
     ) -> Result<(Vec<DirEntry>, bool), ProviderError> {
         let answer = self.rpc(control, id, known, "filesystem.Filesystem/ListDir", &json!({"path": path, "depth": 1}), deadline)?;
-        let mut entries = dir_entries(&answer);
-        entries.sort_by(|a, b| a.name.cmp(&b.name));
-        let truncated = entries.len() > max_entries;
-        entries.truncate(max_entries);
-        Ok((entries, truncated))
+        dir_entries(&answer, max_entries).ok_or_else(|| {
+            ProviderError::Unavailable("envd answered ListDir with something other than a JSON object of entries; try again".into())
+        })
     }
 }
 
@@ -300,9 +305,26 @@ pub(super) fn check_path(path: &str) -> Result<(), ProviderError> {
     Ok(())
 }
 
-/// The entries of a ListDir answer, in the order envd gave them.
-fn dir_entries(answer: &[u8]) -> Vec<DirEntry> {
-    loose::parse::<ListDirReply>(answer).entries.into_iter().map(EntryReply::entry).collect()
+/// The first `limit` entries by name of a ListDir answer, and whether it had more; `None` when
+/// the answer is not a JSON object of entries. However many entries the answer holds, at most
+/// about twice `limit` are kept while it is read (found by a review: 16 MiB of `[1,1,...]` made
+/// 8 million entries, half a GiB).
+fn dir_entries(answer: &[u8], limit: usize) -> Option<(Vec<DirEntry>, bool)> {
+    fn by_name(entries: &mut Vec<DirEntry>, limit: usize) {
+        entries.sort_by(|a, b| a.name.cmp(&b.name));
+        entries.truncate(limit);
+    }
+    let mut kept = Vec::new();
+    let mut total = 0usize;
+    loose::each_object(answer, "entries", &mut |e: EntryReply| {
+        total += 1;
+        kept.push(e.entry());
+        if kept.len() >= limit.saturating_mul(2).max(1024) {
+            by_name(&mut kept, limit);
+        }
+    })?;
+    by_name(&mut kept, limit);
+    Some((kept, total > limit))
 }
 
 /// Maps an envd (or edge proxy) error answer; failures that may mean the sandbox is paused or
@@ -423,28 +445,52 @@ mod tests {
 
     #[test]
     fn a_minimal_list_dir_answer() {
-        let entries = dir_entries(br#"{"entries":[{"name":"a.txt","type":"FILE_TYPE_FILE","size":"12"}]}"#);
-        assert_eq!(entries, vec![DirEntry { name: "a.txt".into(), kind: EntryKind::File, size: 12 }]);
-        assert_eq!(dir_entries(b"{}"), vec![]);
+        let entries = dir_entries(br#"{"entries":[{"name":"a.txt","type":"FILE_TYPE_FILE","size":"12"}]}"#, 10);
+        assert_eq!(entries, Some((vec![DirEntry { name: "a.txt".into(), kind: EntryKind::File, size: 12 }], false)));
+        assert_eq!(dir_entries(b"{}", 10), Some((vec![], false)));
+        assert_eq!(dir_entries(br#"{"entries":null}"#, 10), Some((vec![], false)));
+    }
+
+    /// An answer that is not a JSON object of entries, or is cut short, is no listing at all;
+    /// a huge one costs what is kept, and says it was cut (found by a review: both read as an
+    /// empty directory, reported complete, and 16 MiB of `[1,1,...]` cost half a GiB).
+    #[test]
+    fn list_dir_answers_are_whole_and_bounded() {
+        for bad in [&b"[]"[..], b"\"entries\"", br#"{"entries":[{"name":"a"}"#, br#"{"entries":5}"#, b"{} x", b"\xff"] {
+            assert_eq!(dir_entries(bad, 10), None, "{}", String::from_utf8_lossy(bad));
+        }
+        let mut many = String::from(r#"{"entries":["#);
+        for i in (0..50_000).rev() {
+            many.push_str(&format!(r#"{{"name":"f{i:05}","type":"FILE_TYPE_FILE"}},1,"#));
+        }
+        many.push_str("{}]}");
+        let (entries, truncated) = dir_entries(many.as_bytes(), 3).unwrap();
+        let names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
+        // The nameless `{}` sorts first; the numbers are no entries.
+        assert_eq!((names, truncated), (vec!["", "f00000", "f00001"], true));
+        let (entries, truncated) = dir_entries(many.as_bytes(), 60_000).unwrap();
+        assert_eq!((entries.len(), truncated), (50_001, false));
     }
 
     #[test]
     fn a_list_dir_answer_with_extra_fields() {
-        let entries = dir_entries(
+        let (entries, _) = dir_entries(
             br#"{"entries":[
                 {"name":"d","type":"FILE_TYPE_DIRECTORY","path":"/home/user/d","size":4096,"mode":2147484141,"permissions":"drwxr-xr-x","owner":"user","group":"user","modifiedTime":"2026-12-02T16:40:18Z"},
                 {"name":"l","type":"FILE_TYPE_SYMLINK","size":"7","symlinkTarget":"/tmp"},
                 {"name":"p","type":"FILE_TYPE_UNSPECIFIED"},
                 {"name":"big","type":"FILE_TYPE_FILE","size":"many"}
             ],"nextPage":null}"#,
-        );
+            10,
+        )
+        .unwrap();
         assert_eq!(
             entries,
             vec![
+                DirEntry { name: "big".into(), kind: EntryKind::File, size: 0 },
                 DirEntry { name: "d".into(), kind: EntryKind::Dir, size: 0 },
                 DirEntry { name: "l".into(), kind: EntryKind::Symlink, size: 7 },
                 DirEntry { name: "p".into(), kind: EntryKind::Other, size: 0 },
-                DirEntry { name: "big".into(), kind: EntryKind::File, size: 0 },
             ]
         );
     }

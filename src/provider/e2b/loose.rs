@@ -13,7 +13,7 @@
 //! `f64` in a field no struct reads is skipped rather than refusing the whole answer.
 
 use serde::de::value::MapAccessDeserializer;
-use serde::de::{DeserializeOwned, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{DeserializeOwned, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use std::fmt;
 use std::marker::PhantomData;
@@ -79,10 +79,85 @@ pub(super) fn present<'de, D: Deserializer<'de>, T: Deserialize<'de> + Default>(
     object(d).map(Some)
 }
 
-/// A list of objects; empty when the value is not an array, and an element that is not an
-/// object is kept as an empty `T`.
-pub(super) fn list<'de, D: Deserializer<'de>, T: Deserialize<'de> + Default>(d: D) -> Result<Vec<T>, D::Error> {
-    d.deserialize_any(ListVisitor(PhantomData))
+/// Reads a whole answer that must be a JSON object, handing each object of its array field
+/// `field` to `each` as it is read; elements that are not objects are skipped, and a `null` field
+/// or none reads as an empty array. An answer of any length costs only what `each` keeps. `None`
+/// for invalid JSON, an answer that is not an object, or a field that is neither an array nor
+/// `null`.
+pub(super) fn each_object<T: DeserializeOwned>(body: &[u8], field: &str, each: &mut dyn FnMut(T)) -> Option<()> {
+    let text = std::str::from_utf8(body).ok()?;
+    let mut reader = serde_json::Deserializer::from_str(text);
+    AnswerSeed { field, each }.deserialize(&mut reader).ok()?;
+    reader.end().ok()
+}
+
+/// The answer object of [`each_object`].
+struct AnswerSeed<'a, T> {
+    field: &'a str,
+    each: &'a mut dyn FnMut(T),
+}
+
+impl<'de, T: DeserializeOwned> DeserializeSeed<'de> for AnswerSeed<'_, T> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de, T: DeserializeOwned> Visitor<'de> for AnswerSeed<'_, T> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut read = false;
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            if key == self.field && !read {
+                read = true;
+                map.next_value_seed(EachSeed { each: &mut *self.each })?;
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The array field of [`each_object`].
+struct EachSeed<'a, T> {
+    each: &'a mut dyn FnMut(T),
+}
+
+impl<'de, T: DeserializeOwned> DeserializeSeed<'de> for EachSeed<'_, T> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de, T: DeserializeOwned> Visitor<'de> for EachSeed<'_, T> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an array or null")
+    }
+
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while let Some(item) = seq.next_element::<Object<T>>()? {
+            if let Some(t) = item.0 {
+                (self.each)(t);
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A JSON value reduced to what the reply structs use.
@@ -216,61 +291,6 @@ impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectVisitor<T> {
     }
 }
 
-struct ListVisitor<T>(PhantomData<T>);
-
-impl<'de, T: Deserialize<'de> + Default> Visitor<'de> for ListVisitor<T> {
-    type Value = Vec<T>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<Vec<T>, E> {
-        Ok(Vec::new())
-    }
-
-    fn visit_i64<E>(self, _: i64) -> Result<Vec<T>, E> {
-        Ok(Vec::new())
-    }
-
-    fn visit_u64<E>(self, _: u64) -> Result<Vec<T>, E> {
-        Ok(Vec::new())
-    }
-
-    fn visit_f64<E>(self, _: f64) -> Result<Vec<T>, E> {
-        Ok(Vec::new())
-    }
-
-    fn visit_str<E>(self, _: &str) -> Result<Vec<T>, E> {
-        Ok(Vec::new())
-    }
-
-    fn visit_unit<E>(self) -> Result<Vec<T>, E> {
-        Ok(Vec::new())
-    }
-
-    fn visit_none<E>(self) -> Result<Vec<T>, E> {
-        Ok(Vec::new())
-    }
-
-    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Vec<T>, D::Error> {
-        list(d)
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
-        let mut items = Vec::new();
-        while let Some(item) = seq.next_element::<Object<T>>()? {
-            items.push(item.0.unwrap_or_default());
-        }
-        Ok(items)
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Vec<T>, A::Error> {
-        drain_map(map)?;
-        Ok(Vec::new())
-    }
-}
-
 /// Consumes the rest of an array (the JSON reader needs it read to its end).
 fn drain_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
     while seq.next_element::<IgnoredAny>()?.is_some() {}
@@ -302,8 +322,6 @@ mod tests {
         inner: Inner,
         #[serde(deserialize_with = "present")]
         marker: Option<Inner>,
-        #[serde(deserialize_with = "list")]
-        items: Vec<Inner>,
     }
 
     #[derive(Debug, Default, PartialEq, Deserialize)]
@@ -331,7 +349,6 @@ mod tests {
                 size: Some(7),
                 inner: inner("b"),
                 marker: Some(Inner::default()),
-                items: vec![inner("c")],
             }
         );
         let s: Sample = parse(br#"{"size":9}"#);
@@ -343,18 +360,7 @@ mod tests {
         let s: Sample = parse(
             br#"{"name":1,"count":-1,"code":18446744073709551615,"size":"x","inner":[{"name":"b"}],"marker":null,"items":[5,{"name":"c"},null]}"#,
         );
-        assert_eq!(
-            s,
-            Sample {
-                name: None,
-                count: None,
-                code: None,
-                size: None,
-                inner: Inner::default(),
-                marker: Some(Inner::default()),
-                items: vec![Inner::default(), inner("c"), Inner::default()],
-            }
-        );
+        assert_eq!(s, Sample { name: None, count: None, code: None, size: None, inner: Inner::default(), marker: Some(Inner::default()) });
         let s: Sample = parse(br#"{"name":{"a":[1,2]},"count":1.5,"code":true,"size":2.0,"items":{"name":"c"}}"#);
         assert_eq!(s, Sample::default());
     }

@@ -39,9 +39,13 @@ impl E2bProvider {
     /// Builds the provider from its configuration (no I/O).
     pub fn new(config: &E2bConfig) -> Result<E2bProvider, ProviderError> {
         let api_key = config.api_key.clone().ok_or_else(|| ProviderError::Unavailable("E2B_API_KEY is not set".into()))?;
-        // ureq never turns an HTTP status into an error here, so error bodies are kept.
+        // ureq never turns an HTTP status into an error here, so error bodies are kept. A
+        // redirect is never followed: it is answered as what it is (found by a review: a sandbox
+        // answering envd's requests with one made the server fetch host-side addresses with the
+        // sandbox's access token, and the control plane's would carry the API key elsewhere).
         let agent_config = ureq::Agent::config_builder()
             .http_status_as_error(false)
+            .max_redirects(0)
             .timeout_connect(Some(config.connect_timeout))
             .timeout_global(Some(config.request_timeout))
             .user_agent(format!("sandbox-mcp/{}", env!("CARGO_PKG_VERSION")))
@@ -287,5 +291,57 @@ mod tests {
         };
         let err = provider.create(&req, Instant::now() + Duration::from_secs(1)).unwrap_err().to_string();
         assert!(err.contains("no per-sandbox disk argument") && err.contains("leave disk_mb out"), "{err}");
+    }
+
+    /// A loopback server answering each of up to `n` connections with `answer`; how many
+    /// connections it took.
+    fn answering(answer: String, n: usize) -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let taken = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = taken.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming().take(n).flatten() {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut conn = conn;
+                let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+                let mut head = [0u8; 4096];
+                let _ = conn.read(&mut head);
+                let _ = conn.write_all(answer.as_bytes());
+            }
+        });
+        (port, taken)
+    }
+
+    /// Neither envd's nor the control plane's redirect is followed: the place it names is never
+    /// asked, and the error says what came (found by a review: a sandbox answering envd's
+    /// requests made the server fetch host-side addresses with its access token, and a control
+    /// plane's redirect carried the API key to any host).
+    #[test]
+    fn redirects_are_never_followed() {
+        let (elsewhere, reached) = answering("HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecret".into(), 4);
+        let redirect =
+            |code: &str| format!("HTTP/1.1 {code}\r\nLocation: http://127.0.0.1:{elsewhere}/latest/meta-data\r\nContent-Length: 0\r\n\r\n");
+        let (envd, _) = answering(redirect("302 Found"), 4);
+        let (api, _) = answering(redirect("307 Temporary Redirect"), 4);
+        let config = crate::config::E2bConfig {
+            api_key: Some("e2b_test".into()),
+            domain: "e2b.invalid".into(),
+            api_url: Some(format!("http://127.0.0.1:{api}")),
+            sandbox_url: sandbox_url::SandboxUrl::Fixed(format!("http://127.0.0.1:{envd}")),
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(5),
+        };
+        let p = E2bProvider::new(&config).unwrap();
+        let known = control::Known { token: Some("t0123456".into()), ..control::Known::default() };
+        let soon = || Instant::now() + Duration::from_secs(5);
+        let read = p.envd.read_file(&p.control, "i1", &known, "notes.txt", 1 << 20, soon());
+        assert!(read.as_ref().is_err_and(|e| e.to_string().contains("redirect")), "{read:?}");
+        let listed = p.envd.list_dir(&p.control, "i1", &known, "/", 10, soon());
+        assert!(listed.as_ref().is_err_and(|e| e.to_string().contains("redirect")), "{listed:?}");
+        let info = p.info("i1", crate::provider::Touch::Observe, soon());
+        assert!(info.is_err(), "{info:?}");
+        assert_eq!(reached.load(std::sync::atomic::Ordering::SeqCst), 0, "a redirect was followed");
     }
 }

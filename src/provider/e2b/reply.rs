@@ -25,8 +25,11 @@ impl Reply {
         loose::parse(&self.body)
     }
 
-    /// The `message` of an error body, else the start of the raw text.
+    /// The `message` of an error body, else the start of the raw text; what a redirect is.
     pub fn message(&self) -> String {
+        if (300..400).contains(&self.status) {
+            return "a redirect, which sandbox-mcp does not follow".into();
+        }
         self.error().message_or(&self.body)
     }
 }
@@ -44,9 +47,11 @@ pub(super) struct ErrorBody {
 }
 
 impl ErrorBody {
-    /// The message, or the first 300 bytes of `raw` when there is none.
+    /// The message (its first 300 characters), or the first 300 bytes of `raw` when there is
+    /// none: a sandbox's envd chooses it, and the model reads it.
     fn message_or(self, raw: &[u8]) -> String {
         match self.message {
+            Some(m) if m.chars().count() > 300 => format!("{}...", m.chars().take(300).collect::<String>()),
             Some(m) => m,
             None => String::from_utf8_lossy(&raw[..raw.len().min(300)]).trim().to_string(),
         }
@@ -113,5 +118,14 @@ mod tests {
         assert_eq!(reply(502, "  The sandbox was not found\n").message(), "The sandbox was not found");
         assert_eq!(reply(500, r#"{"code":"internal"}"#).message(), r#"{"code":"internal"}"#);
         assert_eq!(reply(500, &"x".repeat(400)).message().len(), 300);
+    }
+
+    /// A message is cut, and a redirect says what it is (found by a review: a 15 MiB message
+    /// reached the model whole).
+    #[test]
+    fn long_messages_are_cut_and_redirects_named() {
+        let long = format!(r#"{{"code":"internal","message":"{}"}}"#, "é".repeat(100_000));
+        assert_eq!(reply(500, &long).message().chars().count(), 303);
+        assert!(reply(302, "").message().contains("redirect"));
     }
 }

@@ -60,6 +60,11 @@ impl E2bProvider {
     }
 }
 
+/// The most secret-named variables of a sandbox's environment its masker holds, and the most
+/// bytes of their values.
+const ENV_SECRETS_MAX: usize = 256;
+const ENV_SECRETS_MAX_BYTES: usize = 64 * 1024;
+
 /// What E2B's ports are, said with each expose and unexpose.
 const E2B_PORTS: &str =
     "E2B's edge serves every port a sandbox process listens on (on 0.0.0.0) at this URL while the sandbox runs, whether exposed or not.";
@@ -241,7 +246,15 @@ impl Provider for E2bProvider {
                 kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string()))
             })
             .collect();
-        let m = Masker::from_env(pairs.iter().map(|(a, b)| (a.as_str(), b.as_str())));
+        // The sandbox wrote this answer: what it can make the masker hold is bounded (found by a
+        // review: 66 000 secret-named values).
+        let mut room = ENV_SECRETS_MAX_BYTES;
+        let secrets = pairs
+            .iter()
+            .filter(|(name, _)| crate::mask::is_secret_name(name))
+            .take(ENV_SECRETS_MAX)
+            .take_while(|(_, value)| room.checked_sub(value.len()).map(|left| room = left).is_some());
+        let m = Masker::from_values(secrets.map(|(_, value)| value.as_str()));
         self.control.set_masker(sandbox_id, m.clone());
         Ok(m.merged(&extra_masker))
     }

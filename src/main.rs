@@ -149,11 +149,11 @@ fn main() -> ExitCode {
 /// The stderr logger minus the HTTP client's trace level, and with every record's text passed
 /// through `log_line::clean` (a sandbox's error line may carry terminal escapes; found by a
 /// review, where a warning carried one raw to the operator's terminal). At trace level
-/// ureq-proto hex-dumps every exchange with E2B (`X-API-KEY` and `X-Access-Token` headers, token-bearing bodies) and ureq
-/// prints whole URLs (file paths a caller chose), and the server never logs its secrets
-/// (docs/contract.md, "Secrets"), whatever `RUST_LOG` asks for. Refusing `Trace` for `ureq*`
-/// targets also makes ureq's own "is trace on?" checks answer no, so its debug lines keep URLs
-/// redacted.
+/// ureq-proto hex-dumps every exchange with E2B (`X-API-KEY` and `X-Access-Token` headers,
+/// token-bearing bodies) and ureq prints whole URLs (file paths a caller chose), and the server
+/// never logs its secrets (docs/contract.md, "Secrets"), whatever `RUST_LOG` asks for. Refusing
+/// `Trace` for `ureq*` targets also makes ureq's own "is trace on?" checks answer no, so its
+/// debug lines keep URLs redacted.
 struct NoWireDumps(env_logger::Logger);
 
 impl NoWireDumps {
@@ -173,7 +173,10 @@ impl log::Log for NoWireDumps {
         }
         // Log lines carry sandbox and client text: nothing in them acts on a terminal.
         let text = record.args().to_string();
-        let clean = sandbox_mcp::log_line::clean(&text);
+        let std::borrow::Cow::Owned(clean) = sandbox_mcp::log_line::clean(&text) else {
+            self.0.log(record);
+            return;
+        };
         self.0.log(
             &log::Record::builder()
                 .args(format_args!("{clean}"))

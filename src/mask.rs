@@ -42,6 +42,20 @@ struct Finder {
     longest: Vec<u32>,
 }
 
+/// The node reached from `node` by byte `b`: its child by `b`, else that of its longest suffix
+/// that has one, else the root.
+fn step(edges: &HashMap<(u32, u8), u32>, fail: &[u32], mut node: u32, b: u8) -> u32 {
+    loop {
+        if let Some(&to) = edges.get(&(node, b)) {
+            return to;
+        }
+        if node == 0 {
+            return 0;
+        }
+        node = fail[node as usize];
+    }
+}
+
 impl Default for Finder {
     fn default() -> Finder {
         Finder::new(&[])
@@ -73,16 +87,7 @@ impl Finder {
         while let Some(node) = queue.pop_front() {
             for &(b, child) in &children[node as usize] {
                 if node != 0 {
-                    let mut at = fail[node as usize];
-                    fail[child as usize] = loop {
-                        if let Some(&to) = edges.get(&(at, b)) {
-                            break to;
-                        }
-                        if at == 0 {
-                            break 0;
-                        }
-                        at = fail[at as usize];
-                    };
+                    fail[child as usize] = step(&edges, &fail, fail[node as usize], b);
                 }
                 let inherited = longest[fail[child as usize] as usize];
                 longest[child as usize] = longest[child as usize].max(inherited);
@@ -101,15 +106,7 @@ impl Finder {
         }
         let mut node = 0u32;
         for (i, &b) in text.iter().enumerate() {
-            node = loop {
-                if let Some(&to) = self.edges.get(&(node, b)) {
-                    break to;
-                }
-                if node == 0 {
-                    break 0;
-                }
-                node = self.fail[node as usize];
-            };
+            node = step(&self.edges, &self.fail, node, b);
             // The longest secret ending here covers every other one that does.
             let len = self.longest[node as usize] as usize;
             if len > 0 {

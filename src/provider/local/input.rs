@@ -68,17 +68,10 @@ pub fn write(dir: &OwnedFd, data: &[u8], eof: bool, deadline: Instant) -> Result
 
 /// Checks, without opening it, that `name` of `dir` is a FIFO and no link.
 fn check_fifo(dir: &OwnedFd, name: &str) -> Result<(), InputError> {
-    let kind = match statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
-        Ok(st) => FileType::from_raw_mode(st.st_mode),
-        Err(Errno::NOENT) => return Err(InputError::Missing),
-        Err(e) => return Err(InputError::Provider(ProviderError::Unavailable(format!("cannot check the task's input: {e}")))),
-    };
-    match kind {
-        FileType::Fifo => Ok(()),
-        FileType::Symlink => Err(tampered(name, "a symbolic link")),
-        FileType::RegularFile => Err(tampered(name, "a regular file")),
-        FileType::Directory => Err(tampered(name, "a directory")),
-        _ => Err(tampered(name, "not a FIFO")),
+    match statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => must_be_fifo(name, FileType::from_raw_mode(st.st_mode)),
+        Err(Errno::NOENT) => Err(InputError::Missing),
+        Err(e) => Err(InputError::Provider(ProviderError::Unavailable(format!("cannot check the task's input: {e}")))),
     }
 }
 
@@ -96,8 +89,14 @@ fn open_fifo(dir: &OwnedFd, name: &str) -> Result<OwnedFd, InputError> {
         Err(e) => return Err(InputError::Provider(ProviderError::Unavailable(format!("cannot open the task's input: {e}")))),
     };
     let kind = fstat(&fd).map_err(|e| InputError::Provider(ProviderError::Unavailable(format!("cannot check the task's input: {e}"))))?;
-    match FileType::from_raw_mode(kind.st_mode) {
-        FileType::Fifo => Ok(fd),
+    must_be_fifo(name, FileType::from_raw_mode(kind.st_mode)).map(|()| fd)
+}
+
+/// Refuses a channel file `name` of type `kind` that is not a FIFO, saying what it is.
+fn must_be_fifo(name: &str, kind: FileType) -> Result<(), InputError> {
+    match kind {
+        FileType::Fifo => Ok(()),
+        FileType::Symlink => Err(tampered(name, "a symbolic link")),
         FileType::RegularFile => Err(tampered(name, "a regular file")),
         FileType::Directory => Err(tampered(name, "a directory")),
         _ => Err(tampered(name, "not a FIFO")),
